@@ -1,0 +1,5 @@
+"""``from tfos_nb import TFCluster`` — TensorFlowOnSpark's module, from the bundled runtime."""
+
+from .runtime.cluster import InputMode, TFCluster, TFClusterError, run
+
+__all__ = ["InputMode", "TFCluster", "TFClusterError", "run"]

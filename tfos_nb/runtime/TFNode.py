@@ -1,0 +1,54 @@
+"""TensorFlowOnSpark's ``TFNode`` helpers, for programs that migrate unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .context import NodeContext
+from .feed import DataFeed as _DataFeed
+from .feed import FeedHub
+
+__all__ = ["DataFeed", "batch_results", "hdfs_path", "next_batch", "start_cluster_server", "terminate"]
+
+
+def DataFeed(  # noqa: N802 - TensorFlowOnSpark's name
+    mgr: FeedHub,
+    train_mode: bool = True,
+    qname_in: str = "input",
+    qname_out: str = "output",
+    input_mapping: dict[str, str] | list[str] | None = None,
+) -> _DataFeed:
+    """The node's data feed: ``TFNode.DataFeed(ctx.mgr, train_mode)``."""
+    if mgr is None:
+        msg = "this node has no data feed: only chief/worker nodes of an InputMode.SPARK cluster are fed"
+        raise RuntimeError(msg)
+    return _DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
+
+
+def hdfs_path(ctx: NodeContext, path: str) -> str:
+    """``path`` made absolute on the cluster's default file system."""
+    return ctx.absolute_path(path)
+
+
+def start_cluster_server(ctx: NodeContext, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
+    """Start this node's ``tf.distribute.Server`` (TensorFlow 1 style programs)."""
+    import tensorflow as tf
+
+    if rdma:
+        msg = "TensorFlow 2 has no RDMA verbs transport; use protocol 'grpc'"
+        raise ValueError(msg)
+    cluster = tf.train.ClusterSpec({k: v for k, v in ctx.cluster_spec.items() if k != "evaluator"})
+    server = tf.distribute.Server(cluster, job_name=ctx.job_name, task_index=ctx.task_index, start=True)
+    return cluster, server
+
+
+def next_batch(mgr: FeedHub, batch_size: int, qname: str = "input") -> Any:
+    return _DataFeed(mgr, True, qname).next_batch(batch_size)
+
+
+def batch_results(mgr: FeedHub, data: Any, qname: str = "output") -> None:
+    _DataFeed(mgr, False, qname_out=qname).batch_results(data)
+
+
+def terminate(mgr: FeedHub, qname: str = "input") -> None:
+    _DataFeed(mgr, True, qname).terminate()

@@ -1,0 +1,18 @@
+"""Entry points of the runtime's own processes (never imported by a kernel).
+
+``python -m tfos_nb.runtime supervisor``: a node's supervisor (started by the launch task).
+``python -m tfos_nb.runtime node``: a node's TensorFlow process (started by its supervisor).
+"""
+
+import sys
+
+if __name__ == "__main__":
+    role = sys.argv[1] if len(sys.argv) > 1 else ""
+    if role == "supervisor":
+        from tfos_nb.runtime.supervisor import main
+    elif role == "node":
+        from tfos_nb.runtime.node import main
+    else:
+        sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node\n")
+        sys.exit(2)
+    sys.exit(main())

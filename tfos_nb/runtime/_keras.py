@@ -1,0 +1,45 @@
+"""The Keras progress callback (imports TensorFlow only when asked for)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _floats(logs: Any) -> dict[str, float]:
+    out = {}
+    for k, v in (logs or {}).items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
+    import tensorflow as tf
+
+    class ProgressCallback(tf.keras.callbacks.Callback):
+        """Reports step, epoch and metrics to the driver through ``ctx.report``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+            self.epoch = 0
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            steps, epochs = self.params.get("steps"), self.params.get("epochs")
+            total = steps * epochs if steps and epochs else None
+            ctx.report(step=self.step, total_steps=total, epoch=self.epoch)
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.step += 1
+            if self.step % every_n_steps == 0:
+                ctx.report(step=self.step, epoch=self.epoch, **_floats(logs))
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            ctx.report(step=self.step, epoch=epoch + 1, **_floats(logs))
+
+    return ProgressCallback()

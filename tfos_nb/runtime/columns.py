@@ -1,0 +1,240 @@
+"""Rows <-> Arrow record batches <-> numpy columns.
+
+Data always moves in batches.  An RDD's Python rows are turned into one Arrow
+record batch per ~thousand rows on the Spark side; a DataFrame's own Arrow
+batches are forwarded untouched.  On the node, a column becomes one numpy
+array (a 2-D one for fixed-length vectors) without a per-row Python loop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+SHAPE_KEY = b"tfos.shape"
+KIND_KEY = b"tfos.kind"  # how to rebuild Python rows: tuple | list | row | dict | scalar | vector | ndarray
+
+
+class FeedDataError(ValueError):
+    """A row that cannot be moved as a batch (ragged, wrong type...)."""
+
+
+# ---------------------------------------------------------------------------
+# Python rows -> Arrow
+# ---------------------------------------------------------------------------
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float, np.number, bool, np.bool_))
+
+
+def row_kind(row: Any) -> tuple[str, list[str]]:
+    """How a row splits into columns: (kind, column names)."""
+    fields = getattr(row, "__fields__", None)
+    if isinstance(row, tuple) and fields is not None:  # pyspark.sql.Row
+        return "row", list(fields)
+    if isinstance(row, dict):
+        return "dict", [str(k) for k in row]
+    if isinstance(row, np.ndarray):
+        return "ndarray", ["_0"]
+    if hasattr(row, "toArray"):  # pyspark.ml.linalg vectors
+        return "ndarray", ["_0"]
+    if isinstance(row, list) and row and all(_is_number(x) for x in row):
+        return "vector", ["_0"]
+    if isinstance(row, (tuple, list)):
+        return ("tuple" if isinstance(row, tuple) else "list"), [f"_{i}" for i in range(len(row))]
+    return "scalar", ["_0"]
+
+
+def _column_to_arrow(name: str, values: list[Any]) -> tuple[pa.Array, dict[bytes, bytes]]:
+    values = [v.toArray() if hasattr(v, "toArray") else v for v in values]
+    try:
+        arr = np.asarray(values)
+    except ValueError:  # ragged nested lists
+        arr = np.asarray(values, dtype=object)
+    if arr.dtype.kind in "biuf" and arr.ndim >= 1:
+        if arr.ndim == 1:
+            return pa.array(arr), {}
+        n = arr.shape[0]
+        inner = tuple(int(d) for d in arr.shape[1:])
+        flat = pa.array(np.ascontiguousarray(arr).reshape(-1))
+        size = int(np.prod(inner))
+        return pa.FixedSizeListArray.from_arrays(flat, size) if n else pa.array([], pa.list_(flat.type, size)), {
+            SHAPE_KEY: json.dumps(inner).encode()
+        }
+    try:
+        return pa.array(list(values)), {}
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise FeedDataError(f"column {name!r}: cannot convert values to a batch: {exc}") from None
+
+
+def rows_to_batch(rows: list[Any]) -> pa.RecordBatch:
+    """Convert a list of Python rows (tuples, Rows, dicts, vectors, scalars)."""
+    kind, names = row_kind(rows[0])
+    if kind in ("tuple", "list", "row"):
+        width = len(names)
+        for r in rows:
+            if len(r) != width:
+                raise FeedDataError(f"rows of different lengths: expected {width} values, got {len(r)}: {r!r:.200}")
+        cols = [[r[i] for r in rows] for i in range(width)]
+    elif kind == "dict":
+        cols = [[r[k] for r in rows] for k in rows[0]]
+    else:
+        cols = [rows]
+    arrays, fields = [], []
+    for name, values in zip(names, cols):
+        arr, meta = _column_to_arrow(name, values)
+        arrays.append(arr)
+        fields.append(pa.field(name, arr.type, metadata=meta or None))
+    schema = pa.schema(fields, metadata={KIND_KEY: kind.encode()})
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# ---------------------------------------------------------------------------
+# Arrow -> numpy / Python rows
+# ---------------------------------------------------------------------------
+
+
+def _list_to_numpy(name: str, arr: pa.Array, shape: tuple[int, ...] | None) -> np.ndarray:
+    n = len(arr)
+    if arr.null_count:
+        raise FeedDataError(f"column {name!r} has {arr.null_count} null value(s); fill them before feeding")
+    if pa.types.is_fixed_size_list(arr.type):
+        width = arr.type.list_size
+        values = arr.values.slice(arr.offset * width, n * width)
+    else:
+        offsets = arr.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        if n and not np.all(lengths == lengths[0]):
+            raise FeedDataError(
+                f"column {name!r} holds arrays of different lengths "
+                f"({int(lengths.min())}..{int(lengths.max())}); expected one fixed length per column"
+            )
+        width = int(lengths[0]) if n else 0
+        values = arr.values.slice(int(offsets[0]), n * width) if n else arr.values.slice(0, 0)
+    if pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or pa.types.is_fixed_size_list(values.type):
+        inner = _list_to_numpy(name, values, None)
+        out = inner.reshape((n, width) + inner.shape[1:])
+    else:
+        out = values.to_numpy(zero_copy_only=False).reshape(n, width)
+    if shape is not None and out.shape[1:] != shape:
+        out = out.reshape((n,) + shape)
+    return out
+
+
+def _vector_struct_to_numpy(name: str, arr: pa.StructArray) -> np.ndarray:
+    """Spark ML's VectorUDT in Arrow: struct<type, size, indices, values>."""
+    types = arr.field("type").to_numpy(zero_copy_only=False)
+    vals = arr.field("values")
+    if np.all(types == 1):  # all dense
+        return _list_to_numpy(name, vals, None).astype(np.float64, copy=False)
+    sizes = arr.field("size").to_pylist()
+    idx = arr.field("indices").to_pylist()
+    values = vals.to_pylist()
+    width = max((s for s in sizes if s is not None), default=len(values[0]) if values else 0)
+    out = np.zeros((len(arr), width), dtype=np.float64)
+    for i, (t, ix, v) in enumerate(zip(types, idx, values)):
+        if t == 1:
+            out[i, : len(v)] = v
+        else:
+            out[i, ix] = v
+    return out
+
+
+def column_to_numpy(batch: pa.RecordBatch | pa.Table, i: int) -> np.ndarray:
+    field = batch.schema.field(i)
+    col = batch.column(i)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    meta = field.metadata or {}
+    shape = tuple(json.loads(meta[SHAPE_KEY])) if SHAPE_KEY in meta else None
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _list_to_numpy(field.name, col, shape)
+    if pa.types.is_struct(t) and {f.name for f in t} >= {"type", "size", "indices", "values"}:
+        return _vector_struct_to_numpy(field.name, col)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+        return np.asarray(col.to_pylist(), dtype=object)
+    if col.null_count:
+        raise FeedDataError(f"column {field.name!r} has {col.null_count} null value(s); fill them before feeding")
+    return col.to_numpy(zero_copy_only=False)
+
+
+def batch_to_columns(batch: pa.RecordBatch | pa.Table) -> list[np.ndarray]:
+    return [column_to_numpy(batch, i) for i in range(batch.num_columns)]
+
+
+def batch_to_rows(batch: pa.RecordBatch | pa.Table) -> list[Any]:
+    """Rebuild the Python rows a batch came from (for TensorFlowOnSpark's ``next_batch``)."""
+    meta = batch.schema.metadata or {}
+    kind = meta.get(KIND_KEY, b"tuple").decode()
+    if kind in ("scalar",):
+        return batch.column(0).to_pylist()
+    if kind in ("vector", "ndarray"):
+        return list(column_to_numpy(batch, 0)) if kind == "ndarray" else column_to_numpy(batch, 0).tolist()
+    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+    if kind == "dict":
+        names = batch.schema.names
+        return [dict(zip(names, vals)) for vals in zip(*cols)]
+    if kind == "list":
+        return [list(vals) for vals in zip(*cols)]
+    return list(zip(*cols)) if cols else []
+
+
+# ---------------------------------------------------------------------------
+# Results (node -> feeding task)
+# ---------------------------------------------------------------------------
+
+
+def results_to_batch(results: Any) -> pa.RecordBatch:
+    """Encode what the user passed to ``batch_results``."""
+    if isinstance(results, dict):
+        arrays, fields = [], []
+        for k, v in results.items():
+            arr, meta = _column_to_arrow(str(k), list(v) if not isinstance(v, np.ndarray) else v)
+            arrays.append(arr)
+            fields.append(pa.field(str(k), arr.type, metadata=meta or None))
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata={KIND_KEY: b"dict"}))
+    if hasattr(results, "numpy"):  # a tf.Tensor
+        results = results.numpy()
+    if isinstance(results, np.ndarray):
+        arr, meta = _column_to_arrow("result", results)  # type: ignore[arg-type]
+        field = pa.field("result", arr.type, metadata=meta or None)
+        return pa.RecordBatch.from_arrays([arr], schema=pa.schema([field], metadata={KIND_KEY: b"ndarray"}))
+    arr, meta = _column_to_arrow("result", list(results))
+    field = pa.field("result", arr.type, metadata=meta or None)
+    return pa.RecordBatch.from_arrays([arr], schema=pa.schema([field], metadata={KIND_KEY: b"scalar"}))
+
+
+def result_rows(batch: pa.RecordBatch) -> list[Any]:
+    kind = (batch.schema.metadata or {}).get(KIND_KEY, b"scalar").decode()
+    if kind == "dict":
+        return batch_to_rows(batch)
+    col = column_to_numpy(batch, 0) if kind == "ndarray" else None
+    if col is not None:
+        return col.tolist()
+    return batch.column(0).to_pylist()
+
+
+def num_rows(results: Any) -> int:
+    if isinstance(results, dict):
+        lens = {len(v) for v in results.values()}
+        if len(lens) > 1:
+            raise ValueError(f"batch_results: columns of different lengths {sorted(lens)}")
+        return lens.pop() if lens else 0
+    return len(results)
+
+
+def encode_ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def decode_ipc(buf: Any) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf)
+    return reader.read_next_batch()

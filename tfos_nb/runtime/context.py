@@ -1,0 +1,148 @@
+"""What a node's function sees: ``main_fun(args, ctx)``."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from .feed import DataFeed, FeedHub
+
+HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://",
+                  "wasb://", "gs://", "abfs://", "abfss://")
+
+
+class Reporter:
+    """Sends progress and events to the node's supervisor (JSON lines on a pipe).
+
+    Progress reports are coalesced: at most ``max_rate`` writes per second,
+    the latest one always wins, and the last one is flushed at the end.
+    """
+
+    def __init__(self, stream: Any, max_rate: float = 10.0) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._min_dt = 1.0 / max_rate
+        self._last = 0.0
+        self._pending: dict[str, Any] | None = None
+
+    def event(self, obj: dict[str, Any]) -> None:
+        line = json.dumps(obj, default=_jsonable) + "\n"
+        with self._lock:
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass
+
+    def progress(self, report: dict[str, Any]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._pending = report
+            if now - self._last < self._min_dt:
+                return
+            self._last = now
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            report, self._pending = self._pending, None
+        if report is not None:
+            self.event({"t": "report", **report})
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    return str(x)
+
+
+class NodeContext:
+    """TensorFlowOnSpark's ``TFNodeContext``, plus progress reporting.
+
+    Attributes: ``job_name`` (chief | worker | ps | evaluator), ``task_index``,
+    ``worker_num`` (this node's index in the cluster), ``num_workers`` (chief +
+    workers), ``cluster_spec`` (role → list of ``host:port``), ``executor_id``,
+    ``defaultFS``, ``working_dir``, ``log_dir`` (TensorBoard's, when on), ``gpus``.
+    """
+
+    def __init__(self, info: dict[str, Any], hub: FeedHub | None, reporter: Reporter | None) -> None:
+        self.job_name: str = info["job_name"]
+        self.task_index: int = info["task_index"]
+        self.worker_num: int = info["node"]
+        self.executor_id: Any = info.get("executor_id", "")
+        self.cluster_spec: dict[str, list[str]] = info["cluster_spec"]
+        self.num_workers: int = len(self.cluster_spec.get("chief", [])) + len(self.cluster_spec.get("worker", []))
+        self.defaultFS: str = info.get("default_fs", "file:///")
+        self.working_dir: str = info.get("working_dir") or os.getcwd()
+        self.log_dir: str | None = info.get("log_dir")
+        self.gpus: list[dict] = info.get("gpus", [])
+        self.num_gpus = len(self.gpus)
+        self.cluster_id: str = info.get("cluster_id", "")
+        self.mgr = hub  # what TFNode.DataFeed(ctx.mgr, ...) takes
+        self._reporter = reporter
+        self._total_steps: int | None = None
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief, or worker 0 when the cluster has no chief."""
+        if "chief" in self.cluster_spec or "master" in self.cluster_spec:
+            return self.job_name in ("chief", "master")
+        return self.job_name == "worker" and self.task_index == 0
+
+    def absolute_path(self, path: str) -> str:
+        """``path`` made absolute on the cluster's default file system (TensorFlowOnSpark's rule).
+
+        On a local default FS (``file:///``) a plain local path is returned, so that
+        TensorFlow and Keras can both write it.
+        """
+        if path.startswith(HADOOP_SCHEMES):
+            return path
+        local = self.defaultFS.startswith("file:")
+        if path.startswith("/"):
+            return path if local else self.defaultFS.rstrip("/") + path
+        if local:
+            return os.path.join(self.working_dir, path)
+        if self.defaultFS.startswith(("hdfs://", "viewfs://")):
+            return f"{self.defaultFS.rstrip('/')}/user/{getpass.getuser()}/{path}"
+        return f"{self.defaultFS.rstrip('/')}/{path}"
+
+    tf_path = absolute_path
+
+    def get_data_feed(
+        self,
+        train_mode: bool = True,
+        qname_in: str = "input",
+        qname_out: str = "output",
+        input_mapping: dict[str, str] | list[str] | None = None,
+    ) -> DataFeed:
+        """The feed of InputMode.SPARK data for this node."""
+        if self.mgr is None:
+            msg = (
+                f"{self.job_name}:{self.task_index} has no data feed: only chief/worker nodes of a "
+                "cluster started with input_mode=InputMode.SPARK are fed"
+            )
+            raise RuntimeError(msg)
+        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
+
+    def report(self, step: int | None = None, total_steps: int | None = None, **metrics: Any) -> None:
+        """Send progress to the driver (shown by ``cluster.nodes`` and the notebook panel)."""
+        if self._reporter is None:
+            return
+        if total_steps is not None:
+            self._total_steps = int(total_steps)
+        clean = {k: _jsonable(v) if not isinstance(v, (int, float, str)) else v for k, v in metrics.items()}
+        self._reporter.progress(
+            {"step": None if step is None else int(step), "total_steps": self._total_steps, "metrics": clean}
+        )
+
+    def progress_callback(self, every_n_steps: int = 1) -> Any:
+        """A Keras callback that reports the global step and the batch's logs."""
+        from ._keras import progress_callback
+
+        return progress_callback(self, every_n_steps)

@@ -1,0 +1,278 @@
+"""The driver's side of the control plane: what it does with each message.
+
+Runs on the control server's thread.  It keeps :class:`ClusterState` current,
+forms the cluster once every node registered, hands feeding tasks to nodes
+(balanced, local first on ties), and notices dead nodes by their missing
+heartbeats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from . import messages as m
+from . import state as S
+from .gpus import assign as assign_gpus
+from .net import hostport
+
+log = logging.getLogger(__name__)
+
+FEEDABLE = ("chief", "master", "worker")
+
+
+class Controller:
+    def __init__(
+        self,
+        state: S.ClusterState,
+        *,
+        input_mode_spark: bool,
+        tensorboard: bool,
+        log_dir: str | None,
+        num_gpus: int,
+        heartbeat_timeout: float,
+    ) -> None:
+        self.state = state
+        self.input_mode_spark = input_mode_spark
+        self.tensorboard = tensorboard
+        self.log_dir = log_dir
+        self.num_gpus = num_gpus
+        self.heartbeat_timeout = heartbeat_timeout
+        self._specs: dict[int, dict[str, Any]] | None = None
+        self._active: dict[int, int] = {}  # node -> feeding tasks now
+        self._assigned: dict[int, int] = {}  # node -> partitions handed out
+        self._done_partitions: dict[int, set[int]] = {}
+        self.feed_errors: list[str] = []
+        self.skipped_rows = 0
+
+    # -- dispatch -------------------------------------------------------------
+    def handle(self, msg: m.Message) -> m.Reply:
+        if isinstance(msg, m.Heartbeat):
+            return self._heartbeat(msg)
+        if isinstance(msg, m.FeedAssign):
+            return self._feed_assign(msg)
+        if isinstance(msg, m.FeedRelease):
+            return self._feed_release(msg)
+        if isinstance(msg, m.Register):
+            return self._register(msg)
+        if isinstance(msg, m.AwaitSpec):
+            return self._await_spec(msg)
+        return m.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
+
+    def _node(self, index: int) -> S._Node | None:
+        if 0 <= index < len(self.state.nodes):
+            return self.state.nodes[index]
+        return None
+
+    # -- reservation ------------------------------------------------------------
+    def _register(self, msg: m.Register) -> m.Reply:
+        st = self.state
+        with st.lock:
+            node = self._node(msg.node)
+            if node is None:
+                return m.Reply(ok=False, error=f"no node {msg.node} in this cluster")
+            if st.state != S.C_RESERVING:
+                return m.Reply(ok=False, error=f"cluster is {st.state}; not taking registrations")
+            if node.state != S.PENDING:
+                return m.Reply(
+                    ok=False,
+                    error=f"{node.label} registered twice (Spark retried the launch; executor lost?)",
+                )
+            node.state = S.REGISTERED
+            node.host, node.port, node.pid = msg.host, msg.port, msg.pid
+            node.executor_id = msg.executor_id
+            node.working_dir = msg.working_dir
+            node.gpus = list(msg.gpus)
+            node._spark_gpus = list(msg.spark_gpus)  # type: ignore[attr-defined]
+            node.last_heartbeat = time.monotonic()
+            if all(n.state == S.REGISTERED for n in st.nodes):
+                self._form_cluster()
+        st.notify()
+        return m.Reply(ok=True)
+
+    def _form_cluster(self) -> None:
+        """Every node registered: build the one cluster spec they all get."""
+        st = self.state
+        spec: dict[str, list[str]] = {}
+        for n in st.nodes:
+            spec.setdefault(n.job_name, []).append(hostport(n.host, n.port))
+        tf_cluster = {k: v for k, v in spec.items() if k != "evaluator"}
+        by_host: dict[str, list[S._Node]] = {}
+        for n in st.nodes:
+            if n.job_name != "ps":
+                by_host.setdefault(n.host, []).append(n)
+        self._specs = {}
+        for n in st.nodes:
+            spark_gpus = getattr(n, "_spark_gpus", [])
+            if spark_gpus:
+                known = {g["index"]: g for g in n.gpus}
+                gpus = [known.get(a, {"index": a, "name": "GPU"}) for a in spark_gpus]
+            elif n.job_name == "ps":
+                gpus = []
+            else:
+                peers = by_host[n.host]
+                gpus = assign_gpus(n.gpus, peers.index(n), len(peers), self.num_gpus)
+            host_has_gpus = bool(n.gpus)
+            n.gpus = gpus
+            chief = n.job_name in ("chief", "master") or (
+                "chief" not in spec and "master" not in spec and n.job_name == "worker" and n.task_index == 0
+            )
+            log_dir = self.log_dir or f"{n.working_dir}/tensorboard_{n.index}"
+            self._specs[n.index] = {
+                "cluster_spec": spec,
+                "tf_config": {"cluster": tf_cluster, "task": {"type": n.job_name, "index": n.task_index}},
+                "gpus": gpus,
+                "host_has_gpus": host_has_gpus,
+                "feed": self.input_mode_spark and n.job_name in FEEDABLE,
+                "tensorboard": self.tensorboard and chief,
+                "log_dir": log_dir,
+            }
+            if n.job_name == "evaluator":
+                # An evaluator is not part of the training cluster TensorFlow sees.
+                self._specs[n.index]["tf_config"] = {"cluster": tf_cluster, "task": {"type": "evaluator", "index": 0}}
+            n.state = S.STARTING
+
+    def _await_spec(self, msg: m.AwaitSpec) -> m.Reply:
+        st = self.state
+        with st.lock:
+            if st.state in (S.C_FAILED, S.C_STOPPED):
+                return m.Reply(ok=False, error=f"cluster {st.state}: {st.error or 'stopped'}")
+            if self._specs is None:
+                return m.Reply(ok=False, body={"retry": 0.1})
+            spec = self._specs.get(msg.node)
+            if spec is None:
+                return m.Reply(ok=False, error=f"no node {msg.node}")
+            node = self._node(msg.node)
+            if node is not None:
+                node.last_heartbeat = time.monotonic()
+            return m.Reply(ok=True, body=spec)
+
+    # -- liveness and progress ---------------------------------------------------
+    def _heartbeat(self, msg: m.Heartbeat) -> m.Reply:
+        st = self.state
+        new_logs: list[str] = []
+        with st.lock:
+            node = self._node(msg.node)
+            if node is None:
+                return m.Reply(ok=False, error=f"no node {msg.node}")
+            node.last_heartbeat = time.monotonic()
+            node.child_pid = msg.child_pid
+            if msg.data_port is not None:
+                node.data_port = msg.data_port
+            if msg.tensorboard:
+                node.tensorboard = msg.tensorboard
+            if msg.report:
+                st.update_progress(node, msg.report)
+                if isinstance(msg.report.get("gpus"), list):
+                    node.gpus = msg.report["gpus"]
+            if msg.logs:
+                node.logs.extend(msg.logs)
+                new_logs = list(msg.logs)
+            if msg.logs_dropped:
+                node.logs.append(f"[tfos_nb: {msg.logs_dropped} output line(s) dropped]")
+            if node.state not in S.TERMINAL:
+                if msg.state in ("running", "starting"):
+                    node.state = S.RUNNING if msg.state == "running" else S.STARTING
+                elif msg.state in S.TERMINAL:
+                    node.state = msg.state
+                    node.exit_code = msg.exit_code
+                    if msg.state == S.FAILED:
+                        node.error = msg.error or "failed"
+                        node.tail = list(msg.tail)
+                        self._fail(f"{node.label} failed")
+            cmd = {"gen_done": st.gen_done, "stop": st.stop_requested}
+            if st.kill_requested or st.state == S.C_FAILED:
+                cmd["kill"] = True
+                cmd["grace"] = 2
+            if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
+                st.state = S.C_RUNNING
+        if new_logs:
+            st.emit_logs(node.label, new_logs)
+        st.notify()
+        return m.Reply(ok=True, body=cmd)
+
+    def _fail(self, error: str) -> None:
+        """Mark the cluster failed (lock held); every node is told to stop at its next beat."""
+        st = self.state
+        if st.state not in (S.C_FAILED, S.C_STOPPED, S.C_FINISHED):
+            st.state = S.C_FAILED
+            st.error = st.error or error
+            st.kill_requested = True
+            st.ended_at = time.monotonic()
+
+    def tick(self) -> None:
+        """Called about once a second: find nodes whose heartbeats stopped."""
+        st = self.state
+        now = time.monotonic()
+        changed = False
+        with st.lock:
+            for n in st.nodes:
+                if n.state in S.TERMINAL or n.state == S.PENDING or n.last_heartbeat is None:
+                    continue
+                if now - n.last_heartbeat > self.heartbeat_timeout:
+                    n.state = S.FAILED
+                    n.error = (
+                        f"no heartbeat for {now - n.last_heartbeat:.0f} s: the node's supervisor or its "
+                        f"executor ({n.executor_id or '?'} on {n.host}) died"
+                    )
+                    n.tail = list(n.logs)[-20:]
+                    self._fail(f"{n.label} lost")
+                    changed = True
+        if changed:
+            st.notify()
+
+    # -- feeding ------------------------------------------------------------------
+    def _feed_assign(self, msg: m.FeedAssign) -> m.Reply:
+        st = self.state
+        with st.lock:
+            if st.state == S.C_FAILED:
+                return m.Reply(ok=False, error=st.error or "cluster failed")
+            if st.state == S.C_STOPPED or st.kill_requested:
+                return m.Reply(ok=False, error="cluster stopped")
+            feedable = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
+            live = [n for n in feedable if n.state == S.RUNNING]
+            if not live:
+                if feedable and all(n.state in S.TERMINAL for n in feedable):
+                    if msg.mode == "train":
+                        return m.Reply(ok=True, body={"skip": True})
+                    return m.Reply(ok=False, error="no node is reading data any more (all finished)")
+                return m.Reply(ok=False, body={"retry": 0.1})
+            if msg.mode == "infer":
+                live = [n for n in live if self._active.get(n.index, 0) == 0]
+                if not live:
+                    return m.Reply(ok=False, body={"retry": 0.05})
+
+            def key(n: S._Node) -> tuple:
+                local = n.executor_id == msg.executor_id if msg.executor_id else False
+                return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
+
+            node = min(live, key=key)
+            self._active[node.index] = self._active.get(node.index, 0) + 1
+            self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
+            return m.Reply(
+                ok=True,
+                body={"node": node.index, "label": node.label, "host": node.host, "port": node.data_port},
+            )
+
+    def _feed_release(self, msg: m.FeedRelease) -> m.Reply:
+        st = self.state
+        with st.lock:
+            node = self._node(msg.node)
+            if node is not None:
+                self._active[node.index] = max(0, self._active.get(node.index, 0) - 1)
+                node.rows_fed += msg.rows
+            self.skipped_rows += msg.skipped
+            if msg.error:
+                self.feed_errors.append(f"partition {msg.partition}: {msg.error}")
+            else:
+                self._done_partitions.setdefault(msg.gen, set()).add(msg.partition)
+            cluster_error = None
+            if st.state == S.C_FAILED:
+                cluster_error = st.error
+        st.notify()
+        return m.Reply(ok=True, body={"cluster_error": cluster_error} if cluster_error else {})
+
+    def reset_feed_counters(self) -> None:
+        with self.state.lock:
+            self._assigned.clear()

@@ -1,0 +1,115 @@
+"""The data path between a Spark feeding task and a node: Arrow batches over TCP.
+
+A connection starts with a mutual HMAC challenge (both ends prove they hold the
+cluster secret), then carries typed frames ``type (1) | length (8) | payload``:
+
+=====  ==================  ==============================================
+ H     feeder -> node      JSON header: partition, generation, mode
+ D     feeder -> node      one Arrow IPC stream holding one record batch
+ E     feeder -> node      end of this partition
+ R     node -> feeder      results for the oldest unanswered rows (Arrow)
+ A     node -> feeder      JSON: done (rows taken, rows skipped)
+ X     node -> feeder      JSON: error, one line
+=====  ==================  ==============================================
+
+Payloads are parsed by Arrow or JSON only; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+FRAME = struct.Struct(">cQ")
+MAGIC = b"TFOSDATA1"
+NONCE = 32
+MAX_DATA_FRAME = 1 << 30
+MAX_JSON_FRAME = 1 << 16
+
+
+class DataPlaneError(ConnectionError):
+    pass
+
+
+def _mac(secret: bytes, label: bytes, nonce: bytes) -> bytes:
+    return hmac.new(secret, label + nonce, hashlib.sha256).digest()
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise DataPlaneError("connection closed by peer")
+        got += k
+    return buf
+
+
+def send_frame(sock: socket.socket, kind: bytes, payload: Any = b"") -> None:
+    n = payload.size if hasattr(payload, "size") and not isinstance(payload, (bytes, bytearray)) else len(payload)
+    sock.sendall(FRAME.pack(kind, n))
+    if n:
+        sock.sendall(memoryview(payload) if not isinstance(payload, (bytes, bytearray)) else payload)
+
+
+def send_json(sock: socket.socket, kind: bytes, obj: dict[str, Any]) -> None:
+    send_frame(sock, kind, json.dumps(obj).encode())
+
+
+def recv_frame(sock: socket.socket) -> tuple[bytes, bytearray]:
+    kind, n = FRAME.unpack(recv_exact(sock, FRAME.size))
+    limit = MAX_DATA_FRAME if kind in (b"D", b"R") else MAX_JSON_FRAME
+    if n > limit:
+        raise DataPlaneError(f"frame {kind!r} of {n} bytes exceeds {limit}")
+    return kind, recv_exact(sock, n) if n else bytearray()
+
+
+def parse_json(payload: bytearray) -> dict[str, Any]:
+    try:
+        obj = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataPlaneError(f"bad JSON frame: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DataPlaneError("JSON frame is not an object")
+    return obj
+
+
+def server_handshake(sock: socket.socket, secret: bytes) -> dict[str, Any]:
+    """Node side: challenge the feeder, answer its challenge, read its header."""
+    nonce = os.urandom(NONCE)
+    sock.sendall(MAGIC + nonce)
+    got = recv_exact(sock, NONCE + NONCE)
+    their_mac, their_nonce = bytes(got[:NONCE]), bytes(got[NONCE:])
+    if not hmac.compare_digest(their_mac, _mac(secret, b"feeder|", nonce)):
+        raise DataPlaneError("feeder failed authentication")
+    sock.sendall(_mac(secret, b"node|", their_nonce))
+    kind, payload = recv_frame(sock)
+    if kind != b"H":
+        raise DataPlaneError(f"expected a header frame, got {kind!r}")
+    return parse_json(payload)
+
+
+def client_connect(host: str, port: int, secret: bytes, header: dict[str, Any], timeout: float) -> socket.socket:
+    """Feeder side: connect, authenticate both ways, send the header."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello = recv_exact(sock, len(MAGIC) + NONCE)
+        if bytes(hello[: len(MAGIC)]) != MAGIC:
+            raise DataPlaneError(f"{host}:{port} is not a tfos_nb node")
+        my_nonce = os.urandom(NONCE)
+        sock.sendall(_mac(secret, b"feeder|", bytes(hello[len(MAGIC) :])) + my_nonce)
+        if not hmac.compare_digest(bytes(recv_exact(sock, NONCE)), _mac(secret, b"node|", my_nonce)):
+            raise DataPlaneError(f"{host}:{port} failed authentication")
+        send_json(sock, b"H", header)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -1,0 +1,121 @@
+"""The TensorFlow process of a node: runs the user's ``main_fun(args, ctx)``.
+
+Started by the node's supervisor, which owns it.  Inputs arrive on stdin (the
+pickled function — it came from the driver inside Spark's task closure and
+then over our own pipes, never from a socket — then JSON control lines);
+events go back as JSON lines on the report pipe; stdout/stderr are captured by
+the supervisor and streamed to the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import sys
+import threading
+import traceback
+from typing import Any, BinaryIO
+
+LEN = struct.Struct(">Q")
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            raise EOFError("truncated payload on stdin")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def read_blob(stream: BinaryIO) -> bytes:
+    (n,) = LEN.unpack(_read_exact(stream, LEN.size))
+    return _read_exact(stream, n)
+
+
+def write_blob(stream: BinaryIO, data: bytes) -> None:
+    stream.write(LEN.pack(len(data)))
+    stream.write(data)
+
+
+def _lines(fd: int) -> Any:
+    """JSON lines from a raw fd (no buffered reader: its lock would stall interpreter exit)."""
+    buf = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        yield from lines
+
+
+def _control_loop(fd: int, hub: Any) -> None:
+    """Commands from the supervisor; EOF means the supervisor is gone: so are we."""
+    for raw in _lines(fd):
+        try:
+            cmd = json.loads(raw)
+        except ValueError:
+            continue
+        op = cmd.get("op")
+        if hub is not None and op == "gen_done":
+            hub.end_gen(int(cmd.get("gen", 0)))
+        elif hub is not None and op == "stop":
+            hub.stop()
+    # The supervisor died (or closed our stdin to stop us): nobody owns us any more.
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> int:
+    import cloudpickle
+
+    from .context import NodeContext, Reporter
+    from .feed import DataServer, FeedHub
+
+    stdin = os.fdopen(os.dup(0), "rb", buffering=0)
+    blob = read_blob(stdin)
+    info = json.loads(read_blob(stdin))
+    stdin.close()
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - user code must not read our control pipe
+    report_stream = os.fdopen(int(os.environ["TFOS_REPORT_FD"]), "w", buffering=1)
+    reporter = Reporter(report_stream)
+
+    hub = server = None
+    if info.get("feed"):
+        hub = FeedHub()
+        server = DataServer(hub, bytes.fromhex(info["secret"]), info["host"]).start()
+    threading.Thread(target=_control_loop, args=(0, hub), name="tfos-node-control", daemon=True).start()
+
+    try:
+        fn, tf_args = cloudpickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001 - reported to the driver as the node's error
+        traceback.print_exc()
+        reporter.event({"t": "error", "error": f"cannot load the node function: {type(exc).__name__}: {exc}"})
+        return 1
+    ctx = NodeContext(info, hub, reporter)
+    reporter.event({"t": "ready", "data_port": server.port if server else None})
+    try:
+        fn(tf_args, ctx)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from user code is an error too
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            pass
+        else:
+            traceback.print_exc()
+            sys.stderr.flush()
+            first = str(exc).strip().splitlines()
+            reporter.event({"t": "error", "error": f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")})
+            return 1
+    finally:
+        reporter.flush()
+        if hub is not None:
+            # Data still arriving is skipped (the server keeps accepting until the
+            # process exits), so feeders return instead of waiting.
+            hub.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    reporter.event({"t": "finished"})
+    return 0

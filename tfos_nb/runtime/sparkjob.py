@@ -1,0 +1,61 @@
+"""One Spark job run from a thread of its own, so the caller can watch and cancel it.
+
+The caller waits in short slices (so a KeyboardInterrupt lands at once and
+node failures are noticed while the job runs); ``cancel()`` cancels the job
+group, which also kills the job's Python workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class SparkJob:
+    def __init__(self, sc: Any, group: str, description: str, action: Callable[[], Any]) -> None:
+        self._sc = sc
+        self.group = group
+        self._description = description
+        self._action = action
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"tfos-job-{group}", daemon=True)
+
+    def start(self) -> SparkJob:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
+            self._result = self._action()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def cancel(self, join_timeout: float = 10.0) -> None:
+        if not self._done.is_set():
+            try:
+                self._sc.cancelJobGroup(self.group)
+            except Exception:  # noqa: BLE001 - the context may be stopping already
+                pass
+        self._thread.join(timeout=join_timeout)

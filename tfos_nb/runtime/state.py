@@ -1,0 +1,269 @@
+"""The observable state of a cluster: what the driver knows about every node.
+
+The control server's thread writes it, everybody else reads immutable
+snapshots.  The notebook layer (magics, panel) only ever sees snapshots and
+change notifications; it never touches Spark or sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+# Node states, in the order a healthy node goes through them.
+PENDING = "pending"  # asked for, not registered yet
+REGISTERED = "registered"  # its supervisor registered; waiting for the whole cluster
+STARTING = "starting"  # the TensorFlow process is starting
+RUNNING = "running"  # the user's function runs
+FINISHED = "finished"  # the user's function returned
+FAILED = "failed"  # raised, crashed, or was lost
+STOPPED = "stopped"  # stopped by shutdown (ps/evaluator, or asked to stop)
+TERMINAL = frozenset({FINISHED, FAILED, STOPPED})
+
+# Cluster states.
+C_RESERVING = "reserving"
+C_RUNNING = "running"
+C_FINISHED = "finished"
+C_FAILED = "failed"
+C_STOPPED = "stopped"
+
+LOG_LINES_KEPT = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    """An immutable snapshot of one node."""
+
+    index: int
+    job_name: str
+    task_index: int
+    state: str
+    host: str = ""
+    port: int = 0
+    executor_id: str = ""
+    pid: int = 0
+    child_pid: int | None = None
+    device: str = "CPU"
+    gpus: tuple[dict, ...] = ()
+    step: int | None = None
+    total_steps: int | None = None
+    steps_per_sec: float | None = None
+    metrics: dict = dataclasses.field(default_factory=dict)
+    last_heartbeat_age: float | None = None
+    rows_fed: int = 0
+    error: str | None = None
+    exit_code: int | None = None
+    tail: tuple[str, ...] = ()
+    tensorboard: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_name}:{self.task_index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterView:
+    """An immutable snapshot of the whole cluster."""
+
+    cluster_id: str
+    name: str
+    state: str
+    started_at: float
+    elapsed: float
+    nodes: tuple[NodeView, ...]
+    error: str | None = None
+    tensorboard: str | None = None
+    rows_fed: int = 0
+    feed_gen: int = 0
+    job_group: str = ""
+
+
+class _Node:
+    def __init__(self, index: int, job_name: str, task_index: int) -> None:
+        self.index = index
+        self.job_name = job_name
+        self.task_index = task_index
+        self.state = PENDING
+        self.host = ""
+        self.port = 0
+        self.executor_id = ""
+        self.pid = 0
+        self.child_pid: int | None = None
+        self.data_port: int | None = None
+        self.gpus: list[dict] = []
+        self.step: int | None = None
+        self.total_steps: int | None = None
+        self.rate: float | None = None
+        self._rate_mark: tuple[float, int] | None = None
+        self.metrics: dict[str, Any] = {}
+        self.last_heartbeat: float | None = None
+        self.rows_fed = 0
+        self.error: str | None = None
+        self.exit_code: int | None = None
+        self.tail: list[str] = []
+        self.logs: deque[str] = deque(maxlen=LOG_LINES_KEPT)
+        self.tensorboard: str | None = None
+        self.working_dir = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.job_name}:{self.task_index}"
+
+    def view(self, now: float) -> NodeView:
+        gpus = tuple(self.gpus)
+        if gpus:
+            device = ", ".join(
+                f"{g.get('name', 'GPU')} ({g.get('memory_used', '?')}/{g.get('memory_total', '?')} MiB)"
+                for g in gpus
+            )
+        else:
+            device = "CPU"
+        return NodeView(
+            index=self.index,
+            job_name=self.job_name,
+            task_index=self.task_index,
+            state=self.state,
+            host=self.host,
+            port=self.port,
+            executor_id=self.executor_id,
+            pid=self.pid,
+            child_pid=self.child_pid,
+            device=device,
+            gpus=gpus,
+            step=self.step,
+            total_steps=self.total_steps,
+            steps_per_sec=self.rate,
+            metrics=dict(self.metrics),
+            last_heartbeat_age=None if self.last_heartbeat is None else now - self.last_heartbeat,
+            rows_fed=self.rows_fed,
+            error=self.error,
+            exit_code=self.exit_code,
+            tail=tuple(self.tail),
+            tensorboard=self.tensorboard,
+        )
+
+
+class ClusterState:
+    """Thread-safe model of a cluster.  Listeners get ``(ClusterState)`` on change."""
+
+    def __init__(self, cluster_id: str, name: str, roles: list[tuple[str, int]]) -> None:
+        self.cluster_id = cluster_id
+        self.name = name
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.nodes = [_Node(i, job, idx) for i, (job, idx) in enumerate(roles)]
+        self.state = C_RESERVING
+        self.error: str | None = None
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self.ended_at: float | None = None
+        self.feed_gen = 0
+        self.gen_done = 0
+        self.stop_requested = False
+        self.kill_requested = False
+        self.job_group = ""
+        self._listeners: list[Callable[[ClusterState], None]] = []
+        self._log_listeners: list[Callable[[str, list[str]], None]] = []
+
+    # -- listeners -------------------------------------------------------
+    def add_listener(self, fn: Callable[[ClusterState], None]) -> None:
+        with self.lock:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[ClusterState], None]) -> None:
+        with self.lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def add_log_listener(self, fn: Callable[[str, list[str]], None]) -> None:
+        with self.lock:
+            self._log_listeners.append(fn)
+
+    def remove_log_listener(self, fn: Callable[[str, list[str]], None]) -> None:
+        with self.lock:
+            if fn in self._log_listeners:
+                self._log_listeners.remove(fn)
+
+    def notify(self) -> None:
+        """Wake waiters and tell listeners; listener errors never break the runtime."""
+        with self.lock:
+            self.changed.notify_all()
+            listeners = list(self._listeners)
+        for fn in listeners:
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a UI bug must not kill training
+                pass
+
+    def emit_logs(self, label: str, lines: list[str]) -> None:
+        with self.lock:
+            listeners = list(self._log_listeners)
+        for fn in listeners:
+            try:
+                fn(label, lines)
+            except Exception:  # noqa: BLE001
+                pass
+
+    # -- queries -----------------------------------------------------------
+    def snapshot(self) -> ClusterView:
+        now = time.monotonic()
+        with self.lock:
+            end = self.ended_at if self.ended_at is not None else now
+            tb = next((n.tensorboard for n in self.nodes if n.tensorboard), None)
+            return ClusterView(
+                cluster_id=self.cluster_id,
+                name=self.name,
+                state=self.state,
+                started_at=self.started_at,
+                elapsed=end - self._t0,
+                nodes=tuple(n.view(now) for n in self.nodes),
+                error=self.error,
+                tensorboard=tb,
+                rows_fed=sum(n.rows_fed for n in self.nodes),
+                feed_gen=self.feed_gen,
+                job_group=self.job_group,
+            )
+
+    def failed_nodes(self) -> list[_Node]:
+        with self.lock:
+            return [n for n in self.nodes if n.state == FAILED]
+
+    def set_cluster_state(self, state: str, error: str | None = None) -> None:
+        with self.lock:
+            if self.state in (C_FAILED, C_STOPPED, C_FINISHED) and state != C_FAILED:
+                return
+            if self.state == C_FAILED:
+                return
+            self.state = state
+            if error and not self.error:
+                self.error = error
+            if state in (C_FAILED, C_STOPPED, C_FINISHED):
+                self.ended_at = time.monotonic()
+        self.notify()
+
+    def logs(self, index: int, tail: int | None = None) -> list[str]:
+        with self.lock:
+            lines = list(self.nodes[index].logs)
+        return lines if tail is None else lines[-tail:]
+
+    def update_progress(self, node: _Node, report: dict[str, Any]) -> None:
+        """Apply a ``ctx.report(...)`` payload (called with the lock held)."""
+        step = report.get("step")
+        if isinstance(step, int):
+            now = time.monotonic()
+            if node._rate_mark is not None and step > node._rate_mark[1]:
+                dt = now - node._rate_mark[0]
+                if dt > 0:
+                    node.rate = (step - node._rate_mark[1]) / dt
+            node._rate_mark = (now, step)
+            node.step = step
+        total = report.get("total_steps")
+        if isinstance(total, int):
+            node.total_steps = total
+        metrics = report.get("metrics")
+        if isinstance(metrics, dict):
+            node.metrics.update(metrics)
