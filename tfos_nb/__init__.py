@@ -18,3 +18,17 @@ def __getattr__(name: str) -> Any:
     if name in ("TFCluster", "TFNode", "compat", "dfutil"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext tfos_nb``: the ``%%tfos_cluster`` magics (IPython is imported only now)."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext tfos_nb``: stop this kernel's clusters and remove the magics."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)

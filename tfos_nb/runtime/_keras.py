@@ -31,8 +31,16 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
             total = steps * epochs if steps and epochs else None
             ctx.report(step=self.step, total_steps=total, epoch=self.epoch)
 
+        def _implements_train_batch_hooks(self) -> bool:
+            # ParameterServerStrategy refuses batch-level callbacks: report per epoch there.
+            if getattr(tf.distribute.get_strategy(), "_should_use_with_coordinator", False):
+                return False
+            return True
+
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.epoch = epoch
+            if not self._implements_train_batch_hooks() and self.params.get("steps"):
+                self.step = epoch * int(self.params["steps"])
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             self.step += 1
@@ -40,6 +48,8 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
                 ctx.report(step=self.step, epoch=self.epoch, **_floats(logs))
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if not self._implements_train_batch_hooks() and self.params.get("steps"):
+                self.step = (epoch + 1) * int(self.params["steps"])
             ctx.report(step=self.step, epoch=epoch + 1, **_floats(logs))
 
     return ProgressCallback()

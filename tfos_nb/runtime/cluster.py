@@ -24,8 +24,14 @@ from typing import Any
 from . import messages as m
 from . import state as S
 from .controller import FEEDABLE, Controller
-from .launch import make_arrow_feeder, make_arrow_inferer, make_launcher, make_rdd_feeder, make_rdd_inferer
-from .launch import start_supervisor
+from .launch import (
+    make_arrow_feeder,
+    make_arrow_inferer,
+    make_launcher,
+    make_rdd_feeder,
+    make_rdd_inferer,
+    start_supervisor,
+)
 from .procs import kill_tree
 from .reservation import ControlServer
 from .sparkjob import SparkJob
@@ -265,7 +271,7 @@ class TFCluster:
                 view = self.state.snapshot()
                 if view.state == S.C_FAILED:
                     raise _error_for(view)
-                trainers = [n for n in view.nodes if n.job_name in FEEDABLE]
+                trainers = [n for n in view.nodes if self._waits_for(n)]
                 if all(n.state in S.TERMINAL for n in trainers):
                     break
                 if time.monotonic() > deadline:
@@ -296,6 +302,18 @@ class TFCluster:
             self._teardown()
 
     # -- internals ----------------------------------------------------------------
+    def _waits_for(self, node: Any) -> bool:
+        """Whether shutdown waits for ``node``'s function to return.
+
+        With parameter servers and a chief, the chief coordinates and workers only
+        serve (``server.join()``): shutdown waits for the chief.  Otherwise it waits
+        for every chief/worker.  ps and evaluator nodes are stopped, never awaited.
+        """
+        roles = {n.job_name for n in self.state.nodes}
+        if "ps" in roles and roles & {"chief", "master"}:
+            return node.job_name in ("chief", "master")
+        return node.job_name in FEEDABLE
+
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
             msg = f"{what}() needs a cluster started with input_mode=InputMode.SPARK"
@@ -318,7 +336,7 @@ class TFCluster:
         try:
             while not job.wait(0.2):
                 if self.state.snapshot().state == S.C_FAILED or self._controller.feed_errors:
-                    job.cancel()  # a feeding task failed for good: Spark's retries would not help
+                    job.cancel(join_timeout=0)  # a node or a feeding task failed: retries would not help
                     break
             view = self.state.snapshot()
             if view.state == S.C_FAILED:
@@ -344,16 +362,19 @@ class TFCluster:
 
     def _teardown(self, wait: float = 10.0) -> None:
         """Stop every node and the control server; idempotent; never raises."""
-        with self._close_lock:
+        with self._close_lock:  # a second caller waits for the teardown in progress
             if self._closed:
                 return
             self._closed = True
+            self._teardown_locked(wait)
+
+    def _teardown_locked(self, wait: float) -> None:
         try:
             with self.state.lock:
                 self.state.kill_requested = True
                 self.state.stop_requested = True
             for job in list(self._jobs):
-                job.cancel(join_timeout=5)
+                job.cancel(join_timeout=0)
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 view = self.state.snapshot()
@@ -364,13 +385,15 @@ class TFCluster:
                     self.state.changed.wait(0.1)
             for proc in self._local:
                 kill_tree(proc, grace=1)
+            for job in list(self._jobs):
+                job.cancel(join_timeout=5)
         finally:
             self._server.stop()
             with self.state.lock:
                 for n in self.state.nodes:
                     if n.state not in S.TERMINAL:
                         n.state = S.STOPPED
-                trainers = [n for n in self.state.nodes if n.job_name in FEEDABLE]
+                trainers = [n for n in self.state.nodes if self._waits_for(n)]
                 final = S.C_FINISHED if trainers and all(n.state == S.FINISHED for n in trainers) else S.C_STOPPED
             self.state.set_cluster_state(final)
             atexit.unregister(self._atexit)
@@ -494,6 +517,7 @@ def run(
         "keras": keras,
         "default_fs": default_fs,
         "first_node": num_ps if driver_ps_nodes else 0,
+        "driver_pid": os.getpid(),
     }
     blob = cloudpickle.dumps((map_fun, tf_args))
     cluster = TFCluster(sc, state, controller, server, meta, input_mode, num_executors)

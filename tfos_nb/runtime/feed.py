@@ -106,8 +106,15 @@ class FeedHub:
             if self.closed:
                 conn.finish(None if conn.mode == "train" else "the node stopped reading data")
                 return
-            self._q.append(("eoc", conn, None))
+            self._maybe_finish(conn)
+            self._q.append(("eoc", conn, None))  # marks the partition's end for inference batches
             self._cond.notify_all()
+
+    @staticmethod
+    def _maybe_finish(conn: _Conn) -> None:
+        """Ack a feeder as soon as all its rows are taken (train) or answered (inference)."""
+        if conn.ended and (conn.consumed if conn.mode == "train" else conn.answered) >= conn.received:
+            conn.finish()
 
     def end_gen(self, gen: int) -> None:
         with self._cond:
@@ -169,6 +176,8 @@ class FeedHub:
                 else:
                     if self.stopped or self.closed:
                         break
+                    if epoch is not None and epoch[0] and self.gen_done >= epoch[0]:
+                        break  # this epoch's data is all taken and the driver said it is complete
                     self._cond.wait(0.5)
                     continue
                 kind, conn, payload = item
@@ -178,8 +187,7 @@ class FeedHub:
                     continue
                 if kind == "eoc":
                     conn.eoc_taken = True
-                    if conn.mode == "train" or conn.answered >= conn.received:
-                        conn.finish()  # a small frame to a feeder that waits for it
+                    self._maybe_finish(conn)
                     if not train_mode and got:
                         break
                     continue
@@ -197,6 +205,7 @@ class FeedHub:
                 pieces.append((conn, batch))
                 conn.consumed += k
                 got += k
+                self._maybe_finish(conn)
             self.rows += got
             if not train_mode:
                 for conn, piece in pieces:
@@ -227,8 +236,8 @@ class FeedHub:
             except OSError as exc:
                 log.warning("could not return results to partition %s: %s", conn.partition, exc)
             conn.answered += k
-            if conn.eoc_taken and conn.answered >= conn.received:
-                conn.finish()
+            with self._cond:
+                self._maybe_finish(conn)
 
 
 class DataServer:
@@ -392,7 +401,7 @@ class DataFeed:
             while True:
                 if carry:
                     pieces = carry.pop()
-                    for conn, b in pieces:
+                    for conn, _ in pieces:
                         epoch[0] = max(epoch[0], conn.gen)
                 else:
                     pieces = feed._take(batch_size, epoch if epochs_bounded else None)

@@ -41,8 +41,10 @@ def executor_id() -> str:
     return "driver" if os.environ.get("SPARK_PYTHON_RUNTIME") is None else ""
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(meta: dict[str, Any]) -> dict[str, str]:
     env = dict(os.environ)
+    env["TFOS_CLUSTER_ID"] = meta["cluster_id"]
+    env["TFOS_DRIVER_PID"] = str(meta.get("driver_pid", ""))
     # The supervisor must import what this worker imports (pyspark.zip, --py-files, ...).
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     for var in ("PYTHON_WORKER_FACTORY_SECRET", "_PYSPARK_DRIVER_CONN_INFO_PATH"):
@@ -54,11 +56,11 @@ def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[
     """Start a node supervisor and wait until it registered with the driver."""
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfos_nb.runtime", "supervisor"],
+            [sys.executable, "-m", "tfos_nb.runtime", "supervisor", meta["cluster_id"]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env=_child_env(),
+            env=_child_env(meta),
             start_new_session=True,
         )
     assert proc.stdin is not None and proc.stdout is not None
@@ -108,7 +110,9 @@ def make_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterable[Any]]
         )
         log_path = os.path.join(os.getcwd(), f"tfos_nb-{meta['cluster_id']}-node{node}.log")
         try:
-            status, _ = start_supervisor(node_meta, blob, log_path)
+            status, proc = start_supervisor(node_meta, blob, log_path)
+            # The supervisor outlives this task; reap it when it ends (no zombie in the worker).
+            threading.Thread(target=proc.wait, name="tfos-reaper", daemon=True).start()
         except Exception as exc:  # noqa: BLE001 - the driver decides; Spark must not retry
             status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         status["node"] = node

@@ -21,6 +21,7 @@ class SparkJob:
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._cancelled = False
         self._thread = threading.Thread(target=self._run, name=f"tfos-job-{group}", daemon=True)
 
     def start(self) -> SparkJob:
@@ -53,9 +54,12 @@ class SparkJob:
         return self._error
 
     def cancel(self, join_timeout: float = 10.0) -> None:
-        if not self._done.is_set():
+        """Cancel the job group (once) and wait up to ``join_timeout`` s for the job to end."""
+        if not self._done.is_set() and not self._cancelled:
+            self._cancelled = True
             try:
                 self._sc.cancelJobGroup(self.group)
             except Exception:  # noqa: BLE001 - the context may be stopping already
                 pass
-        self._thread.join(timeout=join_timeout)
+        if join_timeout > 0 and self._thread.is_alive():
+            self._thread.join(timeout=join_timeout)

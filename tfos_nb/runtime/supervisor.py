@@ -128,7 +128,7 @@ class Supervisor:
             "cluster_id": self.meta["cluster_id"],
         }
         self.child = subprocess.Popen(
-            [sys.executable, "-m", "tfos_nb.runtime", "node"],
+            [sys.executable, "-m", "tfos_nb.runtime", "node", self.meta["cluster_id"]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One command for the runtime benchmarks (B1 feeding throughput, B4a control plane):
+#   bash benchmarks/run.sh [--rows N] [--runs K] [--only tfos,tfos_nb,ceiling] [--bench B1,B4a] ...
+# Creates/refreshes <repo>/.venv-bench, runs benchmarks/bench_runtime.py, prints the markdown
+# table and writes it to benchmarks/results/latest.md (full default run) or
+# benchmarks/results/partial.md (reduced/partial runs), unless --out is given.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+cd "$ROOT"
+bash "$HERE/setup_env.sh"
+mkdir -p "$HERE/results"
+export BENCH_CMD="bash benchmarks/run.sh${*:+ $*}"
+# tfos_nb from the source tree when it is not pip-installed (no setup.py yet)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+exec "$ROOT/.venv-bench/bin/python" "$HERE/bench_runtime.py" "$@"

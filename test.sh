@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set everything up, lint, and run the whole test suite (slow tiers included).
+# Extra arguments go to pytest, e.g. `bash test.sh -m "not slow"` for the fast tier.
+set -euo pipefail
+cd "$(dirname "$0")"
+bash scripts/setup_env.sh
+.venv/bin/python -m ruff check tfos_nb tests scripts benchmarks
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,90 @@
+"""Fixtures shared by the test modules: real Spark, leak checks.
+
+Each module that needs Spark gets one ``local-cluster`` session (real master,
+workers and executor JVMs) through :func:`spark_session`, stopped at the end
+of the module.  TensorFlow gets one intra-op thread per node (``NODE_ENV``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+NODE_ENV = {
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "2",
+    "OMP_NUM_THREADS": "1",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+
+
+def spark_session(executors: int, memory_mb: int = 1024) -> object:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
+        .appName("tfos_nb-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.task.maxFailures", "1")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def runtime_processes() -> list[psutil.Process]:
+    """Every process of the runtime (supervisors, nodes) started for this test process."""
+    found = []
+    me = str(os.getpid())
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "tfos_nb.runtime" not in cmd:
+            continue
+        try:
+            if p.environ().get("TFOS_DRIVER_PID") == me:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def listening_ports() -> set[int]:
+    me = psutil.Process()
+    ports = set()
+    for c in me.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN:
+            ports.add(c.laddr.port)
+    return ports
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    """Fail the test if it leaves runtime processes, threads or listening ports behind."""
+    before_ports = listening_ports()
+    before_procs = {p.pid for p in runtime_processes()}
+    yield
+    assert wait_until(lambda: not [p for p in runtime_processes() if p.pid not in before_procs], 20), [
+        " ".join(p.cmdline()) for p in runtime_processes()
+    ]
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("tfos-")]
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 10), threads
+    new_ports = listening_ports() - before_ports
+    assert not new_ports, f"listening ports left open: {sorted(new_ports)}"

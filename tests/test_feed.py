@@ -1,0 +1,184 @@
+"""The data plane over real sockets: a DataServer + DataFeed and real feeder connections."""
+
+import threading
+
+import pytest
+
+from tfos_nb.runtime import columns as C
+from tfos_nb.runtime import dataplane as dp
+from tfos_nb.runtime.feed import DataFeed, DataServer, FeedHub
+
+SECRET = b"k" * 32
+
+
+@pytest.fixture
+def node():
+    hub = FeedHub()
+    server = DataServer(hub, SECRET, "127.0.0.1").start()
+    yield hub, server
+    hub.close()
+    server.stop()
+
+
+def send(port, rows, gen=1, mode="train", chunk=100, partition=0):
+    sock = dp.client_connect("127.0.0.1", port, SECRET, {"partition": partition, "gen": gen, "mode": mode}, 10)
+    for i in range(0, len(rows), chunk):
+        dp.send_frame(sock, b"D", C.encode_ipc(C.rows_to_batch(rows[i : i + chunk])))
+    dp.send_frame(sock, b"E")
+    return sock
+
+
+def feed_in_thread(port, rows, **kw):
+    out = {}
+
+    def run():
+        sock = send(port, rows, **kw)
+        frames = []
+        while True:
+            kind, payload = dp.recv_frame(sock)
+            frames.append((kind, payload))
+            if kind in (b"A", b"X"):
+                break
+        sock.close()
+        out["frames"] = frames
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, out
+
+
+def test_batches_are_exact_and_feeder_is_acked_after_consumption(node):
+    hub, server = node
+    rows = [([float(i)] * 4, i) for i in range(250)]
+    t, out = feed_in_thread(server.port, rows)
+    feed = DataFeed(hub)
+    sizes, labels = [], []
+
+    def consume():
+        while not feed.should_stop():
+            cols = feed.next_batch_arrays(64)
+            if cols:
+                sizes.append(len(cols[1]))
+                labels.extend(cols[1].tolist())
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    t.join(10)  # the feeder is acked once its last row was taken, before the batch is full
+    assert not t.is_alive()
+    hub.stop()  # the end of the data: the last, partial batch is handed out
+    consumer.join(10)
+    assert sizes == [64, 64, 64, 58]
+    assert labels == list(range(250))
+    kind, payload = out["frames"][-1]
+    assert kind == b"A" and dp.parse_json(payload) == {"rows": 250, "skipped": 0}
+
+
+def test_next_batch_returns_tensorflowonspark_rows(node):
+    hub, server = node
+    rows = [([1.0, 2.0], 7), ([3.0, 4.0], 8)]
+    t, _ = feed_in_thread(server.port, rows)
+    feed = DataFeed(hub)
+    got = feed.next_batch(2)
+    t.join(10)
+    assert got == [([1.0, 2.0], 7), ([3.0, 4.0], 8)]
+
+
+def test_input_mapping_returns_dict_by_tensor_name(node):
+    hub, server = node
+    rows = [{"img": [1.0, 2.0], "lbl": 1}, {"img": [3.0, 4.0], "lbl": 0}]
+    t, _ = feed_in_thread(server.port, rows)
+    feed = DataFeed(hub, input_mapping={"img": "x", "lbl": "y"})
+    got = feed.next_batch(2)
+    t.join(10)
+    assert set(got) == {"x", "y"} and got["x"].shape == (2, 2) and got["y"].tolist() == [1, 0]
+
+
+def test_unknown_mapped_column_names_what_exists(node):
+    hub, server = node
+    t, _ = feed_in_thread(server.port, [{"a": 1}])
+    feed = DataFeed(hub, input_mapping={"b": "x"})
+    with pytest.raises(KeyError, match=r"\['b'\].*columns are \['a'\]"):
+        feed.next_batch(1)
+    feed.terminate()
+    t.join(10)
+
+
+def test_inference_results_route_back_in_order_per_partition(node):
+    hub, server = node
+    rows_a = [(float(i),) for i in range(30)]
+    rows_b = [(float(100 + i),) for i in range(20)]
+    ta, out_a = feed_in_thread(server.port, rows_a, mode="infer", partition=0)
+    tb, out_b = feed_in_thread(server.port, rows_b, mode="infer", partition=1)
+    feed = DataFeed(hub, train_mode=False)
+    answered = 0
+    while answered < 50:
+        (x,) = feed.next_batch_arrays(16)
+        feed.batch_results(x * 2)
+        answered += len(x)
+    ta.join(10)
+    tb.join(10)
+    for out, rows in ((out_a, rows_a), (out_b, rows_b)):
+        results = []
+        for kind, payload in out["frames"]:
+            if kind == b"R":
+                results.extend(C.result_rows(C.decode_ipc(payload)))
+        assert results == [r[0] * 2 for r in rows]
+        assert out["frames"][-1][0] == b"A"
+
+
+def test_wrong_number_of_results_is_a_clear_error(node):
+    hub, server = node
+    t, _ = feed_in_thread(server.port, [(1.0,), (2.0,)], mode="infer")
+    feed = DataFeed(hub, train_mode=False)
+    (x,) = feed.next_batch_arrays(2)
+    with pytest.raises(ValueError, match="batch_results\\(\\) got 1 results for 2 input rows"):
+        feed.batch_results([1])
+    feed.batch_results([1, 2])
+    t.join(10)
+
+
+def test_epochs_end_dataset_iterations(node):
+    hub, server = node
+    feed = DataFeed(hub)
+    t1, _ = feed_in_thread(server.port, [(1.0, 0)] * 10, gen=1)
+
+    def driver():  # as the driver does: the epoch's job is done, tell the nodes
+        t1.join(10)
+        hub.end_gen(1)
+
+    threading.Thread(target=driver).start()
+    epoch = [0]
+    first = hub.take(100, True, epoch)
+    assert sum(b.num_rows for _, b in first) == 10
+    assert hub.take(100, True, epoch) == []  # the end of generation 1 ends the iteration
+    t2, _ = feed_in_thread(server.port, [(2.0, 1)] * 5, gen=2)
+
+    def driver_stop():
+        t2.join(10)
+        hub.stop()
+
+    threading.Thread(target=driver_stop).start()
+    epoch = [0]
+    second = hub.take(100, True, epoch)
+    assert sum(b.num_rows for _, b in second) == 5 and epoch == [2]
+    assert feed.should_stop()
+
+
+def test_terminate_skips_remaining_data_and_releases_feeders(node):
+    hub, server = node
+    rows = [(float(i), i) for i in range(5000)]
+    t, out = feed_in_thread(server.port, rows, chunk=50)
+    feed = DataFeed(hub)
+    feed.next_batch(10)
+    feed.terminate()
+    t.join(10)
+    assert not t.is_alive()
+    done = dp.parse_json(out["frames"][-1][1])
+    assert out["frames"][-1][0] == b"A" and done["skipped"] > 0 and done["rows"] >= 10
+
+
+def test_unauthenticated_feeder_is_refused(node):
+    _, server = node
+    with pytest.raises((dp.DataPlaneError, OSError)):
+        sock = dp.client_connect("127.0.0.1", server.port, b"w" * 32, {"partition": 0}, 5)
+        dp.recv_frame(sock)

@@ -1,0 +1,355 @@
+"""The IPython layer, driven through a real IPython shell (and real Spark + TensorFlow for the slow tier)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import IPython
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+
+from tfos_nb.magics import ClusterFailed, ClusterHandle, _render
+from tfos_nb.magics._cellfn import build
+from tfos_nb.magics._spark import CONNECT_MSG
+
+PYTHON = sys.executable
+
+
+@pytest.fixture(scope="module")
+def ip():
+    start_ipython()
+    shell = IPython.get_ipython()
+    shell.run_line_magic("load_ext", "tfos_nb")
+    shell.run_cell(
+        textwrap.dedent(
+            """
+            import threading
+            K = 3
+            numbers = [1, 2, 3]
+            lock = threading.Lock()
+            def helper(x):
+                return x * K
+            def uses_lock():
+                return lock
+            """
+        )
+    )
+    yield shell
+    shell.magics_manager.registry["TFOSMagics"].shutdown_all()
+
+
+def _poll(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+# -- bad input: one-line UsageErrors, exact messages --------------------------------------
+BAD_INPUT = [
+    ("--bogus", "pass", "unrecognized arguments: --bogus"),
+    ("--workers 0", "pass", "--workers must be at least 1, got 0"),
+    ("--workers -2", "pass", "--workers must be at least 1, got -2"),
+    ("--workers two", "pass", "argument --workers: invalid int value: 'two'"),
+    ("--ps -1", "pass", "--ps must be 0 or more, got -1"),
+    ("--epochs 0", "pass", "--epochs must be at least 1, got 0"),
+    ("--timeout 0", "pass", "--timeout must be more than 0 seconds, got 0"),
+    ("--input-mode file", "pass",
+     "argument --input-mode: invalid choice: 'file' (choose from 'spark', 'tensorflow')"),
+    ("--data missing_df", "pass", "--data missing_df: no such variable in the notebook"),
+    ("--data numbers", "pass", "--data numbers: expected a Spark DataFrame or RDD, got list"),
+    ("--input-mode spark", "pass", "--input-mode spark needs --data VAR (a DataFrame or RDD to feed)"),
+    ("--input-mode tensorflow --data numbers", "pass", "--data is fed only with --input-mode spark"),
+    ("--args numbers", "pass", "--args must be a dict or a namespace, got list"),
+    ("--args nope", "pass", "--args nope: NameError: name 'nope' is not defined"),
+    ("--args \"{'epochs': 'x'}\"", "pass", "--epochs must be at least 1, got 'x'"),
+    ("--name K", "pass",
+     "--name K: `K` is already defined in the notebook (type int); choose another --name"),
+    ("--name 2fast", "pass", "--name 2fast: not a valid Python variable name"),
+    ("", "x = = 1", "the cell is not valid Python: line 1: invalid syntax"),
+    ("", "# only a comment",
+     "the cell is empty: write the node function's body (it sees `args` and `ctx`) below the magic line"),
+    ("", "print(uses_lock())",
+     "cannot ship `lock` (used by `uses_lock`) to the nodes: a _thread.lock cannot be pickled "
+     "(TypeError: cannot pickle '_thread.lock' object); create it inside the cell instead"),
+]
+
+
+@pytest.mark.parametrize(("line", "cell", "message"), BAD_INPUT, ids=[c[0] or c[1] for c in BAD_INPUT])
+def test_bad_input_is_a_one_line_usage_error(ip, line, cell, message):
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("tfos_cluster", line, cell)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("magic", "line", "message"),
+    [
+        ("tfos_shutdown", "", "give a cluster name or --all"),
+        ("tfos_shutdown", "nosuch", "no cluster named nosuch; clusters: none"),
+        ("tfos_logs", "nosuch", "no cluster named nosuch; clusters: none"),
+        ("tfos_logs", "", "the following arguments are required: name"),
+    ],
+)
+def test_bad_input_other_magics(ip, magic, line, message):
+    if ip.magics_manager.registry["TFOSMagics"].handles:
+        pytest.skip("clusters exist in this shell")
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic(magic, line)
+    assert str(info.value) == message
+
+
+def test_usage_error_keeps_the_shell_alive(ip, capsys):
+    result = ip.run_cell("%%tfos_cluster --workers -1\npass")
+    assert not result.success
+    assert "UsageError: --workers must be at least 1, got -1" in capsys.readouterr().err
+    assert ip.run_cell("1 + 1").result == 2
+
+
+def test_spark_connect_session_is_refused(ip):
+    connect_cls = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
+    ip.user_ns["spark"] = connect_cls()
+    try:
+        with pytest.raises(UsageError) as info:
+            ip.run_cell_magic("tfos_cluster", "--name connect_run", "pass")
+        assert str(info.value) == CONNECT_MSG
+        assert "connect_run" not in ip.user_ns
+    finally:
+        del ip.user_ns["spark"]
+
+
+# -- the cell as a node function ------------------------------------------------------------
+def test_cell_ships_a_snapshot_of_the_names_it_uses(ip):
+    import cloudpickle
+
+    fn, names = build("return helper(args.epochs) + len(numbers)", ip.user_ns, "t")
+    assert names == ["helper", "numbers"]  # `lock`, `K`'s user `uses_lock` etc. stay home
+    ip.user_ns["K"] = 100  # later changes in the notebook do not reach a cell already built
+    try:
+        shipped = cloudpickle.loads(cloudpickle.dumps(fn))
+        assert shipped(types.SimpleNamespace(epochs=2), None) == 2 * 3 + 3
+    finally:
+        ip.user_ns["K"] = 3
+
+
+def test_node_tracebacks_show_the_cell_lines(ip):
+    import traceback
+
+    import cloudpickle
+
+    fn, _ = build("x = 1\nraise ValueError('boom')", ip.user_ns, "tb")
+    shipped = cloudpickle.loads(cloudpickle.dumps(fn))
+    with pytest.raises(ValueError) as info:
+        shipped(None, None)
+    text = "".join(traceback.format_exception(info.value))
+    assert 'File "<%%tfos_cluster tb>", line 2' in text and "raise ValueError('boom')" in text
+
+
+# -- configuration and loading ------------------------------------------------------------------
+def test_config_magic_sets_traits(ip):
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    ip.run_line_magic("config", "TFOSMagics.default_workers = 4")
+    try:
+        assert magics.default_workers == 4
+    finally:
+        ip.run_line_magic("config", "TFOSMagics.default_workers = 2")
+
+
+def test_loaded_from_ipython_config(tmp_path):
+    profile = tmp_path / "profile_default"
+    profile.mkdir()
+    (profile / "ipython_config.py").write_text(
+        'c.InteractiveShellApp.extensions = ["tfos_nb"]\nc.TFOSMagics.default_workers = 3\n'
+    )
+    code = (
+        "m = get_ipython().magics_manager.registry['TFOSMagics']; "
+        "print('workers', m.default_workers, 'cell magic', 'tfos_cluster' in get_ipython().magics_manager.magics['cell'])"
+    )
+    out = subprocess.run(
+        [PYTHON, "-m", "IPython", "--colors=nocolor", "-c", code],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "IPYTHONDIR": str(tmp_path)},
+    )
+    assert "workers 3 cell magic True" in out.stdout, out.stdout + out.stderr
+
+
+def test_importing_the_package_pulls_in_no_ipython_spark_or_tensorflow():
+    code = (
+        "import sys, tfos_nb, tfos_nb.magics, tfos_nb.magics._cellfn; "
+        "print(sorted(m for m in ('IPython', 'pyspark', 'tensorflow') if m in sys.modules))"
+    )
+    out = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_unload_removes_the_magics():
+    start_ipython()
+    shell = IPython.get_ipython()
+    shell.run_line_magic("unload_ext", "tfos_nb")
+    try:
+        assert "tfos_cluster" not in shell.magics_manager.magics["cell"]
+        assert "TFOSMagics" not in shell.magics_manager.registry
+    finally:
+        shell.run_line_magic("load_ext", "tfos_nb")
+
+
+def test_status_table_formatting():
+    assert _render.status_table([]) == "no tfos_nb clusters in this kernel"
+    table = _render.status_table([("digits", "running", 2, 12.34, "chief:0 running step 4")])
+    assert table.splitlines() == [
+        "name    state    nodes  elapsed  progress",
+        "digits  running  2      12.3 s   chief:0 running step 4",
+    ]
+    node = types.SimpleNamespace(label="chief:0", state="running", step=40, total_steps=300,
+                                 metrics={"epoch": 1, "loss": 0.123456})
+    assert _render.node_line(node) == "chief:0 running step 40/300 loss 0.1235"
+
+
+# -- real Spark, real TensorFlow ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def magic_spark(ip):
+    os.environ["PYSPARK_PYTHON"] = PYTHON
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .appName("tfos_nb-test-magics")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    ip.user_ns["spark"] = spark
+    yield spark
+    ip.magics_manager.registry["TFOSMagics"].shutdown_all()
+    ip.user_ns.pop("spark", None)
+    spark.stop()
+
+
+@pytest.mark.slow
+def test_more_nodes_than_slots(ip, magic_spark):
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("tfos_cluster", "--workers 2 --ps 1 --name too_big", "pass")
+    assert str(info.value) == (
+        "3 nodes need 3 Spark task slots; this Spark application has 2 (local-cluster[2,1,1024]): "
+        "lower --workers/--ps, or give Spark more executors"
+    )
+    assert "too_big" not in ip.user_ns
+
+
+@pytest.mark.slow
+def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
+    from tfos_nb.examples.digits import load_digits_arrays, to_dataframe
+
+    x, y, _, _ = load_digits_arrays()
+    df = to_dataframe(magic_spark, x[:640], y[:640], partitions=4).cache()
+    ip.user_ns.update(train_df=df, export_dir=str(tmp_path / "model"))
+    ip.run_cell("from tfos_nb.examples.digits import build_model\ndef make_model():\n    return build_model(0.02)")
+    cell = textwrap.dedent(
+        """
+        import tensorflow as tf
+        from tfos_nb import compat
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            model = make_model()
+        ds = ctx.get_data_feed().as_dataset(batch_size=args.batch_size)
+        model.fit(ds, epochs=args.epochs, verbose=0, callbacks=[ctx.progress_callback()])
+        compat.export_saved_model(model, export_dir, ctx.is_chief)
+        print(f"done {ctx.job_name} lr-check {args.batch_size}")
+        """
+    )
+    ip.run_cell_magic("tfos_cluster", "--workers 2 --data train_df --epochs 2 --args \"{'batch_size': 32}\" "
+                      "--name mnist_like", cell)
+    out = capsys.readouterr().out
+    assert "[chief:0] done chief lr-check 32" in out and "[worker:0] done worker lr-check 32" in out
+    handle = ip.user_ns["mnist_like"]
+    assert isinstance(handle, ClusterHandle)
+    result = handle.result
+    assert result["state"] == "finished"
+    assert result["last_feed"]["rows"] == 2 * 640
+    assert set(result["metrics"]) == {"chief:0", "worker:0"}
+    assert result["metrics"]["chief:0"]["epoch"] == 2 and "accuracy" in result["metrics"]["chief:0"]
+    assert os.path.exists(tmp_path / "model" / "saved_model.pb")
+    assert handle.wait() is result
+
+
+@pytest.mark.slow
+def test_node_error_ends_the_cell_with_the_nodes_message(ip, magic_spark, capsys):
+    cell = "if ctx.job_name == 'worker':\n    raise ValueError('boom on purpose')\nimport time\ntime.sleep(60)\n"
+    t0 = time.monotonic()
+    with pytest.raises(ClusterFailed) as info:
+        ip.run_cell_magic("tfos_cluster", "--workers 2 --name failing", cell)
+    assert time.monotonic() - t0 < 45  # the chief's sleep was cut short by the teardown
+    err = info.value
+    assert err.node == "worker:0" and err.host
+    assert str(err).startswith(f"worker:0 failed on host {err.host}")
+    assert "ValueError: boom on purpose" in str(err)
+    assert 'File "<%%tfos_cluster failing>", line 2' in str(err)
+    rendered = err._render_traceback_()
+    assert rendered[0].endswith("ValueError: boom on purpose") and "TFClusterError" in rendered[0]
+    assert ip.user_ns["failing"].state == "failed"
+    assert "[worker:0] ValueError: boom on purpose" in capsys.readouterr().out
+    # shown by the shell as the node's error only: no frames of the magic
+    result = ip.run_cell("%%tfos_cluster --workers 2 --name failing\n" + cell)
+    assert isinstance(result.error_in_exec, ClusterFailed)
+    shown = capsys.readouterr()
+    assert "_magics.py" not in shown.out + shown.err
+
+
+@pytest.mark.slow
+def test_background_status_logs_rerun_and_shutdown(ip, magic_spark, capsys):
+    forever = "import time\ni = 0\nwhile True:\n    i += 1\n    ctx.report(step=i)\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+    ip.run_cell_magic("tfos_cluster", "--workers 1 --background --name bg", forever)
+    handle = ip.user_ns["bg"]
+    assert "bg runs in the background" in capsys.readouterr().out
+    _poll(lambda: handle.nodes and (handle.nodes[0].step or 0) >= 3, 90, "bg's chief to report steps")
+    assert handle.state == "running" and not handle.done
+    ip.run_line_magic("tfos_status", "")
+    status = capsys.readouterr().out
+    assert status.splitlines()[0].split() == ["name", "state", "nodes", "elapsed", "progress"]
+    assert any(line.startswith("bg ") and " running " in line for line in status.splitlines())
+    ip.run_line_magic("tfos_logs", "bg --node chief:0 --tail 2")
+    logs = capsys.readouterr().out.splitlines()
+    assert len(logs) == 2 and all(line.startswith("[chief:0] tick ") for line in logs)
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("tfos_logs", "bg --node worker:7")
+    assert str(info.value) == "no node 'worker:7' in bg; nodes: chief:0"
+
+    # the same --name again: the running cluster is stopped first, and the user is told
+    ip.run_cell_magic("tfos_cluster", "--workers 1 --name bg", "print('second run', args.epochs)")
+    out = capsys.readouterr().out
+    assert "tfos_nb: stopping the running cluster bg first" in out
+    assert "[chief:0] second run 1" in out
+    assert handle.done and handle.state == "stopped" and handle.wait()["stopped"] == "shut down"
+    assert ip.user_ns["bg"] is not handle and ip.user_ns["bg"].state == "finished"
+
+    ip.run_cell_magic("tfos_cluster", "--workers 1 --background --name bg2", forever)
+    bg2 = ip.user_ns["bg2"]
+    _poll(lambda: bg2.state == "running", 90, "bg2 to run")
+    ip.run_line_magic("tfos_shutdown", "--all")
+    assert bg2.done and bg2.state == "stopped"
+    assert "bg2: stopped" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_background_wait_reraises_the_node_error(ip, magic_spark):
+    ip.run_cell_magic("tfos_cluster", "--workers 1 --background --name bg_fail", "print('about to fail')\n1 / 0")
+    handle = ip.user_ns["bg_fail"]
+    with pytest.raises(ClusterFailed) as info:
+        handle.wait(timeout=90)
+    assert info.value.node == "chief:0" and "ZeroDivisionError: division by zero" in str(info.value)
+    assert handle.state == "failed" and handle.result["error"].startswith("chief:0 failed on host")
+    assert "[chief:0] about to fail" in handle.output
+
+
+@pytest.mark.slow
+def test_timeout_stops_the_cluster(ip, magic_spark):
+    with pytest.raises(ClusterFailed) as info:
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --timeout 8 --name slow", "import time\ntime.sleep(300)")
+    assert str(info.value) == "cluster slow: TimeoutError: did not finish within 8 s and was torn down"

@@ -1,0 +1,157 @@
+import json
+import socket
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tfos_nb.runtime import messages as m
+from tfos_nb.runtime.reservation import ControlClient, ControlServer
+
+SECRET = b"s" * 32
+
+
+def codec(sender="t"):
+    return m.Codec(SECRET, "cid", sender)
+
+
+def frame_body(data: bytes) -> bytes:
+    return data[m.HEADER.size :]
+
+
+def test_roundtrip_keeps_fields_and_types():
+    msg = m.Register(node=1, host="h", port=5, executor_id="3", pid=9, gpus=[{"index": "0"}])
+    got = codec("server").decode(frame_body(codec().encode(msg)))
+    assert got == msg
+
+
+def test_forged_signature_is_rejected():
+    data = bytearray(frame_body(codec().encode(m.AwaitSpec(node=0))))
+    data[-2] ^= 1
+    with pytest.raises(m.ProtocolError, match="bad signature"):
+        codec("server").decode(bytes(data))
+
+
+def test_other_secret_is_rejected():
+    other = m.Codec(b"x" * 32, "cid", "evil")
+    with pytest.raises(m.ProtocolError, match="bad signature"):
+        codec("server").decode(frame_body(other.encode(m.AwaitSpec(node=0))))
+
+
+def test_replay_is_rejected():
+    server = codec("server")
+    data = frame_body(codec().encode(m.AwaitSpec(node=0)))
+    server.decode(data)
+    with pytest.raises(m.ProtocolError, match="replayed"):
+        server.decode(data)
+
+
+def _signed(env: dict) -> bytes:
+    body = json.dumps(env).encode()
+    return m.sign(SECRET, body) + body
+
+
+def test_signed_but_malformed_messages_are_rejected():
+    base = {"v": 1, "cid": "cid", "from": "x", "seq": 1, "ts": __import__("time").time(), "type": "await_spec"}
+    cases = [
+        ({**base, "v": 2, "body": {"node": 0}}, "protocol version"),
+        ({**base, "cid": "other", "body": {"node": 0}}, "another cluster"),
+        ({**base, "type": "nope", "body": {}}, "unknown message type"),
+        ({**base, "body": {}}, "missing field 'node'"),
+        ({**base, "body": {"node": "0"}}, "expected int"),
+        ({**base, "body": {"node": True}}, "expected int"),
+        ({**base, "ts": 0, "body": {"node": 0}}, "stale"),
+        ({**base, "body": []}, "body is not an object"),
+    ]
+    for i, (env, why) in enumerate(cases):
+        env = {**env, "from": f"s{i}"}
+        with pytest.raises(m.ProtocolError, match=why):
+            codec("server").decode(_signed(env))
+
+
+def test_oversized_frames_are_rejected():
+    with pytest.raises(m.ProtocolError, match="too large"):
+        codec().decode(b"x" * (m.MAX_FRAME + 1))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=512))
+def test_random_bytes_never_decode(data):
+    with pytest.raises(m.ProtocolError):
+        codec("server").decode(data)
+
+
+@pytest.fixture
+def server():
+    seen = []
+
+    def handler(msg):
+        seen.append(msg)
+        return m.Reply(ok=True, body={"n": len(seen)})
+
+    srv = ControlServer(codec("driver"), handler, "127.0.0.1")
+    srv.seen = seen
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def _raw(addr, payload: bytes) -> bytes:
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        try:
+            return s.recv(1024)
+        except OSError:
+            return b""
+
+
+def test_server_rejects_bad_frames_and_keeps_serving(server):
+    addr = server.address
+    good = codec("node").encode(m.AwaitSpec(node=0))
+    forged = bytearray(good)
+    forged[-3] ^= 1
+    bad = [
+        bytes(forged),  # forged
+        struct.pack(">I", 10) + b"garbage!!!",  # malformed
+        struct.pack(">I", m.MAX_FRAME + 10),  # oversized header
+        b"\x00\x00",  # truncated
+        good,  # replay of a frame the server will see below first
+    ]
+    client = ControlClient(codec("node2"), addr)
+    assert client.request(m.AwaitSpec(node=1)).ok
+    _raw(addr, good)  # first delivery is accepted
+    for payload in bad:
+        assert _raw(addr, payload) == b""  # no reply: rejected, connection closed
+    assert server.rejected == 4  # the truncated frame is only an early close
+    reply = client.request(m.AwaitSpec(node=2))  # still serving
+    assert reply.ok and len(server.seen) == 3
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(min_size=1, max_size=300))
+def test_server_survives_random_input(server, data):
+    # One server for all inputs, on purpose: it must survive every one of them.
+    _raw(server.address, data)
+    assert all(isinstance(x, m.AwaitSpec) for x in server.seen)
+    assert ControlClient(codec("probe"), server.address).request(m.AwaitSpec(node=0)).ok
+
+
+# The node function is pickled on the driver and reaches the node inside Spark's own task
+# closure, then through the supervisor's pipe: these are the only places that unpickle it.
+ALLOWED_UNPICKLING = {"runtime/node.py", "magics/_cellfn.py"}
+
+
+def test_no_module_unpickles_socket_data():
+    """Nothing unpickles except the node function's loaders (no socket data, ever)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).parent.parent / "tfos_nb"
+    hits = []
+    for path in root.rglob("*.py"):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"\b(c?pickle|cloudpickle)\.loads?\(", line):
+                hits.append(f"{path.relative_to(root)}:{i}")
+    assert {h.split(":")[0] for h in hits} <= ALLOWED_UNPICKLING, hits

@@ -1,0 +1,153 @@
+"""Every notebook in notebooks/ run headless in a real kernel; and ■ (interrupt) during training."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+KERNEL = "tfos-nb-test"
+
+
+@pytest.fixture(scope="session")
+def kernel_specs(tmp_path_factory):
+    """A kernelspec running this interpreter (the project's venv), whatever python3 means elsewhere."""
+    kernels = tmp_path_factory.mktemp("kernels")
+    spec = kernels / KERNEL
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "tfos_nb tests", "language": "python",
+    }))
+    return KernelSpecManager(kernel_dirs=[str(kernels)])
+
+
+def _text(outputs) -> str:
+    parts = []
+    for o in outputs:
+        if o.output_type == "stream":
+            parts.append(o.text)
+        elif o.output_type in ("execute_result", "display_data"):
+            parts.append(str(o.get("data", {}).get("text/plain", "")))
+    return "".join(parts)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_headless(path, kernel_specs, tmp_path):
+    nb = nbformat.read(path, as_version=4)
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    client = NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, tmp_path / path.name)  # kept for a look when it fails
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, [(e.ename, e.evalue) for e in errors]
+    text = "".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+    for match in re.finditer(r"^accuracy: (\d\.\d+)", text, flags=re.M):  # the notebooks' result lines
+        assert float(match.group(1)) >= 0.9, match.group(0)
+    if path.name == "quickstart.ipynb":
+        assert re.search(r"^accuracy: 0\.9\d\d", text, flags=re.M), text[-2000:]
+        assert "[chief:0] Epoch 5/5" in text
+
+
+def _runtime_procs(root_pid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "tfos_nb.runtime" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Running, not a zombie: an exited process its (Spark worker) parent has not reaped yet is gone."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error as exc:
+        return repr(exc)
+
+
+TRAINING_CELL = """%%tfos_cluster --workers 2 --name looping
+import time
+for step in range(1, args.steps + 1):
+    ctx.report(step=step, loss=1.0 / step)
+    if ctx.is_chief:
+        print("step", step, flush=True)
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.slow
+def test_interrupt_stops_the_cluster_and_the_kernel_lives(kernel_specs):
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    km.start_kernel(cwd=str(ROOT))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        reply = kc.execute_interactive("%load_ext tfos_nb\nsteps = {'steps': 100000}", timeout=120)
+        assert reply["content"]["status"] == "ok"
+
+        msg_id = kc.execute(TRAINING_CELL.replace("--name looping", "--name looping --args steps"))
+        seen = []
+        deadline = time.monotonic() + 240
+        while not any("[chief:0] step 1" in s for s in seen):
+            assert time.monotonic() < deadline, "no step reported: " + "".join(seen)[-2000:]
+            msg = kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen.append(msg["content"]["text"])
+        kernel_pid = km.provisioner.pid
+        procs = _runtime_procs(kernel_pid)
+        assert len(procs) >= 2, "expected a supervisor and a node process per node"
+
+        t0 = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - t0 < 15
+        deadline = t0 + 15
+        while [p for p in procs if _alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in procs if _alive(p)], [_describe(p) for p in procs if _alive(p)]
+        assert not [p for p in _runtime_procs(kernel_pid) if _alive(p)]
+
+        # the kernel lives, and the same cell runs again
+        out = []
+        reply = kc.execute_interactive("print(6 * 7)", timeout=60,
+                                       output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok" and "42" in "".join(out)
+        out.clear()
+        reply = kc.execute_interactive(
+            TRAINING_CELL.replace("--name looping", "--name looping --args \"{'steps': 3}\""), timeout=240,
+            output_hook=lambda m: out.append(str(m["content"].get("text", m["content"].get("data", "")))),
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        assert "[chief:0] step 3" in "".join(out)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -1,0 +1,262 @@
+"""The runtime on real Spark (local-cluster: real master, workers, executor JVMs) and real TensorFlow."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from tests.conftest import NODE_ENV, runtime_processes, spark_session, wait_until
+from tfos_nb import TFCluster, dfutil
+from tfos_nb.examples import digits
+
+pytestmark = pytest.mark.slow
+# Node functions defined here travel by value (executors cannot import this test module).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+EXECUTORS = 4
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = spark_session(EXECUTORS)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def sc(spark):
+    return spark.sparkContext
+
+
+@pytest.fixture(scope="module")
+def digits_data(spark):
+    xtr, ytr, xte, yte = digits.load_digits_arrays()
+    df = digits.to_dataframe(spark, xtr, ytr, partitions=6).cache()
+    df.count()
+    return xtr, ytr, xte, yte, df
+
+
+def run(sc, fn, args, n, **kw):
+    kw.setdefault("env", NODE_ENV)
+    return TFCluster.run(sc, fn, args, n, **kw)
+
+
+def accuracy(sc, export_dir, xte, yte):
+    """Predict with a 2-node inference cluster; one prediction per row, in order."""
+    cluster = run(sc, digits.predict_fun, {"export_dir": export_dir}, 2, input_mode=TFCluster.InputMode.SPARK)
+    try:
+        rdd = sc.parallelize([(x,) for x in xte.tolist()], 5)
+        preds = cluster.inference(rdd).collect()
+    finally:
+        cluster.shutdown()
+    assert len(preds) == len(yte)
+    return float(np.mean(np.asarray(preds) == yte)), preds
+
+
+# ---------------------------------------------------------------------------
+
+
+def test_mwms_chief_and_two_workers_from_dataframe(sc, digits_data, tmp_path, no_leaks):
+    xtr, ytr, xte, yte, df = digits_data
+    export = str(tmp_path / "model")
+    args = {"epochs": 5, "batch_size": 32, "export_dir": export}
+    cluster = run(sc, digits.train_fun, args, 3, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    roles = sorted(n.label for n in cluster.nodes)
+    assert roles == ["chief:0", "worker:0", "worker:1"]
+    spec = {n.label: n for n in cluster.nodes}
+    assert len({(n.host, n.port) for n in spec.values()}) == 3
+    cluster.train(df, num_epochs=5)
+    assert cluster.last_feed["rows"] == 5 * len(ytr) and cluster.last_feed["skipped"] == 0
+    cluster.shutdown()
+    nodes = cluster.nodes
+    assert all(n.state == "finished" for n in nodes), [(n.label, n.state, n.error) for n in nodes]
+    assert all(n.step and n.step > 0 and "loss" in n.metrics for n in nodes)
+    assert cluster.status().state == "finished"
+    acc, preds = accuracy(sc, export, xte, yte)
+    assert acc >= 0.9, acc
+
+
+def test_mwms_from_rdd_and_inference_in_order(sc, digits_data, tmp_path, no_leaks):
+    xtr, ytr, xte, yte, _ = digits_data
+    export = str(tmp_path / "model")
+    rdd = sc.parallelize(list(zip(xtr.tolist(), ytr.tolist())), 6)
+    args = {"epochs": 5, "batch_size": 32, "export_dir": export}
+    with run(sc, digits.train_fun, args, 3, master_node="chief", input_mode=TFCluster.InputMode.SPARK) as cluster:
+        cluster.train(rdd, num_epochs=5)
+    assert cluster.status().state == "finished"
+    acc, preds = accuracy(sc, export, xte, yte)
+    assert acc >= 0.9, acc
+    # In order: the same rows again, reversed partitions, give the same predictions reversed.
+    cluster = run(sc, digits.predict_fun, {"export_dir": export}, 2, input_mode=TFCluster.InputMode.SPARK)
+    try:
+        again = cluster.inference(sc.parallelize([(x,) for x in xte[::-1].tolist()], 3)).collect()
+    finally:
+        cluster.shutdown()
+    assert again == preds[::-1]
+
+
+def ps_fun(args, ctx):
+    import json
+
+    import tensorflow as tf
+
+    if ctx.job_name in ("ps", "worker"):
+        cluster = tf.train.ClusterSpec(json.loads(os.environ["TF_CONFIG"])["cluster"])
+        server = tf.distribute.Server(cluster, job_name=ctx.job_name, task_index=ctx.task_index, start=True)
+        server.join()  # stopped by the runtime at shutdown
+        return
+    from tfos_nb.examples import digits as d
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    x, y, _, _ = d.load_digits_arrays()
+    with strategy.scope():
+        model = d.build_model(0.02)
+
+    def dataset_fn(input_context):
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512).repeat().batch(32)
+
+    hist = model.fit(
+        tf.keras.utils.experimental.DatasetCreator(dataset_fn),
+        epochs=3,
+        steps_per_epoch=20,
+        verbose=0,
+        callbacks=[ctx.progress_callback()],
+    )
+    losses = hist.history["loss"]
+    print("losses", losses)
+    assert losses[-1] < losses[0], losses
+
+
+def test_parameter_server_strategy_one_ps_two_workers_and_chief(sc, no_leaks):
+    t0 = time.monotonic()
+    cluster = run(sc, ps_fun, {}, 4, num_ps=1, master_node="chief")
+    assert sorted(n.label for n in cluster.nodes) == ["chief:0", "ps:0", "worker:0", "worker:1"]
+    cluster.shutdown(timeout=240)
+    states = {n.label: n.state for n in cluster.nodes}
+    assert states["chief:0"] == "finished"
+    assert {states["ps:0"], states["worker:0"], states["worker:1"]} == {"stopped"}
+    assert any("losses" in line for line in cluster.logs("chief:0", tail=None)["chief:0"])
+    assert time.monotonic() - t0 < 240
+
+
+def tf_mode_fun(args, ctx):
+    import tensorflow as tf
+
+    files = tf.io.gfile.glob(args["data"] + "/part-*")
+    shard = files[ctx.task_index :: ctx.num_workers]
+    spec = {"x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+    n = 0
+    for rec in tf.data.TFRecordDataset(shard).map(lambda r: tf.io.parse_single_example(r, spec)):
+        n += 1
+        assert rec["x"].shape == (4,)
+    print(f"read {n} records from {len(shard)} files")
+    ctx.report(step=n, records=n)
+
+
+def test_input_mode_tensorflow_reads_tfrecords(spark, sc, tmp_path, no_leaks):
+    df = spark.createDataFrame([([float(i)] * 4, i) for i in range(100)], "x array<float>, y long").repartition(4)
+    out = str(tmp_path / "tfr")
+    dfutil.saveAsTFRecords(df, out)
+    back = dfutil.loadTFRecords(sc, out)
+    assert back.count() == 100 and sorted(r.y for r in back.collect()) == list(range(100))
+    assert dict(back.dtypes) == {"x": "array<float>", "y": "bigint"}
+    cluster = run(sc, tf_mode_fun, {"data": out}, 2, input_mode=TFCluster.InputMode.TENSORFLOW)
+    cluster.shutdown(timeout=180)
+    assert sum(n.step for n in cluster.nodes) == 100
+
+
+def failing_fun(args, ctx):
+    import time as t
+
+    for step in range(1000):
+        ctx.report(step=step)
+        if ctx.job_name == "worker" and ctx.task_index == 1 and step == 3:
+            raise ValueError(f"boom at step {step}")
+        t.sleep(0.05)
+
+
+def test_node_error_names_role_host_and_tail_within_seconds(sc, no_leaks):
+    cluster = run(sc, failing_fun, {}, 3, master_node="chief")
+    t0 = time.monotonic()
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster.shutdown(timeout=60)
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert elapsed <= 10, elapsed
+    assert err.node == "worker:1" and err.host
+    text = str(err)
+    assert text.startswith("worker:1 failed on host ")
+    assert "ValueError: boom at step 3" in text
+    assert "Traceback" in text and "failing_fun" in text
+    assert cluster.status().state == "failed"
+    # every other node was stopped, nothing keeps running
+    assert all(n.state in ("stopped", "failed", "finished") for n in cluster.nodes)
+    assert wait_until(lambda: not runtime_processes(), 10), runtime_processes()
+
+
+def test_error_during_train_ends_train(sc, digits_data, no_leaks):
+    *_, df = digits_data
+
+    def bad_reader(args, ctx):
+        feed = ctx.get_data_feed()
+        feed.next_batch(10)
+        raise RuntimeError("cannot read this")
+
+    cluster = run(sc, bad_reader, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    t0 = time.monotonic()
+    with pytest.raises(TFCluster.TFClusterError, match="RuntimeError: cannot read this"):
+        cluster.train(df, 3)
+    assert time.monotonic() - t0 <= 10
+    cluster.shutdown()  # idempotent after the teardown
+
+
+def test_not_enough_executors_fails_fast(sc, no_leaks):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"asked for {EXECUTORS + 1} nodes, {EXECUTORS} task slot\(s\) available"):
+        run(sc, failing_fun, {}, EXECUTORS + 1)
+    assert time.monotonic() - t0 < 15
+
+
+def test_bad_arguments_are_value_errors(sc):
+    with pytest.raises(ValueError, match="leaves no chief/worker node"):
+        run(sc, failing_fun, {}, 2, num_ps=2)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        run(sc, failing_fun, {}, -1)
+    with pytest.raises(ValueError, match="master_node must be"):
+        run(sc, failing_fun, {}, 2, master_node="boss")
+
+
+def test_wrongly_shaped_rows_name_the_column(spark, sc, no_leaks):
+    df = spark.createDataFrame([([1.0, 2.0], 1), ([1.0], 2)], "features array<float>, label long").coalesce(1)
+
+    def reader(args, ctx):
+        feed = ctx.get_data_feed()
+        while not feed.should_stop():
+            if not feed.next_batch_arrays(10):
+                break
+
+    cluster = run(sc, reader, {}, 1, input_mode=TFCluster.InputMode.SPARK)
+    # The node fails while (or just after) train() hands over the rows: whichever call
+    # comes next ends with the node's error naming the column.
+    with pytest.raises(TFCluster.TFClusterError, match="column 'features' holds arrays of different lengths"):
+        try:
+            cluster.train(df, 1)
+        finally:
+            cluster.shutdown()
+
+
+def test_cluster_is_context_manager_and_shutdown_idempotent(sc, no_leaks):
+    def noop(args, ctx):
+        return None
+
+    with run(sc, noop, {}, 2) as cluster:
+        assert cluster.status().state in ("running", "finished")
+    cluster.shutdown()
+    cluster.shutdown()
+    assert cluster.status().state == "finished"

@@ -1,0 +1,294 @@
+"""The handle a ``%%tfos_cluster`` cell leaves in the notebook, and the thread it owns.
+
+One cell's whole run (start the nodes, feed the data, wait for the end) happens
+in one thread owned by the handle.  A blocking cell watches that thread from the
+kernel's main thread (where KeyboardInterrupt lands and where output may be
+printed); a ``--background`` cell just returns the handle.  Nothing here
+imports IPython.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from ..runtime import state as S
+from ..runtime.cluster import InputMode, TFCluster, TFClusterError, run
+
+__all__ = ["ClusterFailed", "ClusterHandle"]
+
+LOG_LINES_KEPT = 5000
+
+
+class ClusterFailed(TFClusterError):
+    """A cell's cluster failed and was torn down.
+
+    IPython shows it as the node's error alone (role:index, host, the tail of its
+    output), without the frames of the magic and the runtime, which would only
+    bury the one part the user can act on.
+    """
+
+    @classmethod
+    def wrap(cls, exc: BaseException, name: str) -> ClusterFailed:
+        if isinstance(exc, ClusterFailed):
+            return exc
+        if isinstance(exc, TFClusterError):
+            new = cls(str(exc))
+            new.node, new.host, new.executor_id = exc.node, exc.host, exc.executor_id
+            new.exit_code, new.tail = exc.exit_code, list(exc.tail)
+        else:
+            new = cls(f"cluster {name}: {type(exc).__name__}: {exc}")
+        new.__cause__ = exc
+        return new
+
+    def _render_traceback_(self) -> list[str]:
+        lines = str(self).splitlines() or [""]
+        return [f"\x1b[0;31mTFClusterError\x1b[0m: {lines[0]}", *lines[1:]]
+
+
+class ClusterHandle:
+    """A cluster started by ``%%tfos_cluster``: watch it, wait for it, stop it.
+
+    ``wait()`` blocks until the run ends and re-raises a node's error;
+    ``shutdown()`` stops the cluster now; ``result`` is a dict (state, metrics
+    and step per node, ``last_feed``, elapsed seconds, error); ``nodes``,
+    ``metrics``, ``tensorboard_url`` and ``state`` show it live; ``logs()``
+    (per node) and ``output`` (all nodes, interleaved) give the nodes' output.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        sc: Any,
+        fn: Any,
+        args: Any,
+        workers: int,
+        ps: int = 0,
+        evaluator: bool = False,
+        data: Any = None,
+        epochs: int = 1,
+        tensorboard: bool = False,
+        log_dir: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        background: bool = False,
+    ) -> None:
+        self.name = name
+        self.background = background
+        self.num_nodes = workers + ps + (1 if evaluator else 0)
+        self._run_kwargs = dict(
+            num_ps=ps,
+            tensorboard=tensorboard,
+            input_mode=InputMode.SPARK if data is not None else InputMode.TENSORFLOW,
+            log_dir=log_dir,
+            master_node="chief",
+            eval_node=evaluator,
+            reservation_timeout=min(timeout, 600) if timeout else 600,
+            name=name,
+            env=env,
+        )
+        self._sc, self._fn, self._args, self._data, self._epochs = sc, fn, args, data, epochs
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._timer: threading.Timer | None = None
+        self._stopper: threading.Thread | None = None
+        self._cluster: TFCluster | None = None
+        self._cstate: S.ClusterState | None = None
+        self._stop_reason: str | None = None
+        self._error: BaseException | None = None
+        self._result: dict[str, Any] | None = None
+        self._log: deque[str] = deque(maxlen=LOG_LINES_KEPT)
+        self.lines: queue.SimpleQueue[list[str]] | None = None if background else queue.SimpleQueue()
+        self.started_at = time.time()
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> ClusterHandle:
+        with self._lock:
+            if self._thread is not None:
+                return self
+            self._thread = threading.Thread(target=self._main, name=f"tfos-cell-{self.name}", daemon=True)
+        if self.timeout:
+            self._timer = threading.Timer(self.timeout, self.stop, args=("timeout",))
+            self._timer.daemon = True
+            self._timer.start()
+        self._thread.start()
+        return self
+
+    def _main(self) -> None:
+        cluster = None
+        try:
+            if self._stop_reason is None:
+                cluster = run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
+                              on_state=self._on_state, **self._run_kwargs)
+                with self._lock:
+                    self._cluster = cluster
+                    stopping = self._stop_reason is not None
+                if not stopping:
+                    if self._data is not None:
+                        cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
+                    cluster.shutdown(timeout=self.timeout or 259200)
+        except BaseException as exc:  # noqa: BLE001 - handed to wait() / the cell
+            if self._stop_reason is None:
+                self._error = exc
+        finally:
+            if cluster is not None:
+                cluster._teardown()
+            with self._lock:
+                stopper = self._stopper
+            if stopper is not None:
+                # _teardown() returns at once while another thread is still tearing down
+                stopper.join(30)
+            if self._stop_reason == "timeout":
+                self._error = TimeoutError(f"did not finish within {self.timeout:g} s and was torn down")
+            if self._timer is not None:
+                self._timer.cancel()
+            self._result = self._make_result()
+            self._done.set()
+
+    def _on_state(self, st: S.ClusterState) -> None:
+        if self._cstate is None:
+            self._cstate = st
+        if self._stop_reason is not None and self._cluster is None:
+            self._abort_start(st)
+
+    def _abort_start(self, st: S.ClusterState) -> None:
+        # run() has no cancel hook: a failed cluster state makes it tear down and return.
+        if st.state not in (S.C_FAILED, S.C_STOPPED, S.C_FINISHED):
+            st.set_cluster_state(S.C_FAILED, f"stopped ({self._stop_reason})")
+
+    def _on_log(self, label: str, lines: list[str]) -> None:
+        tagged = [f"[{label}] {line}" for line in lines]
+        self._log.extend(tagged)
+        if self.lines is not None:
+            self.lines.put(tagged)
+
+    def stop(self, reason: str = "shut down") -> None:
+        """Stop the cluster now (kill its nodes), from any thread; returns at once."""
+        with self._lock:
+            if self._done.is_set():
+                return
+            if self._stop_reason is None:
+                self._stop_reason = reason
+            cluster, st = self._cluster, self._cstate
+            if cluster is not None and self._stopper is None:
+                self._stopper = threading.Thread(target=cluster._teardown, name=f"tfos-stop-{self.name}", daemon=True)
+                self._stopper.start()
+        if cluster is None and st is not None:
+            self._abort_start(st)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the run's thread to end; True if it did."""
+        return self._done.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the cluster has finished; returns ``result``, re-raises a node's error."""
+        if not self._done.wait(timeout):
+            msg = f"cluster {self.name} is still {self.state} after {timeout:g} s"
+            raise TimeoutError(msg)
+        if self._error is not None:
+            raise ClusterFailed.wrap(self._error, self.name) from None
+        assert self._result is not None
+        return self._result
+
+    def shutdown(self, timeout: float = 30.0) -> dict[str, Any] | None:
+        """Stop the cluster now and wait (up to ``timeout`` s) until its nodes are gone."""
+        if self._thread is None:
+            return None
+        self.stop("shut down")
+        self._done.wait(timeout)
+        return self._result
+
+    # -- information -------------------------------------------------------------
+    @property
+    def error(self) -> BaseException | None:
+        """What ended the run, if it failed."""
+        return self._error
+
+    @property
+    def cluster(self) -> TFCluster | None:
+        """The runtime's TFCluster, once its nodes run."""
+        return self._cluster
+
+    def status(self) -> S.ClusterView | None:
+        st = self._cstate
+        return st.snapshot() if st is not None else None
+
+    @property
+    def state(self) -> str:
+        """starting, reserving, running, finished, failed or stopped."""
+        if self._done.is_set():
+            assert self._result is not None
+            return self._result["state"]
+        view = self.status()
+        return view.state if view is not None else "starting"
+
+    @property
+    def nodes(self) -> tuple[S.NodeView, ...]:
+        view = self.status()
+        return view.nodes if view is not None else ()
+
+    @property
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """The last metrics each node reported, by ``role:index``."""
+        return {n.label: dict(n.metrics) for n in self.nodes}
+
+    @property
+    def tensorboard_url(self) -> str | None:
+        view = self.status()
+        return view.tensorboard if view is not None else None
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """state, per-node metrics and steps, last_feed, elapsed and error (final once the run ended)."""
+        return self._result if self._result is not None else self._make_result()
+
+    @property
+    def output(self) -> list[str]:
+        """Every node's output lines so far, ``[role:index] line``, in arrival order (the last 5,000)."""
+        return list(self._log)
+
+    def logs(self, node: str | None = None, tail: int | None = 100) -> dict[str, list[str]]:
+        """Output lines of one node (``"worker:0"``) or of every node."""
+        st = self._cstate
+        if st is None:
+            return {}
+        out = {n.label: st.logs(n.index, tail) for n in st.nodes if node in (None, n.label)}
+        if node is not None and not out:
+            msg = f"no node {node!r} in {self.name}; nodes: {', '.join(n.label for n in st.nodes)}"
+            raise KeyError(msg)
+        return out
+
+    def _make_result(self) -> dict[str, Any]:
+        view = self.status()
+        if view is None:
+            cluster_state = "starting" if not self._done.is_set() else ("failed" if self._error else "stopped")
+        else:
+            cluster_state = view.state
+            if self._done.is_set() and self._error is not None:
+                cluster_state = S.C_FAILED
+        nodes = view.nodes if view is not None else ()
+        return {
+            "name": self.name,
+            "state": cluster_state,
+            "elapsed": view.elapsed if view is not None else time.time() - self.started_at,
+            "metrics": {n.label: dict(n.metrics) for n in nodes},
+            "steps": {n.label: n.step for n in nodes},
+            "last_feed": dict(self._cluster.last_feed) if self._cluster is not None else {},
+            "stopped": self._stop_reason,
+            "error": None if self._error is None else str(self._error).splitlines()[0],
+        }
+
+    def __repr__(self) -> str:
+        view = self.status()
+        extra = f", {view.elapsed:.1f} s" if view is not None else ""
+        return f"<tfos_nb cluster {self.name!r}: {self.state}, {self.num_nodes} node(s){extra}>"

@@ -1,0 +1,50 @@
+"""Plain-text rendering of cluster state for the magics (pure functions, unit-tested)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["format_metrics", "node_line", "status_line", "status_table"]
+
+
+def format_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
+    parts = []
+    for k, v in list(metrics.items())[:limit]:
+        if isinstance(v, float):
+            parts.append(f"{k} {v:.4g}")
+        else:
+            parts.append(f"{k} {v}")
+    return " ".join(parts)
+
+
+def node_line(node: Any) -> str:
+    """``chief:0 running step 40/300 loss 0.31``"""
+    text = f"{node.label} {node.state}"
+    if node.step is not None:
+        text += f" step {node.step}" + (f"/{node.total_steps}" if node.total_steps else "")
+    metrics = format_metrics({k: v for k, v in node.metrics.items() if k != "epoch"})
+    return f"{text} {metrics}".rstrip()
+
+
+def status_line(view: Any) -> str:
+    """One line for a whole cluster: ``digits: running 12.3 s | chief:0 … | worker:0 …``"""
+    head = f"{view.name}: {view.state} {view.elapsed:.1f} s"
+    return " | ".join([head, *(node_line(n) for n in view.nodes)])
+
+
+def status_table(rows: Iterable[tuple[str, str, int, float | None, str]]) -> str:
+    """``%tfos_status``: rows of (name, state, nodes, elapsed, detail)."""
+    rows = list(rows)
+    if not rows:
+        return "no tfos_nb clusters in this kernel"
+    header = ("name", "state", "nodes", "elapsed", "progress")
+    cells = [header] + [
+        (name, state, str(nodes), "-" if elapsed is None else f"{elapsed:.1f} s", detail)
+        for name, state, nodes, elapsed, detail in rows
+    ]
+    widths = [max(len(r[i]) for r in cells) for i in range(4)]
+    out = []
+    for r in cells:
+        out.append("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+    return "\n".join(line.rstrip() for line in out)

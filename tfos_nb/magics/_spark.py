@@ -1,0 +1,127 @@
+"""Finding the notebook's Spark (never a second one), or starting an embedded local one."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["SparkUnusable", "embedded_notice", "expected_slots", "find_spark_context", "spark_session", "start_embedded"]
+
+
+class SparkUnusable(ValueError):
+    """The notebook's Spark cannot run a cluster (Spark Connect); the message says what is needed."""
+
+
+CONNECT_MSG = (
+    "this notebook's Spark session is a Spark Connect session (no SparkContext, no RDDs, as on "
+    "Databricks shared or serverless compute); tfos_nb needs classic compute with a Spark driver: "
+    "a single-user (dedicated) cluster, a standalone/YARN/Kubernetes cluster, or a local SparkSession"
+)
+
+
+def _is_connect(obj: Any) -> bool:
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def _context_of(obj: Any) -> Any:
+    """The SparkContext behind a session/context object, None if it is neither."""
+    if obj is None:
+        return None
+    if _is_connect(obj):
+        raise SparkUnusable(CONNECT_MSG)
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return None
+    if isinstance(obj, SparkSession):
+        return obj.sparkContext
+    if isinstance(obj, SparkContext):
+        return obj
+    return None
+
+
+def find_spark_context(namespace: Mapping[str, Any]) -> Any:
+    """The notebook's SparkContext: ``spark``, ``sc``, the active session, or None.
+
+    Raises ``SparkUnusable`` for a Spark Connect session.
+    """
+    for name in ("spark", "sc"):
+        sc = _context_of(namespace.get(name))
+        if sc is not None and getattr(sc, "_jsc", None) is not None:
+            return sc
+    if "pyspark" not in sys.modules:
+        return None  # nobody started Spark in this process
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    try:
+        active = SparkSession.getActiveSession()
+    except Exception:  # noqa: BLE001 - a half-configured Connect client
+        active = None
+    sc = _context_of(active)
+    if sc is not None and getattr(sc, "_jsc", None) is not None:
+        return sc
+    sc = SparkContext._active_spark_context
+    if sc is not None and getattr(sc, "_jsc", None) is not None:
+        return sc
+    return None
+
+
+def start_embedded(nodes: int, master_template: str) -> Any:
+    """A SparkSession on an embedded ``local-cluster`` with one executor slot per node."""
+    if os.environ.get("SPARK_REMOTE") or os.environ.get("SPARK_CONNECT_MODE_ENABLED"):
+        raise SparkUnusable(CONNECT_MSG)
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import TensorFlow from this environment
+    from pyspark.sql import SparkSession
+
+    master = master_template.format(n=max(1, nodes))
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("tfos_nb")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,1024]") -> Any:
+    """The active SparkSession, or an embedded local one with ``nodes`` executor slots.
+
+    This is what ``%%tfos_cluster`` does when no Spark session exists; call it
+    first when the notebook needs Spark itself (to build the DataFrame to feed).
+    """
+    sc = find_spark_context({})
+    if sc is not None:
+        from pyspark.sql import SparkSession
+
+        return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()  # reuses sc
+    print(embedded_notice(master_template.format(n=max(1, nodes))))
+    return start_embedded(nodes, master_template)
+
+
+def embedded_notice(master: str) -> str:
+    return f"tfos_nb: no Spark session in this kernel; starting an embedded one ({master}, executors run {sys.executable})"
+
+
+def expected_slots(sc: Any) -> int | None:
+    """Task slots this application will have once its executors are up, if the configuration says."""
+    master = str(getattr(sc, "master", ""))
+    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if match:
+        return int(match.group(1)) * int(match.group(2))
+    match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
+    if match:
+        return int(match.group(1))
+    if master == "local":
+        return 1
+    conf = sc.getConf()
+    instances, cores = conf.get("spark.executor.instances", None), conf.get("spark.executor.cores", None)
+    if instances and cores and str(instances).isdigit() and str(cores).isdigit():
+        return int(instances) * int(cores) // max(1, int(conf.get("spark.task.cpus", "1") or 1))
+    return None
