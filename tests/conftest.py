@@ -29,14 +29,16 @@ def spark_session(executors: int, memory_mb: int = 1024) -> object:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
         .appName("tfos_nb-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.task.maxFailures", "1")
-        .getOrCreate()
     )
+    for key, value in NODE_ENV.items():  # executors, and so every node, get one TF thread each
+        builder = builder.config(f"spark.executorEnv.{key}", value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -260,3 +260,32 @@ def test_cluster_is_context_manager_and_shutdown_idempotent(sc, no_leaks):
     cluster.shutdown()
     cluster.shutdown()
     assert cluster.status().state == "finished"
+
+
+def gpu_fun(args, ctx):
+    print("CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+    print("ctx.gpus=" + ",".join(g["index"] for g in ctx.gpus))
+
+
+def test_gpus_from_nvidia_smi_one_per_node_and_reported(sc, tmp_path, no_leaks):
+    from tests import fake_nvidia_smi
+
+    env = dict(NODE_ENV, PATH=fake_nvidia_smi.path_with(fake_nvidia_smi.install(tmp_path / "bin")))
+    cluster = run(sc, gpu_fun, {}, 2, env=env)
+    cluster.shutdown(timeout=60)
+    nodes = {n.label: n for n in cluster.nodes}
+    got = set()
+    for label, n in nodes.items():
+        out = "\n".join(cluster.logs(label, tail=None)[label])
+        (visible,) = [line.split("=", 1)[1] for line in out.splitlines() if line.startswith("CUDA_VISIBLE")]
+        got.add(visible)
+        assert f"ctx.gpus={visible}" in out
+        assert n.device.startswith("NVIDIA A100-SXM4-80GB ("), n.device
+    assert got == {"0", "1"}  # two nodes on one host: one GPU each, no collision
+
+
+def test_cpu_only_nodes_say_cpu(sc, no_leaks):
+    env = dict(NODE_ENV, PATH="/usr/bin:/bin")  # no nvidia-smi
+    cluster = run(sc, gpu_fun, {}, 1, env=env)
+    cluster.shutdown(timeout=60)
+    assert cluster.nodes[0].device == "CPU"

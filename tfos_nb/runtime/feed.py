@@ -207,8 +207,8 @@ class FeedHub:
                 got += k
                 self._maybe_finish(conn)
             self.rows += got
-            if not train_mode:
-                for conn, piece in pieces:
+            for conn, piece in pieces:
+                if conn.mode == "infer":  # rows that need an answer through batch_results()
                     self._pending.append((conn, piece.num_rows))
             self._last_take = got
         return pieces

@@ -39,6 +39,8 @@ class Supervisor:
     def __init__(self, meta: dict[str, Any], blob: bytes) -> None:
         self.meta = meta
         self.blob = blob
+        # run(env=...) applies to the whole node, GPU discovery (PATH to nvidia-smi) included.
+        os.environ.update({k: str(v) for k, v in meta.get("env", {}).items()})
         self.index: int = meta["node"]
         self.job_name, self.task_index = meta["roles"][self.index]
         self.label = f"{self.job_name}:{self.task_index}"

@@ -1,0 +1,236 @@
+"""The Spark ML pipeline API (TFEstimator / TFModel) on real Spark (local-cluster) and real TensorFlow.
+
+One Pipeline (VectorAssembler -> TFEstimator) is fitted once for the module on
+scikit-learn's digits; the other tests reuse its SavedModel and checkpoint.
+The persistence test runs last: it stops the module's Spark session and loads
+the saved PipelineModel in a fresh one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from tests.conftest import NODE_ENV, spark_session
+from tfos_nb.examples import digits
+from tfos_nb.pipeline import TFEstimator, TFModel
+
+pytestmark = pytest.mark.slow
+# Functions defined here travel by value (executors cannot import this test module).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+COLS = [f"p{i}" for i in range(digits.FEATURES)]
+
+
+def build_model():
+    """The digits MLP with named input/output, so mappings can name them."""
+    import tensorflow as tf
+
+    inp = tf.keras.layers.Input((digits.FEATURES,), name="features")
+    hidden = tf.keras.layers.Dense(64, activation="relu")(inp)
+    out = tf.keras.layers.Dense(digits.CLASSES, name="logits")(hidden)
+    return tf.keras.Model(inp, out)
+
+
+def train_fn(args, ctx):
+    import tempfile
+
+    import tensorflow as tf
+
+    from tfos_nb import compat
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=args.learning_rate),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ds = ctx.get_data_feed().as_dataset(batch_size=args.batch_size)
+    model.fit(ds, epochs=args.epochs, verbose=0)
+    compat.export_saved_model(model, args.export_dir, ctx.is_chief)
+    # Under MultiWorkerMirroredStrategy every worker saves; only the chief's copy is kept.
+    target = args.model_dir if ctx.is_chief else tempfile.mkdtemp()
+    tf.train.Checkpoint(model=model).save(os.path.join(target, "ckpt"))
+
+
+def frame(spark, x, y, partitions):
+    import pandas as pd
+
+    pdf = pd.DataFrame(x.astype(np.float64), columns=COLS)
+    pdf["label"] = y
+    return spark.createDataFrame(pdf).repartition(partitions)
+
+
+class Session:
+    spark = None
+
+
+@pytest.fixture(scope="module")
+def session():
+    holder = Session()
+    holder.spark = spark_session(3)
+    yield holder
+    holder.spark.stop()
+
+
+@pytest.fixture(scope="module")
+def data(session):
+    xtr, ytr, xte, yte = digits.load_digits_arrays()
+    train = frame(session.spark, xtr, ytr, 4).cache()
+    train.count()
+    return train, xte, yte
+
+
+@pytest.fixture(scope="module")
+def fitted(session, data, tmp_path_factory):
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import VectorAssembler
+
+    train, _, _ = data
+    root = tmp_path_factory.mktemp("pipeline")
+    est = TFEstimator(train_fn, {"learning_rate": 0.01}, model_fn=build_model, env=NODE_ENV)
+    est.setInputMapping({"features": "features", "label": "label"}).setClusterSize(2).setEpochs(8)
+    est.setBatchSize(32).setExportDir(str(root / "export")).setModelDir(str(root / "ckpt"))
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), est])
+    model = pipeline.fit(train)
+    return pipeline, model, root
+
+
+def test_input_mode_and_args():
+    est = TFEstimator(train_fn, {"a": 1}, inputMode="TENSORFLOW", protocol="RING", epochs=3)
+    args = est.merged_args()
+    assert args.a == 1 and args["epochs"] == 3 and args.protocol == "ring" and args.input_mode == 0
+    assert args.batch_size == 100 and args.cluster_size == 1 and args.master_node == "chief"
+    with pytest.raises(ValueError, match="RDMA"):
+        est.setProtocol("grpc+verbs")
+
+
+def test_fit_transform_accuracy(session, data, fitted, no_leaks):
+    _, model, root = fitted
+    _, xte, yte = data
+    tfmodel = model.stages[-1]
+    assert isinstance(tfmodel, TFModel)
+    assert tfmodel.getExportDir() == str(root / "export") and tfmodel.getInputMapping() == {"features": "features"}
+    out = model.transform(frame(session.spark, xte, yte, 3)).select("label", "logits").collect()
+    logits = np.array([r.logits for r in out], dtype=np.float32)
+    assert logits.shape == (len(yte), digits.CLASSES)
+    acc = float(np.mean(logits.argmax(1) == np.array([r.label for r in out])))
+    assert acc >= 0.9, acc
+
+
+def _signature_tensors(export):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    sm = saved_model_pb2.SavedModel()
+    with open(os.path.join(export, "saved_model.pb"), "rb") as f:
+        sm.ParseFromString(f.read())
+    sig = sm.meta_graphs[0].signature_def["serving_default"]
+    return sig.inputs["features"].name, sig.outputs["logits"].name
+
+
+def test_three_styles_agree(session, data, fitted):
+    from pyspark.ml.feature import VectorAssembler
+
+    _, _, root = fitted
+    _, xte, yte = data
+    df = VectorAssembler(inputCols=COLS, outputCol="features").transform(frame(session.spark, xte, yte, 3))
+    df = df.select("label", "features").cache()
+    export = str(root / "export")
+    tin, tout = _signature_tensors(export)
+    styles = {
+        "signature": TFModel(exportDir=export, inputMapping={"features": "features"},
+                             outputMapping={"logits": "out"}),
+        "tensors": TFModel(exportDir=export, signatureDefKey=None, inputMapping={"features": tin},
+                           outputMapping={tout: "out"}),
+        "checkpoint": TFModel(model_fn=build_model, modelDir=str(root / "ckpt"),
+                              inputMapping={"features": "features"}, outputMapping={"logits": "out"}),
+    }
+    preds = {}
+    for name, m in styles.items():
+        rows = m.setBatchSize(50).transform(df).orderBy("label").select("features", "out").collect()
+        order = np.lexsort(np.array([r.features.toArray() for r in rows]).T)
+        preds[name] = np.array([rows[i].out for i in order], dtype=np.float32)
+    assert preds["signature"].shape == (len(yte), digits.CLASSES)
+    for name in ("tensors", "checkpoint"):
+        np.testing.assert_allclose(preds[name], preds["signature"], rtol=1e-5, atol=1e-5)
+        assert (preds[name].argmax(1) == preds["signature"].argmax(1)).all()
+
+
+def test_array_column_and_multiple_outputs(session, data, fitted):
+    _, _, root = fitted
+    _, xte, yte = data
+    df = digits.to_dataframe(session.spark, xte[:40], yte[:40], partitions=2)  # features array<float>
+    m = TFModel(exportDir=str(root / "export"), inputMapping={"features": "features"},
+                outputMapping={"logits": "a"})
+    out = m.transform(df)
+    assert out.schema["a"].dataType.simpleString() == "array<float>"
+    assert out.count() == 40
+
+
+def test_wrong_mappings(session, data, fitted):
+    from pyspark.sql.utils import PythonException
+
+    _, _, root = fitted
+    _, xte, yte = data
+    export = str(root / "export")
+    df = digits.to_dataframe(session.spark, xte[:20], yte[:20], partitions=2)
+    with pytest.raises(ValueError, match=r"'nope' is not in the DataFrame.*features"):
+        TFModel(exportDir=export, inputMapping={"nope": "features"}).transform(df)
+    with pytest.raises(ValueError, match=r"unknown tensor 'x'.*\['features'\]"):
+        TFModel(exportDir=export, inputMapping={"features": "x"}).transform(df)
+    with pytest.raises(ValueError, match=r"unknown tensor 'probs'.*\['logits'\]"):
+        TFModel(exportDir=export, inputMapping={"features": "features"}, outputMapping={"probs": "p"}).transform(df)
+    with pytest.raises(ValueError, match=r"no signature 'predict'.*serving_default"):
+        TFModel(exportDir=export, signatureDefKey="predict", inputMapping={"features": "features"}).transform(df)
+    with pytest.raises(ValueError, match=r"unknown tensor 'input:0'.*serving_default_features:0"):
+        TFModel(exportDir=export, signatureDefKey=None, inputMapping={"features": "input:0"},
+                outputMapping={"StatefulPartitionedCall:0": "o"}).transform(df)
+    with pytest.raises(ValueError, match=r"column 'label' \(a scalar per row\) cannot feed tensor 'features'"):
+        TFModel(exportDir=export, inputMapping={"label": "features"}).transform(df)
+    with pytest.raises(ValueError, match="no SavedModel"):
+        TFModel(exportDir=str(root), inputMapping={"features": "features"}).transform(df)
+    with pytest.raises(ValueError, match="needs model_fn"):
+        TFModel(modelDir=str(root / "ckpt"), inputMapping={"features": "features"}).transform(df)
+    # A row length only the data shows: the task fails with the column and tensor named.
+    short = session.spark.createDataFrame([([1.0, 2.0],)], "features array<float>")
+    with pytest.raises(PythonException, match=r"column 'features' gives rows of shape \[2\].*tensor 'features'"):
+        TFModel(exportDir=export, inputMapping={"features": "features"}).transform(short).collect()
+    with pytest.raises(ValueError, match=r"'nope' is not in the DataFrame"):
+        TFEstimator(train_fn, {}, inputMapping={"nope": "x"}).fit(df)
+
+
+def test_empty_partitions_and_empty_dataframe(session, data, fitted):
+    _, _, root = fitted
+    _, xte, yte = data
+    m = TFModel(exportDir=str(root / "export"), inputMapping={"features": "features"})
+    sparse = digits.to_dataframe(session.spark, xte[:3], yte[:3], partitions=8)  # most partitions empty
+    assert sparse.rdd.glom().map(len).collect().count(0) >= 5
+    assert sorted(r.label for r in m.transform(sparse).collect()) == sorted(yte[:3].tolist())
+    empty = session.spark.createDataFrame([], "features array<float>, label long")
+    out = m.transform(empty)
+    assert out.collect() == [] and out.columns == ["features", "label", "logits"]
+
+
+def test_pipeline_persists_and_loads_in_a_fresh_session(session, data, fitted, tmp_path, no_leaks):
+    from pyspark.ml import Pipeline, PipelineModel
+
+    pipeline, model, _ = fitted
+    _, xte, yte = data
+    before = model.transform(frame(session.spark, xte, yte, 3)).select("label", "logits").collect()
+    model.save(str(tmp_path / "model"))
+    pipeline.save(str(tmp_path / "pipeline"))
+    session.spark.stop()  # a fresh Spark application: nothing of the fit survives but the files
+    session.spark = spark_session(3)
+    loaded = PipelineModel.load(str(tmp_path / "model"))
+    after = loaded.transform(frame(session.spark, xte, yte, 3)).select("label", "logits").collect()
+    key = lambda rows: sorted((r.label, tuple(np.round(r.logits, 4))) for r in rows)  # noqa: E731
+    assert key(after) == key(before)
+    tfmodel = loaded.stages[-1]
+    assert isinstance(tfmodel, TFModel) and tfmodel.getModelFn() is not None
+    est = Pipeline.load(str(tmp_path / "pipeline")).getStages()[-1]
+    assert isinstance(est, TFEstimator)
+    assert est.getEpochs() == 8 and est.getClusterSize() == 2 and est.tf_args == {"learning_rate": 0.01}
+    assert est.train_fn.__name__ == "train_fn" and est.env == NODE_ENV

@@ -1,0 +1,239 @@
+"""TFModel: batch inference over Arrow with a SavedModel or a checkpoint, as a Spark ML Model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pyspark.ml import Model
+from pyspark.ml.param import TypeConverters
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+
+from . import _models as M
+from ._arrow import spark_type, to_arrow, to_numpy
+from ._params import (
+    HasBatchSize,
+    HasExportDir,
+    HasInputMapping,
+    HasModelDir,
+    _accessors,
+    _CallablesReader,
+    _CallablesWriter,
+    _param,
+    _to_mapping,
+    _to_opt_str,
+)
+
+_HIDDEN = "__tfos_nb_in_"
+
+
+class _Partition:
+    """The ``mapInArrow`` function: model loaded once per Python worker, batches of ``batch_size`` rows."""
+
+    def __init__(self, ref: M.ModelRef, feeds: list[tuple[str, str, M.TensorInfo]],
+                 fetches: list[tuple[str, M.TensorInfo]], passthrough: list[str], batch_size: int) -> None:
+        self.ref, self.feeds, self.fetches = ref, feeds, fetches
+        self.passthrough, self.batch_size = passthrough, batch_size
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        run = None
+        names = self.passthrough + [col for col, _ in self.fetches]
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            if run is None:
+                run = M.runner(self.ref, [t.name for _, _, t in self.feeds], [t.name for _, t in self.fetches])
+            tensors = {t.name: to_numpy(batch.column(src), t, col) for src, col, t in self.feeds}
+            parts: list[dict[str, Any]] = []
+            for start in range(0, n, self.batch_size):
+                parts.append(run({k: v[start:start + self.batch_size] for k, v in tensors.items()}))
+            outs = []
+            for _, t in self.fetches:
+                vals = parts[0][t.name] if len(parts) == 1 else np.concatenate([p[t.name] for p in parts])
+                outs.append(to_arrow(vals, n))
+            cols = [batch.column(c) for c in self.passthrough]
+            yield pa.RecordBatch.from_arrays(cols + outs, names=names)
+
+
+class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, DefaultParamsReadable,
+              DefaultParamsWritable):
+    """Batch inference with a TensorFlow model as a Spark ML ``Model``.
+
+    ``transform(df)`` adds one column per ``OutputMapping`` entry, keeping every
+    input column.  Which model runs (see the package docs):
+
+    * ``ExportDir`` and ``SignatureDefKey`` (default ``"serving_default"``): the
+      SavedModel's signature; mappings use its input/output aliases.  Without
+      ``OutputMapping`` every signature output becomes a column of its alias.
+    * ``ExportDir`` and ``SignatureDefKey=None``: the SavedModel in a
+      ``tf.compat.v1`` graph/session; mappings use tensor names
+      (``{"features": "serving_default_features:0"}``); ``OutputMapping`` is required.
+    * ``ModelDir`` only: ``model_fn()`` (a callable returning the Keras model,
+      given to the constructor or :meth:`setModelFn`) rebuilds the model and the
+      latest checkpoint there restores it (``tf.train.Checkpoint(model=model)``
+      or ``model.save_weights`` layouts); mappings use the model's input/output names.
+
+    Array columns and ``VectorUDT`` columns feed tensors (vectors go through
+    ``vector_to_array``); output columns are typed from the model: a scalar per
+    row for a ``(batch,)`` output, nested arrays beyond.  Mistakes in the
+    mappings raise ``ValueError`` on the driver before any Spark job.
+    The model is loaded once per Python worker and reused across batches,
+    partitions and ``transform`` calls.
+    """
+
+    outputMapping = _param("outputMapping", "output tensor name / signature alias -> output column", _to_mapping)
+    signatureDefKey = _param(
+        "signatureDefKey", "signature of the SavedModel to run; None runs the SavedModel's graph by tensor names",
+        _to_opt_str)
+    tagSet = _param("tagSet", "comma-separated tags of the SavedModel's MetaGraph", TypeConverters.toString)
+
+    def __init__(self, model_fn: Callable[[], Any] | None = None, **params: Any) -> None:
+        super().__init__()
+        self._setDefault(signatureDefKey="serving_default", tagSet="serve")
+        self._model_fn = model_fn
+        self._described: dict[tuple, Any] = {}
+        if params:
+            self._set(**params)
+
+    # -- callables (persisted next to the Params) ---------------------------------------------
+    def setModelFn(self, model_fn: Callable[[], Any] | None) -> TFModel:
+        """The checkpoint style's model builder: ``model_fn()`` returns an (uncompiled) Keras model."""
+        self._model_fn = model_fn
+        return self
+
+    def getModelFn(self) -> Callable[[], Any] | None:
+        return self._model_fn
+
+    def _callables(self) -> dict[str, Any]:
+        return {"model_fn": self._model_fn}
+
+    def _set_callables(self, fns: dict[str, Any]) -> None:
+        self._model_fn = fns.get("model_fn")
+
+    def write(self) -> Any:
+        return _CallablesWriter(self)
+
+    @classmethod
+    def read(cls) -> Any:
+        return _CallablesReader(cls)
+
+    # -- which model --------------------------------------------------------------------------
+    def _ref(self) -> M.ModelRef:
+        tags = tuple(t.strip() for t in self.getTagSet().split(",") if t.strip())
+        if self.isDefined(self.exportDir):
+            sig = self.getSignatureDefKey()
+            return M.ModelRef(M.SIGNATURE if sig else M.TENSORS, self.getExportDir(), tags, sig)
+        if self.isDefined(self.modelDir):
+            if self._model_fn is None:
+                msg = ("TFModel with ModelDir but no ExportDir runs the latest checkpoint and needs model_fn "
+                       "(TFModel(model_fn=...) or setModelFn) to rebuild the model; or set ExportDir to a SavedModel")
+                raise ValueError(msg)
+            import cloudpickle
+
+            return M.ModelRef(M.CHECKPOINT, self.getModelDir(), tags, None, cloudpickle.dumps(self._model_fn))
+        msg = "TFModel needs ExportDir (a SavedModel) or ModelDir (checkpoints + model_fn)"
+        raise ValueError(msg)
+
+    def _describe(self, ref: M.ModelRef) -> Any:
+        key = ref.key()
+        if key not in self._described:
+            self._described[key] = M.describe(ref)
+        return self._described[key]
+
+    # -- transform ------------------------------------------------------------------------------
+    def _plan(self, dataset: Any) -> tuple[Any, _Partition, Any]:
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        ref = self._ref()
+        ins, outs = self._describe(ref)
+        what = {M.SIGNATURE: f"signature {ref.signature!r} input aliases", M.CHECKPOINT: "model inputs",
+                M.TENSORS: "placeholders"}[ref.style]
+        if not self.isDefined(self.inputMapping):
+            msg = f"TFModel needs InputMapping (DataFrame column -> tensor); {what}: {_names(ins, ref)}"
+            raise ValueError(msg)
+        in_map = self.getInputMapping()
+        fields = {f.name: f for f in dataset.schema.fields}
+        for col, tensor in in_map.items():
+            if col not in fields:
+                msg = f"InputMapping column {col!r} is not in the DataFrame; its columns: {list(fields)}"
+                raise ValueError(msg)
+            if tensor not in ins:
+                msg = f"InputMapping maps column {col!r} to unknown tensor {tensor!r}; {what}: {_names(ins, ref)}"
+                raise ValueError(msg)
+        if ref.style != M.TENSORS:
+            missing = sorted(set(ins) - set(in_map.values()))
+            if missing:
+                msg = f"InputMapping feeds no column to {missing}; the model needs every one of {sorted(ins)}"
+                raise ValueError(msg)
+        if self.isDefined(self.outputMapping):
+            out_map = self.getOutputMapping()
+        elif ref.style == M.TENSORS:
+            msg = ("TFModel with SignatureDefKey=None needs OutputMapping (tensor name -> column), e.g. "
+                   f"{_signature_tensors(ref)}")
+            raise ValueError(msg)
+        else:
+            out_map = {k: k for k in sorted(outs)}
+        out_what = {M.SIGNATURE: f"signature {ref.signature!r} output aliases", M.CHECKPOINT: "model outputs",
+                    M.TENSORS: "tensors"}[ref.style]
+        for tensor, col in out_map.items():
+            if tensor not in outs:
+                names = _signature_tensors(ref) if ref.style == M.TENSORS else sorted(outs)
+                msg = f"OutputMapping names unknown tensor {tensor!r}; {out_what}: {names}"
+                raise ValueError(msg)
+            if col in fields:
+                msg = f"OutputMapping column {col!r} is already a column of the DataFrame; pick another name"
+                raise ValueError(msg)
+
+        feeds, extra = [], []
+        for i, (col, tensor) in enumerate(in_map.items()):
+            info = ins[tensor]
+            dtype = fields[col].dataType
+            depth = 1 if isinstance(dtype, VectorUDT) else 0
+            while isinstance(dtype, T.ArrayType):
+                depth, dtype = depth + 1, dtype.elementType
+            if info.shape and len(info.shape) != depth + 1:
+                kind = "a scalar" if depth == 0 else f"{depth}-level array"
+                msg = (f"column {col!r} ({kind} per row) cannot feed tensor {tensor!r} of shape {list(info.shape)}: "
+                       f"it takes rank-{len(info.shape) - 1} values per row")
+                raise ValueError(msg)
+            src = col
+            if isinstance(fields[col].dataType, VectorUDT):
+                src = f"{_HIDDEN}{i}"
+                extra.append(vector_to_array(F.col(col), "float64" if info.dtype == "float64" else "float32").alias(src))
+            feeds.append((src, col, info))
+        fetches = [(col, outs[tensor]) for tensor, col in out_map.items()]
+        schema = T.StructType(list(dataset.schema.fields) + [
+            T.StructField(col, spark_type(info), True) for col, info in fetches])
+        source = dataset.select("*", *extra) if extra else dataset
+        part = _Partition(ref, feeds, fetches, list(fields), self.getBatchSize())
+        return source, part, schema
+
+    def _transform(self, dataset: Any) -> Any:
+        source, part, schema = self._plan(dataset)
+        return source.mapInArrow(part, schema)
+
+
+def _names(infos: dict[str, M.TensorInfo], ref: M.ModelRef) -> list[str]:
+    if ref.style != M.TENSORS:
+        return sorted(infos)
+    return _signature_tensors(ref, inputs=True)
+
+
+def _signature_tensors(ref: M.ModelRef, inputs: bool = False) -> list[str]:
+    """Tensor names the SavedModel's signatures use (the useful subset of a graph's tensors)."""
+    mg = M._meta_graph(ref.path, ref.tags)
+    names = set()
+    for sig in mg.signature_def.values():
+        for t in (sig.inputs if inputs else sig.outputs).values():
+            names.add(t.name)
+    return sorted(names)
+
+
+_accessors(TFModel, "outputMapping", "signatureDefKey", "tagSet")

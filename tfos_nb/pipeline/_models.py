@@ -1,0 +1,237 @@
+"""The three ways to run a model: what they accept (on the driver) and running them (in Python workers).
+
+A :class:`ModelRef` names a model (style, path, tags, signature, checkpoint
+builder) and is small enough to ship in a task closure.  ``describe(ref)``
+returns its inputs and outputs (name → dtype, shape) for the driver's checks
+and the result schema; ``runner(ref)`` loads it once per Python worker (Spark
+reuses workers across tasks and jobs: ``spark.python.worker.reuse``) and keeps
+it in a module-level cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SIGNATURE = "signature"
+TENSORS = "tensors"
+CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  #: numpy dtype name, or "string"
+    shape: tuple[int, ...]  #: -1 for an unknown dimension (the batch dimension is first)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    style: str
+    path: str
+    tags: tuple[str, ...] = ("serve",)
+    signature: str | None = None
+    model_fn_blob: bytes | None = field(default=None, repr=False)
+
+    def key(self) -> tuple:
+        digest = hashlib.sha1(self.model_fn_blob).hexdigest() if self.model_fn_blob else None
+        return (self.style, os.path.abspath(self.path) if "://" not in self.path else self.path,
+                self.tags, self.signature, digest)
+
+
+def _legacy_keras() -> None:
+    # Nodes train with tf_keras; Python workers must rebuild/restore with the same Keras.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _np_dtype(tf_dtype: Any) -> str:
+    return "string" if tf_dtype.name == "string" else np.dtype(tf_dtype.as_numpy_dtype).name
+
+
+def _shape(tf_shape: Any) -> tuple[int, ...]:
+    if tf_shape.rank is None:
+        return ()
+    return tuple(-1 if d is None else int(d) for d in tf_shape.as_list())
+
+
+# -- SavedModel metadata (driver) -------------------------------------------------------------
+
+
+def _meta_graph(path: str, tags: tuple[str, ...]) -> Any:
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    pb = os.path.join(path, "saved_model.pb")
+    if not tf.io.gfile.exists(pb):
+        msg = f"no SavedModel in {path!r} (no saved_model.pb there); set ExportDir to a SavedModel directory"
+        raise ValueError(msg)
+    sm = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(pb, "rb") as f:
+        sm.ParseFromString(f.read())
+    found = [tuple(mg.meta_info_def.tags) for mg in sm.meta_graphs]
+    for mg in sm.meta_graphs:
+        if set(mg.meta_info_def.tags) == set(tags):
+            return mg
+    msg = f"SavedModel {path!r} has no MetaGraph with tags {list(tags)}; tag sets there: {[list(t) for t in found]}"
+    raise ValueError(msg)
+
+
+def _describe_signature(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    import tensorflow as tf
+
+    mg = _meta_graph(ref.path, ref.tags)
+    if ref.signature not in mg.signature_def:
+        msg = (f"SavedModel {ref.path!r} has no signature {ref.signature!r}; signatures: "
+               f"{sorted(mg.signature_def)} (or set SignatureDefKey=None to map tensor names)")
+        raise ValueError(msg)
+    sig = mg.signature_def[ref.signature]
+
+    def info(alias: str, t: Any) -> TensorInfo:
+        return TensorInfo(alias, _np_dtype(tf.dtypes.as_dtype(t.dtype)), _shape(tf.TensorShape(t.tensor_shape)))
+
+    return ({a: info(a, t) for a, t in sig.inputs.items()}, {a: info(a, t) for a, t in sig.outputs.items()})
+
+
+def _describe_tensors(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    """Every tensor of the MetaGraph: the graph is imported (no variables restored)."""
+    import tensorflow as tf
+
+    mg = _meta_graph(ref.path, ref.tags)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.train.import_meta_graph(mg, clear_devices=True)
+    tensors = {}
+    for op in graph.get_operations():
+        for t in op.outputs:
+            tensors[t.name] = TensorInfo(t.name, _np_dtype(t.dtype) if t.dtype.name != "resource" else "resource",
+                                         _shape(t.shape))
+    return tensors, tensors
+
+
+def _describe_checkpoint(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    model = _build(ref)
+    ins = {n: TensorInfo(n, _np_dtype(t.dtype), _shape(t.shape)) for n, t in zip(model.input_names, model.inputs)}
+    outs = {n: TensorInfo(n, _np_dtype(t.dtype), _shape(t.shape)) for n, t in zip(model.output_names, model.outputs)}
+    return ins, outs
+
+
+def describe(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    """(inputs, outputs) of the model, by the names the mappings use in this style."""
+    _legacy_keras()
+    return {SIGNATURE: _describe_signature, TENSORS: _describe_tensors, CHECKPOINT: _describe_checkpoint}[ref.style](ref)
+
+
+def signature_outputs(ref: ModelRef) -> list[str]:
+    return sorted(_describe_signature(ref)[1])
+
+
+# -- running (Python workers) ------------------------------------------------------------------
+
+
+def _build(ref: ModelRef) -> Any:
+    import cloudpickle
+    import tensorflow as tf
+
+    model_fn = cloudpickle.loads(ref.model_fn_blob)
+    model = model_fn()
+    latest = tf.train.latest_checkpoint(ref.path)
+    if latest is None:
+        msg = f"no checkpoint in ModelDir {ref.path!r} (tf.train.latest_checkpoint found none)"
+        raise ValueError(msg)
+    status = tf.train.Checkpoint(model=model).restore(latest)
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError:
+        # Written by model.save_weights / ModelCheckpoint: the model is the checkpoint's root.
+        model.load_weights(latest).expect_partial()
+    else:
+        status.expect_partial()
+    return model
+
+
+class _SignatureRunner:
+    def __init__(self, ref: ModelRef, inputs: list[str], outputs: list[str]) -> None:
+        import tensorflow as tf
+
+        self._tf = tf
+        self._loaded = tf.saved_model.load(ref.path, tags=list(ref.tags))  # keeps the signature's variables alive
+        self._fn = self._loaded.signatures[ref.signature]
+        self._outputs = outputs
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self._fn(**{k: self._tf.constant(v) for k, v in feeds.items()})
+        return {k: out[k].numpy() for k in self._outputs}
+
+
+class _TensorRunner:
+    def __init__(self, ref: ModelRef, inputs: list[str], outputs: list[str]) -> None:
+        import tensorflow as tf
+
+        self._graph = tf.Graph()
+        self._sess = tf.compat.v1.Session(graph=self._graph)
+        with self._graph.as_default():
+            tf.compat.v1.saved_model.loader.load(self._sess, list(ref.tags), ref.path)
+        self._outputs = outputs
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self._sess.run(self._outputs, feed_dict=feeds)
+        return dict(zip(self._outputs, values))
+
+
+class _CheckpointRunner:
+    def __init__(self, ref: ModelRef, inputs: list[str], outputs: list[str]) -> None:
+        import tensorflow as tf
+
+        model = _build(ref)
+        self._names = list(model.input_names)
+        self._outputs = outputs
+        self._out_names = list(model.output_names)
+
+        @tf.function(reduce_retracing=True)
+        def predict(xs: Any) -> Any:
+            return model(xs if len(xs) > 1 else xs[0], training=False)
+
+        self._model = model
+        self._predict = predict
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self._predict([feeds[n] for n in self._names])
+        if isinstance(out, dict):
+            got = {k: v.numpy() for k, v in out.items()}
+        else:
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            got = {n: v.numpy() for n, v in zip(self._out_names, outs)}
+        return {k: got[k] for k in self._outputs}
+
+
+_RUNNERS: dict[str, Callable[..., Any]] = {SIGNATURE: _SignatureRunner, TENSORS: _TensorRunner,
+                                           CHECKPOINT: _CheckpointRunner}
+_CACHE: dict[tuple, Any] = {}
+_CACHE_LOCK = threading.Lock()
+_CACHE_MAX = 4
+
+
+def runner(ref: ModelRef, inputs: list[str], outputs: list[str]) -> Callable[[dict[str, np.ndarray]], dict]:
+    """The loaded model for ``ref``, loaded at most once per Python worker process."""
+    key = (ref.key(), tuple(inputs), tuple(outputs))
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is None:
+            _legacy_keras()
+            hit = _RUNNERS[ref.style](ref, inputs, outputs)
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.pop(next(iter(_CACHE)))
+            _CACHE[key] = hit
+    return hit
+
+
+def cache_info() -> list[tuple]:
+    """Keys of the models loaded in this process (for tests and debugging)."""
+    return list(_CACHE)

@@ -1,0 +1,279 @@
+"""Tornado handlers of the TensorBoard proxy, and the traitlets that configure them.
+
+Why tornado directly, not jupyter-server-proxy (>= 4.2):
+
+* The route must reach *only* endpoints a kernel of this user registered, keyed by an
+  opaque cluster id.  jupyter-server-proxy's generic routes are ``/proxy/<host>:<port>``
+  with a host-only allow-list (any port on an allowed host passes); to key on a record
+  we would subclass its ``ProxyHandler`` and override host/port resolution, i.e. depend
+  on internals whose signatures changed between 3.x and 4.x.
+* It is another dependency of the Jupyter server with a history of authentication
+  advisories (unauthenticated websockets before 4.1.1/3.2.3, a further CVE fixed in
+  4.2); pinning it would be our users' burden.
+* What we need is small and reviewable here: ``JupyterHandler`` gives Jupyter's own
+  authentication (token, cookie, JupyterHub's identity provider) and origin checks,
+  ``AsyncHTTPClient`` / ``websocket_connect`` do the forwarding, and we control exactly
+  which headers cross in each direction (no credentials upstream, no cookies or CORS
+  headers back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from jupyter_server.utils import url_path_join
+from tornado import httpclient, web, websocket
+from traitlets import Float, Int
+from traitlets.config import Configurable
+
+from ._records import CLUSTER_ID_RE, Endpoint, read_record
+from ._urls import BadPath, upstream_url
+
+ROUTE = "tfos_nb/tensorboard"
+
+# RFC 9110 7.6.1 hop-by-hop headers, plus what must not cross the proxy.
+_HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Trailers",
+        "Transfer-Encoding",
+        "Upgrade",
+    )
+)
+# Jupyter's credentials stay with Jupyter: TensorBoard may run on a shared executor host.
+_NOT_UPSTREAM = _HOP_BY_HOP | {"host", "cookie", "authorization", "x-xsrftoken", "x-csrftoken", "content-length", "origin", "referer"}
+_NOT_UPSTREAM_WS = _NOT_UPSTREAM | {
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-extensions",
+    "sec-websocket-accept",
+    "sec-websocket-protocol",
+}
+# Nothing upstream says may weaken the Jupyter origin: no cookies, no CORS.
+_NOT_DOWNSTREAM = _HOP_BY_HOP | {"set-cookie", "content-length", "server", "date"}
+
+
+def _connection_tokens(headers: Any) -> set[str]:
+    return {t.strip().lower() for v in headers.get_list("Connection") for t in v.split(",") if t.strip()}
+
+
+class TensorBoardProxy(Configurable):
+    """Settings of the ``tfos_nb.tbproxy`` server extension (``c.TensorBoardProxy.*``)."""
+
+    connect_timeout = Float(10.0, help="Seconds to wait for a TCP connection to a registered TensorBoard.").tag(config=True)
+    request_timeout = Float(120.0, help="Seconds an upstream HTTP request may take in all.").tag(config=True)
+    max_body_size = Int(256 * 1024 * 1024, help="Largest upstream response, in bytes, the proxy relays.").tag(config=True)
+    websocket_max_message_size = Int(16 * 1024 * 1024, help="Largest websocket message, in bytes, relayed in either direction.").tag(
+        config=True
+    )
+
+
+class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
+    """``<base_url>tfos_nb/tensorboard/<cluster_id>/<path>`` → the registered TensorBoard.
+
+    Authentication is Jupyter's (403 without it, HTTP and websocket alike: WebSocketMixin
+    makes ``prepare`` refuse rather than redirect).  The cluster id is resolved on every
+    request from this server's runtime directory; unknown, withdrawn or untrusted → 404.
+    """
+
+    auth_resource = "tfos_nb"
+
+    def initialize(self, proxy_config: TensorBoardProxy) -> None:
+        self.proxy_config = proxy_config
+        self._upstream_ws: websocket.WebSocketClientConnection | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+
+    # -- authentication helpers ------------------------------------------------
+    def check_xsrf_cookie(self) -> None:
+        """Cookie-authenticated POSTs from TensorBoard's own page carry no ``_xsrf``.
+
+        Browsers send ``Origin`` on every POST; a same-origin one is what XSRF protection
+        is meant to establish, so it is accepted.  Anything else gets Jupyter's check.
+        """
+        if getattr(self, "_jupyter_current_user", None) is not None and not self.token_authenticated:
+            origin = self.request.headers.get("Origin")
+            host = self.request.headers.get("Host")
+            if origin and host and origin.lower() in (f"http://{host.lower()}", f"https://{host.lower()}"):
+                return None
+        return super().check_xsrf_cookie()
+
+    def _authorize(self) -> None:
+        if self.current_user is None:
+            raise web.HTTPError(403)
+        action = "read" if self.request.method in ("GET", "HEAD") else "write"
+        if not self.authorizer.is_authorized(self, self.current_user, action, self.auth_resource):
+            raise web.HTTPError(403)
+
+    def _resolve(self, cluster_id: str) -> tuple[Endpoint, str]:
+        """The registered endpoint and the (validated, still encoded) upstream path."""
+        if not CLUSTER_ID_RE.match(cluster_id):
+            raise web.HTTPError(404)
+        endpoint = read_record(self.serverapp.runtime_dir, cluster_id)
+        if endpoint is None:
+            raise web.HTTPError(404)
+        prefix = url_path_join(self.base_url, ROUTE, cluster_id)
+        raw = self.request.path
+        if not raw.startswith(prefix + "/"):
+            raise web.HTTPError(404)
+        return endpoint, raw[len(prefix) :]
+
+    def _url(self, endpoint: Endpoint, path: str, scheme: str) -> str:
+        try:
+            return upstream_url(endpoint, path, self.request.query, scheme=scheme)
+        except BadPath as exc:
+            raise web.HTTPError(400, str(exc)) from None
+
+    # -- HTTP ------------------------------------------------------------------
+    async def get(self, cluster_id: str, path: str = "") -> None:
+        if self.request.headers.get("Upgrade", "").lower() == "websocket":
+            await self._open_websocket(cluster_id)
+            return
+        await self._proxy_http(cluster_id)
+
+    async def head(self, cluster_id: str, path: str = "") -> None:
+        await self._proxy_http(cluster_id)
+
+    async def post(self, cluster_id: str, path: str = "") -> None:
+        await self._proxy_http(cluster_id)
+
+    async def _proxy_http(self, cluster_id: str) -> None:
+        self._authorize()
+        endpoint, path = self._resolve(cluster_id)
+        url = self._url(endpoint, path, "http")
+        drop = _NOT_UPSTREAM | _connection_tokens(self.request.headers)
+        headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in drop}
+        method = self.request.method or "GET"
+        body = self.request.body if method == "POST" else None
+        req = httpclient.HTTPRequest(
+            url,
+            method=method,
+            headers=headers,
+            body=body,
+            follow_redirects=False,
+            decompress_response=False,
+            allow_nonstandard_methods=True,
+            connect_timeout=self.proxy_config.connect_timeout,
+            request_timeout=self.proxy_config.request_timeout,
+        )
+        client = httpclient.AsyncHTTPClient(max_body_size=self.proxy_config.max_body_size)
+        try:
+            resp = await client.fetch(req, raise_error=False)
+        except (OSError, httpclient.HTTPClientError) as exc:
+            self.log.warning("tfos_nb TensorBoard proxy: %s unreachable: %s", endpoint.netloc, exc)
+            raise web.HTTPError(502, "TensorBoard is not reachable") from None
+        if resp.code == 599:
+            self.log.warning("tfos_nb TensorBoard proxy: %s failed: %s", endpoint.netloc, resp.error)
+            raise web.HTTPError(502 if not isinstance(resp.error, TimeoutError) else 504, "TensorBoard is not reachable")
+        self.set_status(resp.code, resp.reason)
+        self.clear_header("Content-Type")
+        drop_down = _NOT_DOWNSTREAM | _connection_tokens(resp.headers)
+        origin = f"http://{endpoint.netloc}"
+        for name, value in resp.headers.get_all():
+            lname = name.lower()
+            if lname in drop_down or lname.startswith("access-control-"):
+                continue
+            if lname == "location" and value.startswith(origin):
+                value = url_path_join(self.base_url, ROUTE, cluster_id) + value[len(origin) :]
+            self.add_header(name, value)
+        if method != "HEAD" and resp.code not in (204, 304) and resp.body:
+            self.write(resp.body)
+        await self.finish()
+
+    # -- websockets ------------------------------------------------------------
+    async def _open_websocket(self, cluster_id: str) -> None:
+        self._authorize()
+        endpoint, path = self._resolve(cluster_id)
+        url = self._url(endpoint, path, "ws")
+        drop = _NOT_UPSTREAM_WS | _connection_tokens(self.request.headers)
+        headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in drop}
+        subprotocols = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        req = httpclient.HTTPRequest(
+            url, headers=headers, connect_timeout=self.proxy_config.connect_timeout, request_timeout=self.proxy_config.connect_timeout
+        )
+        try:
+            self._upstream_ws = await websocket.websocket_connect(
+                req, subprotocols=subprotocols or None, max_message_size=self.proxy_config.websocket_max_message_size
+            )
+        except (OSError, httpclient.HTTPClientError, websocket.WebSocketError, asyncio.TimeoutError) as exc:
+            self.log.warning("tfos_nb TensorBoard proxy: websocket to %s failed: %s", endpoint.netloc, exc)
+            raise web.HTTPError(502, "upstream websocket refused") from None
+        await websocket.WebSocketHandler.get(self, cluster_id)
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        chosen = self._upstream_ws.selected_subprotocol if self._upstream_ws is not None else None
+        return chosen if chosen in subprotocols else None
+
+    def get_compression_options(self) -> dict[str, Any] | None:
+        return None
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        super().open(*args, **kwargs)
+        self._pump_task = asyncio.ensure_future(self._pump_upstream())
+
+    async def _pump_upstream(self) -> None:
+        upstream = self._upstream_ws
+        assert upstream is not None
+        while True:
+            msg = await upstream.read_message()
+            if msg is None:
+                break
+            try:
+                await self.write_message(msg, binary=isinstance(msg, bytes))
+            except websocket.WebSocketClosedError:
+                break
+        self.close(upstream.close_code, upstream.close_reason)
+
+    async def on_message(self, message: str | bytes) -> None:
+        if self._upstream_ws is None:
+            return
+        try:
+            await self._upstream_ws.write_message(message, binary=isinstance(message, bytes))
+        except websocket.WebSocketClosedError:
+            self.close()
+
+    def on_close(self) -> None:
+        if self.ping_callback is not None:
+            self.ping_callback.stop()
+        if self._upstream_ws is not None:
+            self._upstream_ws.close()
+            self._upstream_ws = None
+
+
+class TensorBoardRootHandler(JupyterHandler):
+    """``…/tfos_nb/tensorboard/<id>`` → ``…/<id>/``: TensorBoard's relative URLs need the slash."""
+
+    auth_resource = "tfos_nb"
+
+    @web.authenticated
+    def get(self, cluster_id: str) -> None:
+        if not CLUSTER_ID_RE.match(cluster_id):
+            raise web.HTTPError(404)
+        target = url_path_join(self.base_url, ROUTE, cluster_id) + "/"
+        self.redirect(target + (f"?{self.request.query}" if self.request.query else ""))
+
+    head = get
+
+
+def setup_handlers(serverapp: Any) -> None:
+    config = TensorBoardProxy(parent=serverapp)
+    base = serverapp.web_app.settings["base_url"]
+    # The id group is permissive on purpose: the handlers answer a malformed id with 404
+    # (after authentication), instead of letting it fall through to other routes.
+    serverapp.web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, ROUTE, r"([^/]+)"), TensorBoardRootHandler),
+            (url_path_join(base, ROUTE, r"([^/]+)(/.*)"), TensorBoardProxyHandler, {"proxy_config": config}),
+        ],
+    )
+    serverapp.log.info("tfos_nb: TensorBoard proxy at %s", url_path_join(base, ROUTE, "<cluster_id>/"))

@@ -1,0 +1,199 @@
+"""TensorBoard in the notebook, through the Jupyter server's ``tfos_nb.tbproxy`` route.
+
+Kernel side: :func:`register` tells the Jupyter server (through a private file in
+Jupyter's runtime directory) where a cluster's TensorBoard listens and returns the
+proxy path; :func:`withdraw` ends that; :func:`start_local` starts TensorBoard on the
+driver for a log directory after the cluster is gone; :func:`iframe_html` embeds a
+proxy path, resolving it against the page's base URL in the browser (so JupyterHub's
+``/user/NAME/`` prefix is never hard-coded in the kernel).
+
+Imports neither IPython nor TensorFlow nor pyspark (TensorBoard's manager only inside
+:func:`start_local`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import hashlib
+import html
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
+
+__all__ = ["LocalTensorBoard", "iframe_html", "proxy_path", "register", "start_local", "withdraw"]
+
+_lock = threading.Lock()
+_secrets: dict[str, str] = {}  # cluster id -> secret of the record this process wrote
+_atexit_registered = False
+
+
+def _runtime_dir() -> str:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return jupyter_runtime_dir()
+
+
+def proxy_path(cluster_id: str) -> str:
+    """``tfos_nb/tensorboard/<cluster_id>/``, relative to the Jupyter server's base URL."""
+    return f"tfos_nb/tensorboard/{check_cluster_id(cluster_id)}/"
+
+
+def register(cluster_id: str, url: str) -> str:
+    """Let the Jupyter server proxy ``url`` (``http://host:port``) for ``cluster_id``.
+
+    Writes ``<jupyter runtime dir>/tfos_nb/<cluster_id>.json`` (mode 0600, directory
+    0700) and returns the proxy path, relative to the server's base URL.  Registering
+    again replaces the record.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.username or parts.password:
+        msg = f"url must look like http://host:port, got {url!r}"
+        raise ValueError(msg)
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        msg = f"url must be TensorBoard's root, http://host:port, got {url!r}"
+        raise ValueError(msg)
+    endpoint = Endpoint(
+        cluster_id=check_cluster_id(cluster_id), host=check_host(parts.hostname), port=parts.port, secret=new_secret(), pid=os.getpid()
+    )
+    global _atexit_registered
+    with _lock:
+        write_record(_runtime_dir(), endpoint)
+        _secrets[cluster_id] = endpoint.secret
+        if not _atexit_registered:
+            atexit.register(_withdraw_all)
+            _atexit_registered = True
+    return proxy_path(cluster_id)
+
+
+def withdraw(cluster_id: str) -> bool:
+    """Remove this process's registration of ``cluster_id``; True if one was removed.
+
+    A record written since by another process (another kernel re-registering the id) is
+    left alone: only the record holding this process's secret is removed.
+    """
+    check_cluster_id(cluster_id)
+    with _lock:
+        secret = _secrets.pop(cluster_id, None)
+        if secret is None:
+            return False
+        return remove_record(_runtime_dir(), cluster_id, secret)
+
+
+def _withdraw_all() -> None:
+    for cluster_id in list(_secrets):
+        try:
+            withdraw(cluster_id)
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class LocalTensorBoard:
+    """A TensorBoard started (or reused) on the driver and registered with the proxy."""
+
+    cluster_id: str
+    path: str
+    url: str
+    pid: int
+    reused: bool
+
+
+def local_cluster_id(logdir: str) -> str:
+    """A stable id for a log directory, so ``%tfos_tensorboard --logdir D`` twice reuses one route."""
+    return hashlib.sha256(os.path.realpath(logdir).encode()).hexdigest()[:16]
+
+
+def start_local(logdir: str, *, timeout: float = 60.0) -> Any:
+    """Start TensorBoard on the driver for ``logdir`` (loopback, a free port) and register it.
+
+    Uses TensorBoard's own launcher, :func:`tensorboard.manager.start`: it reuses an
+    instance already serving the same arguments, learns the port the OS picked
+    (``--port 0``, so no race for a "free" port) from TensorBoard's info file, and reports
+    failures as values.  Returns :class:`LocalTensorBoard`, or TensorBoard's
+    ``StartFailed`` / ``StartExecFailed`` / ``StartTimedOut`` for the caller to render.
+    The process outlives the kernel, like ``%tensorboard``'s; :func:`stop_local` ends it.
+    """
+    if not os.path.isdir(logdir):
+        msg = f"log directory does not exist: {logdir!r}"
+        raise ValueError(msg)
+    try:
+        from tensorboard import manager
+    except ImportError as exc:
+        msg = "TensorBoard is not installed in the kernel's environment: pip install tensorboard"
+        raise ImportError(msg) from exc
+    args = ["--logdir", os.path.realpath(logdir), "--host", "127.0.0.1", "--port", "0"]
+    # manager.start runs `tensorboard` from PATH unless TENSORBOARD_BINARY says otherwise;
+    # a kernel's PATH often lacks its own environment's bin/, so name it explicitly.
+    binary = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    with _lock:
+        saved = os.environ.get("TENSORBOARD_BINARY")
+        if saved is None and os.access(binary, os.X_OK):
+            os.environ["TENSORBOARD_BINARY"] = binary
+        try:
+            outcome = manager.start(args, timeout=datetime.timedelta(seconds=timeout))
+        finally:
+            if saved is None:
+                os.environ.pop("TENSORBOARD_BINARY", None)
+    if not isinstance(outcome, (manager.StartLaunched, manager.StartReused)):
+        return outcome
+    info = outcome.info
+    cluster_id = local_cluster_id(logdir)
+    url = f"http://127.0.0.1:{info.port}"
+    path = register(cluster_id, url)
+    return LocalTensorBoard(cluster_id=cluster_id, path=path, url=url, pid=info.pid, reused=isinstance(outcome, manager.StartReused))
+
+
+def stop_local(tb: LocalTensorBoard) -> None:
+    """Withdraw the route and terminate the TensorBoard process started by :func:`start_local`."""
+    import signal
+
+    withdraw(tb.cluster_id)
+    try:
+        os.kill(tb.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+_IFRAME_JS = """(function () {
+  var el = document.getElementById(%(id)s);
+  var base = null;
+  var cfg = document.getElementById("jupyter-config-data");
+  if (cfg) { try { base = JSON.parse(cfg.textContent).baseUrl; } catch (e) {} }
+  if (!base && document.body && document.body.dataset) { base = document.body.dataset.baseUrl; }
+  if (!base) {
+    var m = window.location.pathname.match(/^(.*?\\/)(?:lab|tree|notebooks|doc|voila|edit)(?:\\/|$)/);
+    base = m ? m[1] : "/";
+  }
+  if (base.charAt(base.length - 1) !== "/") { base += "/"; }
+  el.src = new URL(base + %(path)s, window.location.origin).href;
+})();"""
+
+
+def iframe_html(path: str, *, height: int = 800) -> str:
+    """HTML embedding the proxy ``path`` in an iframe whose src is built in the browser.
+
+    The base URL comes from JupyterLab / Notebook 7's ``<script id="jupyter-config-data">``
+    (PageConfig ``baseUrl``), classic Notebook's ``<body data-base-url>``, or failing both,
+    the page's own path; so the same output works under JupyterHub's ``/user/NAME/``.
+    """
+    if not isinstance(path, str) or path.startswith("/") or "//" in path or ".." in path or ":" in path:
+        msg = f"path must be a proxy path relative to the base URL, like 'tfos_nb/tensorboard/<id>/', got {path!r}"
+        raise ValueError(msg)
+    if not isinstance(height, int) or height <= 0:
+        msg = f"height must be a positive int, got {height!r}"
+        raise ValueError(msg)
+    frame_id = "tfos-tb-" + new_secret()[:12]
+    script = _IFRAME_JS % {"id": json.dumps(frame_id), "path": json.dumps(path)}
+    # json.dumps does not escape "</"; a path cannot hold it (checked above), the id is hex.
+    return (
+        f'<iframe id="{frame_id}" width="100%" height="{height}" frameborder="0" '
+        f'title="TensorBoard" data-tfos-path="{html.escape(path)}"></iframe>\n'
+        f"<script>{script}</script>"
+    )
