@@ -12,13 +12,16 @@ setup(
         "pyspark>=3.5",
         "tensorflow>=2.16",
         "tf-keras>=2.16",
+        "tensorboard>=2.16",  # TensorFlow 2.21 no longer pulls it in; nodes start it on the chief
         "cloudpickle>=3.0",
         "pyarrow>=14",
         "numpy>=1.26",
         "pandas>=2.0,<3",  # pyspark 4.3 does not fully support pandas 3
     ],
     extras_require={
-        "notebook": ["ipython>=8", "ipykernel>=6", "traitlets>=5"],
+        "notebook": ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14"],
     },
+    # Enables the TensorBoard proxy server extension on install (jupyter server extension list).
+    data_files=[("etc/jupyter/jupyter_server_config.d", ["jupyter-config/jupyter_server_config.d/tfos_nb.json"])],
     license="Apache-2.0",
 )

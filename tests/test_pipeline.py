@@ -159,15 +159,29 @@ def test_three_styles_agree(session, data, fitted):
         assert (preds[name].argmax(1) == preds["signature"].argmax(1)).all()
 
 
-def test_array_column_and_multiple_outputs(session, data, fitted):
-    _, _, root = fitted
-    _, xte, yte = data
-    df = digits.to_dataframe(session.spark, xte[:40], yte[:40], partitions=2)  # features array<float>
-    m = TFModel(exportDir=str(root / "export"), inputMapping={"features": "features"},
-                outputMapping={"logits": "a"})
+def test_array_column_and_multiple_outputs(session, tmp_path):
+    """Scalar, integer and array outputs, typed from the signature, in the signature and tensor styles."""
+    import tensorflow as tf
+
+    class Three(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+        def serve(self, x):
+            return {"total": tf.reduce_sum(x, axis=1), "top": tf.argmax(x, axis=1), "twice": x * 2.0}
+
+    module = Three()
+    export = str(tmp_path / "three")
+    tf.saved_model.save(module, export, signatures={"serving_default": module.serve})
+    df = session.spark.createDataFrame([([1.0, 5.0, 2.0], 0), ([3.0, 0.0, 1.0], 1)] * 5, "v array<float>, id int")
+    df = df.repartition(3)
+    m = TFModel(exportDir=export, inputMapping={"v": "x"}, outputMapping={"total": "t", "top": "k", "twice": "w"})
     out = m.transform(df)
-    assert out.schema["a"].dataType.simpleString() == "array<float>"
-    assert out.count() == 40
+    assert [(f.name, f.dataType.simpleString()) for f in out.schema.fields] == [
+        ("v", "array<float>"), ("id", "int"), ("t", "float"), ("k", "bigint"), ("w", "array<float>")]
+    rows = sorted(out.collect(), key=lambda r: r.id)
+    assert (rows[0].t, rows[0].k, rows[0].w) == (8.0, 1, [2.0, 10.0, 4.0]) and len(rows) == 10
+    # Default OutputMapping: every signature output, named by its alias.
+    assert TFModel(exportDir=export, inputMapping={"v": "x"}).transform(df).columns == ["v", "id", "top", "total",
+                                                                                       "twice"]
 
 
 def test_wrong_mappings(session, data, fitted):
@@ -214,7 +228,8 @@ def test_empty_partitions_and_empty_dataframe(session, data, fitted):
     assert out.collect() == [] and out.columns == ["features", "label", "logits"]
 
 
-def test_pipeline_persists_and_loads_in_a_fresh_session(session, data, fitted, tmp_path, no_leaks):
+def test_pipeline_persists_and_loads_in_a_fresh_session(session, data, fitted, tmp_path):
+    # No no_leaks here: the fresh session's Py4J gateway is a new listening port (no cluster is started).
     from pyspark.ml import Pipeline, PipelineModel
 
     pipeline, model, _ = fitted

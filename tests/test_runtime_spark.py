@@ -289,3 +289,87 @@ def test_cpu_only_nodes_say_cpu(sc, no_leaks):
     cluster = run(sc, gpu_fun, {}, 1, env=env)
     cluster.shutdown(timeout=60)
     assert cluster.nodes[0].device == "CPU"
+
+
+def test_train_twice_on_a_running_cluster(spark, sc, no_leaks):
+    def counter(args, ctx):
+        feed = ctx.get_data_feed()
+        n = 0
+        while not feed.should_stop():
+            cols = feed.next_batch_arrays(64)
+            if cols:
+                n += len(cols[0])
+                ctx.report(step=n)
+        print(f"rows {n}")
+
+    df = spark.range(1000).selectExpr("cast(id as float) as x", "id % 10 as y").repartition(4)
+    cluster = run(sc, counter, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    cluster.train(df, 1)
+    cluster.train(df.rdd.map(tuple), 2)
+    cluster.shutdown()
+    assert sum(n.step for n in cluster.nodes) == 3000
+    assert sum(n.rows_fed for n in cluster.nodes) == 3000
+
+
+def test_keyboard_interrupt_during_train_tears_down(spark, sc, no_leaks):
+    import _thread
+    import threading
+
+    def slow_reader(args, ctx):
+        import time as t
+
+        feed = ctx.get_data_feed()
+        while not feed.should_stop():
+            if feed.next_batch(1):
+                ctx.report(step=1)
+                t.sleep(1)
+
+    df = spark.range(100000).selectExpr("cast(id as float) as x").repartition(4)
+    cluster = run(sc, slow_reader, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+
+    def interrupt_when_training():
+        wait_until(lambda: any(n.step for n in cluster.nodes), 60)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_training, daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.train(df, 1)
+    took = time.monotonic() - t0
+    view = cluster.status()
+    assert view.state == "stopped", view.state
+    assert wait_until(lambda: not runtime_processes(), 10)
+    assert took < 60
+
+
+def tb_fun(args, ctx):
+    import time as t
+
+    deadline = t.monotonic() + 120
+    while not os.path.exists(args["done"]) and t.monotonic() < deadline:
+        t.sleep(0.2)
+
+
+def test_tensorboard_on_the_chief_serves_its_url(sc, tmp_path, no_leaks):
+    import urllib.request
+
+    done = tmp_path / "done"
+    cluster = run(sc, tb_fun, {"done": str(done)}, 2, master_node="chief", tensorboard=True,
+                  log_dir=str(tmp_path / "logs"))
+    try:
+        assert wait_until(lambda: cluster.tensorboard_url() is not None, 30)
+        url = cluster.tensorboard_url()
+        assert url.startswith("http://") and url.rsplit(":", 1)[1].isdigit()
+
+        def serves() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/data/environment", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        assert wait_until(serves, 90, interval=0.5), url
+    finally:
+        done.write_text("ok")
+        cluster.shutdown(timeout=60)
+    assert not serves()  # stopped with its node

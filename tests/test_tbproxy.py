@@ -6,9 +6,11 @@ websocket echo) to see exactly what crosses the proxy.  Security cases by status
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -446,6 +448,17 @@ def test_tensorboard_through_proxy(server: Server, tensorboard: str, register: C
     assert index.status == 200 and index.headers["Content-Type"].startswith("text/html")
     assert b"<tf-tensorboard" in index.body or b"TensorBoard" in index.body
     assert server.fetch(tb_path(cid), "HEAD").status == 200
+    # Compressed answers pass through untouched, with their Content-Encoding.
+    gz = server.fetch(tb_path(cid), headers={"Accept-Encoding": "gzip"})
+    assert gz.status == 200
+    body = gzip.decompress(gz.body) if gz.headers.get("Content-Encoding") == "gzip" else gz.body
+    assert body == index.body
+    # The page's relative asset URLs resolve under the proxy route (the trailing slash matters).
+    scripts = re.findall(rb'<script[^>]+src="([^"]+)"', index.body)
+    assert scripts, index.body[:500]
+    for src in scripts:
+        asset = server.fetch(tb_path(cid, src.decode()))
+        assert asset.status == 200 and len(asset.body) > 1000, (src, asset.status)
     # Without the trailing slash TensorBoard's relative URLs break: redirect to it, under the base URL.
     bare = server.fetch(f"tfos_nb/tensorboard/{cid}")
     assert bare.status == 302 and bare.headers["Location"] == server.path(tb_path(cid))
@@ -459,10 +472,13 @@ def test_cookie_session_like_a_browser(server: Server, upstream: str, register: 
     assert server.fetch(tb_path(cid, "x"), auth=False, headers={"Cookie": cookie}).status == 200
     same = server.fetch(tb_path(cid, "post"), "POST", auth=False, body=b"q=1", headers={"Cookie": cookie, "Origin": f"http://{host}"})
     assert same.status == 200 and same.json()["body"] == "q=1"
-    # Cross-site form POST riding the cookie: Jupyter's XSRF protection still applies.
-    for origin in ("http://evil.example", None):
+    # Cross-site form POST riding the cookie: Jupyter's XSRF protection still applies
+    # (a foreign Origin is answered 404 by Jupyter's own check, a missing _xsrf 403).
+    before = upstream_log(upstream)
+    for origin, status in (("http://evil.example", 404), (None, 403)):
         hdrs = {"Cookie": cookie} | ({"Origin": origin} if origin else {})
-        assert server.fetch(tb_path(cid, "post"), "POST", auth=False, body=b"q=1", headers=hdrs).status == 403
+        assert server.fetch(tb_path(cid, "post"), "POST", auth=False, body=b"q=1", headers=hdrs).status == status
+    assert upstream_log(upstream) == before
     assert not any("cookie" in k.lower() for k in same.json()["headers"])
 
 
@@ -500,13 +516,24 @@ def test_websocket(server: Server, upstream: str, register: Callable[[str], str]
             with pytest.raises(httpclient.HTTPClientError) as err:
                 await _ws(server, tb_path(cid, "ws"), hdrs)
             assert err.value.code == 403
-        # Authenticated but from a foreign page: Jupyter's origin check refuses it.
+        # A foreign page riding the browser's cookie (cross-site websocket hijacking):
+        # Jupyter's origin check refuses it.  (A valid *token* skips the origin check, by
+        # Jupyter's design: a foreign page cannot know it.)
+        cookie = await asyncio.to_thread(server.login_cookie)
         with pytest.raises(httpclient.HTTPClientError) as err:
-            await _ws(server, tb_path(cid, "ws"), {"Authorization": f"token {server.token}", "Origin": "http://evil.example"})
+            await _ws(server, tb_path(cid, "ws"), {"Cookie": cookie, "Origin": "http://evil.example"})
         assert err.value.code == 403
+        same = await _ws(server, tb_path(cid, "ws"), {"Cookie": cookie, "Origin": f"http://127.0.0.1:{server.port}"})
+        await same.write_message("via cookie")
+        assert await same.read_message() == "via cookie"
+        same.close()
         with pytest.raises(httpclient.HTTPClientError) as err:
             await _ws(server, tb_path("0000000000000000", "ws"), {"Authorization": f"token {server.token}"})
         assert err.value.code == 404
+        for crafted in ("..%2Fws", "%2F%2Fevil.example/ws", "@evil.example/ws", "x/../ws"):
+            with pytest.raises(httpclient.HTTPClientError) as err:
+                await _ws(server, tb_path(cid, crafted), {"Authorization": f"token {server.token}"})
+            assert err.value.code == 400, crafted
         conn = await _ws(server, tb_path(cid, "ws"), {"Authorization": f"token {server.token}", "Cookie": "x=1"}, ["proto-a", "proto-b"])
         assert conn.selected_subprotocol == "proto-a"
         await conn.write_message("hello")
@@ -661,6 +688,24 @@ def test_start_local_after_cluster_is_gone(server: Server, logdir: Path, monkeyp
         tb.stop_local(local)
         wait_for(lambda: not _alive(local.pid), 20, "local TensorBoard exit")
     assert server.fetch(tb_path(local.cluster_id, "data/runs")).status == 404
+
+
+@slow
+def test_start_local_does_not_reuse_a_killed_tensorboard(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
+    monkeypatch.chdir(logdir)
+    first = tb.start_local(str(logdir), timeout=120)
+    assert isinstance(first, tb.LocalTensorBoard), first
+    os.kill(first.pid, signal.SIGKILL)  # leaves TensorBoard's info file behind
+    wait_for(lambda: not _alive(first.pid), 20, "killed TensorBoard exit")
+    second = tb.start_local(str(logdir), timeout=120)
+    try:
+        assert isinstance(second, tb.LocalTensorBoard) and not second.reused and second.pid != first.pid, second
+        assert server.fetch(tb_path(second.cluster_id, "data/runs")).status == 200
+    finally:
+        if isinstance(second, tb.LocalTensorBoard):
+            tb.stop_local(second)
+            wait_for(lambda: not _alive(second.pid), 20, "local TensorBoard exit")
 
 
 def _alive(pid: int) -> bool:

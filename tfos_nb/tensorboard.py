@@ -137,7 +137,13 @@ def start_local(logdir: str, *, timeout: float = 60.0) -> Any:
         if saved is None and os.access(binary, os.X_OK):
             os.environ["TENSORBOARD_BINARY"] = binary
         try:
-            outcome = manager.start(args, timeout=datetime.timedelta(seconds=timeout))
+            for _attempt in range(2):
+                outcome = manager.start(args, timeout=datetime.timedelta(seconds=timeout))
+                if not isinstance(outcome, manager.StartReused) or _pid_alive(outcome.info.pid):
+                    break
+                # A TensorBoard killed with SIGKILL leaves its info file behind, and the
+                # manager would "reuse" the dead instance: drop the file, start afresh.
+                _remove_stale_info(manager, outcome.info.pid)
         finally:
             if saved is None:
                 os.environ.pop("TENSORBOARD_BINARY", None)
@@ -148,6 +154,25 @@ def start_local(logdir: str, *, timeout: float = 60.0) -> Any:
     url = f"http://127.0.0.1:{info.port}"
     path = register(cluster_id, url)
     return LocalTensorBoard(cluster_id=cluster_id, path=path, url=url, pid=info.pid, reused=isinstance(outcome, manager.StartReused))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_info(manager: Any, pid: int) -> None:
+    # The file name is TensorBoard's ("pid-<pid>.info" in manager._get_info_dir()),
+    # private but stable since TensorBoard 1.14.
+    try:
+        os.unlink(os.path.join(manager._get_info_dir(), f"pid-{int(pid)}.info"))
+    except (OSError, AttributeError):
+        pass
 
 
 def stop_local(tb: LocalTensorBoard) -> None:

@@ -9,6 +9,7 @@ imports IPython.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -106,6 +107,7 @@ class ClusterHandle:
         self._log: deque[str] = deque(maxlen=LOG_LINES_KEPT)
         self.lines: queue.SimpleQueue[list[str]] | None = None if background else queue.SimpleQueue()
         self.started_at = time.time()
+        self._observers: list[Any] = []
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> ClusterHandle:
@@ -150,12 +152,37 @@ class ClusterHandle:
                 self._timer.cancel()
             self._result = self._make_result()
             self._done.set()
+            self._tell_observers(final=True)
 
     def _on_state(self, st: S.ClusterState) -> None:
         if self._cstate is None:
             self._cstate = st
         if self._stop_reason is not None and self._cluster is None:
             self._abort_start(st)
+        self._tell_observers(final=False)
+
+    def add_observer(self, fn: Any) -> None:
+        """Call ``fn(view, final)`` on every state change (control-server thread) and once at the end.
+
+        For a --background cell's panel: observers must be quick and must not print
+        (output from another thread lands in whatever cell runs then).
+        """
+        with self._lock:
+            self._observers.append(fn)
+
+    def _tell_observers(self, final: bool) -> None:
+        with self._lock:
+            observers = list(self._observers)
+        if not observers:
+            return
+        view = self.final_status() if final else self.status()
+        if view is None:
+            return
+        for fn in observers:
+            try:
+                fn(view, final)
+            except Exception:  # noqa: BLE001 - a UI bug must not break the run
+                pass
 
     def _abort_start(self, st: S.ClusterState) -> None:
         # run() has no cancel hook: a failed cluster state makes it tear down and return.
@@ -215,6 +242,11 @@ class ClusterHandle:
         return self._error
 
     @property
+    def sc(self) -> Any:
+        """The SparkContext the cluster runs on."""
+        return self._sc
+
+    @property
     def cluster(self) -> TFCluster | None:
         """The runtime's TFCluster, once its nodes run."""
         return self._cluster
@@ -222,6 +254,14 @@ class ClusterHandle:
     def status(self) -> S.ClusterView | None:
         st = self._cstate
         return st.snapshot() if st is not None else None
+
+    def final_status(self) -> S.ClusterView | None:
+        """``status()``, marked failed when the run ended in an error the nodes' states do not show."""
+        view = self.status()
+        if view is not None and self._done.is_set() and self._error is not None and view.state != S.C_FAILED:
+            first = (str(self._error).splitlines() or [type(self._error).__name__])[0]
+            view = dataclasses.replace(view, state=S.C_FAILED, error=view.error or first)
+        return view
 
     @property
     def state(self) -> str:

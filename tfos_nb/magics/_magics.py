@@ -15,12 +15,23 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
+from ..widgets import JobProgress
 from . import _render
 from ._cellfn import CellError, build
 from ._handle import ClusterFailed, ClusterHandle
-from ._spark import CONNECT_MSG, SparkUnusable, embedded_notice, expected_slots, find_spark_context, start_embedded
+from ._spark import (
+    CONNECT_MSG,
+    SparkUnusable,
+    embedded_notice,
+    expected_slots,
+    find_spark_context,
+    job_groups,
+    job_progress,
+    start_embedded,
+)
 
-STATUS_INTERVAL_S = 0.5  # at most two in-place status updates per second
+PROGRESS_INTERVAL_S = 1.0  # Spark job progress is polled (py4j calls) at most once a second
+BLOCKING_STOP_HINT = "This cell is running: interrupt the kernel (■) to stop the cluster"
 INTERRUPT_GRACE_S = 15.0
 
 
@@ -36,10 +47,12 @@ class TFOSMagics(Magics):
         config=True
     )
     renderer = Enum(
-        ["auto", "text", "none"],
+        ["auto", "widget", "html", "text", "none"],
         "auto",
-        help="How a blocking cell shows progress: 'auto' and 'text' keep one status line updated in place "
-        "(in a kernel) and print a summary; 'none' prints only the nodes' output and errors.",
+        help="How a cell shows its cluster: 'widget' a live ipywidgets panel (Stop button, TensorBoard link) "
+        "plus a static HTML snapshot at the end; 'html' an HTML table updated in place (nbconvert, front-ends "
+        "without widgets); 'text' one line per state change; 'none' only the nodes' output and errors. "
+        "'auto': widget in a kernel with ipywidgets, html in other kernels, text in terminal IPython.",
     ).tag(config=True)
     tf_threads = Integer(
         1,
@@ -159,6 +172,8 @@ class TFOSMagics(Magics):
                                log_dir=opts.logdir, env=env, timeout=timeout, background=opts.background)
         self.handles[name] = handle
         ns[name] = handle
+        if opts.background:
+            self._panel_in_background(handle)
         handle.start()
         if opts.background:
             print(f"tfos_nb: {name} runs in the background ({nodes} nodes); {name}.wait() waits for it, "
@@ -245,29 +260,65 @@ class TFOSMagics(Magics):
             )
         return env
 
-    def _follow(self, handle: ClusterHandle) -> None:
-        """Watch a blocking cell's run from the main thread: print output, update status, take ■."""
-        live = None
-        if self.renderer != "none" and hasattr(self.shell, "kernel"):
-            from IPython.display import display
+    def _renderer(self, background: bool, on_stop: Any = None) -> Any:
+        from ..widgets import choose_renderer, make_renderer
 
-            live = display({"text/plain": f"{handle.name}: starting"}, raw=True, display_id=True)
-        shown = ""
-        next_update = 0.0
+        kind = choose_renderer(self.renderer, self.shell)
+        if background and kind == "text":
+            return None  # lines printed from another thread would land in whatever cell runs then
+        try:
+            return make_renderer(kind, on_stop=on_stop, stop_hint="" if background else BLOCKING_STOP_HINT)
+        except ImportError as exc:
+            if self.renderer == "widget":
+                raise _usage(str(exc)) from None
+            return make_renderer("html")
+
+    def _panel_in_background(self, handle: ClusterHandle) -> None:
+        """A --background cell's panel: fed by the handle's observer (no Spark progress: no poller thread)."""
+        renderer = self._renderer(True, on_stop=lambda: handle.stop("stopped from the panel"))
+        if renderer is None:
+            return
+
+        def observe(view: Any, final: bool) -> None:
+            if final:
+                renderer.finish(view)
+            else:
+                renderer.update(view)
+
+        handle.add_observer(observe)
+
+    def _follow(self, handle: ClusterHandle) -> None:
+        """Watch a blocking cell's run from the main thread: print output, render the panel, take ■."""
+        renderer = self._renderer(False)
+        progress = None
+        next_progress = 0.0
         tensorboard = None
+
+        def render(final: bool = False) -> None:
+            nonlocal progress, next_progress
+            if renderer is None:
+                return
+            view = handle.final_status() if final else handle.status()
+            if view is None:
+                return
+            now = time.monotonic()
+            if final or now >= next_progress:
+                next_progress = now + PROGRESS_INTERVAL_S
+                numbers = job_progress(handle.sc, job_groups(view.job_group, view.feed_gen))
+                if numbers is not None:
+                    progress = JobProgress(*numbers)
+            if final:
+                renderer.finish(view, progress)
+            else:
+                renderer.update(view, progress)
+
         try:
             while not handle.join(0.1):
                 self._drain(handle)
                 if tensorboard is None and handle.tensorboard_url:
                     tensorboard = handle.tensorboard_url
                     print(f"tfos_nb: TensorBoard of {handle.name}: {tensorboard}")
-                if live is not None and time.monotonic() >= next_update:
-                    next_update = time.monotonic() + STATUS_INTERVAL_S
-                    view = handle.status()
-                    text = _render.status_line(view) if view is not None else f"{handle.name}: starting"
-                    if text != shown:
-                        live.update({"text/plain": text}, raw=True)
-                        shown = text
+                render()
         except KeyboardInterrupt:
             print(f"tfos_nb: interrupted; stopping cluster {handle.name}", file=sys.stderr)
             handle.stop("interrupted")
@@ -278,15 +329,10 @@ class TFOSMagics(Magics):
                 except KeyboardInterrupt:
                     continue  # a second ■ must not cut the teardown short
             self._drain(handle)
+            render(final=True)
             raise
         self._drain(handle)
-        view = handle.status()
-        if view is not None and self.renderer != "none":
-            text = _render.status_line(view)
-            if live is not None:
-                live.update({"text/plain": text}, raw=True)
-            else:
-                print(text)
+        render(final=True)
 
     def _drain(self, handle: ClusterHandle) -> None:
         if handle.lines is None:

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SparkUnusable", "embedded_notice", "expected_slots", "find_spark_context", "spark_session", "start_embedded"]
+__all__ = ["SparkUnusable", "embedded_notice", "expected_slots", "find_spark_context", "job_groups", "job_progress", "spark_session",
+           "start_embedded"]
 
 
 class SparkUnusable(ValueError):
@@ -125,3 +126,34 @@ def expected_slots(sc: Any) -> int | None:
     if instances and cores and str(instances).isdigit() and str(cores).isdigit():
         return int(instances) * int(cores) // max(1, int(conf.get("spark.task.cpus", "1") or 1))
     return None
+
+
+def job_groups(job_group: str, feed_gen: int) -> list[str]:
+    """The Spark job groups a cluster's runtime uses: its launch job and one feeding job per generation."""
+    if not job_group:
+        return []
+    return [f"{job_group}-launch", *(f"{job_group}-feed-{gen}" for gen in range(1, feed_gen + 1))]
+
+
+def job_progress(sc: Any, groups: list[str]) -> tuple[int, int, int] | None:
+    """(tasks done, tasks in all, tasks failed) of the jobs in ``groups``, from ``sc.statusTracker()``.
+
+    Plain numbers for the panel, which never talks to Spark; None when Spark cannot tell.
+    """
+    if sc is None or not groups:
+        return None
+    try:
+        tracker = sc.statusTracker()
+        done = total = failed = 0
+        for group in groups:
+            for job_id in tracker.getJobIdsForGroup(group):
+                job = tracker.getJobInfo(job_id)
+                for stage_id in job.stageIds if job is not None else ():
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None:
+                        done += stage.numCompletedTasks
+                        total += stage.numTasks
+                        failed += stage.numFailedTasks
+    except Exception:  # noqa: BLE001 - progress is decoration; a stopping SparkContext must not break the cell
+        return None
+    return done, total, failed

@@ -25,6 +25,8 @@ import socket
 import struct
 from typing import Any
 
+from .net import recv_exact
+
 FRAME = struct.Struct(">cQ")
 MAGIC = b"TFOSDATA1"
 NONCE = 32
@@ -38,18 +40,6 @@ class DataPlaneError(ConnectionError):
 
 def _mac(secret: bytes, label: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, label + nonce, hashlib.sha256).digest()
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise DataPlaneError("connection closed by peer")
-        got += k
-    return buf
 
 
 def send_frame(sock: socket.socket, kind: bytes, payload: Any = b"") -> None:

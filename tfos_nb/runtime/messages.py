@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, ClassVar
 
+from .net import recv_exact
+
 PROTOCOL_VERSION = 1
 MAC_SIZE = 32
 HEADER = struct.Struct(">I")
@@ -266,20 +268,8 @@ class Codec:
 
 def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
     """Blocking read of one frame from a socket (the client side)."""
-    header = _recv_exact(sock, HEADER.size)
-    (n,) = HEADER.unpack(header)
+    (n,) = HEADER.unpack(recv_exact(sock, HEADER.size))
     if n > max_frame:
         raise ProtocolError(f"frame of {n} bytes exceeds {max_frame}")
-    return _recv_exact(sock, n)
+    return bytes(recv_exact(sock, n))
 
-
-def _recv_exact(sock: Any, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("connection closed by peer")
-        got += k
-    return bytes(buf)

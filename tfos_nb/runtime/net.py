@@ -33,3 +33,16 @@ def free_port(host: str) -> int:
 
 def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Exactly ``n`` bytes from ``sock``; ``ConnectionError`` if the peer closes first."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("connection closed by peer")
+        got += k
+    return buf

@@ -20,11 +20,12 @@ Why tornado directly, not jupyter-server-proxy (>= 4.2):
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
-from jupyter_server.utils import url_path_join
+from jupyter_server.utils import origin_matches_pat, url_path_join
 from tornado import httpclient, web, websocket
 from traitlets import Float, Int
 from traitlets.config import Configurable
@@ -107,11 +108,29 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
                 return None
         return super().check_xsrf_cookie()
 
-    def _authorize(self) -> None:
+    def set_cors_headers(self) -> None:
+        """Only the CORS policy an administrator configured (``ServerApp.allow_origin[_pat]``).
+
+        Jupyter also reflects any ``Origin`` for token-authenticated requests; proxied
+        TensorBoard pages get no such default, so the proxy adds no CORS header of its own.
+        """
+        if self.allow_origin:
+            self.set_header("Access-Control-Allow-Origin", self.allow_origin)
+        elif self.allow_origin_pat:
+            origin = self.get_origin()
+            if origin and origin_matches_pat(self.allow_origin_pat, origin):
+                self.set_header("Access-Control-Allow-Origin", origin)
+        if (self.allow_origin or self.allow_origin_pat) and self.allow_credentials:
+            self.set_header("Access-Control-Allow-Credentials", "true")
+
+    async def _authorize(self) -> None:
         if self.current_user is None:
             raise web.HTTPError(403)
         action = "read" if self.request.method in ("GET", "HEAD") else "write"
-        if not self.authorizer.is_authorized(self, self.current_user, action, self.auth_resource):
+        allowed = self.authorizer.is_authorized(self, self.current_user, action, self.auth_resource)
+        if inspect.isawaitable(allowed):  # custom authorizers may be async
+            allowed = await allowed
+        if not allowed:
             raise web.HTTPError(403)
 
     def _resolve(self, cluster_id: str) -> tuple[Endpoint, str]:
@@ -147,7 +166,7 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         await self._proxy_http(cluster_id)
 
     async def _proxy_http(self, cluster_id: str) -> None:
-        self._authorize()
+        await self._authorize()
         endpoint, path = self._resolve(cluster_id)
         url = self._url(endpoint, path, "http")
         drop = _NOT_UPSTREAM | _connection_tokens(self.request.headers)
@@ -191,7 +210,7 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
 
     # -- websockets ------------------------------------------------------------
     async def _open_websocket(self, cluster_id: str) -> None:
-        self._authorize()
+        await self._authorize()
         endpoint, path = self._resolve(cluster_id)
         url = self._url(endpoint, path, "ws")
         drop = _NOT_UPSTREAM_WS | _connection_tokens(self.request.headers)

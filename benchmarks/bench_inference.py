@@ -1,0 +1,179 @@
+#!/usr/bin/env python
+"""B3 (batch inference): tfos_nb ``TFModel.transform`` vs PySpark's ``predict_batch_udf``, side by side.
+
+The same SavedModel (an MLP 784-128-10 made on the driver with tf_keras, random weights) scores
+the same cached DataFrame (``features array<float>[784]``, generated with numpy) in batches of
+1024 rows; each scoring is ``...write.format("noop")`` over every row.
+
+* cold: the first scoring in a fresh Spark application (new executors, new Python workers:
+  TensorFlow import + model load included), alternating the variants' order per run;
+* warm: in one application after a warm-up of each variant, alternating per run.
+
+Prints a markdown table: median and range of seconds and rows/s, and the ratio to
+predict_batch_udf (rows/s ratio for warm, time ratio for cold).  TensorFlowOnSpark's
+``TFModel`` is not run here.
+
+    .venv/bin/python benchmarks/bench_inference.py [--rows 100000] [--runs 3] [--cold-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+FEATURES = 784
+BATCH = 1024
+
+
+def _gen(seed):
+    def gen(it):
+        import numpy as np
+        import pyarrow as pa
+
+        for b in it:
+            ids = b.column(0).to_numpy()
+            n = len(ids)
+            if n == 0:
+                continue
+            rng = np.random.default_rng([seed, int(ids[0])])
+            x = rng.random((n, FEATURES), dtype=np.float32)
+            offsets = pa.array(np.arange(0, (n + 1) * FEATURES, FEATURES, dtype=np.int32))
+            yield pa.RecordBatch.from_arrays([pa.array(ids), pa.ListArray.from_arrays(offsets, pa.array(x.ravel()))],
+                                             names=["id", "features"])
+    return gen
+
+
+def make_model(path):
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras as keras
+
+    model = keras.Sequential([keras.layers.Input((FEATURES,), name="features"),
+                              keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10, name="logits")])
+    model.save(path, save_format="tf")
+
+
+def start_spark(opts):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.master(opts.master).appName("tfos_nb-bench-B3")
+         .config("spark.ui.enabled", "false").config("spark.executor.memory", opts.executor_memory))
+    for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
+        b = b.config(f"spark.executorEnv.{k}", "1")
+    b = b.config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from pyspark import StorageLevel
+
+    df = spark.range(opts.rows, numPartitions=opts.partitions).mapInArrow(_gen(opts.seed), "id long, features array<float>")
+    df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    df.count()
+    return spark, df
+
+
+def score_tfos_nb(df, export):
+    from tfos_nb.pipeline import TFModel
+
+    m = TFModel(exportDir=export, inputMapping={"features": "features"}, outputMapping={"logits": "pred"})
+    m.setBatchSize(BATCH).transform(df).select("pred").write.format("noop").mode("overwrite").save()
+
+
+def score_pbu(df, export):
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql.types import ArrayType, FloatType
+
+    def make_predict_fn(path=export):
+        import tensorflow as tf
+
+        sig = tf.saved_model.load(path).signatures["serving_default"]
+
+        def predict(x):
+            return sig(features=tf.constant(x))["logits"].numpy()
+        return predict
+
+    udf = predict_batch_udf(make_predict_fn, return_type=ArrayType(FloatType()), batch_size=BATCH,
+                            input_tensor_shapes=[[FEATURES]])
+    df.select(udf("features").alias("pred")).write.format("noop").mode("overwrite").save()
+
+
+VARIANTS = {"tfos_nb TFModel.transform": score_tfos_nb, "predict_batch_udf": score_pbu}
+REF = "predict_batch_udf"
+
+
+def timed(fn, *a):
+    t = time.perf_counter()
+    fn(*a)
+    return time.perf_counter() - t
+
+
+def row(name, times, rows, ref_times, kind):
+    med = statistics.median(times)
+    rate = rows / med
+    if name == REF:
+        ratio = "1.00× (reference)"
+    elif kind == "warm":
+        ratio = f"{(rows / med) / (rows / statistics.median(ref_times)):.2f}× rows/s"
+    else:
+        ratio = f"{med / statistics.median(ref_times):.2f}× time"
+    return (f"| {kind} | {name} | {med:.2f} | {min(times):.2f}–{max(times):.2f} | {rate:,.0f} | {len(times)} | "
+            f"{ratio} |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--runs", type=int, default=3, help="warm runs per variant (after 1 warm-up)")
+    p.add_argument("--cold-runs", type=int, default=3, help="fresh Spark applications per variant")
+    p.add_argument("--master", default="local-cluster[2,1,2048]")
+    p.add_argument("--executor-memory", default="2048m")
+    p.add_argument("--seed", type=int, default=1234)
+    opts = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    export = os.path.join(tempfile.mkdtemp(prefix="tfos_nb_b3_"), "mlp")
+    make_model(export)
+    names = list(VARIANTS)
+    cold = {n: [] for n in names}
+    for r in range(opts.cold_runs):
+        for name in names if r % 2 == 0 else names[::-1]:
+            spark, df = start_spark(opts)
+            try:
+                cold[name].append(timed(VARIANTS[name], df, export))
+            finally:
+                spark.stop()
+            print(f"cold {name}: {cold[name][-1]:.2f} s", file=sys.stderr)
+    warm = {n: [] for n in names}
+    spark, df = start_spark(opts)
+    try:
+        for name in names:
+            timed(VARIANTS[name], df, export)  # warm-up
+        for r in range(opts.runs):
+            for name in names if r % 2 == 0 else names[::-1]:
+                warm[name].append(timed(VARIANTS[name], df, export))
+                print(f"warm {name}: {warm[name][-1]:.2f} s", file=sys.stderr)
+    finally:
+        spark.stop()
+
+    lines = [f"B3 batch inference — {_dt.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
+             f"{os.cpu_count()} cores, {opts.master}, {opts.rows:,} rows × {FEATURES} float32, "
+             f"MLP 784-128-10 SavedModel, batch {BATCH}",
+             "",
+             "| | variant | median s | range s | rows/s | n | ratio vs predict_batch_udf |",
+             "|---|---|---|---|---|---|---|"]
+    for kind, res in (("cold", cold), ("warm", warm)):
+        for name in names:
+            if res[name]:
+                lines.append(row(name, res[name], opts.rows, res[REF], kind))
+    lines += ["", "Targets (B3): warm ≥ 1.0× predict_batch_udf rows/s; cold ≤ 1.2× predict_batch_udf's time."]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""GPUs from Spark's own task resources (spark.task.resource.gpu.amount), faked the way Spark's tests do."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import cloudpickle
+import pytest
+
+from tests.conftest import NODE_ENV
+from tfos_nb import TFCluster
+
+pytestmark = pytest.mark.slow
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def sc(tmp_path_factory):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    script = tmp_path_factory.mktemp("gpu") / "discover.sh"
+    script.write_text('#!/bin/sh\necho \'{"name":"gpu","addresses":["0","1"]}\'\n')
+    script.chmod(0o755)
+    builder = (
+        SparkSession.builder.master("local-cluster[2,1,1024]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.worker.resource.gpu.amount", "2")
+        .config("spark.worker.resource.gpu.discoveryScript", str(script))
+        .config("spark.executor.resource.gpu.amount", "1")
+        .config("spark.executor.resource.gpu.discoveryScript", str(script))
+        .config("spark.task.resource.gpu.amount", "1")
+    )
+    for key, value in NODE_ENV.items():
+        builder = builder.config(f"spark.executorEnv.{key}", value)
+    spark = builder.getOrCreate()
+    yield spark.sparkContext
+    spark.stop()
+
+
+def show_gpus(args, ctx):
+    print("VISIBLE " + json.dumps([os.environ.get("CUDA_VISIBLE_DEVICES"), [g["index"] for g in ctx.gpus]]))
+
+
+def test_nodes_get_the_gpus_spark_assigned_to_their_task(sc, no_leaks):
+    cluster = TFCluster.run(sc, show_gpus, {}, 2, env={"PATH": "/usr/bin:/bin"})  # no nvidia-smi at all
+    cluster.shutdown(timeout=60)
+    seen = []
+    for label, lines in cluster.logs(tail=None).items():
+        (line,) = [x for x in lines if x.startswith("VISIBLE ")]
+        visible, ctx_gpus = json.loads(line[len("VISIBLE "):])
+        assert visible is not None and visible == ",".join(ctx_gpus), (label, visible, ctx_gpus)
+        assert len(ctx_gpus) == 1
+        seen.append(visible)
+    assert all(v in ("0", "1") for v in seen)
+    assert all(n.device.startswith("GPU") for n in cluster.nodes), [n.device for n in cluster.nodes]

@@ -1,0 +1,488 @@
+"""The panel: pure state → view functions, the throttled renderer and its back-ends, the magic's wiring."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tfos_nb.runtime.state import ClusterView, NodeView
+from tfos_nb.widgets import JobProgress, Renderer, choose_renderer, make_renderer, panel_html, panel_model, text_line
+from tfos_nb.widgets._renderer import HtmlBackend, TextBackend, WidgetBackend
+from tfos_nb.widgets._view import HEARTBEAT_MISSING_S, state_key
+
+NODE_STATES = ["pending", "registered", "starting", "running", "finished", "failed", "stopped"]
+
+
+def node(state="running", **kw) -> NodeView:
+    base = dict(
+        index=0, job_name="chief", task_index=0, state=state, host="10.0.0.5", executor_id="1", device="CPU", last_heartbeat_age=0.4
+    )
+    base.update(kw)
+    return NodeView(**base)
+
+
+def cluster(*nodes: NodeView, state="running", **kw) -> ClusterView:
+    base = dict(cluster_id="c1", name="digits", state=state, started_at=0.0, elapsed=12.34, nodes=nodes or (node(),), job_group="tfos-c1")
+    base.update(kw)
+    return ClusterView(**base)
+
+
+# -- pure functions -----------------------------------------------------------------------------
+@pytest.mark.parametrize("state", NODE_STATES)
+def test_every_node_state_maps_to_a_row(state):
+    n = node(
+        state,
+        step=40 if state != "pending" else None,
+        total_steps=300,
+        steps_per_sec=12.345,
+        metrics={"loss": 0.123456, "accuracy": 0.9, "epoch": 2},
+        error="ValueError: boom\nmore",
+        tail=("line 1", "Traceback", "ValueError: boom"),
+    )
+    model = panel_model(cluster(n))
+    row = model["rows"][0]
+    assert row["node"] == "chief:0" and row["state"] == state
+    assert row["host"] == "10.0.0.5" and row["executor"] == "1" and row["device"] == "CPU"
+    assert row["step"] == ("" if state == "pending" else "40/300")
+    assert row["steps/s"] == "12.3"
+    assert row["metrics"] == "epoch 2 loss 0.1235 accuracy 0.9"
+    live = state in ("registered", "starting", "running")
+    assert row["heartbeat"] == ("0.4 s ago" if live else "")
+    assert row["missing_heartbeat"] is False
+    if state == "failed":
+        assert row["error"] == "ValueError: boom" and row["tail"][-1] == "ValueError: boom"
+    else:
+        assert row["error"] == "" and row["tail"] == []
+    json.dumps(model)  # the model is plain JSON (one trait's worth)
+
+
+def test_missing_heartbeat_is_flagged_only_for_live_nodes_of_a_live_cluster():
+    late = HEARTBEAT_MISSING_S + 2.5
+    model = panel_model(cluster(node("running", last_heartbeat_age=late), node("finished", job_name="worker", last_heartbeat_age=late)))
+    running, finished = model["rows"]
+    assert running["missing_heartbeat"] and running["heartbeat"] == "7.5 s ago (missing heartbeat)"
+    assert not finished["missing_heartbeat"] and finished["heartbeat"] == ""
+    assert "(missing heartbeat)" in text_line(model)
+    assert 'color:#dc322f">7.5 s ago (missing heartbeat)' in panel_html(model)
+    ended = panel_model(cluster(node("running", last_heartbeat_age=late), state="stopped"))
+    assert not ended["rows"][0]["missing_heartbeat"]
+
+
+def test_header_gpu_progress_and_tensorboard():
+    n = node(device="NVIDIA A100 (1234/81920 MiB)", step=5)
+    view = cluster(n, tensorboard="/proxy/6006/", rows_fed=640)
+    model = panel_model(view, JobProgress(done=3, total=4, failed=1))
+    assert model["tasks"] == "3/4 tasks, 1 failed" and model["tensorboard"] == "/proxy/6006/"
+    html = panel_html(model)
+    assert "NVIDIA A100 (1234/81920 MiB)" in html and '<a href="/proxy/6006/"' in html
+    assert "640 rows fed" in html and "3/4 tasks" in html
+    assert text_line(model) == "digits: running 12.3 s, 3/4 tasks, 1 failed | chief:0 running step 5"
+    assert panel_model(view)["tasks"] is None
+
+
+def test_failed_cluster_text_and_html():
+    bad = node("failed", job_name="worker", error="worker:0 failed on host h: ValueError: <boom>", tail=("x", "ValueError: <boom>"))
+    model = panel_model(cluster(node("stopped"), bad, state="failed", error="worker:0 failed on host h"))
+    assert model["final"]
+    assert text_line(model) == ("digits: failed 12.3 s | chief:0 stopped | worker:0 failed: worker:0 failed on host h: ValueError: <boom>")
+    html = panel_html(model)
+    assert "ValueError: &lt;boom&gt;" in html and "<boom>" not in html
+    assert "<details><summary>log tail</summary>" in html
+
+
+def test_html_escapes_everything_user_controlled():
+    evil = '<script>alert("x")</script>'
+    n = node(host=evil, executor_id=evil, device=evil, metrics={evil: evil}, job_name="w<b>")
+    html = panel_html(panel_model(cluster(n, name=evil, tensorboard='" onclick="x')))
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "w&lt;b&gt;:0" in html
+    assert 'href="&quot; onclick=&quot;x"' in html
+
+
+def test_state_key_ignores_steps_and_time():
+    a = panel_model(cluster(node(step=1)))
+    b = panel_model(cluster(node(step=99), elapsed=50.0))
+    c = panel_model(cluster(node("finished", step=99), state="finished"))
+    assert state_key(a) == state_key(b) != state_key(c)
+
+
+# -- the renderer ----------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.shown: list[dict] = []
+        self.final: list[dict] = []
+
+    def show(self, model):
+        self.shown.append(model)
+
+    def finish(self, model):
+        self.final.append(model)
+
+
+def test_renderer_throttles_coalesces_and_always_flushes_the_final_state():
+    clock, rec = FakeClock(), Recorder()
+    r = Renderer(rec, interval=0.5, clock=clock)
+    for i in range(1000):  # one simulated second at 1,000 steps/s
+        clock.t = i / 1000
+        r.update(cluster(node(step=i)))
+    assert len(rec.shown) == 2  # t=0 and t=0.5
+    assert rec.shown[-1]["rows"][0]["step"] == "500"
+    clock.t = 1.2
+    r.tick()  # the coalesced latest snapshot goes out once its time has come
+    assert rec.shown[-1]["rows"][0]["step"] == "999"
+    r.update(cluster(node(step=1000)))
+    r.finish(cluster(node("finished", step=1000), state="finished"))
+    r.finish(cluster(node("failed"), state="failed"))  # idempotent
+    r.update(cluster(node(step=5)))  # ignored after the end
+    assert len(rec.final) == 1 and rec.final[0]["state"] == "finished"
+    assert r.pushes == len(rec.shown) + 1
+
+
+def test_text_backend_one_line_per_state_change():
+    lines: list[str] = []
+    clock = FakeClock()
+    r = Renderer(TextBackend(lines.append), clock=clock)
+    for state, step in [("pending", None), ("running", 1), ("running", 2), ("running", 3), ("finished", 3)]:
+        clock.t += 1
+        r.update(cluster(node(state, step=step), state="reserving" if state == "pending" else "running"))
+    r.finish(cluster(node("finished", step=3), state="finished"))
+    assert lines == [
+        "digits: reserving 12.3 s | chief:0 pending",
+        "digits: running 12.3 s | chief:0 running step 1",
+        "digits: running 12.3 s | chief:0 finished step 3",
+        "digits: finished 12.3 s | chief:0 finished step 3",
+    ]
+
+
+class FakeDisplay:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, obj, **kw):
+        self.calls.append(("display", obj, kw))
+        return self
+
+    def update(self, obj, **kw):
+        self.calls.append(("update", obj, kw))
+
+
+def test_html_backend_updates_one_display_in_place():
+    disp, clock = FakeDisplay(), FakeClock()
+    r = Renderer(HtmlBackend(disp), clock=clock)
+    r.update(cluster(node(step=1)))
+    clock.t = 1
+    r.update(cluster(node(step=2)))
+    r.finish(cluster(node("finished", step=2), state="finished"))
+    assert [c[0] for c in disp.calls] == ["display", "update", "update"]
+    assert disp.calls[0][2] == {"raw": True, "display_id": True}
+    final = disp.calls[-1][1]
+    assert set(final) == {"text/html", "text/plain"} and ">finished</span>" in final["text/html"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "kernel", "expected"),
+    [
+        ("auto", None, "text"),
+        ("auto", "comm", "widget"),
+        ("auto", "plain", "html"),
+        ("html", None, "html"),
+        ("widget", None, "widget"),
+        ("text", "comm", "text"),
+        ("none", "comm", "none"),
+    ],
+)
+def test_renderer_selection(setting, kernel, expected):
+    kernels = {None: None, "comm": type("K", (), {"comm_manager": object()})(), "plain": object()}
+    shell = type("Shell", (), {})()
+    if kernels[kernel] is not None:
+        shell.kernel = kernels[kernel]
+    assert choose_renderer(setting, shell) == expected
+    with pytest.raises(ValueError, match="renderer must be one of"):
+        choose_renderer("fancy", shell)
+
+
+def test_auto_is_html_without_ipywidgets(monkeypatch):
+    import tfos_nb.widgets._renderer as R
+
+    monkeypatch.setattr(R, "widgets_available", lambda: False)
+    shell = type("Shell", (), {"kernel": type("K", (), {"comm_manager": object()})()})()
+    assert choose_renderer("auto", shell) == "html"
+
+
+def test_widgets_package_never_imports_pyspark_or_ipywidgets_eagerly():
+    code = "import sys, tfos_nb.widgets; print(sorted(m for m in ('pyspark', 'ipywidgets', 'IPython') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# -- the widget through a real ipywidgets comm ---------------------------------------------------------
+class CountingComm:
+    """Stands in for the kernel's comm, as ipywidgets' own tests do (``tests/utils.py: DummyComm``)."""
+
+    comm_id = "a-b-c-d"
+    kernel = "Truthy"
+    sent: list[tuple[float, int]] = []
+    clock: FakeClock | None = None
+
+    def __init__(self, **kwargs) -> None:
+        self.opened = kwargs
+
+    def open(self, *args, **kwargs) -> None:
+        pass
+
+    def on_msg(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self, *args, **kwargs) -> None:
+        pass
+
+    def send(self, data=None, buffers=None, **kwargs) -> None:
+        CountingComm.sent.append((self.clock() if self.clock else 0.0, len(json.dumps(data))))
+
+
+@pytest.fixture
+def test_comm(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    import comm
+
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: CountingComm(**kw))
+    monkeypatch.setattr(CountingComm, "sent", [])
+    yield CountingComm
+
+
+def test_widget_throttling_bound_at_1000_steps_per_second(test_comm):
+    clock, disp = FakeClock(), FakeDisplay()
+    test_comm.clock = clock
+    r = make_renderer("widget", display=disp, clock=clock)
+    seconds, rate = 5, 1000
+    for i in range(seconds * rate):  # a node reporting 1,000 steps/s, one update per step
+        clock.t = i / rate
+        r.update(
+            cluster(node(step=i, total_steps=seconds * rate, steps_per_sec=float(rate), metrics={"loss": 1 / (i + 1)})),
+            JobProgress(i // 1000, 10),
+        )
+        r.tick()
+    live = list(test_comm.sent)
+    per_second = [sum(1 for t, _ in live if int(t) == s) for s in range(seconds)]
+    assert all(n <= 2 for n in per_second), per_second
+    assert len(live) == 2 * seconds
+    clock.t = seconds
+    r.finish(cluster(node("finished", step=seconds * rate, total_steps=seconds * rate), state="finished"))
+    final = test_comm.sent[len(live) :]
+    assert len(final) == 1  # the table: one message (a blocking cell's Stop button was disabled from the start)
+    panel = r.backend.panel
+    assert f"{seconds * rate}/{seconds * rate}" in panel.table.value and ">finished</span>" in panel.table.value
+    assert panel.stop_button.disabled
+    # displayed once live, then the static HTML snapshot for the saved notebook
+    assert disp.calls[0][1] is panel and disp.calls[1][2] == {"raw": True, "display_id": True}
+    assert [c[0] for c in disp.calls] == ["display", "display", "update"]
+    assert ">finished</span>" in disp.calls[-1][1]["text/html"] and "finished" in disp.calls[-1][1]["text/plain"]
+
+
+def test_widget_stop_button_calls_the_magics_callback(test_comm):
+    stops: list[int] = []
+    r = make_renderer("widget", on_stop=lambda: stops.append(1), display=FakeDisplay())
+    r.update(cluster(node()))
+    button = r.backend.panel.stop_button
+    assert not button.disabled
+    button.click()
+    button.click()  # a second click is ignored
+    assert stops == [1] and button.disabled and button.description == "Stopping…"
+    blocking = make_renderer("widget", display=FakeDisplay()).backend.panel.stop_button
+    assert blocking.disabled and "■" in blocking.tooltip
+
+
+def test_make_renderer_kinds():
+    assert make_renderer("none") is None
+    assert isinstance(make_renderer("text").backend, TextBackend)
+    assert isinstance(make_renderer("html").backend, HtmlBackend)
+    with pytest.raises(ValueError):
+        make_renderer("auto")
+    assert WidgetBackend  # imported lazily by make_renderer("widget")
+
+
+def test_dataclass_views_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        node().state = "x"
+
+
+# -- the magic's wiring, in a real IPython shell (no Spark: a stand-in handle) ----------------------
+@pytest.fixture(scope="module")
+def ip():
+    import IPython
+    from IPython.testing.globalipapp import start_ipython
+
+    start_ipython()
+    shell = IPython.get_ipython()
+    shell.run_line_magic("load_ext", "tfos_nb")
+    return shell
+
+
+class FakeHandle:
+    """What ``_follow`` reads of a ClusterHandle: a run that goes reserving → running → finished."""
+
+    name = "digits"
+    lines = None
+    sc = None
+    tensorboard_url = None
+
+    def __init__(self, views) -> None:
+        self.views = list(views)
+        self.i = -1
+        self.done = False
+
+    def join(self, timeout=None) -> bool:
+        import time
+
+        if self.i >= 0:
+            time.sleep(0.02)
+        self.i += 1
+        self.done = self.i >= len(self.views) - 1
+        return self.done
+
+    def status(self):
+        return self.views[min(self.i, len(self.views) - 1)]
+
+    final_status = status
+
+
+def _run_follow(ip, renderer, views, monkeypatch):
+    from IPython.core.displaypub import CapturingDisplayPublisher
+
+    pub = CapturingDisplayPublisher()
+    monkeypatch.setattr(ip, "display_pub", pub)
+    ip.run_line_magic("config", f'TFOSMagics.renderer = "{renderer}"')
+    try:
+        ip.magics_manager.registry["TFOSMagics"]._follow(FakeHandle(views))
+    finally:
+        ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
+    return pub.outputs
+
+
+RUN = [
+    cluster(node("pending"), state="reserving"),
+    *[cluster(node(step=i)) for i in range(1, 40)],
+    cluster(node("finished", step=40), state="finished"),
+]
+
+
+def test_magic_html_renderer_displays_a_table_updated_in_place(ip, monkeypatch):
+    outputs = _run_follow(ip, "html", RUN, monkeypatch)
+    assert outputs, "no display"
+    first, last = outputs[0], outputs[-1]
+    assert not first["update"] and "display_id" in first["transient"]
+    assert "text/html" in first["data"] and ">reserving</span>" in first["data"]["text/html"]
+    assert all(o["update"] and o["transient"] == first["transient"] for o in outputs[1:])
+    # the run took ~0.8 s: throttled to ≤ 2/s plus the final state, which is the static snapshot
+    assert 2 <= len(outputs) <= 4
+    assert ">finished</span>" in last["data"]["text/html"] and "40" in last["data"]["text/html"]
+    assert last["data"]["text/plain"] == "digits: finished 12.3 s | chief:0 finished step 40"
+
+
+def test_magic_text_renderer_prints_state_changes(ip, monkeypatch, capsys):
+    outputs = _run_follow(ip, "text", RUN, monkeypatch)
+    assert outputs == []
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "digits: reserving 12.3 s | chief:0 pending"
+    assert lines[-1] == "digits: finished 12.3 s | chief:0 finished step 40"
+    assert len(lines) <= 4
+
+
+def test_magic_auto_in_terminal_ipython_is_text_and_none_is_silent(ip, monkeypatch, capsys):
+    assert choose_renderer("auto", ip) == "text"
+    assert _run_follow(ip, "none", RUN, monkeypatch) == []
+    assert capsys.readouterr().out == ""
+
+
+def test_magic_widget_renderer_shows_panel_then_static_snapshot(ip, monkeypatch, test_comm):
+    import ipywidgets
+
+    outputs = _run_follow(ip, "widget", RUN, monkeypatch)
+    widget_view = "application/vnd.jupyter.widget-view+json"
+    assert widget_view in outputs[0]["data"]
+    panel = ipywidgets.widgets.widget._instances[outputs[0]["data"][widget_view]["model_id"]]
+    assert ">finished</span>" in panel.children[1].value and panel.children[0].disabled
+    snapshot = [o for o in outputs[1:] if "text/html" in o["data"]]
+    assert len(snapshot) == 1 and snapshot[0]["update"] and ">finished</span>" in snapshot[0]["data"]["text/html"]
+
+
+def test_renderer_trait_values(ip):
+    from traitlets import TraitError
+
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    for value in ("auto", "widget", "html", "text", "none"):
+        magics.renderer = value
+    magics.renderer = "auto"
+    with pytest.raises(TraitError):
+        magics.renderer = "fancy"
+
+
+def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, monkeypatch, test_comm):
+    import ipywidgets
+    from IPython.core.displaypub import CapturingDisplayPublisher
+
+    from tfos_nb.magics import ClusterHandle
+    from tfos_nb.runtime.state import ClusterState
+
+    pub = CapturingDisplayPublisher()
+    monkeypatch.setattr(ip, "display_pub", pub)
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    ip.run_line_magic("config", 'TFOSMagics.renderer = "widget"')
+    try:
+        handle = ClusterHandle("bgpanel", sc=None, fn=None, args=None, workers=1, background=True)
+        magics._panel_in_background(handle)
+    finally:
+        ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
+    st = ClusterState("c9", "bgpanel", [("chief", 0)])
+    st.add_listener(handle._on_state)  # as runtime.cluster.run(on_state=...) does
+    st.set_cluster_state("running")
+    widget_view = "application/vnd.jupyter.widget-view+json"
+    panel = ipywidgets.widgets.widget._instances[pub.outputs[0]["data"][widget_view]["model_id"]]
+    assert ">running</span>" in panel.children[1].value
+    button = panel.children[0]
+    assert not button.disabled  # the cell has returned: clicks reach the kernel
+    button.click()
+    assert st.state == "failed" and st.error == "stopped (stopped from the panel)"
+    handle._done.set()  # what the handle's thread does at the end of its run
+    handle._tell_observers(final=True)
+    assert ">failed</span>" in pub.outputs[-1]["data"]["text/html"] and pub.outputs[-1]["update"]
+
+
+# -- one real run: Spark local-cluster, the magic, renderer html --------------------------------
+@pytest.mark.slow
+def test_real_cluster_run_renders_html_panel_and_snapshot(ip, monkeypatch):
+    from IPython.core.displaypub import CapturingDisplayPublisher
+
+    from tests.conftest import spark_session
+
+    spark = spark_session(1)
+    ip.user_ns["spark"] = spark
+    pub = CapturingDisplayPublisher()
+    monkeypatch.setattr(ip, "display_pub", pub)
+    ip.run_line_magic("config", 'TFOSMagics.renderer = "html"')
+    try:
+        cell = "import time\nfor i in range(1, 31):\n    ctx.report(step=i, total_steps=30, loss=1.0 / i)\n    time.sleep(0.1)\n"
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --name panel_run", cell)
+    finally:
+        ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
+        ip.magics_manager.registry["TFOSMagics"].shutdown_all()
+        ip.user_ns.pop("spark", None)
+        spark.stop()
+    html = [o for o in pub.outputs if "text/html" in o["data"]]
+    assert html and not html[0]["update"] and all(o["update"] for o in html[1:])
+    final = html[-1]["data"]
+    assert ">finished</span>" in final["text/html"] and "30/30" in final["text/html"]
+    assert "chief:0" in final["text/html"] and "tasks" in final["text/html"]  # Spark job progress in the header
+    assert final["text/plain"].startswith("panel_run: finished")

@@ -1,0 +1,75 @@
+"""The live panel: an ipywidgets 8 ``VBox`` of a Stop button and one ``HTML`` widget.
+
+Why ipywidgets and not anywidget: the panel needs no custom front-end code —
+the table is HTML rendered by :mod:`._view`, the only control is a button — so
+ipywidgets' built-in ``HTML`` and ``Button`` models do it with no ES module,
+no extra package (anywidget depends on ipywidgets anyway) and a widget manager
+that every front-end with widget support already ships (JupyterLab, Notebook 7,
+VS Code, Colab).  Their state is also what nbconvert/nbclient save in
+``metadata.widgets``.  anywidget would pay off once the panel needs client-side
+behaviour (sorting, sparklines); the model dict of ``_view.panel_model`` is
+then the one JSON trait to hand it.
+
+One push = one trait: the whole table is the ``value`` of a single ``HTML``
+widget, set under ``hold_sync()``, so a push is one comm message whatever the
+number of nodes.  The button is touched only at the end (disabled) or when
+clicked.
+
+The Stop button: a click is a comm message on the kernel's shell channel, and
+the kernel does not handle it while a cell is running.  So for a blocking cell
+the button is shown disabled, its tooltip pointing at the ■ interrupt (which
+the magic turns into a cluster stop); for a ``--background`` cell — the cell
+has returned — it is live and calls the ``on_stop`` callback the magics layer
+gave (the handle's ``stop``).  The panel holds no other logic and owns no thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+try:
+    import ipywidgets as W
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    msg = 'the tfos_nb widget panel needs ipywidgets 8: pip install "ipywidgets>=8.1,<9" (or use %config TFOSMagics.renderer = "html")'
+    raise ImportError(msg) from exc
+
+from ._view import panel_html
+
+__all__ = ["ClusterPanel"]
+
+
+class ClusterPanel(W.VBox):  # type: ignore[misc]
+    """A cluster's live panel; ``show(model)`` is its only input."""
+
+    def __init__(self, on_stop: Callable[[], None] | None = None, stop_hint: str = "", **kwargs: Any) -> None:
+        self._on_stop = on_stop
+        self.table = W.HTML(value="")
+        self.stop_button = W.Button(
+            description="Stop",
+            icon="stop",
+            button_style="danger",
+            disabled=on_stop is None,
+            tooltip=stop_hint or ("Stop the cluster" if on_stop is not None else "Interrupt the kernel (■) to stop"),
+            layout=W.Layout(width="auto"),
+        )
+        self.stop_button.on_click(self._clicked)
+        super().__init__(children=[self.stop_button, self.table], **kwargs)
+
+    def show(self, model: dict[str, Any]) -> None:
+        value = panel_html(model)
+        if value != self.table.value:
+            with self.table.hold_sync():
+                self.table.value = value
+        if model["final"] and not self.stop_button.disabled:
+            with self.stop_button.hold_sync():
+                self.stop_button.disabled = True
+                self.stop_button.description = model["state"].capitalize()
+
+    def _clicked(self, _button: Any) -> None:
+        if self._on_stop is None or self.stop_button.disabled:
+            return
+        with self.stop_button.hold_sync():
+            self.stop_button.disabled = True
+            self.stop_button.description = "Stopping…"
+        self._on_stop()

@@ -1,0 +1,217 @@
+"""One throttled renderer: cluster snapshots in, at most two pushes a second out.
+
+Whoever owns a run (the blocking cell's main thread, or the handle's listener
+for a ``--background`` cell) calls ``update(view, progress)`` as often as it
+likes — on every runtime change if need be.  The renderer keeps only the
+latest snapshot (coalescing) and pushes it to its back-end when
+``interval`` has passed since the last push; ``tick()`` pushes a waiting
+snapshot once its time has come, and ``finish()`` always pushes the final
+state.  The renderer owns no thread and no timer: that is the caller's job.
+
+Back-ends: ``WidgetBackend`` (an ipywidgets panel: one trait set per push, so
+one comm message), ``HtmlBackend`` (a display handle updated in place: nbconvert,
+front-ends without widget support) and ``TextBackend`` (one line per state
+change: terminal IPython).  Each back-end's ``finish`` leaves a static
+``text/html`` (or text) output, so a saved notebook shows the outcome without
+widget state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._view import JobProgress, panel_html, panel_model, state_key, text_line
+
+__all__ = ["RENDERERS", "HtmlBackend", "Renderer", "TextBackend", "WidgetBackend", "choose_renderer", "make_renderer"]
+
+RENDERERS = ("auto", "widget", "html", "text", "none")
+UPDATE_INTERVAL_S = 0.5  # ≤ 2 pushes/s: a 60 s run sends ≤ ~120 updates whatever the step rate
+
+
+def _bundle(model: dict[str, Any]) -> dict[str, str]:
+    return {"text/html": panel_html(model), "text/plain": text_line(model)}
+
+
+def _display(obj: Any, **kwargs: Any) -> Any:
+    from IPython.display import display
+
+    return display(obj, **kwargs)
+
+
+class TextBackend:
+    """One printed line whenever the cluster's or a node's state changes; a summary line at the end."""
+
+    def __init__(self, write: Callable[[str], None] = print) -> None:
+        self._write = write
+        self._key: tuple | None = None
+
+    def show(self, model: dict[str, Any]) -> None:
+        key = state_key(model)
+        if key != self._key:
+            self._key = key
+            self._write(text_line(model))
+
+    def finish(self, model: dict[str, Any]) -> None:
+        self._key = state_key(model)
+        self._write(text_line(model))
+
+
+class HtmlBackend:
+    """An HTML table in one display handle, updated in place; its last update is the static snapshot."""
+
+    def __init__(self, display: Callable[..., Any] = _display) -> None:
+        self._display = display
+        self._handle: Any = None
+
+    def show(self, model: dict[str, Any]) -> None:
+        if self._handle is None:
+            self._handle = self._display(_bundle(model), raw=True, display_id=True)
+        else:
+            self._handle.update(_bundle(model), raw=True)
+
+    def finish(self, model: dict[str, Any]) -> None:
+        self.show(model)
+
+
+class WidgetBackend:
+    """The live ipywidgets panel, plus a static HTML snapshot beside it at the end.
+
+    The snapshot's output is reserved (an empty display with an id) when the panel is
+    shown and filled in by ``finish``: an ``update_display_data`` reaches its own
+    output from any thread, where a new ``display`` from the handle's thread (a
+    --background cell) would land in whatever cell runs at that moment.
+    """
+
+    def __init__(self, panel: Any, display: Callable[..., Any] = _display) -> None:
+        self.panel = panel
+        self._display = display
+        self._snapshot: Any = None
+
+    def show(self, model: dict[str, Any]) -> None:
+        self.panel.show(model)
+        if self._snapshot is None:
+            self._display(self.panel)
+            self._snapshot = self._display({"text/plain": ""}, raw=True, display_id=True)
+
+    def finish(self, model: dict[str, Any]) -> None:
+        self.show(model)
+        # widget state is not always saved with a notebook (nbclient keeps it, many front-ends do not):
+        # this text/html output is what an executed notebook on disk shows.
+        self._snapshot.update(_bundle(model), raw=True)
+
+
+class Renderer:
+    """Throttle and coalesce snapshots for one back-end; thread-safe, owns no thread."""
+
+    def __init__(self, backend: Any, interval: float = UPDATE_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend
+        self.interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pending: tuple[Any, JobProgress | None] | None = None
+        self._last_push: float | None = None
+        self._last_model: dict[str, Any] | None = None
+        self._finished = False
+        self.pushes = 0
+
+    def update(self, view: Any, progress: JobProgress | None = None) -> None:
+        """Take the latest snapshot; push it now if the last push is at least ``interval`` old."""
+        with self._lock:
+            if self._finished:
+                return
+            self._pending = (view, progress)
+            self._maybe_push()
+
+    def tick(self) -> None:
+        """Push a coalesced snapshot whose time has come (call it from the owner's poll loop)."""
+        with self._lock:
+            if not self._finished and self._pending is not None:
+                self._maybe_push()
+
+    def finish(self, view: Any = None, progress: JobProgress | None = None) -> None:
+        """Push the final state, whatever the throttle says; later calls do nothing."""
+        with self._lock:
+            if self._finished:
+                return
+            if view is not None:
+                self._pending = (view, progress)
+            if self._pending is None:
+                return
+            self._finished = True
+            view, progress = self._pending
+            self._pending = None
+            self.pushes += 1
+            self.backend.finish(panel_model(view, progress))
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def _maybe_push(self) -> None:
+        now = self._clock()
+        if self._last_push is not None and now - self._last_push < self.interval:
+            return
+        assert self._pending is not None
+        view, progress = self._pending
+        self._pending = None
+        model = panel_model(view, progress)
+        if model == self._last_model:
+            return
+        self._last_push = now
+        self._last_model = model
+        self.pushes += 1
+        self.backend.show(model)
+
+
+def widgets_available() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def choose_renderer(setting: str, shell: Any) -> str:
+    """``auto`` → widget in a kernel with comms and ipywidgets, html in other kernels, text in a terminal."""
+    if setting not in RENDERERS:
+        msg = f"renderer must be one of {', '.join(RENDERERS)}, got {setting!r}"
+        raise ValueError(msg)
+    if setting != "auto":
+        return setting
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return "text"
+    # ipykernel's kernel has a comm manager; a kernel without one (or without ipywidgets) gets HTML
+    if getattr(kernel, "comm_manager", None) is not None and widgets_available():
+        return "widget"
+    return "html"
+
+
+def make_renderer(
+    kind: str,
+    *,
+    on_stop: Callable[[], None] | None = None,
+    stop_hint: str = "",
+    write: Callable[[str], None] = print,
+    display: Callable[..., Any] = _display,
+    interval: float = UPDATE_INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> Renderer | None:
+    """A renderer for a resolved kind (widget, html, text, none); ``None`` for none."""
+    if kind == "none":
+        return None
+    if kind == "text":
+        backend: Any = TextBackend(write)
+    elif kind == "html":
+        backend = HtmlBackend(display)
+    elif kind == "widget":
+        from ._panel import ClusterPanel
+
+        backend = WidgetBackend(ClusterPanel(on_stop=on_stop, stop_hint=stop_hint), display)
+    else:
+        msg = f"renderer must be widget, html, text or none here, got {kind!r}"
+        raise ValueError(msg)
+    return Renderer(backend, interval=interval, clock=clock)

@@ -1,0 +1,178 @@
+"""Cluster state → what the panel shows: pure functions, no kernel, no Spark, no widgets.
+
+``panel_model(view, progress)`` turns a runtime ``ClusterView`` snapshot (and the
+Spark job progress the magics layer measured) into a plain, JSON-able dict;
+``panel_html`` and ``text_line`` render that dict.  Every back-end (widget,
+HTML display, text) goes through the same model, so the unit tests of this
+module cover what every user sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["HEARTBEAT_MISSING_S", "JobProgress", "panel_html", "panel_model", "state_key", "text_line"]
+
+HEARTBEAT_MISSING_S = 5.0  # a live node silent for longer is flagged
+_LIVE = frozenset({"registered", "starting", "running"})
+_TERMINAL_CLUSTER = frozenset({"finished", "failed", "stopped"})
+_COLORS = {
+    "pending": "#888",
+    "registered": "#888",
+    "starting": "#b58900",
+    "running": "#268bd2",
+    "finished": "#2aa198",
+    "failed": "#dc322f",
+    "stopped": "#6c71c4",
+    "reserving": "#b58900",
+}
+COLUMNS = ("node", "host", "executor", "device", "state", "step", "steps/s", "metrics", "heartbeat")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobProgress:
+    """Spark tasks of the cluster's job group, measured by the magics layer (plain numbers)."""
+
+    done: int
+    total: int
+    failed: int = 0
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
+    # loss first: it is what a user looks for; epoch is shown in the step column's context
+    keys = sorted((k for k in metrics if k != "epoch"), key=lambda k: (k != "loss", k))[:limit]
+    parts = [f"{k} {_num(metrics[k])}" for k in keys]
+    if "epoch" in metrics:
+        parts.insert(0, f"epoch {_num(metrics['epoch'])}")
+    return " ".join(parts)
+
+
+def _step(node: Any) -> str:
+    if node.step is None:
+        return ""
+    return f"{node.step}/{node.total_steps}" if node.total_steps else str(node.step)
+
+
+def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
+    """One node's row: display strings plus the flags the renderers colour by."""
+    age = node.last_heartbeat_age
+    missing = bool(cluster_live and node.state in _LIVE and age is not None and age > HEARTBEAT_MISSING_S)
+    heartbeat = "" if age is None or node.state not in _LIVE else f"{age:.1f} s ago"
+    if missing:
+        heartbeat += " (missing heartbeat)"
+    error = ""
+    if node.state == "failed" and node.error:
+        error = str(node.error).strip().splitlines()[0] if str(node.error).strip() else ""
+    return {
+        "node": node.label,
+        "host": node.host or "",
+        "executor": node.executor_id or "",
+        "device": node.device or "CPU",
+        "state": node.state,
+        "step": _step(node),
+        "steps/s": "" if node.steps_per_sec is None else f"{node.steps_per_sec:.1f}",
+        "metrics": _metrics(node.metrics),
+        "heartbeat": heartbeat,
+        "missing_heartbeat": missing,
+        "error": error,
+        "tail": list(node.tail[-20:]) if node.state == "failed" else [],
+    }
+
+
+def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any]:
+    """The whole panel as a JSON-able dict (header + one row per node)."""
+    live = view.state not in _TERMINAL_CLUSTER
+    return {
+        "name": view.name,
+        "state": view.state,
+        "elapsed": f"{view.elapsed:.1f} s",
+        "tasks": None
+        if progress is None
+        else f"{progress.done}/{progress.total} tasks" + (f", {progress.failed} failed" if progress.failed else ""),
+        "rows_fed": view.rows_fed,
+        "tensorboard": view.tensorboard or None,
+        "error": (str(view.error).strip().splitlines() or [""])[0] if view.error else "",
+        "final": not live,
+        "rows": [node_row(n, live) for n in view.nodes],
+    }
+
+
+def state_key(model: Mapping[str, Any]) -> tuple:
+    """What counts as a state change for the text back-end (not steps, not elapsed time)."""
+    return (model["state"], tuple((r["node"], r["state"], r["missing_heartbeat"]) for r in model["rows"]))
+
+
+def text_line(model: Mapping[str, Any]) -> str:
+    """``digits: running 3.2 s, 4/4 tasks | chief:0 running step 40/300 loss 0.31 | worker:0 failed: …``"""
+    head = f"{model['name']}: {model['state']} {model['elapsed']}"
+    if model["tasks"]:
+        head += f", {model['tasks']}"
+    parts = [head]
+    for r in model["rows"]:
+        text = f"{r['node']} {r['state']}"
+        if r["step"]:
+            text += f" step {r['step']}"
+        if r["metrics"]:
+            text += f" {r['metrics']}"
+        if r["missing_heartbeat"]:
+            text += " (missing heartbeat)"
+        if r["error"]:
+            text += f": {r['error']}"
+        parts.append(text)
+    if model["error"] and not any(r["error"] for r in model["rows"]):
+        parts.append(model["error"])
+    return " | ".join(parts)
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _badge(state: str) -> str:
+    color = _COLORS.get(state, "#888")
+    return f'<span style="color:{color};font-weight:bold">{_e(state)}</span>'
+
+
+def panel_html(model: Mapping[str, Any]) -> str:
+    """A self-contained HTML table (inline styles only: survives nbconvert and sanitising front-ends)."""
+    head = [f"<b>{_e(model['name'])}</b>", _badge(model["state"]), _e(model["elapsed"])]
+    if model["tasks"]:
+        head.append(_e(model["tasks"]))
+    if model["rows_fed"]:
+        head.append(f"{_e(model['rows_fed'])} rows fed")
+    if model["tensorboard"]:
+        head.append(f'<a href="{_e(model["tensorboard"])}" target="_blank" rel="noopener">TensorBoard</a>')
+    out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
+    if model["error"]:
+        out.append(f'<div style="color:#dc322f">{_e(model["error"])}</div>')
+    out.append('<table style="border-collapse:collapse"><thead><tr>')
+    out += [f'<th style="text-align:left;padding:1px 6px">{_e(c)}</th>' for c in COLUMNS]
+    out.append("</tr></thead><tbody>")
+    for r in model["rows"]:
+        cells = []
+        for c in COLUMNS:
+            if c == "state":
+                cells.append(_badge(r["state"]))
+            elif c == "heartbeat" and r["missing_heartbeat"]:
+                cells.append(f'<span style="color:#dc322f">{_e(r[c])}</span>')
+            else:
+                cells.append(_e(r[c]))
+        out.append("<tr>" + "".join(f'<td style="padding:1px 6px">{c}</td>' for c in cells) + "</tr>")
+        if r["error"]:
+            tail = ""
+            if r["tail"]:
+                tail = "<details><summary>log tail</summary><pre>" + _e("\n".join(r["tail"])) + "</pre></details>"
+            out.append(f'<tr><td colspan="{len(COLUMNS)}" style="color:#dc322f;padding:1px 6px">{_e(r["error"])}{tail}</td></tr>')
+    out.append("</tbody></table></div>")
+    return "".join(out)
