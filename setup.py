@@ -19,7 +19,7 @@ setup(
         "pandas>=2.0,<3",  # pyspark 4.3 does not fully support pandas 3
     ],
     extras_require={
-        "notebook": ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14"],
+        "notebook": ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"],
     },
     # Enables the TensorBoard proxy server extension on install (jupyter server extension list).
     data_files=[("etc/jupyter/jupyter_server_config.d", ["jupyter-config/jupyter_server_config.d/tfos_nb.json"])],

@@ -33,6 +33,7 @@ def spark_session(executors: int, memory_mb: int = 1024) -> object:
         SparkSession.builder.master(f"local-cluster[{executors},1,{memory_mb}]")
         .appName("tfos_nb-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.task.maxFailures", "1")
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -383,10 +384,11 @@ def test_magic_html_renderer_displays_a_table_updated_in_place(ip, monkeypatch):
     assert outputs, "no display"
     first, last = outputs[0], outputs[-1]
     assert not first["update"] and "display_id" in first["transient"]
-    assert "text/html" in first["data"] and ">reserving</span>" in first["data"]["text/html"]
+    assert first["data"]["text/plain"] == "digits: starting"  # shown at once, from the cell's thread
     assert all(o["update"] and o["transient"] == first["transient"] for o in outputs[1:])
+    assert ">reserving</span>" in outputs[1]["data"]["text/html"]
     # the run took ~0.8 s: throttled to ≤ 2/s plus the final state, which is the static snapshot
-    assert 2 <= len(outputs) <= 4
+    assert 3 <= len(outputs) <= 5
     assert ">finished</span>" in last["data"]["text/html"] and "40" in last["data"]["text/html"]
     assert last["data"]["text/plain"] == "digits: finished 12.3 s | chief:0 finished step 40"
 
@@ -443,6 +445,8 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     try:
         handle = ClusterHandle("bgpanel", sc=None, fn=None, args=None, workers=1, background=True)
         magics._panel_in_background(handle)
+        # both outputs exist before the run starts, made by the cell's own thread; later pushes only update them
+        assert len(pub.outputs) == 2 and not any(o["update"] for o in pub.outputs)
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     st = ClusterState("c9", "bgpanel", [("chief", 0)])
@@ -451,6 +455,7 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     widget_view = "application/vnd.jupyter.widget-view+json"
     panel = ipywidgets.widgets.widget._instances[pub.outputs[0]["data"][widget_view]["model_id"]]
     assert ">running</span>" in panel.children[1].value
+    assert len(pub.outputs) == 2  # the state change updated the widget, it displayed nothing new
     button = panel.children[0]
     assert not button.disabled  # the cell has returned: clicks reach the kernel
     button.click()
@@ -484,5 +489,76 @@ def test_real_cluster_run_renders_html_panel_and_snapshot(ip, monkeypatch):
     assert html and not html[0]["update"] and all(o["update"] for o in html[1:])
     final = html[-1]["data"]
     assert ">finished</span>" in final["text/html"] and "30/30" in final["text/html"]
-    assert "chief:0" in final["text/html"] and "tasks" in final["text/html"]  # Spark job progress in the header
+    assert "chief:0" in final["text/html"]
+    done, total = map(int, re.search(r"(\d+)/(\d+) tasks", final["text/html"]).groups())  # Spark job progress
+    assert done == total >= 1
     assert final["text/plain"].startswith("panel_run: finished")
+
+
+# -- a real kernel (nbclient): auto picks the widget; the saved notebook keeps the snapshot --------------
+PANEL_CELL = """
+from tfos_nb.runtime.state import ClusterView, NodeView
+from tfos_nb.widgets import choose_renderer, make_renderer
+kind = choose_renderer("auto", get_ipython())
+print("renderer", kind)
+r = make_renderer(kind, interval=0.0)
+def v(state, step):
+    n = NodeView(index=0, job_name="chief", task_index=0, state=state, host="h", step=step, total_steps=3)
+    return ClusterView(cluster_id="c", name="nbrun", state=state, started_at=0.0, elapsed=1.0, nodes=(n,))
+for s in (1, 2):
+    r.update(v("running", s))
+r.finish(v("finished", 3))
+"""
+
+
+@pytest.mark.slow
+def test_executed_notebook_keeps_widget_state_and_the_static_snapshot(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    KERNEL = "tfos-nb-widgets-test"
+
+    kernels = tmp_path / "kernels" / KERNEL
+    kernels.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (kernels / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "t", "language": "python"}))
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PANEL_CELL)])
+    NotebookClient(nb, km=km, timeout=120, store_widget_state=True).execute()
+    path = tmp_path / "run.ipynb"
+    nbformat.write(nb, path)
+    outputs = nbformat.read(path, as_version=4).cells[0].outputs
+    assert outputs[0].text.strip() == "renderer widget"
+    kinds = [o.output_type for o in outputs]
+    assert kinds == ["stream", "display_data", "display_data"], kinds
+    assert "application/vnd.jupyter.widget-view+json" in outputs[1].data
+    snapshot = outputs[2].data  # the reserved output, filled with the final state
+    assert ">finished</span>" in snapshot["text/html"] and "3/3" in snapshot["text/html"]
+    assert snapshot["text/plain"] == "nbrun: finished 1.0 s | chief:0 finished step 3/3"
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    assert any("finished" in str(m["state"].get("value", "")) for m in state.values())
+
+
+def test_job_progress_counts_the_job_groups_tasks_and_skips_skipped_stages():
+    from types import SimpleNamespace as NS
+
+    from tfos_nb.magics._spark import job_groups, job_progress
+
+    assert job_groups("tfos-c1", 2) == ["tfos-c1-launch", "tfos-c1-feed-1", "tfos-c1-feed-2"]
+    assert job_groups("", 3) == []
+    jobs = {1: NS(status="SUCCEEDED", stageIds=[10, 11]), 2: NS(status="RUNNING", stageIds=[20, 21])}
+    stages = {
+        10: NS(numTasks=4, numCompletedTasks=0, numActiveTasks=0, numFailedTasks=0),  # skipped: cached
+        11: NS(numTasks=4, numCompletedTasks=4, numActiveTasks=0, numFailedTasks=0),
+        20: NS(numTasks=2, numCompletedTasks=1, numActiveTasks=1, numFailedTasks=1),
+        21: NS(numTasks=2, numCompletedTasks=0, numActiveTasks=0, numFailedTasks=0),  # pending: counts
+    }
+    groups = {"g-launch": [1], "g-feed-1": [2]}
+    tracker = NS(getJobIdsForGroup=lambda g: groups.get(g, []), getJobInfo=jobs.get, getStageInfo=stages.get)
+    sc = NS(statusTracker=lambda: tracker)
+    assert job_progress(sc, job_groups("g", 1)) == (5, 8, 1)
+    assert job_progress(None, ["g-launch"]) is None
+    assert job_progress(NS(statusTracker=lambda: 1 / 0), ["g-launch"]) is None  # a stopping Spark: no numbers

@@ -278,6 +278,7 @@ class TFOSMagics(Magics):
         renderer = self._renderer(True, on_stop=lambda: handle.stop("stopped from the panel"))
         if renderer is None:
             return
+        renderer.start(handle.name)
 
         def observe(view: Any, final: bool) -> None:
             if final:
@@ -290,6 +291,8 @@ class TFOSMagics(Magics):
     def _follow(self, handle: ClusterHandle) -> None:
         """Watch a blocking cell's run from the main thread: print output, render the panel, take ■."""
         renderer = self._renderer(False)
+        if renderer is not None:
+            renderer.start(handle.name)
         progress = None
         next_progress = 0.0
         tensorboard = None

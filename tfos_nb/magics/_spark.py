@@ -148,12 +148,18 @@ def job_progress(sc: Any, groups: list[str]) -> tuple[int, int, int] | None:
         for group in groups:
             for job_id in tracker.getJobIdsForGroup(group):
                 job = tracker.getJobInfo(job_id)
-                for stage_id in job.stageIds if job is not None else ():
+                if job is None:
+                    continue
+                succeeded = str(job.status).upper() == "SUCCEEDED"
+                for stage_id in job.stageIds:
                     stage = tracker.getStageInfo(stage_id)
-                    if stage is not None:
-                        done += stage.numCompletedTasks
-                        total += stage.numTasks
-                        failed += stage.numFailedTasks
+                    if stage is None:
+                        continue
+                    if succeeded and not (stage.numCompletedTasks or stage.numActiveTasks or stage.numFailedTasks):
+                        continue  # a stage the finished job skipped (its output was cached): it never runs
+                    done += stage.numCompletedTasks
+                    total += stage.numTasks
+                    failed += stage.numFailedTasks
     except Exception:  # noqa: BLE001 - progress is decoration; a stopping SparkContext must not break the cell
         return None
     return done, total, failed

@@ -25,7 +25,7 @@ def spark_type(info: TensorInfo) -> Any:
         raise ValueError(msg)
     t = base
     for _ in info.shape[1:]:
-        t = T.ArrayType(t, containsNull=False)
+        t = T.ArrayType(t, containsNull=True)
     return t
 
 

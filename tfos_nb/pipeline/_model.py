@@ -1,8 +1,9 @@
-"""TFModel: batch inference over Arrow with a SavedModel or a checkpoint, as a Spark ML Model."""
+"""TFModel: batch inference over Arrow (a scalar Arrow UDF) with a SavedModel or a checkpoint, as a Spark ML Model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.ml import Model
@@ -24,39 +25,35 @@ from ._params import (
     _to_opt_str,
 )
 
-_HIDDEN = "__tfos_nb_in_"
 
+class _Scorer:
+    """The Arrow UDF's body: model loaded once per Python worker, slices of ``batch_size`` rows."""
 
-class _Partition:
-    """The ``mapInArrow`` function: model loaded once per Python worker, batches of ``batch_size`` rows."""
+    def __init__(self, ref: M.ModelRef, feeds: list[tuple[str, M.TensorInfo]],
+                 fetches: list[tuple[str, M.TensorInfo]], batch_size: int) -> None:
+        self.ref, self.feeds, self.fetches, self.batch_size = ref, feeds, fetches, batch_size
 
-    def __init__(self, ref: M.ModelRef, feeds: list[tuple[str, str, M.TensorInfo]],
-                 fetches: list[tuple[str, M.TensorInfo]], passthrough: list[str], batch_size: int) -> None:
-        self.ref, self.feeds, self.fetches = ref, feeds, fetches
-        self.passthrough, self.batch_size = passthrough, batch_size
-
-    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+    def __call__(self, *cols: Any) -> Any:
         import numpy as np
         import pyarrow as pa
 
-        run = None
-        names = self.passthrough + [col for col, _ in self.fetches]
-        for batch in batches:
-            n = batch.num_rows
-            if n == 0:
-                continue
-            if run is None:
-                run = M.runner(self.ref, [t.name for _, _, t in self.feeds], [t.name for _, t in self.fetches])
-            tensors = {t.name: to_numpy(batch.column(src), t, col) for src, col, t in self.feeds}
-            parts: list[dict[str, Any]] = []
-            for start in range(0, n, self.batch_size):
-                parts.append(run({k: v[start:start + self.batch_size] for k, v in tensors.items()}))
+        n = len(cols[0])
+        if n == 0:
+            outs = [to_arrow(np.zeros((0, *[max(d, 0) for d in t.shape[1:]]), dtype=_empty_dtype(t)), 0)
+                    for _, t in self.fetches]
+        else:
+            run = M.runner(self.ref, [t.name for _, t in self.feeds], [t.name for _, t in self.fetches])
+            tensors = {t.name: to_numpy(c, t, col) for c, (col, t) in zip(cols, self.feeds)}
+            parts = [run({k: v[i:i + self.batch_size] for k, v in tensors.items()}) for i in range(0, n, self.batch_size)]
             outs = []
             for _, t in self.fetches:
                 vals = parts[0][t.name] if len(parts) == 1 else np.concatenate([p[t.name] for p in parts])
                 outs.append(to_arrow(vals, n))
-            cols = [batch.column(c) for c in self.passthrough]
-            yield pa.RecordBatch.from_arrays(cols + outs, names=names)
+        return pa.StructArray.from_arrays(outs, names=[f"o{i}" for i in range(len(outs))])
+
+
+def _empty_dtype(t: M.TensorInfo) -> str:
+    return "object" if t.dtype == "string" else t.dtype
 
 
 class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, DefaultParamsReadable,
@@ -145,7 +142,7 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
         return self._described[key]
 
     # -- transform ------------------------------------------------------------------------------
-    def _plan(self, dataset: Any) -> tuple[Any, _Partition, Any]:
+    def _plan(self, dataset: Any) -> tuple[list[Any], _Scorer, Any, list[Any]]:
         from pyspark.ml.functions import vector_to_array
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
@@ -191,8 +188,8 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
                 msg = f"OutputMapping column {col!r} is already a column of the DataFrame; pick another name"
                 raise ValueError(msg)
 
-        feeds, extra = [], []
-        for i, (col, tensor) in enumerate(in_map.items()):
+        feeds, args = [], []
+        for col, tensor in in_map.items():
             info = ins[tensor]
             dtype = fields[col].dataType
             depth = 1 if isinstance(dtype, VectorUDT) else 0
@@ -203,22 +200,32 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
                 msg = (f"column {col!r} ({kind} per row) cannot feed tensor {tensor!r} of shape {list(info.shape)}: "
                        f"it takes rank-{len(info.shape) - 1} values per row")
                 raise ValueError(msg)
-            src = col
+            c = F.col(col)
             if isinstance(fields[col].dataType, VectorUDT):
-                src = f"{_HIDDEN}{i}"
-                extra.append(vector_to_array(F.col(col), "float64" if info.dtype == "float64" else "float32").alias(src))
-            feeds.append((src, col, info))
+                c = vector_to_array(c, "float64" if info.dtype == "float64" else "float32")
+            feeds.append((col, info))
+            args.append(c)
         fetches = [(col, outs[tensor]) for tensor, col in out_map.items()]
-        schema = T.StructType(list(dataset.schema.fields) + [
-            T.StructField(col, spark_type(info), True) for col, info in fetches])
-        source = dataset.select("*", *extra) if extra else dataset
-        part = _Partition(ref, feeds, fetches, list(fields), self.getBatchSize())
-        return source, part, schema
+        rtype = T.StructType([T.StructField(f"o{i}", spark_type(info), True) for i, (_, info) in enumerate(fetches)])
+        scorer = _Scorer(ref, feeds, fetches, self.getBatchSize())
+        return args, scorer, rtype, fetches
 
     def _transform(self, dataset: Any) -> Any:
-        source, part, schema = self._plan(dataset)
-        return source.mapInArrow(part, schema)
+        from pyspark.sql import functions as F
 
+        args, scorer, rtype, fetches = self._plan(dataset)
+
+        def tfmodel_predict(*cols: Any) -> Any:
+            return scorer(*cols)
+
+        with warnings.catch_warnings():  # "prefer type hints": these would have to be pyarrow at import time
+            warnings.simplefilter("ignore", UserWarning)
+            udf = F.arrow_udf(tfmodel_predict, rtype, F.ArrowUDFType.SCALAR)
+        tmp = "__tfos_nb_out"
+        # One UDF call per row; Spark does not inline a Python UDF into each field it is read from.
+        scored = dataset.withColumn(tmp, udf(*args))
+        return scored.select(*[F.col(f"`{c}`") for c in dataset.columns],
+                             *[F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)])
 
 def _names(infos: dict[str, M.TensorInfo], ref: M.ModelRef) -> list[str]:
     if ref.style != M.TENSORS:

@@ -18,6 +18,7 @@ widget state.
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,10 @@ def _bundle(model: dict[str, Any]) -> dict[str, str]:
     return {"text/html": panel_html(model), "text/plain": text_line(model)}
 
 
+def _starting(name: str) -> dict[str, str]:
+    return {"text/html": f'<div class="tfos-panel"><b>{html.escape(name)}</b> &middot; starting</div>', "text/plain": f"{name}: starting"}
+
+
 def _display(obj: Any, **kwargs: Any) -> Any:
     from IPython.display import display
 
@@ -47,6 +52,9 @@ class TextBackend:
     def __init__(self, write: Callable[[str], None] = print) -> None:
         self._write = write
         self._key: tuple | None = None
+
+    def start(self, name: str) -> None:
+        pass
 
     def show(self, model: dict[str, Any]) -> None:
         key = state_key(model)
@@ -65,6 +73,10 @@ class HtmlBackend:
     def __init__(self, display: Callable[..., Any] = _display) -> None:
         self._display = display
         self._handle: Any = None
+
+    def start(self, name: str) -> None:
+        if self._handle is None:
+            self._handle = self._display(_starting(name), raw=True, display_id=True)
 
     def show(self, model: dict[str, Any]) -> None:
         if self._handle is None:
@@ -89,6 +101,12 @@ class WidgetBackend:
         self.panel = panel
         self._display = display
         self._snapshot: Any = None
+
+    def start(self, name: str) -> None:
+        if self._snapshot is None:
+            self.panel.table.value = _starting(name)["text/html"]
+            self._display(self.panel)
+            self._snapshot = self._display({"text/plain": ""}, raw=True, display_id=True)
 
     def show(self, model: dict[str, Any]) -> None:
         self.panel.show(model)
@@ -116,6 +134,15 @@ class Renderer:
         self._last_model: dict[str, Any] | None = None
         self._finished = False
         self.pushes = 0
+
+    def start(self, name: str) -> None:
+        """Show the output(s) now, from the cell's own thread, before any state exists.
+
+        Later pushes update these outputs in place, so they may come from another
+        thread (a --background cell's listener) without landing in some other cell.
+        """
+        with self._lock:
+            self.backend.start(name)
 
     def update(self, view: Any, progress: JobProgress | None = None) -> None:
         """Take the latest snapshot; push it now if the last push is at least ``interval`` old."""
