@@ -96,6 +96,9 @@ def test_bad_input_is_a_one_line_usage_error(ip, line, cell, message):
         ("tfos_shutdown", "nosuch", "no cluster named nosuch; clusters: none"),
         ("tfos_logs", "nosuch", "no cluster named nosuch; clusters: none"),
         ("tfos_logs", "", "the following arguments are required: name"),
+        ("tfos_tensorboard", "", "give a cluster name (its cell ran with --tensorboard) or --logdir DIR, not both"),
+        ("tfos_tensorboard", "--logdir /no/such/dir", "--logdir /no/such/dir: no such directory"),
+        ("tfos_tensorboard", "nosuch", "no cluster named nosuch; clusters: none"),
     ],
 )
 def test_bad_input_other_magics(ip, magic, line, message):
@@ -353,3 +356,39 @@ def test_timeout_stops_the_cluster(ip, magic_spark):
     with pytest.raises(ClusterFailed) as info:
         ip.run_cell_magic("tfos_cluster", "--workers 1 --timeout 8 --name slow", "import time\ntime.sleep(300)")
     assert str(info.value) == "cluster slow: TimeoutError: did not finish within 8 s and was torn down"
+
+
+@pytest.mark.slow
+def test_tensorboard_on_the_driver_for_a_logdir(ip, tmp_path, monkeypatch, capsys):
+    """%tfos_tensorboard --logdir: TensorBoard's launcher on the driver, registered with the proxy, stopped with the kernel."""
+    import json
+    import urllib.request
+
+    from tfos_nb import tensorboard as tb
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    ip.run_line_magic("tfos_tensorboard", f"--logdir {logdir} --height 300")
+    out = capsys.readouterr().out
+    cid = tb.local_cluster_id(str(logdir))
+    assert f"tfos_nb/tensorboard/{cid}/" in out
+    record = json.loads((tmp_path / "runtime" / "tfos_nb" / f"{cid}.json").read_text())
+    with urllib.request.urlopen(f"http://{record['host']}:{record['port']}/data/environment", timeout=10) as r:
+        assert r.status == 200
+    tb_pid = record["pid"]  # the kernel's pid: the record names who registered, not TensorBoard
+    (info,) = [t for t in ip.magics_manager.registry["TFOSMagics"]._local_tensorboards.values()]
+    assert info.pid != tb_pid
+    ip.magics_manager.registry["TFOSMagics"].shutdown_all()
+    assert not (tmp_path / "runtime" / "tfos_nb" / f"{cid}.json").exists()
+    assert _wait_gone(info.pid)
+
+
+def _wait_gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        psutil.Process(pid).wait(timeout=15)
+    except psutil.NoSuchProcess:
+        pass
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -179,11 +179,23 @@ def stop_local(tb: LocalTensorBoard) -> None:
     """Withdraw the route and terminate the TensorBoard process started by :func:`start_local`."""
     import signal
 
+    import time
+
     withdraw(tb.cluster_id)
-    try:
-        os.kill(tb.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(tb.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:  # reap it when it is our child (TensorBoard's launcher does not keep a handle)
+                if os.waitpid(tb.pid, os.WNOHANG)[0] == tb.pid:
+                    return
+            except ChildProcessError:
+                if not _pid_alive(tb.pid):
+                    return
+            time.sleep(0.05)
 
 
 _IFRAME_JS = """(function () {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import keyword
+import os
 import sys
 import time
 import types
@@ -73,6 +74,7 @@ class TFOSMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self.handles: dict[str, ClusterHandle] = {}
+        self._local_tensorboards: dict[str, Any] = {}
         atexit.register(self.shutdown_all)
 
     # -- %%tfos_cluster -------------------------------------------------------------
@@ -397,6 +399,51 @@ class TFOSMagics(Magics):
             for text in lines:
                 print(f"[{label}] {text}")
 
+    @magic_arguments()
+    @argument("name", nargs="?", help="a cluster's --name (its cell ran with --tensorboard)")
+    @argument("--logdir", metavar="DIR", help="start TensorBoard on the driver for DIR (e.g. once the cluster is gone)")
+    @argument("--height", type=int, default=800, metavar="PX", help="height of the embedded frame (default 800)")
+    @line_magic
+    def tfos_tensorboard(self, line: str = "") -> None:
+        """Embed TensorBoard in the cell's output, through the Jupyter server's authenticated proxy.
+
+        ``%tfos_tensorboard NAME`` shows the TensorBoard that the chief of cluster NAME
+        runs (cell started with ``--tensorboard``); the route is withdrawn when the
+        cluster ends.  ``%tfos_tensorboard --logdir DIR`` starts TensorBoard on the
+        driver for DIR (TensorBoard's own launcher; an instance for the same DIR is
+        reused) so that runs can be looked at after training; it is stopped with the
+        kernel.  Only the Jupyter server's ``tfos_nb`` extension serves the route, to
+        users logged in to that server.
+        """
+        from IPython.display import HTML, display
+
+        from .. import tensorboard as tb
+
+        opts = parse_argstring(self.tfos_tensorboard, line)
+        if bool(opts.name) == bool(opts.logdir):
+            raise _usage("give a cluster name (its cell ran with --tensorboard) or --logdir DIR, not both")
+        if opts.height <= 0:
+            raise _usage(f"--height must be positive, got {opts.height}")
+        if opts.logdir:
+            outcome = tb.start_local(opts.logdir) if os.path.isdir(opts.logdir) else None
+            if outcome is None:
+                raise _usage(f"--logdir {opts.logdir}: no such directory")
+            if not isinstance(outcome, tb.LocalTensorBoard):
+                raise _usage(f"TensorBoard did not start for {opts.logdir}: {outcome}")
+            self._local_tensorboards[outcome.cluster_id] = outcome
+            path = outcome.path
+        else:
+            h = self.handles[self._known(opts.name)]
+            cluster, url = h.cluster, h.tensorboard_url
+            if cluster is None or not url:
+                raise _usage(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
+            if h.done():
+                raise _usage(f"{opts.name} has ended and its TensorBoard with it: use --logdir DIR")
+            path = tb.register(cluster.cluster_id, url)
+            h.add_observer(lambda view, final, cid=cluster.cluster_id: final and tb.withdraw(cid))
+        display(HTML(tb.iframe_html(path, height=opts.height)))
+        print(f"TensorBoard: <Jupyter base URL>/{path}")
+
     def _known(self, name: str) -> str:
         if name not in self.handles:
             known = ", ".join(self.handles) or "none"
@@ -404,7 +451,12 @@ class TFOSMagics(Magics):
         return name
 
     def shutdown_all(self) -> None:
-        """Stop every cluster of this kernel (also run at kernel exit)."""
+        """Stop every cluster of this kernel, and the TensorBoards it started (also run at kernel exit)."""
+        from .. import tensorboard as tb
+
+        for local in list(self._local_tensorboards.values()):
+            tb.stop_local(local)
+        self._local_tensorboards.clear()
         for h in list(self.handles.values()):
             h.stop("kernel shutdown")
         for h in list(self.handles.values()):
