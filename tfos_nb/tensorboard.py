@@ -178,7 +178,6 @@ def _remove_stale_info(manager: Any, pid: int) -> None:
 def stop_local(tb: LocalTensorBoard) -> None:
     """Withdraw the route and terminate the TensorBoard process started by :func:`start_local`."""
     import signal
-
     import time
 
     withdraw(tb.cluster_id)
