@@ -9,7 +9,7 @@ setup(
     packages=find_packages(include=["tfos_nb", "tfos_nb.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "pyspark>=3.5",
+        "pyspark>=4.1",  # the pipeline API uses Arrow UDFs (pyspark.sql.functions.arrow_udf)
         "tensorflow>=2.16",
         "tf-keras>=2.16",
         "tensorboard>=2.16",  # TensorFlow 2.21 no longer pulls it in; nodes start it on the chief

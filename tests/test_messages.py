@@ -140,7 +140,9 @@ def test_server_survives_random_input(server, data):
 
 # The node function is pickled on the driver and reaches the node inside Spark's own task
 # closure, then through the supervisor's pipe: these are the only places that unpickle it.
-ALLOWED_UNPICKLING = {"runtime/node.py", "magics/_cellfn.py"}
+# The pipeline API persists the user's own functions (train_fn, model_fn) with the estimator or
+# model, in the directory the user saves to and loads from (the trust of loading a SavedModel).
+ALLOWED_UNPICKLING = {"runtime/node.py", "magics/_cellfn.py", "pipeline/_params.py", "pipeline/_models.py"}
 
 
 def test_no_module_unpickles_socket_data():

@@ -232,13 +232,15 @@ def test_widgets_package_never_imports_pyspark_or_ipywidgets_eagerly():
 class CountingComm:
     """Stands in for the kernel's comm, as ipywidgets' own tests do (``tests/utils.py: DummyComm``)."""
 
-    comm_id = "a-b-c-d"
     kernel = "Truthy"
     sent: list[tuple[float, int]] = []
     clock: FakeClock | None = None
+    _ids = iter(range(10**9))
 
     def __init__(self, **kwargs) -> None:
         self.opened = kwargs
+        # One id per widget, as a kernel gives: widgets are looked up by it.
+        self.comm_id = kwargs.get("comm_id") or f"test-comm-{next(CountingComm._ids)}"
 
     def open(self, *args, **kwargs) -> None:
         pass

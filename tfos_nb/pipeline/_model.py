@@ -78,7 +78,11 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
     ``vector_to_array``); output columns are typed from the model: a scalar per
     row for a ``(batch,)`` output, nested arrays beyond.  Mistakes in the
     mappings raise ``ValueError`` on the driver before any Spark job.
-    The model is loaded once per Python worker and reused across batches,
+    Inference is a scalar Arrow UDF (``arrow_udf``) over the mapped columns
+    returning one struct, expanded into the output columns, so Spark prunes
+    what is not selected; each Arrow batch is cut into ``BatchSize`` slices.
+    The model is loaded once per Python worker (a module-level cache keyed by
+    path, tags, signature and ``model_fn``) and reused across batches,
     partitions and ``transform`` calls.
     """
 
