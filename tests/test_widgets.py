@@ -452,7 +452,7 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     st = ClusterState("c9", "bgpanel", [("chief", 0)])
-    st.add_listener(handle._on_state)  # as runtime.cluster.run(on_state=...) does
+    st.add_listener(handle._on_state)  # as runtime.start.run(on_state=...) does
     st.set_cluster_state("running")
     widget_view = "application/vnd.jupyter.widget-view+json"
     panel = ipywidgets.widgets.widget._instances[pub.outputs[0]["data"][widget_view]["model_id"]]

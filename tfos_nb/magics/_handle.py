@@ -17,7 +17,8 @@ from collections import deque
 from typing import Any
 
 from ..runtime import state as S
-from ..runtime.cluster import InputMode, TFCluster, TFClusterError, run
+from ..runtime.cluster import InputMode, TFCluster, TFClusterError
+from ..runtime.start import run
 
 __all__ = ["ClusterFailed", "ClusterHandle"]
 

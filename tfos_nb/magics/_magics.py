@@ -231,7 +231,7 @@ class TFOSMagics(Magics):
         return types.SimpleNamespace(**values)
 
     def _spark(self, nodes: int) -> Any:
-        from ..runtime.cluster import available_slots
+        from ..runtime.start import available_slots
 
         try:
             sc = find_spark_context(self.shell.user_ns)

@@ -13,24 +13,19 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import re
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import messages as m
 from . import state as S
 from .controller import FEEDABLE, Controller
 from .launch import (
     make_arrow_feeder,
     make_arrow_inferer,
-    make_launcher,
     make_rdd_feeder,
     make_rdd_inferer,
-    start_supervisor,
 )
 from .procs import kill_tree
 from .reservation import ControlServer
@@ -39,7 +34,6 @@ from .sparkjob import SparkJob
 log = logging.getLogger(__name__)
 
 TAIL_IN_ERRORS = 20
-EXECUTOR_SETTLE_S = 5.0
 
 
 class InputMode:
@@ -92,49 +86,6 @@ def _python_error_line(exc: BaseException) -> str:
         name, msg = hits[-1]
         return f"{name.rsplit('.', 1)[-1]}: {msg}"
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-def available_slots(sc: Any) -> tuple[int, int]:
-    """(task slots, executors) the application has right now."""
-    jsc = sc._jsc.sc()
-    try:
-        slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
-    except Exception:  # noqa: BLE001 - older or newer Spark: fall back to the core count
-        slots = int(sc.defaultParallelism)
-    executors = max(0, len(sc.statusTracker().getExecutorInfos()) - 1)
-    if sc.master.startswith("local") and not sc.master.startswith("local-cluster"):
-        executors = 1
-    return slots, executors
-
-
-def _wait_for_slots(sc: Any, needed: int, timeout: float) -> None:
-    """Return when ``needed`` tasks can run at once; fail fast when they never will."""
-    deadline = time.monotonic() + timeout
-    last = None
-    stable_since = time.monotonic()
-    while True:
-        slots, executors = available_slots(sc)
-        if slots >= needed:
-            return
-        if (slots, executors) != last:
-            last, stable_since = (slots, executors), time.monotonic()
-        now = time.monotonic()
-        settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
-        if settled or now > deadline:
-            msg = (
-                f"not enough executors: asked for {needed} nodes, {slots} task slot(s) available "
-                f"on {executors} executor(s). Start Spark with at least {needed} executor slots "
-                "(e.g. --num-executors/--total-executor-cores, or master local-cluster[N,1,MB])."
-            )
-            raise RuntimeError(msg)
-        time.sleep(0.2)
-
-
-def _driver_host(sc: Any) -> str:
-    from .net import resolve
-
-    host = sc.getConf().get("spark.driver.host", None) or "127.0.0.1"
-    return resolve(host)
 
 
 class TFCluster:
@@ -400,190 +351,3 @@ class TFCluster:
 
     def _atexit(self) -> None:
         self._teardown(wait=5.0)
-
-
-def run(
-    sc: Any,
-    map_fun: Callable[[Any, Any], Any],
-    tf_args: Any,
-    num_executors: int,
-    num_ps: int = 0,
-    tensorboard: bool = False,
-    input_mode: int = InputMode.TENSORFLOW,
-    log_dir: str | None = None,
-    driver_ps_nodes: bool = False,
-    master_node: str | None = None,
-    reservation_timeout: float = 600,
-    queues: Any = None,
-    eval_node: bool = False,
-    release_port: bool = True,
-    *,
-    name: str | None = None,
-    env: dict[str, str] | None = None,
-    num_gpus: int | None = None,
-    keras: str = "tf_keras",
-    heartbeat_timeout: float = 10.0,
-    log_callback: Callable[[str, list[str]], None] | None = None,
-    on_state: Callable[[S.ClusterState], None] | None = None,
-) -> TFCluster:
-    """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
-
-    Roles are assigned in order ps → chief (``master_node``) → workers →
-    evaluator (``eval_node``).  Returns once every node runs its function.
-    ``keras="tf_keras"`` (the default) sets ``TF_USE_LEGACY_KERAS=1`` on the
-    nodes, so ``tf.keras`` is Keras 2, which works with MultiWorkerMirroredStrategy
-    across processes; ``keras="keras3"`` leaves Keras 3.
-    """
-    import cloudpickle
-
-    if getattr(sc, "_jsc", None) is None:
-        msg = (
-            "tfos_nb needs a classic SparkContext (RDDs, barrier tasks); this session has none "
-            "(Spark Connect?). Use a cluster with a full Spark driver."
-        )
-        raise TypeError(msg)
-    for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            msg = f"{label} must be a non-negative integer, got {value!r}"
-            raise ValueError(msg)
-    if master_node not in (None, "chief", "master"):
-        msg = f"master_node must be None, 'chief' or 'master', got {master_node!r}"
-        raise ValueError(msg)
-    if keras not in ("tf_keras", "keras3"):
-        msg = f"keras must be 'tf_keras' or 'keras3', got {keras!r}"
-        raise ValueError(msg)
-    n_train = num_executors - num_ps - (1 if eval_node else 0)
-    if n_train < 1:
-        msg = (
-            f"num_executors={num_executors} leaves no chief/worker node "
-            f"(num_ps={num_ps}, eval_node={eval_node})"
-        )
-        raise ValueError(msg)
-    if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
-        msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"
-        raise ValueError(msg)
-
-    roles: list[tuple[str, int]] = [("ps", i) for i in range(num_ps)]
-    if master_node:
-        roles.append((master_node, 0))
-        n_train -= 1
-    roles += [("worker", i) for i in range(n_train)]
-    if eval_node:
-        roles.append(("evaluator", 0))
-    on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
-
-    cluster_id = uuid.uuid4().hex[:12]
-    state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
-    state.job_group = f"tfos-{cluster_id}"
-    if log_callback is not None:
-        state.add_log_listener(log_callback)
-    if on_state is not None:
-        state.add_listener(on_state)
-    if num_gpus is None:
-        num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
-
-    secret = m.new_secret()
-    controller = Controller(
-        state,
-        input_mode_spark=input_mode == InputMode.SPARK,
-        tensorboard=tensorboard,
-        log_dir=log_dir,
-        num_gpus=num_gpus,
-        heartbeat_timeout=heartbeat_timeout,
-    )
-    host = _driver_host(sc)
-    server = ControlServer(m.Codec(secret, cluster_id, "driver"), controller.handle, host, on_tick=controller.tick)
-    try:
-        address = server.start()
-    except OSError:
-        server = ControlServer(m.Codec(secret, cluster_id, "driver"), controller.handle, "0.0.0.0",
-                               on_tick=controller.tick)
-        address = server.start()
-        address = (host, address[1])
-    default_fs = "file:///"
-    try:
-        default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or default_fs
-    except Exception:  # noqa: BLE001
-        pass
-    meta = {
-        "cluster_id": cluster_id,
-        "secret": secret.hex(),
-        "control": [address[0], address[1]],
-        "roles": roles,
-        "hb_interval": 0.5,
-        "driver_timeout": max(heartbeat_timeout, 10.0),
-        "reservation_timeout": reservation_timeout,
-        "env": dict(env or {}),
-        "keras": keras,
-        "default_fs": default_fs,
-        "first_node": num_ps if driver_ps_nodes else 0,
-        "driver_pid": os.getpid(),
-    }
-    blob = cloudpickle.dumps((map_fun, tf_args))
-    cluster = TFCluster(sc, state, controller, server, meta, input_mode, num_executors)
-    try:
-        _wait_for_slots(sc, on_executors, min(reservation_timeout, 120))
-        if driver_ps_nodes:
-            for i in range(num_ps):
-                local = dict(meta, node=i, executor_id="driver", working_dir=os.getcwd(), watch_jvm=False)
-                status, proc = _start_local_supervisor(local, blob, cluster_id, i)
-                cluster._local.append(proc)
-                if not status.get("ok"):
-                    raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
-        launcher = make_launcher(meta, blob)
-
-        def launch() -> list:
-            rdd = sc.parallelize(range(on_executors), on_executors)
-            return [json.loads(s) for s in rdd.barrier().mapPartitions(launcher).collect()]
-
-        job = SparkJob(sc, f"{state.job_group}-launch", f"tfos_nb {state.name}: start {on_executors} nodes", launch)
-        cluster._jobs.append(job)
-        job.start()
-        _await_running(cluster, job, reservation_timeout)
-        cluster._jobs.remove(job)
-        state.set_cluster_state(S.C_RUNNING)
-        return cluster
-    except BaseException:
-        cluster._teardown()
-        raise
-
-
-def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict, Any]:
-    """A ps node on the driver (TensorFlowOnSpark's ``driver_ps_nodes``)."""
-    import tempfile
-
-    log_path = os.path.join(tempfile.gettempdir(), f"tfos_nb-{cluster_id}-node{i}.log")
-    return start_supervisor(meta, blob, log_path)
-
-
-def _await_running(cluster: TFCluster, job: SparkJob, timeout: float) -> None:
-    state = cluster.state
-    deadline = time.monotonic() + timeout
-    statuses_checked = False
-    while True:
-        view = state.snapshot()
-        if view.state == S.C_FAILED:
-            raise _error_for(view)
-        if job.done and not statuses_checked:
-            statuses_checked = True
-            if job.error is not None:
-                msg = f"starting the nodes failed: {_python_error_line(job.error)}"
-                raise RuntimeError(msg)
-            bad = [s for s in job.result() if not s.get("ok")]
-            if bad:
-                roles = state.nodes
-                lines = [f"{roles[s['node']].label}: {s.get('error')}" for s in bad]
-                msg = "nodes did not start:\n" + "\n".join(lines)
-                raise RuntimeError(msg)
-        ready = all(n.state in (S.RUNNING, S.FINISHED, S.STOPPED) for n in view.nodes)
-        if ready and job.done:
-            return
-        if time.monotonic() > deadline:
-            missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (S.RUNNING, S.FINISHED)]
-            msg = (
-                f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}. "
-                "Are there enough free executors, and can executors reach the driver?"
-            )
-            raise TimeoutError(msg)
-        with state.changed:
-            state.changed.wait(0.1)
