@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .runtime.procs import pid_alive as _pid_alive
 from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
 
 __all__ = ["LocalTensorBoard", "iframe_html", "proxy_path", "register", "start_local", "withdraw"]
@@ -154,16 +155,6 @@ def start_local(logdir: str, *, timeout: float = 60.0) -> Any:
     url = f"http://127.0.0.1:{info.port}"
     path = register(cluster_id, url)
     return LocalTensorBoard(cluster_id=cluster_id, path=path, url=url, pid=info.pid, reused=isinstance(outcome, manager.StartReused))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_stale_info(manager: Any, pid: int) -> None:

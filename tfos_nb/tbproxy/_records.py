@@ -21,6 +21,8 @@ import secrets
 import stat
 from dataclasses import dataclass
 
+from ..runtime.procs import pid_alive as _pid_alive
+
 RECORD_VERSION = 1
 RECORD_SUBDIR = "tfos_nb"
 CLUSTER_ID_RE = re.compile(r"^[0-9a-f]{8,32}$")
@@ -158,16 +160,6 @@ def remove_record(runtime_dir: str, cluster_id: str, secret: str | None = None) 
         os.unlink(path)
     except FileNotFoundError:
         return False
-    return True
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
