@@ -174,7 +174,7 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
 
-        from ..runtime import cluster as tfc
+        from .. import TFCluster as tfc  # run() and InputMode, as users see them
 
         if self.train_fn is None:
             msg = "TFEstimator needs train_fn(args, ctx) (TFEstimator(train_fn, tf_args))"
