@@ -42,9 +42,7 @@ class Controller:
         self._specs: dict[int, dict[str, Any]] | None = None
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
-        self._done_partitions: dict[int, set[int]] = {}
         self.feed_errors: list[str] = []
-        self.skipped_rows = 0
 
     # -- dispatch -------------------------------------------------------------
     def handle(self, msg: m.Message) -> m.Reply:
@@ -262,17 +260,10 @@ class Controller:
             if node is not None:
                 self._active[node.index] = max(0, self._active.get(node.index, 0) - 1)
                 node.rows_fed += msg.rows
-            self.skipped_rows += msg.skipped
             if msg.error:
                 self.feed_errors.append(f"partition {msg.partition}: {msg.error}")
-            else:
-                self._done_partitions.setdefault(msg.gen, set()).add(msg.partition)
             cluster_error = None
             if st.state == S.C_FAILED:
                 cluster_error = st.error
         st.notify()
         return m.Reply(ok=True, body={"cluster_error": cluster_error} if cluster_error else {})
-
-    def reset_feed_counters(self) -> None:
-        with self.state.lock:
-            self._assigned.clear()

@@ -40,7 +40,6 @@ class _Conn:
         self.answered = 0
         self.skipped = 0
         self.ended = False  # the feeder sent E
-        self.eoc_taken = False  # the consumer went past the end of this connection
         self.closed = False
         self._send_lock = threading.Lock()
 
@@ -186,7 +185,6 @@ class FeedHub:
                         break
                     continue
                 if kind == "eoc":
-                    conn.eoc_taken = True
                     self._maybe_finish(conn)
                     if not train_mode and got:
                         break

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> int | None:
@@ -72,7 +71,3 @@ def executor_jvm_pid() -> int | None:
             return pid
         pid = ppid
     return None
-
-
-def monotonic() -> float:
-    return time.monotonic()

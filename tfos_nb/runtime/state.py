@@ -228,10 +228,6 @@ class ClusterState:
                 job_group=self.job_group,
             )
 
-    def failed_nodes(self) -> list[_Node]:
-        with self.lock:
-            return [n for n in self.nodes if n.state == FAILED]
-
     def set_cluster_state(self, state: str, error: str | None = None) -> None:
         with self.lock:
             if self.state in (C_FAILED, C_STOPPED, C_FINISHED) and state != C_FAILED:

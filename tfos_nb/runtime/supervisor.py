@@ -59,7 +59,7 @@ class Supervisor:
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.pending_logs: list[str] = []
+        self.pending_logs: collections.deque[str] = collections.deque()
         self.pending_bytes = 0
         self.dropped = 0
         self.report: dict[str, Any] = {}
@@ -212,7 +212,7 @@ class Supervisor:
         with self.lock:
             logs, size = [], 0
             while self.pending_logs and size < LOG_BYTES_PER_BEAT:
-                line = self.pending_logs.pop(0)
+                line = self.pending_logs.popleft()
                 size += len(line)
                 logs.append(line)
             self.pending_bytes -= size
