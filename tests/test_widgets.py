@@ -75,11 +75,16 @@ def test_missing_heartbeat_is_flagged_only_for_live_nodes_of_a_live_cluster():
 
 def test_header_gpu_progress_and_tensorboard():
     n = node(device="NVIDIA A100 (1234/81920 MiB)", step=5)
-    view = cluster(n, tensorboard="/proxy/6006/", rows_fed=640)
+    view = cluster(n, cluster_id="0123abcd", tensorboard="http://10.0.0.5:6006", rows_fed=640)
     model = panel_model(view, JobProgress(done=3, total=4, failed=1))
-    assert model["tasks"] == "3/4 tasks, 1 failed" and model["tensorboard"] == "/proxy/6006/"
+    assert model["tasks"] == "3/4 tasks, 1 failed"
+    # the proxy route, relative to the Jupyter base URL: never the node's own address
+    assert model["tensorboard"] == "tfos_nb/tensorboard/0123abcd/" and model["tensorboard_url"] == "http://10.0.0.5:6006"
     html = panel_html(model)
-    assert "NVIDIA A100 (1234/81920 MiB)" in html and '<a href="/proxy/6006/"' in html
+    assert "NVIDIA A100 (1234/81920 MiB)" in html and "10.0.0.5:6006" not in html
+    link = re.search(r'<a id="tfos-tbl-0123abcd"[^>]*data-tfos-path="tfos_nb/tensorboard/0123abcd/"[^>]*>TensorBoard ↗</a><script>', html)
+    assert link and "href=" not in link.group(0)  # resolved in the browser from the page's base URL
+    assert "TensorBoard" not in panel_html(model, tensorboard=False)  # the widget shows its own link and tab
     assert "640 rows fed" in html and "3/4 tasks" in html
     assert text_line(model) == "digits: running 12.3 s, 3/4 tasks, 1 failed | chief:0 running step 5"
     assert panel_model(view)["tasks"] is None
@@ -101,7 +106,9 @@ def test_html_escapes_everything_user_controlled():
     html = panel_html(panel_model(cluster(n, name=evil, tensorboard='" onclick="x')))
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "w&lt;b&gt;:0" in html
-    assert 'href="&quot; onclick=&quot;x"' in html
+    assert "onclick" not in html  # the node's TensorBoard URL is never put in the page
+    html = panel_html(panel_model(cluster(n, name=evil, cluster_id="0123abcd", tensorboard='" onclick="x')))
+    assert "onclick" not in html and html.count("<script>") == 1  # only the link's own resolver
 
 
 def test_state_key_ignores_steps_and_time():
@@ -564,3 +571,67 @@ def test_job_progress_counts_the_job_groups_tasks_and_skips_skipped_stages():
     assert job_progress(sc, job_groups("g", 1)) == (5, 8, 1)
     assert job_progress(None, ["g-launch"]) is None
     assert job_progress(NS(statusTracker=lambda: 1 / 0), ["g-launch"]) is None  # a stopping Spark: no numbers
+
+
+# -- TensorBoard in the panel: link + tab through the proxy route -------------------------------------
+def test_widget_panel_tensorboard_link_and_tab(test_comm):
+    import ipywidgets
+
+    r = make_renderer("widget", display=FakeDisplay(), interval=0.0)
+    panel = r.backend.panel
+    r.update(cluster(node(step=1), cluster_id="0123abcd"))
+    assert panel.children == (panel.stop_button, panel.table)  # no TensorBoard: no tab
+    tb = dict(cluster_id="0123abcd", tensorboard="http://10.9.9.9:6006")
+    r.update(cluster(node(step=2), **tb))
+    header, tabs = panel.children
+    assert isinstance(tabs, ipywidgets.Tab) and tabs.titles == ("Nodes", "TensorBoard") and tabs.children[0] is panel.table
+    assert header.children == (panel.stop_button, panel.tensorboard_link)
+    (link,) = panel.tensorboard_link.outputs
+    assert re.search(r'<a id="tfos-tbl-0123abcd"[^>]*data-tfos-path="tfos_nb/tensorboard/0123abcd/"', link["data"]["text/html"])
+    (frame,) = tabs.children[1].outputs
+    assert '<iframe id="tfos-tb-' in frame["data"]["text/html"] and "jupyter-config-data" in frame["data"]["text/html"]
+    assert 'data-tfos-path="tfos_nb/tensorboard/0123abcd/"' in frame["data"]["text/html"]
+    assert "10.9.9.9" not in frame["data"]["text/html"] + link["data"]["text/html"] + panel.table.value
+    # later pushes leave the frame alone (no TensorBoard reload every half second)
+    sent = len(test_comm.sent)
+    r.update(cluster(node(step=3), **tb))
+    assert tabs.children[1].outputs == (frame,) and len(test_comm.sent) == sent + 1
+    r.finish(cluster(node("finished", step=4), state="finished", **tb))
+    assert panel.tensorboard_link.outputs == ()
+    assert "%tfos_tensorboard --logdir DIR" in tabs.children[1].outputs[0]["data"]["text/html"]
+    assert "<iframe" not in tabs.children[1].outputs[0]["data"]["text/html"]
+
+
+def test_html_fallback_links_tensorboard_and_drops_the_link_at_the_end():
+    disp = FakeDisplay()
+    r = make_renderer("html", display=disp, interval=0.0)
+    tb = dict(cluster_id="0123abcd", tensorboard="http://10.0.0.5:6006")
+    r.update(cluster(node(step=2), **tb))
+    live = disp.calls[-1][1]["text/html"]
+    assert 'data-tfos-path="tfos_nb/tensorboard/0123abcd/"' in live and "jupyter-config-data" in live
+    r.finish(cluster(node("finished", step=4), state="finished", **tb))
+    assert "TensorBoard" not in disp.calls[-1][1]["text/html"]  # the saved notebook holds no dead link
+
+
+def test_cluster_route_registers_while_tensorboard_runs(tmp_path, monkeypatch):
+    from tfos_nb import tensorboard as tb
+    from tfos_nb.tbproxy import _records
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    route = tb.ClusterRoute()
+    route(cluster(cluster_id="0123abcd"), False)
+    assert route.path is None and not list(tmp_path.rglob("*.json"))
+    url = "http://127.0.0.1:6006"
+    route(cluster(cluster_id="0123abcd", tensorboard=url), False)
+    route(cluster(cluster_id="0123abcd", tensorboard=url), False)
+    assert route.path == "tfos_nb/tensorboard/0123abcd/"
+    ep = _records.read_record(str(tmp_path), "0123abcd")
+    assert (ep.host, ep.port) == ("127.0.0.1", 6006)
+    # a retried cluster: new id, new TensorBoard; the old route goes
+    route(cluster(cluster_id="4567cdef", tensorboard="http://127.0.0.1:6007"), False)
+    assert route.path == "tfos_nb/tensorboard/4567cdef/"
+    assert _records.read_record(str(tmp_path), "0123abcd") is None
+    route(cluster(cluster_id="4567cdef", state="finished", tensorboard="http://127.0.0.1:6007"), True)
+    assert route.path is None and _records.read_record(str(tmp_path), "4567cdef") is None and route.error is None
+    route(cluster(cluster_id="89abcdef", tensorboard=url), False)  # after the end: nothing registered again
+    assert _records.read_record(str(tmp_path), "89abcdef") is None

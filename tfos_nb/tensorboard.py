@@ -3,9 +3,10 @@
 Kernel side: :func:`register` tells the Jupyter server (through a private file in
 Jupyter's runtime directory) where a cluster's TensorBoard listens and returns the
 proxy path; :func:`withdraw` ends that; :func:`start_local` starts TensorBoard on the
-driver for a log directory after the cluster is gone; :func:`iframe_html` embeds a
-proxy path, resolving it against the page's base URL in the browser (so JupyterHub's
-``/user/NAME/`` prefix is never hard-coded in the kernel).
+driver for a log directory after the cluster is gone; :class:`ClusterRoute` keeps a
+``--tensorboard`` cluster registered while it runs; :func:`iframe_html` and
+:func:`link_html` embed / link a proxy path, resolving it against the page's base URL
+in the browser (so JupyterHub's ``/user/NAME/`` prefix is never hard-coded in the kernel).
 
 Imports neither IPython nor TensorFlow nor pyspark (TensorBoard's manager only inside
 :func:`start_local`).
@@ -28,7 +29,7 @@ from urllib.parse import urlsplit
 from .runtime.procs import pid_alive as _pid_alive
 from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
 
-__all__ = ["LocalTensorBoard", "iframe_html", "proxy_path", "register", "start_local", "withdraw"]
+__all__ = ["ClusterRoute", "LocalTensorBoard", "iframe_html", "link_html", "proxy_path", "register", "start_local", "withdraw"]
 
 _lock = threading.Lock()
 _secrets: dict[str, str] = {}  # cluster id -> secret of the record this process wrote
@@ -93,6 +94,52 @@ def _withdraw_all() -> None:
             withdraw(cluster_id)
         except OSError:
             pass
+
+
+class ClusterRoute:
+    """Keeps a ``--tensorboard`` cluster's proxy route registered while the cluster runs.
+
+    An observer ``(view, final)`` of the cell's handle (a ``ClusterView`` snapshot): it
+    registers the chief's TensorBoard the first time a snapshot carries its URL, and
+    withdraws it with the final snapshot; so the panel's TensorBoard tab and link
+    (``<base_url>tfos_nb/tensorboard/<cluster_id>/``) work exactly while TensorBoard
+    does.  Errors (an unwritable runtime directory) are kept in ``error``, never raised
+    into the runtime's thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cluster_id: str | None = None
+        self.path: str | None = None
+        self.error: str | None = None
+        self._registered: tuple[str, str] | None = None
+        self._ended = False
+
+    def __call__(self, view: Any, final: bool) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            if final:
+                self._ended = True
+                self._withdraw()
+                return
+            url = getattr(view, "tensorboard", None)
+            if url and (view.cluster_id, url) != self._registered:
+                self._withdraw()  # a retried cluster: a new id, a new TensorBoard
+                try:
+                    self.path = register(view.cluster_id, url)
+                    self.cluster_id, self._registered = view.cluster_id, (view.cluster_id, url)
+                except (OSError, ValueError) as exc:
+                    self.error = f"{type(exc).__name__}: {exc}"
+
+    def _withdraw(self) -> None:
+        if self.cluster_id is None:
+            return
+        try:
+            withdraw(self.cluster_id)
+        except (OSError, ValueError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.cluster_id, self.path, self._registered = None, None, None
 
 
 @dataclass(frozen=True)
@@ -188,8 +235,11 @@ def stop_local(tb: LocalTensorBoard) -> None:
             time.sleep(0.05)
 
 
-_IFRAME_JS = """(function () {
-  var el = document.getElementById(%(id)s);
+# Resolves one element's src/href against the page's base URL: JupyterLab / Notebook 7's
+# <script id="jupyter-config-data"> (PageConfig baseUrl), classic Notebook's <body data-base-url>,
+# or failing both the page's own path.  Every element with the id gets it (a panel re-rendered in
+# place may briefly hold two).
+_RESOLVE_JS = """(function () {
   var base = null;
   var cfg = document.getElementById("jupyter-config-data");
   if (cfg) { try { base = JSON.parse(cfg.textContent).baseUrl; } catch (e) {} }
@@ -199,8 +249,23 @@ _IFRAME_JS = """(function () {
     base = m ? m[1] : "/";
   }
   if (base.charAt(base.length - 1) !== "/") { base += "/"; }
-  el.src = new URL(base + %(path)s, window.location.origin).href;
+  var url = new URL(base + %(path)s, window.location.origin).href;
+  document.querySelectorAll('[id=' + JSON.stringify(%(id)s) + ']').forEach(function (el) {
+    if (el.getAttribute(%(attr)s) !== url) { el.setAttribute(%(attr)s, url); }
+  });
 })();"""
+
+
+def _check_path(path: str) -> str:
+    if not isinstance(path, str) or path.startswith("/") or "//" in path or ".." in path or ":" in path or "<" in path:
+        msg = f"path must be a proxy path relative to the base URL, like 'tfos_nb/tensorboard/<id>/', got {path!r}"
+        raise ValueError(msg)
+    return path
+
+
+def _resolve_script(element_id: str, attr: str, path: str) -> str:
+    # json.dumps does not escape "</": a path cannot hold "<" (checked), ids are [a-z0-9-].
+    return "<script>" + _RESOLVE_JS % {"id": json.dumps(element_id), "attr": json.dumps(attr), "path": json.dumps(path)} + "</script>"
 
 
 def iframe_html(path: str, *, height: int = 800) -> str:
@@ -210,17 +275,28 @@ def iframe_html(path: str, *, height: int = 800) -> str:
     (PageConfig ``baseUrl``), classic Notebook's ``<body data-base-url>``, or failing both,
     the page's own path; so the same output works under JupyterHub's ``/user/NAME/``.
     """
-    if not isinstance(path, str) or path.startswith("/") or "//" in path or ".." in path or ":" in path:
-        msg = f"path must be a proxy path relative to the base URL, like 'tfos_nb/tensorboard/<id>/', got {path!r}"
-        raise ValueError(msg)
-    if not isinstance(height, int) or height <= 0:
+    _check_path(path)
+    if not isinstance(height, int) or isinstance(height, bool) or height <= 0:
         msg = f"height must be a positive int, got {height!r}"
         raise ValueError(msg)
     frame_id = "tfos-tb-" + new_secret()[:12]
-    script = _IFRAME_JS % {"id": json.dumps(frame_id), "path": json.dumps(path)}
-    # json.dumps does not escape "</"; a path cannot hold it (checked above), the id is hex.
     return (
         f'<iframe id="{frame_id}" width="100%" height="{height}" frameborder="0" '
-        f'title="TensorBoard" data-tfos-path="{html.escape(path)}"></iframe>\n'
-        f"<script>{script}</script>"
+        f'title="TensorBoard" data-tfos-path="{html.escape(path)}"></iframe>\n' + _resolve_script(frame_id, "src", path)
+    )
+
+
+def link_html(path: str, text: str = "TensorBoard", *, element_id: str | None = None) -> str:
+    """A plain link to the proxy ``path`` (opens in a new browser tab), href built in the browser like :func:`iframe_html`.
+
+    ``element_id`` (``[a-z0-9-]``) makes the output deterministic, for a panel re-rendered in place.
+    """
+    _check_path(path)
+    element_id = element_id or "tfos-tbl-" + new_secret()[:12]
+    if not all(c.isdigit() or "a" <= c <= "z" or c == "-" for c in element_id):
+        msg = f"element_id must be lowercase letters, digits and dashes, got {element_id!r}"
+        raise ValueError(msg)
+    return (
+        f'<a id="{element_id}" target="_blank" rel="noopener" title="TensorBoard, through the Jupyter server" '
+        f'data-tfos-path="{html.escape(path)}">{html.escape(text)}</a>' + _resolve_script(element_id, "href", path)
     )

@@ -174,6 +174,10 @@ class TFOSMagics(Magics):
                                log_dir=opts.logdir, env=env, timeout=timeout, background=opts.background)
         self.handles[name] = handle
         ns[name] = handle
+        if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
+            from .. import tensorboard as tb
+
+            handle.add_observer(tb.ClusterRoute())
         if opts.background:
             self._panel_in_background(handle)
         handle.start()

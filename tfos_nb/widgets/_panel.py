@@ -34,16 +34,39 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     msg = 'the tfos_nb widget panel needs ipywidgets 8: pip install "ipywidgets>=8.1,<9" (or use %config TFOSMagics.renderer = "html")'
     raise ImportError(msg) from exc
 
-from ._view import panel_html
+from ._view import panel_html, tensorboard_link
 
 __all__ = ["ClusterPanel"]
 
+TENSORBOARD_HEIGHT = 640
+TENSORBOARD_ENDED = (
+    "TensorBoard stopped with the cluster. <code>%tfos_tensorboard --logdir DIR</code> "
+    "starts one on the driver for the same logs."
+)
+
+
+def _html_output(html: str, text: str) -> dict[str, Any]:
+    return {"output_type": "display_data", "data": {"text/html": html, "text/plain": text}, "metadata": {}}
+
 
 class ClusterPanel(W.VBox):  # type: ignore[misc]
-    """A cluster's live panel; ``show(model)`` is its only input."""
+    """A cluster's live panel; ``show(model)`` is its only input.
+
+    Children: the Stop button and the node table; once the cluster's TensorBoard runs
+    (``--tensorboard``), a header of the Stop button and a TensorBoard link, and a
+    ``Tab`` of the node table and TensorBoard in an iframe, both through the Jupyter
+    server's proxy route.  The link and the iframe live in ``Output`` widgets: their URL
+    is resolved from the page's base URL by a script, which an output area runs (for a
+    trusted notebook) and an ``HTML`` widget does not.  They are set once, not on every
+    push, so TensorBoard is not reloaded.
+    """
 
     def __init__(self, on_stop: Callable[[], None] | None = None, stop_hint: str = "", **kwargs: Any) -> None:
         self._on_stop = on_stop
+        self.tensorboard_path: str | None = None
+        self.tensorboard_link: Any = None
+        self.tensorboard_frame: Any = None
+        self.tabs: Any = None
         self.table = W.HTML(value="")
         self.stop_button = W.Button(
             description="Stop",
@@ -57,14 +80,36 @@ class ClusterPanel(W.VBox):  # type: ignore[misc]
         super().__init__(children=[self.stop_button, self.table], **kwargs)
 
     def show(self, model: dict[str, Any]) -> None:
-        value = panel_html(model)
+        value = panel_html(model, tensorboard=False)
         if value != self.table.value:
             with self.table.hold_sync():
                 self.table.value = value
+        if model["tensorboard"] and model["tensorboard"] != self.tensorboard_path and not model["final"]:
+            self._show_tensorboard(model)
+        if model["final"] and self.tensorboard_path is not None:
+            self.tensorboard_path = None  # its route is withdrawn: no dead link or frame in the saved notebook
+            self.tensorboard_link.outputs = ()
+            self.tensorboard_frame.outputs = (_html_output(TENSORBOARD_ENDED, "TensorBoard stopped with the cluster"),)
         if model["final"] and not self.stop_button.disabled:
             with self.stop_button.hold_sync():
                 self.stop_button.disabled = True
                 self.stop_button.description = model["state"].capitalize()
+
+    def _show_tensorboard(self, model: dict[str, Any]) -> None:
+        from ..tensorboard import iframe_html
+
+        path = model["tensorboard"]
+        first = self.tensorboard_path is None and self.tabs is None
+        self.tensorboard_path = path
+        if first:
+            self.tensorboard_link = W.Output(layout=W.Layout(margin="0 0 0 12px"))
+            self.tensorboard_frame = W.Output()
+        text = f"TensorBoard: <Jupyter base URL>/{path}"
+        self.tensorboard_link.outputs = (_html_output(tensorboard_link(model), text),)
+        self.tensorboard_frame.outputs = (_html_output(iframe_html(path, height=TENSORBOARD_HEIGHT), text),)
+        if first:
+            self.tabs = W.Tab(children=[self.table, self.tensorboard_frame], titles=("Nodes", "TensorBoard"))
+            self.children = [W.HBox([self.stop_button, self.tensorboard_link], layout=W.Layout(align_items="center")), self.tabs]
 
     def _clicked(self, _button: Any) -> None:
         if self._on_stop is None or self.stop_button.disabled:

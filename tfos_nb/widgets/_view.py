@@ -14,7 +14,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["HEARTBEAT_MISSING_S", "JobProgress", "panel_html", "panel_model", "state_key", "text_line"]
+__all__ = ["HEARTBEAT_MISSING_S", "JobProgress", "panel_html", "panel_model", "proxy_route", "state_key", "tensorboard_link", "text_line"]
 
 HEARTBEAT_MISSING_S = 5.0  # a live node silent for longer is flagged
 _LIVE = frozenset({"registered", "starting", "running"})
@@ -101,7 +101,11 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
         if progress is None
         else f"{progress.done}/{progress.total} tasks" + (f", {progress.failed} failed" if progress.failed else ""),
         "rows_fed": view.rows_fed,
-        "tensorboard": view.tensorboard or None,
+        "cluster_id": view.cluster_id,
+        # the proxy route (relative to the Jupyter base URL) while the chief's TensorBoard runs;
+        # the magics layer registers it (tensorboard.ClusterRoute) and withdraws it at the end
+        "tensorboard": proxy_route(view.cluster_id) if live and view.tensorboard else None,
+        "tensorboard_url": view.tensorboard or None,  # the node's own http://host:port
         "error": (str(view.error).strip().splitlines() or [""])[0] if view.error else "",
         "final": not live,
         "rows": [node_row(n, live) for n in view.nodes],
@@ -144,15 +148,41 @@ def _badge(state: str) -> str:
     return f'<span style="color:{color};font-weight:bold">{_e(state)}</span>'
 
 
-def panel_html(model: Mapping[str, Any]) -> str:
-    """A self-contained HTML table (inline styles only: survives nbconvert and sanitising front-ends)."""
+def proxy_route(cluster_id: str) -> str | None:
+    """``tfos_nb/tensorboard/<cluster_id>/``: a cluster's TensorBoard route, relative to the Jupyter base URL.
+
+    ``None`` for an id the proxy would refuse (not 8 to 32 lowercase hex digits).
+    """
+    from ..tensorboard import proxy_path
+
+    try:
+        return proxy_path(cluster_id)
+    except ValueError:
+        return None
+
+
+def tensorboard_link(model: Mapping[str, Any]) -> str:
+    """The header's TensorBoard link (href resolved in the browser from the page's base URL), or ""."""
+    if not model.get("tensorboard"):
+        return ""
+    from ..tensorboard import link_html
+
+    return link_html(model["tensorboard"], "TensorBoard ↗", element_id=f"tfos-tbl-{model['cluster_id']}")
+
+
+def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
+    """A self-contained HTML table (inline styles only: survives nbconvert and sanitising front-ends).
+
+    ``tensorboard=False`` leaves the TensorBoard link out of the header (the widget panel
+    shows its own link and tab: an HTML widget runs no script to resolve the link).
+    """
     head = [f"<b>{_e(model['name'])}</b>", _badge(model["state"]), _e(model["elapsed"])]
     if model["tasks"]:
         head.append(_e(model["tasks"]))
     if model["rows_fed"]:
         head.append(f"{_e(model['rows_fed'])} rows fed")
-    if model["tensorboard"]:
-        head.append(f'<a href="{_e(model["tensorboard"])}" target="_blank" rel="noopener">TensorBoard</a>')
+    if tensorboard and model["tensorboard"]:
+        head.append(tensorboard_link(model))
     out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
     if model["error"]:
         out.append(f'<div style="color:#dc322f">{_e(model["error"])}</div>')
