@@ -24,7 +24,7 @@ NODE_ENV = {
 }
 
 
-def spark_session(executors: int, memory_mb: int = 1024) -> object:
+def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> object:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -39,6 +39,8 @@ def spark_session(executors: int, memory_mb: int = 1024) -> object:
     )
     for key, value in NODE_ENV.items():  # executors, and so every node, get one TF thread each
         builder = builder.config(f"spark.executorEnv.{key}", value)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -59,6 +59,7 @@ BAD_INPUT = [
     ("--workers -2", "pass", "--workers must be at least 1, got -2"),
     ("--workers two", "pass", "argument --workers: invalid int value: 'two'"),
     ("--ps -1", "pass", "--ps must be 0 or more, got -1"),
+    ("--retries -2", "pass", "--retries must be 0 or more, got -2"),
     ("--epochs 0", "pass", "--epochs must be at least 1, got 0"),
     ("--timeout 0", "pass", "--timeout must be more than 0 seconds, got 0"),
     ("--input-mode file", "pass",

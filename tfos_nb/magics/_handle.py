@@ -78,8 +78,12 @@ class ClusterHandle:
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         background: bool = False,
+        retries: int = 0,
     ) -> None:
         self.name = name
+        self.retries = retries
+        self.attempt = 1  # 2, 3, … after a node failure started the cluster again (--retries)
+        self.failures: list[str] = []  # first line of each failed attempt's error
         self.background = background
         self.num_nodes = workers + ps + (1 if evaluator else 0)
         self._run_kwargs = dict(
@@ -126,16 +130,20 @@ class ClusterHandle:
     def _main(self) -> None:
         cluster = None
         try:
-            if self._stop_reason is None:
-                cluster = run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
-                              on_state=self._on_state, **self._run_kwargs)
-                with self._lock:
-                    self._cluster = cluster
-                    stopping = self._stop_reason is not None
-                if not stopping:
-                    if self._data is not None:
-                        cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
-                    cluster.shutdown(timeout=self.timeout or 259200)
+            while self._stop_reason is None:
+                try:
+                    cluster = self._attempt()
+                    break
+                except TFClusterError as exc:
+                    if self._stop_reason is not None or self.attempt > self.retries:
+                        raise
+                    if cluster is not None:
+                        cluster._teardown()
+                        cluster = None
+                    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                    self.failures.append(first)
+                    self.attempt += 1
+                    self._on_log("tfos", [f"{first}; starting again (attempt {self.attempt} of {self.retries + 1})"])
         except BaseException as exc:  # noqa: BLE001 - handed to wait() / the cell
             if self._stop_reason is None:
                 self._error = exc
@@ -155,8 +163,29 @@ class ClusterHandle:
             self._done.set()
             self._tell_observers(final=True)
 
+    def _attempt(self) -> TFCluster:
+        """One start → train → shutdown; the cluster is kept in ``_cluster`` for stop()."""
+        kwargs = dict(self._run_kwargs)
+        kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt))
+        with self._lock:
+            self._cluster = None
+        cluster = run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
+                      on_state=self._on_state, **kwargs)
+        with self._lock:
+            self._cluster = cluster
+            stopping = self._stop_reason is not None
+        try:
+            if not stopping:
+                if self._data is not None:
+                    cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
+                cluster.shutdown(timeout=self.timeout or 259200)
+        except BaseException:
+            cluster._teardown()
+            raise
+        return cluster
+
     def _on_state(self, st: S.ClusterState) -> None:
-        if self._cstate is None:
+        if self._cstate is None or (st is not self._cstate and self._cluster is None):
             self._cstate = st
         if self._stop_reason is not None and self._cluster is None:
             self._abort_start(st)
@@ -326,6 +355,8 @@ class ClusterHandle:
             "steps": {n.label: n.step for n in nodes},
             "last_feed": dict(self._cluster.last_feed) if self._cluster is not None else {},
             "stopped": self._stop_reason,
+            "attempts": self.attempt,
+            "failures": list(self.failures),
             "error": None if self._error is None else str(self._error).splitlines()[0],
         }
 

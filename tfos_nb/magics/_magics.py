@@ -95,6 +95,8 @@ class TFOSMagics(Magics):
     @argument("--logdir", metavar="DIR", help="TensorBoard log directory (ctx.log_dir on the nodes)")
     @argument("--name", default="_tfos", help="notebook variable for the cluster's handle (default _tfos)")
     @argument("--background", action="store_true", help="return at once; the handle's wait() waits")
+    @argument("--retries", type=int, default=0, metavar="N",
+              help="start the cluster again up to N times when a node fails (resume from your checkpoints)")
     @argument("--timeout", type=float, default=None, metavar="SECONDS",
               help="stop the cluster if the run takes longer (default: TFOSMagics.timeout)")
     @cell_magic
@@ -134,6 +136,8 @@ class TFOSMagics(Magics):
             raise _usage(f"--workers must be at least 1, got {workers}")
         if opts.ps < 0:
             raise _usage(f"--ps must be 0 or more, got {opts.ps}")
+        if opts.retries < 0:
+            raise _usage(f"--retries must be 0 or more, got {opts.retries}")
         timeout = self.timeout if opts.timeout is None else opts.timeout
         if timeout is not None and timeout <= 0:
             raise _usage(f"--timeout must be more than 0 seconds, got {timeout:g}")
@@ -171,7 +175,8 @@ class TFOSMagics(Magics):
         env = self._env()
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps,
                                evaluator=opts.evaluator, data=data, epochs=epochs, tensorboard=opts.tensorboard,
-                               log_dir=opts.logdir, env=env, timeout=timeout, background=opts.background)
+                               log_dir=opts.logdir, env=env, timeout=timeout, background=opts.background,
+                               retries=opts.retries)
         self.handles[name] = handle
         ns[name] = handle
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs

@@ -84,6 +84,8 @@ class NodeContext:
         self.gpus: list[dict] = info.get("gpus", [])
         self.num_gpus = len(self.gpus)
         self.cluster_id: str = info.get("cluster_id", "")
+        #: 1 for a first run; 2, 3, … when ``run_job(retries=…)`` / ``--retries`` started the cluster again
+        self.attempt: int = int(os.environ.get("TFOS_ATTEMPT", "1") or 1)
         self.mgr = hub  # what TFNode.DataFeed(ctx.mgr, ...) takes
         self._reporter = reporter
         self._total_steps: int | None = None

@@ -1,0 +1,357 @@
+"""The fault suite (issue 7): inject each fault into a real cluster, assert the outcome and the time it took.
+
+Real local-cluster Spark (standalone master, workers, executor JVMs) with Spark's
+own task retries on (``spark.task.maxFailures=4``, as on a real cluster), real
+TensorFlow for the recovery case.  Each test appends its measured figure to
+``test-output/reliability.md`` (printed with ``pytest -s``); the README's
+Reliability section quotes a run of this module.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import cloudpickle
+import psutil
+import pytest
+
+from tests.conftest import NODE_ENV, listening_ports, runtime_processes, spark_session, wait_until
+from tfos_nb import TFCluster
+
+pytestmark = pytest.mark.slow
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+EXECUTORS = 3
+FIGURES: list[tuple[str, str, str]] = []
+OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "test-output")
+
+
+def figure(scenario: str, outcome: str, seconds: float | str) -> None:
+    FIGURES.append((scenario, outcome, seconds if isinstance(seconds, str) else f"{seconds:.1f} s"))
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = spark_session(EXECUTORS, conf={"spark.task.maxFailures": "4"})
+    yield s
+    s.stop()
+    os.makedirs(OUT, exist_ok=True)
+    lines = ["| scenario | outcome | measured |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in FIGURES]
+    with open(os.path.join(OUT, "reliability.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines))
+
+
+@pytest.fixture(scope="module")
+def sc(spark):
+    return spark.sparkContext
+
+
+@pytest.fixture(scope="module")
+def feed_df(spark):
+    df = spark.range(0, 200_000, numPartitions=6).selectExpr("cast(id as float) as x").cache()
+    df.count()
+    return df
+
+
+def run(sc, fn, args, n, **kw):
+    kw.setdefault("env", NODE_ENV)
+    return TFCluster.run(sc, fn, args, n, **kw)
+
+
+def no_spark_jobs_left(sc) -> bool:
+    return not sc.statusTracker().getActiveJobsIds()
+
+
+def slow_reader(args, ctx):
+    """Reads one row at a time, reporting each as a step, until the feed ends."""
+    import time as t
+
+    feed = ctx.get_data_feed()
+    step = 0
+    while not feed.should_stop():
+        if feed.next_batch(1):
+            step += 1
+            ctx.report(step=step)
+            if args.get("raise_at") and ctx.job_name == "worker" and step == args["raise_at"]:
+                print(f"raising at step {step} (t={t.time():.3f})", flush=True)
+                raise ValueError(f"injected failure at step {step}")
+            t.sleep(args.get("pause", 0.05))
+
+
+def step_reached(cluster, label, step):
+    return any(n.label == label and (n.step or 0) >= step for n in cluster.nodes)
+
+
+# -- 1. a node function raises at step k --------------------------------------------
+
+
+def test_worker_raises_at_step_k(sc, feed_df, no_leaks):
+    cluster = run(sc, slow_reader, {"raise_at": 5}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster.train(feed_df, 1)
+    raised_at = float(re.search(r"\(t=([0-9.]+)\)", str(info.value)).group(1))
+    took = time.time() - raised_at
+    text = str(info.value)
+    assert text.startswith("worker:0 failed on host "), text
+    assert "ValueError: injected failure at step 5" in text
+    assert info.value.host and info.value.node == "worker:0"
+    assert took <= 10, took
+    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    figure("worker raises at step 5 while fed", "TFClusterError naming worker:0 + host + traceback", took)
+
+
+# -- 2. SIGKILL of a node's TensorFlow process, and of its supervisor ---------------------------
+
+
+@pytest.mark.parametrize("target", ["node process", "supervisor"])
+def test_sigkill_mid_training_is_detected(sc, feed_df, target, no_leaks):
+    cluster = run(sc, slow_reader, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    killed_at: list[float] = []
+
+    def kill_when_training():
+        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 60):
+            return
+        node = next(n for n in cluster.nodes if n.label == "worker:0")
+        pid = node.child_pid if target == "node process" else node.pid
+        killed_at.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_training, daemon=True)
+    killer.start()
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster.train(feed_df, 1)
+    detected = time.monotonic() - killed_at[0]
+    killer.join(5)
+    text = str(info.value)
+    assert text.startswith("worker:0 failed on host "), text
+    if target == "node process":
+        assert "SIGKILL" in text, text
+    else:
+        assert "no heartbeat" in text, text
+    assert detected <= 15, detected
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    assert cluster.status().state == "failed"
+    figure(f"SIGKILL of worker:0's {target} mid-training", "TFClusterError; every node stopped", detected)
+
+
+# -- 3. the executor JVM under a node dies -------------------------------------------------
+
+
+def executor_jvm(executor_id: str) -> psutil.Process | None:
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd:
+            i = cmd.index("--executor-id")
+            if cmd[i + 1] == executor_id:
+                return p
+    return None
+
+
+def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
+    cluster = run(sc, slow_reader, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    killed: list[tuple[float, int]] = []
+
+    def kill_jvm():
+        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 60):
+            return
+        node = next(n for n in cluster.nodes if n.label == "worker:0")
+        jvm = executor_jvm(node.executor_id)
+        killed.append((time.monotonic(), jvm.pid))
+        jvm.kill()
+
+    killer = threading.Thread(target=kill_jvm, daemon=True)
+    killer.start()
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster.train(feed_df, 1)
+    detected = time.monotonic() - killed[0][0]
+    killer.join(5)
+    text = str(info.value)
+    assert text.startswith("worker:0 failed on host "), text
+    assert re.search(r"executor \S+ \(JVM pid \d+\) died|no heartbeat", text), text
+    assert detected <= 15, detected
+    # Spark's retries of the feeding tasks (maxFailures=4) did not start a second half of a cluster:
+    assert wait_until(lambda: no_spark_jobs_left(sc), 15)
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    assert cluster.status().state == "failed"
+    figure("executor JVM of worker:0 killed mid-training", "TFClusterError; no half cluster, no Spark job left",
+           detected)
+    # The standalone worker replaces the executor; a new cluster runs on the same application.
+    assert wait_until(lambda: TFCluster.run.__module__ and _slots(sc) >= EXECUTORS, 60)
+    again = run(sc, slow_reader, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    again.train(feed_df.limit(200), 1)
+    again.shutdown()
+    assert again.status().state == "finished"
+
+
+def _slots(sc) -> int:
+    from tfos_nb.runtime.start import available_slots
+
+    return available_slots(sc)[0]
+
+
+# -- 4. recovery from checkpoints, retried automatically ------------------------------------------
+
+STEPS_PER_EPOCH, EPOCHS, SAVE_EVERY, KILL_AT = 30, 2, 10, 37
+
+
+def checkpointed_fun(args, ctx):
+    """MWMS chief + worker; BackupAndRestore every SAVE_EVERY steps; the worker is SIGKILLed at KILL_AT once."""
+    import os as o
+    import signal as sig
+
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    rng = np.random.default_rng(ctx.task_index)
+    x = rng.normal(size=(4096, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(16, activation="relu"),
+                                     tf.keras.layers.Dense(2)])
+        model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    log_path = o.path.join(args["dir"], f"steps-{ctx.job_name}{ctx.task_index}.log")
+
+    class Steps(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            with open(log_path, "a") as f:
+                f.write(f"{ctx.attempt} {step}\n")
+            if ctx.attempt == 1 and ctx.job_name == "worker" and step == args["kill_at"]:
+                o.kill(o.getpid(), sig.SIGKILL)
+
+    backup = tf.keras.callbacks.BackupAndRestore(o.path.join(args["dir"], "backup"), save_freq=args["save_every"])
+    model.fit(ds, epochs=args["epochs"], steps_per_epoch=args["steps"], verbose=0,
+              callbacks=[backup, Steps(), ctx.progress_callback()])
+    ctx.report(final_step=int(model.optimizer.iterations.numpy()))
+
+
+def test_recovery_resumes_from_the_last_checkpoint(sc, tmp_path, no_leaks):
+    args = {"dir": str(tmp_path), "steps": STEPS_PER_EPOCH, "epochs": EPOCHS, "save_every": SAVE_EVERY,
+            "kill_at": KILL_AT}
+    retried: list[str] = []
+    t0 = time.monotonic()
+    outcome = TFCluster.run_job(sc, checkpointed_fun, args, 2, master_node="chief", env=NODE_ENV, retries=2,
+                                on_retry=lambda attempt, exc: retried.append(str(exc).splitlines()[0]))
+    took = time.monotonic() - t0
+    assert outcome.attempts == 2, outcome
+    assert len(retried) == 1 and retried[0].startswith("worker:0 failed on host "), retried
+    assert "SIGKILL" in outcome.failures[0]
+    chief = [tuple(map(int, line.split())) for line in open(tmp_path / "steps-chief0.log")]
+    first = [s for a, s in chief if a == 1]
+    second = [s for a, s in chief if a == 2]
+    total = STEPS_PER_EPOCH * EPOCHS
+    reached = max(first)  # the last step the chief finished before the worker died
+    resumed_from = min(second) - 1  # the checkpoint attempt 2 restored
+    assert resumed_from <= reached, (resumed_from, reached)  # no step lost
+    assert reached - resumed_from <= SAVE_EVERY, (resumed_from, reached)  # at most one interval repeated
+    assert resumed_from > 0 and resumed_from % SAVE_EVERY == 0, resumed_from
+    assert second == list(range(resumed_from + 1, total + 1)), second
+    metrics = {n.label: n.metrics for n in outcome.status.nodes}
+    assert metrics["chief:0"]["final_step"] == total
+    figure(f"SIGKILL of worker:0 at step {KILL_AT}, run_job(retries=2), BackupAndRestore every {SAVE_EVERY} steps",
+           f"attempt 2 resumed at step {resumed_from} (killed at {reached}); "
+           f"{reached - resumed_from} steps repeated, 0 lost; {total} steps in all", took)
+
+
+def test_retries_exhausted_raise_the_last_error(sc, no_leaks):
+    def always_fails(args, ctx):
+        raise RuntimeError(f"attempt {ctx.attempt} failed")
+
+    seen: list[int] = []
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        TFCluster.run_job(sc, always_fails, {}, 1, env=NODE_ENV, retries=1, on_retry=lambda a, e: seen.append(a))
+    assert seen == [2]
+    assert "RuntimeError: attempt 2 failed" in str(info.value)
+    assert "attempt 1 failed" in "".join(getattr(info.value, "__notes__", []))
+
+
+# -- 5. not enough executors ------------------------------------------------------------------
+
+
+def test_not_enough_executors_fails_fast(sc, no_leaks):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"asked for {EXECUTORS + 2} nodes, {EXECUTORS} task slot\(s\) available"):
+        run(sc, slow_reader, {}, EXECUTORS + 2)
+    took = time.monotonic() - t0
+    assert took < 15
+    figure(f"{EXECUTORS + 2} nodes asked, {EXECUTORS} slots", "RuntimeError 'asked for 5 nodes, 3 task slot(s)'", took)
+
+
+# -- 6. KeyboardInterrupt in the driver -------------------------------------------------------------
+
+
+def test_keyboard_interrupt_tears_down_within_seconds(sc, feed_df, no_leaks):
+    import _thread
+
+    cluster = run(sc, slow_reader, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    interrupted: list[float] = []
+
+    def interrupt_when_training():
+        if wait_until(lambda: step_reached(cluster, "chief:0", 3), 60):
+            interrupted.append(time.monotonic())
+            _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_training, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.train(feed_df, 1)
+    assert wait_until(lambda: not runtime_processes() and no_spark_jobs_left(sc), 10)
+    took = time.monotonic() - interrupted[0]
+    assert cluster.status().state == "stopped"
+    assert took <= 10, took
+    figure("KeyboardInterrupt during train()", "cluster stopped, no process or Spark job left", took)
+
+
+# -- 7. soak: 20 cycles in one driver process ---------------------------------------------------------
+
+
+def quick_reader(args, ctx):
+    feed = ctx.get_data_feed()
+    n = 0
+    while not feed.should_stop():
+        n += len(feed.next_batch(64))
+    ctx.report(rows=n)
+
+
+def resources() -> dict[str, int]:
+    me = psutil.Process()
+    return {
+        "threads": threading.active_count(),
+        "fds": me.num_fds(),
+        "children": len(me.children(recursive=True)),
+        "listening ports": len(listening_ports()),
+    }
+
+
+def test_soak_twenty_cycles_leak_nothing(spark, sc, no_leaks):
+    df = spark.range(0, 2000, numPartitions=4).selectExpr("cast(id as float) as x").cache()
+    df.count()
+
+    def cycle():
+        cluster = run(sc, quick_reader, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+        cluster.train(df, 1)
+        cluster.shutdown()
+        view = cluster.status()
+        assert view.state == "finished", view
+        assert sum(n.metrics.get("rows", 0) for n in view.nodes) == 2000
+
+    cycle()  # warm-up: Spark's and Py4J's own pools reach their steady size
+    assert wait_until(lambda: not runtime_processes(), 15)
+    before = resources()
+    t0 = time.monotonic()
+    for _ in range(20):
+        cycle()
+    took = time.monotonic() - t0
+    assert wait_until(lambda: not runtime_processes(), 15)
+    assert wait_until(lambda: resources() == before, 15), (before, resources())
+    figure("20 × start → train → shutdown, one driver",
+           "threads, fds, child processes, listening ports unchanged " + str(before), f"{took / 20:.1f} s per cycle")

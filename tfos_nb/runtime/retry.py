@@ -1,0 +1,95 @@
+"""Start → train → shut down in one call, starting the whole cluster again when a node fails.
+
+TensorFlow's multi-worker training cannot take a replacement worker into a
+running cluster: a lost worker leaves the others blocked in collectives.  So the
+unit of recovery is the whole run.  With ``retries=N``, a node failure
+(:class:`~tfos_nb.runtime.cluster.TFClusterError`: a node raised, was killed,
+lost its executor or its heartbeats) tears the cluster down and starts it
+again, up to N more times.  The node function resumes from its own checkpoints
+(Keras ``BackupAndRestore`` or a ``tf.train.CheckpointManager`` in a directory
+every attempt shares); nodes read the attempt number as ``ctx.attempt``.
+
+Not retried: errors that would fail the same way again (bad arguments, not
+enough executors, a reservation timeout) and ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import state as S
+from .cluster import TFClusterError
+from .start import run
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """How a :func:`run_job` ended: the last attempt's final status and the failures before it."""
+
+    status: S.ClusterView
+    attempts: int
+    failures: tuple[str, ...]  # one line per failed attempt, oldest first
+    seconds: float
+
+
+def run_job(
+    sc: Any,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    *,
+    data: Any = None,
+    num_epochs: int = 1,
+    retries: int = 0,
+    feed_timeout: float = 600,
+    shutdown_timeout: float = 259200,
+    on_retry: Callable[[int, TFClusterError], None] | None = None,
+    on_cluster: Callable[[Any], None] | None = None,
+    **run_kwargs: Any,
+) -> RunOutcome:
+    """Run ``map_fun`` on a cluster of ``num_executors`` nodes to the end, retrying node failures.
+
+    ``data`` (an RDD or DataFrame) is fed for ``num_epochs`` epochs with
+    ``InputMode.SPARK``; without it the nodes read their own data.  Other
+    keyword arguments go to :func:`~tfos_nb.runtime.start.run`.  ``on_retry(attempt,
+    error)`` is called before attempt ``attempt`` (2, 3, …) starts; ``on_cluster(cluster)``
+    with each attempt's running cluster.  Raises the last attempt's error when
+    every attempt failed.
+    """
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        msg = f"retries must be a non-negative integer, got {retries!r}"
+        raise ValueError(msg)
+    if data is not None:
+        from .cluster import InputMode
+
+        run_kwargs.setdefault("input_mode", InputMode.SPARK)
+    base_env = dict(run_kwargs.pop("env", None) or {})
+    started = time.monotonic()
+    failures: list[str] = []
+    attempt = 1
+    while True:
+        env = dict(base_env, TFOS_ATTEMPT=str(attempt))
+        cluster = None
+        try:
+            cluster = run(sc, map_fun, tf_args, num_executors, env=env, **run_kwargs)
+            if on_cluster is not None:
+                on_cluster(cluster)
+            if data is not None:
+                cluster.train(data, num_epochs, feed_timeout=feed_timeout)
+            cluster.shutdown(timeout=shutdown_timeout)
+            return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started)
+        except TFClusterError as exc:
+            if attempt > retries:
+                if failures:
+                    exc.add_note(f"(attempt {attempt} of {retries + 1}; earlier attempts: {'; '.join(failures)})")
+                raise
+            failures.append((str(exc).splitlines() or [type(exc).__name__])[0])
+            attempt += 1
+            if on_retry is not None:
+                on_retry(attempt, exc)
+        finally:
+            if cluster is not None:
+                cluster._teardown()
