@@ -24,6 +24,26 @@ NODE_ENV = {
 }
 
 
+KERNEL = "tfos-nb-test"
+
+
+@pytest.fixture(scope="session")
+def kernel_specs(tmp_path_factory):
+    """A kernelspec running this interpreter (the project's venv), whatever python3 means elsewhere."""
+    import json
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    kernels = tmp_path_factory.mktemp("kernels")
+    spec = kernels / KERNEL
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "tfos_nb tests", "language": "python",
+    }))
+    return KernelSpecManager(kernel_dirs=[str(kernels)])
+
+
 def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> object:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from tests.conftest import KERNEL
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-KERNEL = "tfos-nb-test"
-
-
-@pytest.fixture(scope="session")
-def kernel_specs(tmp_path_factory):
-    """A kernelspec running this interpreter (the project's venv), whatever python3 means elsewhere."""
-    kernels = tmp_path_factory.mktemp("kernels")
-    spec = kernels / KERNEL
-    spec.mkdir()
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "tfos_nb tests", "language": "python",
-    }))
-    return KernelSpecManager(kernel_dirs=[str(kernels)])
 
 
 def _text(outputs) -> str:
