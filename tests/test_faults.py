@@ -355,3 +355,88 @@ def test_soak_twenty_cycles_leak_nothing(spark, sc, no_leaks):
     assert wait_until(lambda: resources() == before, 15), (before, resources())
     figure("20 × start → train → shutdown, one driver",
            "threads, fds, child processes, listening ports unchanged " + str(before), f"{took / 20:.1f} s per cycle")
+
+
+# -- 7b. soak through the magic, in one real kernel; --retries through the magic ---------------------------
+
+
+MAGIC_CYCLE = """%%tfos_cluster --workers 2 --data soak_df --name soak
+n = 0
+feed = ctx.get_data_feed()
+while not feed.should_stop():
+    n += len(feed.next_batch(64))
+ctx.report(rows=n)
+"""
+
+FLAKY_CELL = """%%tfos_cluster --workers 1 --retries 2 --name flaky
+if ctx.attempt == 1:
+    raise RuntimeError("first attempt fails")
+ctx.report(attempt=ctx.attempt)
+"""
+
+
+def kernel_resources(pid: int) -> dict[str, int]:
+    p = psutil.Process(pid)
+    ports = {c.laddr.port for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    live = []
+    for c in p.children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE:  # an exited task process Spark's worker has not reaped yet
+                live.append(" ".join(c.cmdline()))
+        except psutil.Error:
+            continue
+    tfos = [c for c in live if "tfos_nb.runtime" in c]
+    return {"threads": p.num_threads(), "fds": p.num_fds(), "children": len(live),
+            "runtime processes": len(tfos), "listening ports": len(ports)}
+
+
+def test_soak_through_the_magic_in_one_kernel(kernel_specs):
+    from jupyter_client.manager import KernelManager
+
+    from tests.conftest import KERNEL
+
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    km.start_kernel(env=dict(os.environ, PYSPARK_PYTHON=sys.executable, **NODE_ENV))
+    kc = km.client()
+    kc.start_channels()
+
+    def execute(code: str, timeout: float = 240) -> str:
+        out: list[str] = []
+        reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append(
+            str(m["content"].get("text", m["content"].get("evalue", "")))))
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out)[-2000:])
+        return "".join(out)
+
+    try:
+        kc.wait_for_ready(timeout=120)
+        conf = "".join(f".config('spark.executorEnv.{k}', '{v}')" for k, v in NODE_ENV.items())
+        execute("%load_ext tfos_nb\n%config TFOSMagics.renderer = 'none'\n"
+                "from pyspark.sql import SparkSession\n"
+                f"spark = SparkSession.builder.master('local-cluster[2,1,1024]').config('spark.ui.enabled', 'false')"
+                ".config('spark.ui.showConsoleProgress', 'false')"
+                f"{conf}.getOrCreate()\n"
+                "soak_df = spark.range(0, 2000, numPartitions=4).selectExpr('cast(id as float) as x').cache()\n"
+                "soak_df.count()")
+        check = "assert soak.result['state'] == 'finished', soak.result\n" \
+                "assert sum(m['rows'] for m in soak.result['metrics'].values()) == 2000, soak.result"
+        execute(MAGIC_CYCLE)
+        execute(check)
+        pid = km.provisioner.pid
+        assert wait_until(lambda: kernel_resources(pid)["runtime processes"] == 0, 15)
+        before = kernel_resources(pid)
+        t0 = time.monotonic()
+        for _ in range(20):
+            execute(MAGIC_CYCLE)
+            execute(check)
+        took = time.monotonic() - t0
+        assert wait_until(lambda: kernel_resources(pid) == before, 15), (before, kernel_resources(pid))
+        figure("20 × %%tfos_cluster cells in one kernel", "kernel threads, fds, children, ports unchanged "
+               + str(before), f"{took / 20:.1f} s per cell")
+
+        out = execute(FLAKY_CELL)
+        assert "chief:0 failed on host" in out and "starting again (attempt 2 of 3)" in out, out[-2000:]
+        out = execute("print(flaky.result['attempts'], flaky.result['state'], flaky.metrics['chief:0'])")
+        assert "2 finished {'attempt': 2}" in out, out
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
