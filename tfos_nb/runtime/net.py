@@ -6,6 +6,9 @@ import socket
 
 
 def resolve(host: str) -> str:
+    """The address of ``host``; Spark writes IPv6 literals bracketed (``[fd00::2]``)."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     try:
         return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
     except OSError:

@@ -1,0 +1,465 @@
+"""Scale-out beyond one machine: a real Spark standalone cluster whose two workers each
+live in their own network namespace (own address, own loopback), the driver, the
+master and the Jupyter server in the root namespace, joined by a bridge.
+
+Nothing may assume "everything is on localhost": the nodes must register, form the
+TensorFlow cluster, be fed and be proxied at their namespace addresses.
+
+* the quickstart as a plain script through ``spark-submit --master spark://…:7077``;
+* the quickstart training from this (driver) process with ``spark.driver.host`` on the
+  bridge, the nodes really inside the namespaces, accuracy ≥ 0.9;
+* TensorBoard on the chief, inside a namespace, through a real ``jupyter server``'s
+  ``tfos_nb/tensorboard/<id>/`` route;
+* teardown leaves no process, link or namespace behind.
+
+Skipped (with the reason) only where network namespaces cannot be made: not root, or
+``ip netns add`` refused.  Needs iproute2 and Java, as the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import cloudpickle
+import pytest
+
+from tests.conftest import NODE_ENV, listening_ports, runtime_processes, wait_until
+from tests.netns_cluster import TAG_ENV, NamespacesUnavailable, NetnsCluster, kill_group, pyspark_bin
+from tfos_nb import TFCluster
+from tfos_nb import tensorboard as tb
+from tfos_nb.examples import digits
+from tfos_nb.runtime import messages as m
+from tfos_nb.runtime import net
+from tfos_nb.runtime.reservation import ControlServer
+
+pytestmark = pytest.mark.slow
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = REPO / "scripts" / "quickstart_job.py"
+CONFIG_JSON = REPO / "jupyter-config" / "jupyter_server_config.d" / "tfos_nb.json"
+EPOCHS = 5
+
+
+# --------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
+    """Bridge, two worker namespaces, a master and two workers; all gone at module end.
+
+    Each worker offers 2 cores (2 GiB): one executor of the batch job and one of this
+    driver's application per namespace, so the two run side by side.
+    """
+    cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), worker_cores=2, worker_memory="2g")
+    t0 = time.monotonic()
+    try:
+        cluster.start()
+    except NamespacesUnavailable as exc:
+        pytest.skip(f"cannot make network namespaces here: {exc}")
+    print(f"\n[multihost] standalone cluster up in {time.monotonic() - t0:.1f} s: {cluster.master_url}, workers {cluster.worker_ips}")
+    try:
+        yield cluster
+    finally:
+        t0 = time.monotonic()
+        cluster.stop()
+        gone = wait_until(lambda: not cluster.leftovers(), 20, 0.2)
+        left = cluster.leftovers()
+        if left:
+            cluster.kill_leftovers()
+        print(f"[multihost] teardown in {time.monotonic() - t0:.1f} s")
+        assert gone, f"left behind after teardown: {left}"
+
+
+def _spark_confs(cluster: NetnsCluster) -> dict[str, str]:
+    """One 1-core, 1 GiB executor per worker namespace (spreadOut), driver on the bridge."""
+    confs = {
+        "spark.driver.host": cluster.host_ip,
+        "spark.driver.bindAddress": cluster.host_ip,
+        "spark.executor.memory": "1g",
+        "spark.executor.cores": "1",
+        "spark.cores.max": str(cluster.workers),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "WARN",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.task.maxFailures": "1",
+    }
+    confs.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
+    return confs
+
+
+def _child_env(cluster: NetnsCluster, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            TAG_ENV: cluster.tag,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+    )
+    env.pop("SPARK_HOME", None)
+    env.update(extra)
+    return env
+
+
+def _tagged_runtime(cluster: NetnsCluster) -> list[str]:
+    return [line for line in cluster.leftovers() if "tfos_nb.runtime" in line]
+
+
+@dataclass
+class Job:
+    proc: subprocess.Popen
+    out: Path
+    err: Path
+    export_dir: Path
+    started: float
+
+
+@pytest.fixture(scope="module")
+def batch_job(netns: NetnsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    """``spark-submit --master spark://…:7077 scripts/quickstart_job.py``, started first and
+    left running while the driver-side tests use the other half of the workers' cores;
+    :func:`test_quickstart_job_through_spark_submit` collects it."""
+    d = tmp_path_factory.mktemp("job")
+    cmd = [pyspark_bin("spark-submit"), "--master", netns.master_url]
+    for key, value in _spark_confs(netns).items():
+        cmd += ["--conf", f"{key}={value}"]
+    cmd += [str(JOB), "--workers", "2", "--epochs", str(EPOCHS), "--export-dir", str(d / "model")]
+    out, err = d / "stdout", d / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(cmd, env=_child_env(netns), cwd=d, stdin=subprocess.DEVNULL, stdout=o, stderr=e, start_new_session=True)
+    job = Job(proc, out, err, d / "model", time.monotonic())
+    try:
+        yield job
+    finally:
+        if proc.poll() is None:  # a failed or deselected collection: end the whole job
+            kill_group(proc)
+
+
+# --------------------------------------------------------------------------- (a) + (b) from this driver
+@pytest.fixture(scope="module")
+def spark(netns: NetnsCluster, batch_job: Job) -> Iterator[object]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(netns.master_url).appName("tfos_nb-multihost")
+    for key, value in _spark_confs(netns).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _config_dir(root: Path) -> Path:
+    cfg = root / "config"
+    (cfg / "jupyter_server_config.d").mkdir(parents=True)
+    shutil.copy(CONFIG_JSON, cfg / "jupyter_server_config.d" / "tfos_nb.json")
+    return cfg
+
+
+@dataclass
+class Response:
+    status_code: int
+    content_type: str
+    body: bytes
+
+    def json(self) -> object:
+        return json.loads(self.body)
+
+
+class Jupyter:
+    """A real ``jupyter server`` in the root namespace, with the shipped extension config."""
+
+    def __init__(self, root: Path, cluster: NetnsCluster) -> None:
+        self.runtime_dir = root / "runtime"
+        self.runtime_dir.mkdir(mode=0o700)
+        (root / "work").mkdir()
+        self.token = secrets.token_hex(16)
+        self.log = root / "server.log"
+        env = _child_env(
+            cluster,
+            JUPYTER_RUNTIME_DIR=str(self.runtime_dir),
+            JUPYTER_CONFIG_DIR=str(_config_dir(root)),
+            JUPYTER_DATA_DIR=str(root / "data"),
+            JUPYTER_PLATFORM_DIRS="1",
+        )
+        cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.token={self.token}", "--port=0", "--no-browser"]
+        cmd += ["--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root / 'work'}", "--TensorBoardProxy.request_timeout=30"]
+        if os.getuid() == 0:
+            cmd.append("--allow-root")
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out)
+        self.url = ""
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """``--port=0``: the server writes its URL into its runtime dir's ``jpserver-<pid>.json``."""
+        info = self.runtime_dir / f"jpserver-{self.proc.pid}.json"
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"jupyter server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            if not info.exists():
+                return False
+            try:
+                self.url = json.loads(info.read_text())["url"]
+            except (ValueError, KeyError):
+                return False
+            return self.get("api/status").status_code == 200
+
+        assert wait_until(ready, timeout, 0.2), self.log.read_text()[-3000:]
+        assert "tfos_nb: TensorBoard proxy at" in self.log.read_text()
+
+    def get(self, rel: str) -> Response:
+        parts = urlsplit(self.url + rel)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        try:
+            conn.request("GET", parts.path, headers={"Authorization": f"token {self.token}"})
+            resp = conn.getresponse()
+            return Response(resp.status, resp.getheader("Content-Type") or "", resp.read())
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def train_and_serve_logs(args: dict, ctx) -> None:  # noqa: ANN001 - a node function
+    """The quickstart's training; the chief also evaluates on the held-out digits, writes a
+    TensorBoard run, and keeps its node (and so TensorBoard) up until ``shutdown()``."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfos_nb import compat
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = digits.build_model()
+    feed = ctx.get_data_feed()
+    hist = model.fit(feed.as_dataset(batch_size=32), epochs=args["epochs"], verbose=0, callbacks=[ctx.progress_callback()])
+    compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
+    if not ctx.is_chief:
+        return
+    print("TF_CONFIG", os.environ["TF_CONFIG"], flush=True)
+    logits = model(tf.constant(np.asarray(args["x_test"], dtype=np.float32)), training=False).numpy()
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == np.asarray(args["y_test"])))
+    print(f"test_accuracy {accuracy:.4f}", flush=True)
+    with tf.summary.create_file_writer(os.path.join(ctx.log_dir, "digits")).as_default():
+        for epoch, value in enumerate(hist.history["accuracy"]):
+            tf.summary.scalar("accuracy", value, step=epoch)
+        tf.summary.scalar("test_accuracy", accuracy, step=len(hist.history["accuracy"]))
+    while not feed.should_stop():  # true once shutdown() is asked for
+        time.sleep(0.2)
+
+
+def _log_value(cluster: object, label: str, key: str) -> str | None:
+    for line in cluster.logs(label, tail=None).get(label, []):  # type: ignore[attr-defined]
+        if line.startswith(key + " "):
+            return line[len(key) + 1 :]
+    return None
+
+
+@pytest.fixture(scope="module")
+def trained(netns: NetnsCluster, spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The quickstart trained from this process across the namespaces; the cluster still up."""
+    root = tmp_path_factory.mktemp("multihost")
+    (root / "jupyter").mkdir()
+    jupyter = Jupyter(root / "jupyter", netns)  # starts while Spark and TensorFlow do
+    try:
+        sc = spark.sparkContext  # type: ignore[attr-defined]
+        xtr, ytr, xte, yte = digits.load_digits_arrays()
+        df = digits.to_dataframe(spark, xtr, ytr, partitions=4).cache()
+        df.count()
+        args = {"epochs": EPOCHS, "export_dir": str(root / "model"), "x_test": xte.tolist(), "y_test": yte.tolist()}
+        ports_before = listening_ports()
+        procs_before = {p.pid for p in runtime_processes()}
+        t0 = time.monotonic()
+        cluster = TFCluster.run(
+            sc,
+            train_and_serve_logs,
+            args,
+            2,
+            master_node="chief",
+            input_mode=TFCluster.InputMode.SPARK,
+            tensorboard=True,
+            log_dir=str(root / "tb"),
+            env=NODE_ENV,
+        )
+        started = time.monotonic() - t0
+        try:
+            cluster.train(df, num_epochs=EPOCHS)
+            trained_s = time.monotonic() - t0 - started
+            print(f"\n[multihost] driver-side cluster: started in {started:.1f} s, trained {EPOCHS} epochs in {trained_s:.1f} s")
+            jupyter.wait_ready()
+            yield {
+                "cluster": cluster,
+                "jupyter": jupyter,
+                "sc": sc,
+                "rows": len(ytr),
+                "ports_before": ports_before,
+                "procs_before": procs_before,
+            }
+        finally:
+            cluster.shutdown()  # idempotent: normally done by the last test
+    finally:
+        jupyter.stop()
+
+
+def test_quickstart_nodes_on_namespace_addresses(trained: dict, netns: NetnsCluster) -> None:
+    cluster, sc = trained["cluster"], trained["sc"]
+    assert cluster.last_feed["rows"] == EPOCHS * trained["rows"] and cluster.last_feed["skipped"] == 0, cluster.last_feed
+    # Spark's executors registered from the namespaces' addresses.
+    executor_hosts = {e.host for e in sc.statusTracker().getExecutorInfos()} - {netns.host_ip}
+    assert executor_hosts == set(netns.worker_ips), executor_hosts
+    nodes = {n.label: n for n in cluster.nodes}
+    assert sorted(nodes) == ["chief:0", "worker:0"]
+    assert {n.host for n in nodes.values()} == set(netns.worker_ips), [(n.label, n.host) for n in nodes.values()]
+    # Each node's process really runs in its worker's network namespace, one per namespace.
+    inodes = {os.stat(f"/run/netns/{netns.namespace(i)}").st_ino: netns.worker_ip(i) for i in range(netns.workers)}
+    for n in nodes.values():
+        assert n.child_pid, n
+        ns_inode = os.stat(f"/proc/{n.child_pid}/ns/net").st_ino
+        assert inodes.get(ns_inode) == n.host, (n.label, n.host, ns_inode, inodes)
+    # TF_CONFIG (what TensorFlow's collectives dialled) names the namespace addresses only.
+    assert wait_until(lambda: _log_value(cluster, "chief:0", "test_accuracy") is not None, 120), cluster.logs("chief:0")
+    tf_config = json.loads(_log_value(cluster, "chief:0", "TF_CONFIG") or "{}")
+    addrs = [a for members in tf_config["cluster"].values() for a in members]
+    assert sorted(a.rsplit(":", 1)[0] for a in addrs) == sorted(netns.worker_ips), tf_config
+    assert not any(a.startswith(("127.", "localhost")) for a in addrs), tf_config
+    accuracy = float(_log_value(cluster, "chief:0", "test_accuracy") or 0)
+    print(f"\n[multihost] driver-side quickstart: test accuracy {accuracy:.4f}")
+    assert accuracy >= 0.9
+
+
+def test_tensorboard_through_proxy_from_a_namespace(trained: dict, netns: NetnsCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, jupyter = trained["cluster"], trained["jupyter"]
+    url = cluster.tensorboard_url()
+    chief = next(n for n in cluster.nodes if n.label == "chief:0")
+    assert url == f"http://{chief.host}:{url.rsplit(':', 1)[1]}" and chief.host in netns.worker_ips, (url, chief.host)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(jupyter.runtime_dir))
+    cluster_id = cluster.status().cluster_id
+    path = tb.register(cluster_id, url)
+    try:
+        t0 = time.monotonic()
+        runs: list = []
+
+        def listed() -> bool:
+            nonlocal runs
+            resp = jupyter.get(path + "data/runs")
+            runs = resp.json() if resp.status_code == 200 else [resp.status_code]
+            return "digits" in runs
+
+        assert wait_until(listed, 90, 0.5), runs
+        print(f"\n[multihost] TensorBoard on {url} listed the run through the proxy after {time.monotonic() - t0:.1f} s")
+        tags = jupyter.get(path + "data/plugin/scalars/tags")
+        assert tags.status_code == 200 and "accuracy" in tags.json()["digits"], tags.body[:300]
+        index = jupyter.get(path)
+        assert index.status_code == 200 and index.content_type.startswith("text/html")
+    finally:
+        tb.withdraw(cluster_id)
+    assert jupyter.get(path + "data/runs").status_code == 404
+
+
+def test_shutdown_leaves_nothing_behind(trained: dict, netns: NetnsCluster) -> None:
+    cluster = trained["cluster"]
+    t0 = time.monotonic()
+    cluster.shutdown()
+    took = time.monotonic() - t0
+    print(f"\n[multihost] shutdown of the namespace-spanning cluster: {took:.1f} s")
+    assert all(n.state == "finished" for n in cluster.nodes), [(n.label, n.state, n.error) for n in cluster.nodes]
+    before = trained["procs_before"]
+    assert wait_until(lambda: not [p for p in runtime_processes() if p.pid not in before], 20), [
+        " ".join(p.cmdline()) for p in runtime_processes()
+    ]
+    assert wait_until(lambda: not _tagged_runtime(netns), 20), _tagged_runtime(netns)
+    assert wait_until(lambda: not (listening_ports() - trained["ports_before"]), 10), listening_ports() - trained["ports_before"]
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 10), threading.enumerate()
+
+
+# --------------------------------------------------------------------------- IPv6
+IPV6_CLIENT = """
+import os, sys
+from tfos_nb.runtime import messages as m, net
+from tfos_nb.runtime.reservation import ControlClient
+host, port = sys.argv[1], int(sys.argv[2])
+me = net.local_ip_towards(host, port)           # what a supervisor registers as its address
+client = ControlClient(m.Codec(bytes.fromhex(os.environ["SECRET"]), "ipv6test", "node0"), (host, port), timeout=10)
+reply = client.request(m.Register(node=0, host=me, port=net.free_port(me), executor_id="1", pid=os.getpid()))
+client.close()
+print(me, reply.ok, reply.body["seen"])
+"""
+
+
+def test_control_plane_over_ipv6_between_namespaces(netns: NetnsCluster) -> None:
+    """Spark writes an IPv6 ``spark.driver.host`` bracketed; the control plane must still bind
+    on the driver's address and be reached, signed, from another namespace."""
+    host = net.resolve(f"[{netns.host_ip6}]")
+    assert host == netns.host_ip6
+    secret = m.new_secret()
+    seen: list[m.Message] = []
+
+    def handler(msg: m.Message) -> m.Reply:
+        seen.append(msg)
+        return m.Reply(ok=True, body={"seen": getattr(msg, "host", "")})
+
+    server = ControlServer(m.Codec(secret, "ipv6test", "driver"), handler, host)
+    address = server.start()
+    try:
+        assert address[0] == netns.host_ip6
+        res = subprocess.run(
+            ["ip", "netns", "exec", netns.namespace(1), sys.executable, "-c", IPV6_CLIENT, address[0], str(address[1])],
+            env=_child_env(netns, SECRET=secret.hex()),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        server.stop()
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == [netns.worker_ip6(1), "True", netns.worker_ip6(1)], res.stdout
+    assert [type(x).__name__ for x in seen] == ["Register"] and seen[0].host == netns.worker_ip6(1)
+
+
+# --------------------------------------------------------------------------- (c) spark-submit
+def test_quickstart_job_through_spark_submit(batch_job: Job, netns: NetnsCluster) -> None:
+    """TensorFlowOnSpark's way: the quickstart as a plain script through ``spark-submit``."""
+    try:
+        code = batch_job.proc.wait(timeout=max(10.0, 400 - (time.monotonic() - batch_job.started)))
+    except subprocess.TimeoutExpired:
+        code = None
+    took = time.monotonic() - batch_job.started
+    out = batch_job.out.read_text(errors="replace")
+    err = batch_job.err.read_text(errors="replace")
+    assert code == 0, f"spark-submit exited {code} after {took:.0f} s\n{out[-3000:]}\n{err[-5000:]}"
+    acc_lines = [ln for ln in out.splitlines() if ln.startswith("accuracy: ")]
+    assert acc_lines, out
+    print(f"\n[multihost] spark-submit quickstart (alongside the driver-side tests): done {took:.1f} s after submit, {acc_lines[-1]}")
+    assert float(acc_lines[-1].split()[1]) >= 0.9, out
+    hosts = {ln.split()[1]: ln.split()[3] for ln in out.splitlines() if ln.startswith("node ")}
+    assert set(hosts) == {"chief:0", "worker:0"}, out
+    assert set(hosts.values()) == set(netns.worker_ips), (hosts, netns.worker_ips)
+    assert (batch_job.export_dir / "saved_model.pb").exists()
+    # Its driver is gone, so are its supervisors and nodes (they carry the cluster's tag).
+    assert wait_until(lambda: not _tagged_runtime(netns), 30), _tagged_runtime(netns)
