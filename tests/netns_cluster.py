@@ -209,7 +209,7 @@ class NetnsCluster:
         master = self._launch(
             "master",
             [spark_class, "org.apache.spark.deploy.master.Master", "--host", self.host_ip, "--port", str(MASTER_PORT), "--webui-port", "0"],
-            self.daemon_env(self.host_ip),
+            dict(self.daemon_env(self.host_ip), SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false"),
         )
         self._wait_log(master, "I have been elected leader", deadline)
         started = []
