@@ -10,6 +10,8 @@ TensorFlow cluster, be fed and be proxied at their namespace addresses.
   bridge, the nodes really inside the namespaces, accuracy ≥ 0.9;
 * TensorBoard on the chief, inside a namespace, through a real ``jupyter server``'s
   ``tfos_nb/tensorboard/<id>/`` route;
+* the control plane over IPv6 between namespaces (Spark brackets an IPv6
+  ``spark.driver.host``);
 * teardown leaves no process, link or namespace behind.
 
 Skipped (with the reason) only where network namespaces cannot be made: not root, or
