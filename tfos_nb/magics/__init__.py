@@ -1,4 +1,4 @@
-"""The IPython layer: ``%load_ext tfos_nb`` gives ``%%tfos_cluster`` and friends.
+"""The IPython layer: ``%load_ext tfos_nb`` gives ``%%tfos_cluster``, ``%%tfos_parallel`` and friends.
 
 Importing this package is light (the nodes import ``tfos_nb.magics._cellfn``
 to run a cell's function); IPython is imported only by ``TFOSMagics``.
@@ -9,13 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["ClusterFailed", "ClusterHandle", "TFOSMagics", "load_ipython_extension", "spark_session",
-           "unload_ipython_extension"]
+__all__ = ["ClusterFailed", "ClusterHandle", "ParallelFailed", "ParallelHandle", "TFOSMagics", "load_ipython_extension",
+           "spark_session", "unload_ipython_extension"]
 
 _LAZY = {
     "TFOSMagics": "._magics",
     "ClusterHandle": "._handle",
     "ClusterFailed": "._handle",
+    "ParallelHandle": "._parallel",
+    "ParallelFailed": "._parallel",
     "spark_session": "._spark",
 }
 
@@ -43,6 +45,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     if magics is None:
         return
     magics.shutdown_all()
+    magics.detach()
     atexit.unregister(magics.shutdown_all)
     for kind, names in magics.magics.items():
         for name in names:

@@ -7,6 +7,7 @@ import atexit
 import keyword
 import os
 import sys
+import threading
 import time
 import types
 from typing import Any
@@ -16,8 +17,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
+from ..runtime import state as S
+from ..runtime.start import add_start_listener, remove_start_listener
 from ..widgets import JobProgress
-from . import _render
+from . import _parallel, _render
 from ._cellfn import CellError, build
 from ._handle import ClusterFailed, ClusterHandle
 from ._spark import (
@@ -70,12 +73,48 @@ class TFOSMagics(Magics):
     timeout = Float(
         None, allow_none=True, help="Default --timeout in seconds for a cell's whole run (None: no limit)."
     ).tag(config=True)
+    api_panels = Bool(
+        True,
+        help="Also show the panel (widget or HTML) for clusters a cell starts with plain Python calls "
+        "(TFCluster.run, TFEstimator.fit), in that cell's output.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self.handles: dict[str, ClusterHandle] = {}
         self._local_tensorboards: dict[str, Any] = {}
         atexit.register(self.shutdown_all)
+        add_start_listener(self._api_cluster_started)
+
+    def _api_cluster_started(self, st: S.ClusterState) -> None:
+        """A panel for a cluster started by a Python call in a cell (not by %%tfos_cluster's own thread)."""
+        if not self.api_panels or threading.current_thread() is not threading.main_thread():
+            return
+        from ..widgets import choose_renderer, make_renderer
+
+        kind = choose_renderer(self.renderer, self.shell)
+        if kind not in ("widget", "html"):
+            return  # text lines from listener threads would land in whatever cell runs then
+        try:
+            renderer = make_renderer(kind)
+        except ImportError:
+            renderer = make_renderer("html")
+        assert renderer is not None
+        renderer.start(st.name)
+
+        def on_change(state: S.ClusterState) -> None:
+            view = state.snapshot()
+            if view.state in (S.C_FINISHED, S.C_FAILED, S.C_STOPPED):
+                state.remove_listener(on_change)
+                renderer.finish(view)
+            else:
+                renderer.update(view)
+
+        st.add_listener(on_change)
+
+    def detach(self) -> None:
+        """Stop showing panels for API-started clusters (``%unload_ext``)."""
+        remove_start_listener(self._api_cluster_started)
 
     # -- %%tfos_cluster -------------------------------------------------------------
     @no_var_expand
@@ -198,6 +237,9 @@ class TFOSMagics(Magics):
             if isinstance(cause, RuntimeError) and str(cause).startswith("not enough executors"):
                 raise _usage(str(cause)) from None
             raise
+
+    # %%tfos_parallel: N independent runs (a sweep); see _parallel.py
+    tfos_parallel = cell_magic(_parallel.tfos_parallel)
 
     # -- helpers of %%tfos_cluster ----------------------------------------------------
     def _data(self, var: str) -> Any:

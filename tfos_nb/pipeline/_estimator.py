@@ -199,7 +199,7 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
         cluster = tfc.run(sc, self.train_fn, args, self.getOrDefault(self.clusterSize),
                           num_ps=self.getOrDefault(self.numPS), tensorboard=self.getOrDefault(self.tensorboard),
                           input_mode=mode, master_node=self.getOrDefault(self.masterNode), env=self.env,
-                          log_dir=args.get("model_dir"))
+                          log_dir=args.get("model_dir"), name=f"{self.uid}.fit")
         try:
             if source is not None:
                 cluster.train(source, num_epochs=self.getOrDefault(self.epochs), batch_rows=self.getBatchSize())

@@ -23,6 +23,24 @@ from .sparkjob import SparkJob
 
 EXECUTOR_SETTLE_S = 5.0
 
+_start_listeners: list[Callable[[S.ClusterState], None]] = []
+
+
+def add_start_listener(fn: Callable[[S.ClusterState], None]) -> None:
+    """Call ``fn(state)`` whenever :func:`run` starts a cluster, on run()'s thread, before its nodes launch.
+
+    How the notebook layer shows a panel for clusters started by plain Python
+    calls (``TFCluster.run``, ``TFEstimator.fit``) without the runtime knowing
+    about notebooks.  ``fn`` may ``state.add_listener(...)``; its errors are ignored.
+    """
+    if fn not in _start_listeners:
+        _start_listeners.append(fn)
+
+
+def remove_start_listener(fn: Callable[[S.ClusterState], None]) -> None:
+    if fn in _start_listeners:
+        _start_listeners.remove(fn)
+
 
 def available_slots(sc: Any) -> tuple[int, int]:
     """(task slots, executors) the application has right now."""
@@ -144,6 +162,11 @@ def run(
         state.add_log_listener(log_callback)
     if on_state is not None:
         state.add_listener(on_state)
+    for listener in list(_start_listeners):
+        try:
+            listener(state)
+        except Exception:  # noqa: BLE001 - a UI bug must not stop a cluster from starting
+            pass
     if num_gpus is None:
         num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
 
