@@ -1,6 +1,6 @@
 """tfos_nb: distributed TensorFlow on Apache Spark, driven from Python or a notebook.
 
-``from tfos_nb import TFCluster, TFNode`` gives TensorFlowOnSpark's API on the
+``from tfos_nb import TFCluster, TFNode, TFParallel`` gives TensorFlowOnSpark's API on the
 bundled runtime.  Submodules load lazily, so importing tfos_nb (as the node
 processes do) pulls in neither pyspark nor TensorFlow nor IPython.
 """
@@ -11,11 +11,11 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["TFCluster", "TFNode", "compat", "dfutil", "__version__"]
+__all__ = ["TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("TFCluster", "TFNode", "compat", "dfutil"):
+    if name in ("TFCluster", "TFNode", "TFParallel", "compat", "dfutil"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

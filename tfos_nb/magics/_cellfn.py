@@ -145,11 +145,11 @@ def snapshot(names: set[str], namespace: Mapping[str, Any]) -> dict[str, Any]:
     return taken
 
 
-def build(source: str, namespace: Mapping[str, Any], label: str) -> tuple[CellFunction, list[str]]:
-    """The node function for a cell, and the notebook names it took along."""
+def build(source: str, namespace: Mapping[str, Any], label: str, magic: str = "tfos_cluster") -> tuple[CellFunction, list[str]]:
+    """The node function for a cell, and the notebook names it took along (tracebacks show ``<%%magic label>``)."""
     import cloudpickle
 
-    filename = f"<%%tfos_cluster {label}>"
+    filename = f"<%%{magic} {label}>"
     code = compile_cell(source, filename)
     names = global_names(code) - {CELL_FUNCTION}
     taken = snapshot(names, namespace)

@@ -2,6 +2,7 @@
 
 ``python -m tfos_nb.runtime supervisor``: a node's supervisor (started by the launch task).
 ``python -m tfos_nb.runtime node``: a node's TensorFlow process (started by its supervisor).
+``python -m tfos_nb.runtime run``: one parallel run's process (started by its Spark task).
 """
 
 import sys
@@ -12,7 +13,9 @@ if __name__ == "__main__":
         from tfos_nb.runtime.supervisor import main
     elif role == "node":
         from tfos_nb.runtime.node import main
+    elif role == "run":
+        from tfos_nb.runtime.parallel_task import main
     else:
-        sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node\n")
+        sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node|run\n")
         sys.exit(2)
     sys.exit(main())

@@ -30,6 +30,7 @@ _COLORS = {
     "reserving": "#b58900",
 }
 COLUMNS = ("node", "host", "executor", "device", "state", "step", "steps/s", "metrics", "heartbeat")
+RUN_COLUMNS = ("state", "step", "steps/s", "metrics", "host", "executor", "device", "heartbeat")  # parallel runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,7 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
 def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any]:
     """The whole panel as a JSON-able dict (header + one row per node)."""
     live = view.state not in _TERMINAL_CLUSTER
-    return {
+    model = {
         "name": view.name,
         "state": view.state,
         "elapsed": f"{view.elapsed:.1f} s",
@@ -110,6 +111,30 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
         "final": not live,
         "rows": [node_row(n, live) for n in view.nodes],
     }
+    if hasattr(view, "params"):  # parallel runs (runtime.parallel.ParallelView)
+        _add_runs(model, view)
+    return model
+
+
+def _add_runs(model: dict[str, Any], view: Any) -> None:
+    """Parallel runs: each run's parameters as columns, and the best finished run by the view's metric."""
+    params = list(view.params or ())
+    keys: list[str] = []
+    for p in params:
+        keys += [str(k) for k in p if str(k) not in keys]
+    model["param_keys"] = keys
+    model["metric"] = view.metric
+    model["mode"] = view.mode
+    best = view.best
+    model["best"] = None
+    for i, row in enumerate(model["rows"]):
+        given = params[i] if i < len(params) else {}
+        row["params"] = {str(k): _num(v) for k, v in given.items()}
+        row["best"] = i == best
+        value = view.nodes[i].metrics.get(view.metric) if view.metric else None
+        row["result"] = "" if value is None else _num(value)
+        if i == best:
+            model["best"] = f"{row['node']} {view.metric} {row['result']}"
 
 
 def state_key(model: Mapping[str, Any]) -> tuple:
@@ -125,6 +150,8 @@ def text_line(model: Mapping[str, Any]) -> str:
     parts = [head]
     for r in model["rows"]:
         text = f"{r['node']} {r['state']}"
+        if r.get("params"):
+            text = f"{r['node']} " + " ".join(f"{k}={v}" for k, v in r["params"].items()) + f" {r['state']}"
         if r["step"]:
             text += f" step {r['step']}"
         if r["metrics"]:
@@ -136,6 +163,8 @@ def text_line(model: Mapping[str, Any]) -> str:
         parts.append(text)
     if model["error"] and not any(r["error"] for r in model["rows"]):
         parts.append(model["error"])
+    if model.get("best"):
+        parts.append(f"best {model['best']}")
     return " | ".join(parts)
 
 
@@ -183,26 +212,39 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
         head.append(f"{_e(model['rows_fed'])} rows fed")
     if tensorboard and model["tensorboard"]:
         head.append(tensorboard_link(model))
+    if model.get("best"):
+        head.append(f"<b>best: {_e(model['best'])}</b>")
+    runs = "param_keys" in model  # parallel runs: node, parameters, the ranking metric, then the rest
+    n_params = len(model["param_keys"]) if runs else 0
+    result_col = [model["metric"]] if runs and model["metric"] else []
+    columns = (*COLUMNS[:1], *model["param_keys"], *result_col, *RUN_COLUMNS) if runs else COLUMNS
     out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
     if model["error"]:
         out.append(f'<div style="color:#dc322f">{_e(model["error"])}</div>')
     out.append('<table style="border-collapse:collapse"><thead><tr>')
-    out += [f'<th style="text-align:left;padding:1px 6px">{_e(c)}</th>' for c in COLUMNS]
+    out += [f'<th style="text-align:left;padding:1px 6px">{_e(c)}</th>' for c in columns]
     out.append("</tr></thead><tbody>")
     for r in model["rows"]:
         cells = []
-        for c in COLUMNS:
-            if c == "state":
+        for j, c in enumerate(columns):
+            if j == 0 and r.get("best"):
+                cells.append(f"&#9733; {_e(r[c])}")  # the best run: a star and a green row
+            elif 1 <= j <= n_params:
+                cells.append(_e(r["params"].get(c, "")))
+            elif result_col and j == n_params + 1:
+                cells.append(_e(r["result"]))
+            elif c == "state":
                 cells.append(_badge(r["state"]))
             elif c == "heartbeat" and r["missing_heartbeat"]:
                 cells.append(f'<span style="color:#dc322f">{_e(r[c])}</span>')
             else:
                 cells.append(_e(r[c]))
-        out.append("<tr>" + "".join(f'<td style="padding:1px 6px">{c}</td>' for c in cells) + "</tr>")
+        row_style = ' style="background:#e6f4ea;font-weight:bold"' if r.get("best") else ""
+        out.append(f"<tr{row_style}>" + "".join(f'<td style="padding:1px 6px">{c}</td>' for c in cells) + "</tr>")
         if r["error"]:
             tail = ""
             if r["tail"]:
                 tail = "<details><summary>log tail</summary><pre>" + _e("\n".join(r["tail"])) + "</pre></details>"
-            out.append(f'<tr><td colspan="{len(COLUMNS)}" style="color:#dc322f;padding:1px 6px">{_e(r["error"])}{tail}</td></tr>')
+            out.append(f'<tr><td colspan="{len(columns)}" style="color:#dc322f;padding:1px 6px">{_e(r["error"])}{tail}</td></tr>')
     out.append("</tbody></table></div>")
     return "".join(out)

@@ -1,0 +1,22 @@
+"""``from tfos_nb import TFParallel`` — TensorFlowOnSpark's module: independent single-node runs.
+
+``TFParallel.run(sc, map_fun, tf_args, num_executors, use_barrier=True)`` runs
+``map_fun(args, ctx)`` as ``num_executors`` TensorFlow runs with no cluster
+between them (hyper-parameter sweeps, embarrassingly parallel inference).
+Unlike TensorFlowOnSpark it returns each run's result, in run order, and
+``tf_args`` may be a list of dicts, one per run.  ``start`` returns the
+:class:`ParallelRuns` at once (``wait()``, ``stop()``, ``status()``).
+"""
+
+from .runtime.parallel import (
+    ParallelRuns,
+    ParallelView,
+    RunResult,
+    TFParallelError,
+    best_index,
+    run,
+    start,
+)
+from .runtime.parallel_task import RunContext
+
+__all__ = ["ParallelRuns", "ParallelView", "RunContext", "RunResult", "TFParallelError", "best_index", "run", "start"]
