@@ -30,6 +30,7 @@ from .launch import (
 from .procs import kill_tree
 from .reservation import ControlServer
 from .sparkjob import SparkJob
+from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, is_streaming, require_stream, sink_writer
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class TFCluster:
         self._jobs: list[SparkJob] = []
         self._local: list[Any] = []  # supervisors of driver-side ps nodes
         self._closed = False
+        self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
         self._close_lock = threading.Lock()
         self.last_feed: dict[str, int] = {}
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
@@ -147,6 +149,18 @@ class TFCluster:
         """
         self._require_spark_mode("train")
         self._require_alive()
+        if is_streaming(dataRDD):  # one unbounded epoch, until the query or the nodes end
+            if int(num_epochs) > 1:
+                msg = "num_epochs does not apply to a streaming DataFrame: a stream is one unbounded epoch"
+                raise ValueError(msg)
+            feed = self.train_stream(dataRDD, feed_timeout=feed_timeout, batch_rows=batch_rows)
+            try:
+                feed.wait()
+            finally:
+                feed.stop()
+                self.last_feed = feed.stats
+            return
+        self._require_no_training_stream()
         from pyspark.sql import DataFrame
 
         is_df = isinstance(dataRDD, DataFrame)
@@ -203,14 +217,137 @@ class TFCluster:
             dataRDD = dataRDD.rdd
         return dataRDD.mapPartitionsWithIndex(make_rdd_inferer(self._meta, feed_timeout, batch_rows))
 
+    # -- streams -----------------------------------------------------------------
+    def train_stream(self, stream_df: Any, *, feed_timeout: float = 600, batch_rows: int = 1024,
+                     checkpoint_location: str | None = None, query_name: str | None = None,
+                     trigger: dict[str, Any] | None = None) -> StreamingFeed:
+        """Feed a streaming DataFrame to the chief/worker nodes until the query is stopped; returns at once.
+
+        Each micro-batch is fed like one ``train()`` epoch's partitions (through
+        ``writeStream.foreachBatch``); the whole stream is one epoch, so nodes read
+        with ``next_batch``/``should_stop`` (or one ``as_dataset()`` iteration).
+        The returned :class:`StreamingFeed` owns the query: ``process_all_available()``,
+        ``stop()``, ``wait()``, ``rows``.  ``shutdown()`` stops it first.
+        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
+        ``{"availableNow": True}``); without ``checkpoint_location`` a temporary one
+        is used and removed at stop.
+        """
+        self._require_spark_mode("train_stream")
+        self._require_alive()
+        require_stream(stream_df, "train_stream")
+        self._require_no_training_stream()
+        location, owned = checkpoint_dir(checkpoint_location)
+        with self.state.lock:
+            self.state.feed_gen += 1
+            gen = self.state.feed_gen
+        self.state.notify()
+        feed = StreamingFeed(self, "train", gen, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        writer = apply_writer_options(stream_df.writeStream.foreachBatch(feed._on_batch), query_name=query_name,
+                                      trigger=trigger, checkpoint=location)
+        self._streams.append(feed)
+        try:
+            return feed._start(writer)
+        except BaseException:
+            feed.stop()
+            raise
+
+    def inference_stream(self, stream_df: Any, schema: Any, sink: str | Callable[[Any, int], None] = "memory", *,
+                         path: str | None = None, query_name: str | None = None,
+                         options: dict[str, Any] | None = None, output_mode: str = "append",
+                         checkpoint_location: str | None = None, trigger: dict[str, Any] | None = None,
+                         feed_timeout: float = 600, batch_rows: int = 1024) -> StreamingFeed:
+        """Run a streaming DataFrame through the nodes' ``batch_results`` and write the results to ``sink``.
+
+        ``schema`` (DDL string or StructType) names the result columns, as in
+        ``inference(df, schema=...)``; ``sink`` is a streaming format (``"memory"``
+        with ``query_name``, ``"parquet"``/``"json"`` with ``path``, ``"kafka"`` with
+        ``options``…) or a function ``(predictions_df, batch_id)`` for
+        ``foreachBatch``.  Returns the query's :class:`StreamingFeed` at once;
+        ``shutdown()`` stops it first.
+        """
+        self._require_spark_mode("inference_stream")
+        self._require_alive()
+        require_stream(stream_df, "inference_stream")
+        if schema is None:
+            msg = "inference_stream() needs schema= (a DDL string or StructType for the result columns)"
+            raise ValueError(msg)
+        if sink == "memory" and not query_name:
+            msg = "a memory sink needs query_name= (the table the predictions appear in)"
+            raise ValueError(msg)
+        if isinstance(sink, str) and sink in ("parquet", "json", "csv", "orc", "text") and not (
+            path or (options or {}).get("path")
+        ):
+            msg = f"a {sink} sink needs path= (the directory the predictions are written to)"
+            raise ValueError(msg)
+        location, owned = checkpoint_dir(checkpoint_location)
+        preds = self.inference(stream_df, feed_timeout, schema=schema, batch_rows=batch_rows)
+        writer = apply_writer_options(sink_writer(preds, sink, path, output_mode), query_name=query_name,
+                                      trigger=trigger, checkpoint=location, options=options)
+        feed = StreamingFeed(self, "inference", 0, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        self._streams.append(feed)
+        try:
+            return feed._start(writer)
+        except BaseException:
+            feed.stop()
+            raise
+
+    @property
+    def streams(self) -> tuple[StreamingFeed, ...]:
+        """The streaming feeds still running on this cluster."""
+        return tuple(self._streams)
+
+    def _feed_micro_batch(self, batch_df: Any, gen: int, batch_id: int, feed_timeout: float,
+                          batch_rows: int) -> list[dict[str, int]]:
+        """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
+        self._require_alive()
+        fn = make_arrow_feeder(self._meta, gen, feed_timeout, batch_rows)
+
+        def action() -> list:
+            return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
+
+        job = SparkJob(self.sc, f"tfos-{self.cluster_id}-feed-{gen}",
+                       f"tfos_nb {self.name}: stream micro-batch {batch_id}", action)
+        return self._watch(job, f"feeding micro-batch {batch_id}")
+
+    def _require_no_training_stream(self) -> None:
+        if any(f.kind == "train" for f in self._streams):
+            msg = "a training stream feeds this cluster: stop it (feed.stop()) before feeding other data"
+            raise RuntimeError(msg)
+
+    def _stream_ended(self, feed: StreamingFeed) -> None:
+        if feed in self._streams:
+            self._streams.remove(feed)
+
+    def _stop_streams(self, ssc: Any) -> None:
+        """Stop what feeds the cluster before the cluster: streaming feeds, a query or StreamingContext."""
+        for feed in list(self._streams):
+            feed.stop()
+        if ssc is None:
+            return
+        if isinstance(ssc, StreamingFeed):
+            ssc.stop()
+        elif hasattr(ssc, "awaitTermination") and hasattr(ssc, "isActive"):  # a StreamingQuery
+            try:
+                ssc.stop()
+            except Exception:  # noqa: BLE001 - the session may be stopping already
+                pass
+        elif hasattr(ssc, "stop"):  # a DStream StreamingContext (TensorFlowOnSpark's shutdown(ssc))
+            try:
+                ssc.stop(stopSparkContext=False, stopGraceFully=True)
+            except Exception:  # noqa: BLE001
+                pass
+
     # -- lifecycle ----------------------------------------------------------------
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Stop the cluster: end the feeds, wait for chief/workers, then stop ps/evaluator.
 
         Idempotent.  Raises :class:`TFClusterError` when a node failed, and
         ``TimeoutError`` when the workers did not finish within ``timeout`` s (the
-        cluster is torn down either way).
+        cluster is torn down either way).  Streaming feeds are stopped first (the
+        micro-batch in flight is fed), and so is ``ssc``: a ``StreamingQuery``,
+        a :class:`StreamingFeed` or a DStream ``StreamingContext``.
         """
+        self._stop_streams(ssc)
         if self._closed:
             return
         try:

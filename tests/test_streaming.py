@@ -1,0 +1,166 @@
+"""Feeding a running cluster from Spark Structured Streaming (real Spark file-source streams, real TF nodes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+from tests.conftest import NODE_ENV, spark_session, wait_until
+from tfos_nb import TFCluster
+from tfos_nb.TFCluster import TFClusterError
+
+pytestmark = pytest.mark.slow
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "id long, x1 double, x2 double, y double"
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    s = spark_session(2)
+    # foreachBatch starts PySpark's py4j callback server (one per SparkContext, stopped with it): start it
+    # here so that no_leaks counts it as Spark's, not as a port the runtime left open.
+    ensure_callback_server_started(s.sparkContext._gateway)
+    yield s
+    s.stop()
+
+
+def run(sc, fn, args, n=2):
+    return TFCluster.run(sc, fn, args, n, input_mode=TFCluster.InputMode.SPARK, env=NODE_ENV)
+
+
+class Source:
+    """A directory a file-source stream reads; each write() adds one JSON file atomically (rename)."""
+
+    def __init__(self, root):
+        self.dir = root / "in"
+        self.dir.mkdir()
+        self._staging = root / "staging"
+        self._staging.mkdir()
+        self.files = 0
+        self.next_id = 0
+
+    def write(self, n, poison=False):
+        rows = []
+        for i in range(self.next_id, self.next_id + n):
+            x1, x2 = (i % 7) / 7.0, (i % 5) / 5.0
+            rows.append({"id": -i if poison else i, "x1": x1, "x2": x2, "y": 3 * x1 - x2 + 0.5})
+        self.next_id += n
+        tmp = self._staging / f"part-{self.files:04d}.json"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.rename(tmp, self.dir / tmp.name)  # the stream never sees a half-written file
+        self.files += 1
+
+    def stream(self, spark):
+        return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(self.dir))
+
+
+def stream_train_fun(args, ctx):
+    """Fits a linear model (numpy SGD: the runtime's feed is under test here, the notebook runs Keras on a
+    stream) on whatever the stream brings; remembers every id it was fed."""
+    import os
+
+    import numpy as np
+
+    feed = ctx.get_data_feed()
+    w, b = np.zeros(2), 0.0
+    seen, step = [], 0
+    while not feed.should_stop():
+        cols = feed.next_batch_arrays(16)
+        if not cols:
+            continue
+        ids, x1, x2, y = cols
+        if (ids < 0).any():
+            raise ValueError(f"poison row {int(ids.min())} in the stream")
+        seen.extend(ids.tolist())
+        x = np.stack([x1, x2], 1)
+        err = x @ w + b - y
+        w, b = w - 0.2 * 2 * x.T @ err / len(y), b - 0.2 * 2 * err.mean()
+        step += 1
+        ctx.report(step=step, rows=len(seen), loss=float(np.mean(err**2)))
+    np.save(os.path.join(args["out"], f"{ctx.job_name}-{ctx.task_index}.npy"), np.asarray(seen, dtype="int64"))
+
+
+def stream_infer_fun(args, ctx):
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_arrays(32)
+        if not cols:
+            continue
+        ids, x1, x2, _ = cols
+        if (ids < 0).any():
+            raise ValueError(f"poison row {int(ids.min())} in the stream")
+        feed.batch_results({"id": ids, "pred": x1 + 2.0 * x2})
+
+
+def test_training_stream_feeds_every_row_exactly_once(spark, tmp_path, no_leaks):
+    src, out = Source(tmp_path), tmp_path / "seen"
+    out.mkdir()
+    cluster = run(spark.sparkContext, stream_train_fun, {"out": str(out)})
+    try:
+        feed = cluster.train_stream(src.stream(spark))
+        assert feed.is_active and cluster.streams == (feed,)
+        src.write(150)
+        src.write(120)
+        feed.process_all_available()  # new files appeared while the query ran
+        assert feed.rows == 270
+        src.write(90)
+        src.write(77)
+        feed.process_all_available()
+        total = src.next_id
+        assert (feed.rows, feed.skipped, feed.batches) == (total, 0, 4)
+        assert wait_until(lambda: cluster.status().rows_fed == total, 10)  # what the panel shows
+        with pytest.raises(RuntimeError, match="training stream feeds this cluster"):
+            cluster.train(spark.range(3))
+        with pytest.raises(TypeError, match="streaming DataFrame"):
+            cluster.train_stream(spark.range(3))
+    finally:
+        cluster.shutdown()  # stops the query first, then the nodes
+    assert not feed.is_active and cluster.streams == ()
+    nodes = cluster.nodes
+    assert all(n.state == "finished" for n in nodes), [(n.label, n.state, n.error) for n in nodes]
+    seen = {p.name: np.load(p) for p in out.glob("*.npy")}
+    assert len(seen) == 2 and all(len(ids) > 0 for ids in seen.values()), {k: len(v) for k, v in seen.items()}
+    ids = np.concatenate(list(seen.values()))
+    assert len(ids) == total and sorted(ids.tolist()) == list(range(total))  # each row once, none lost
+    assert all(np.isfinite(n.metrics["loss"]) for n in nodes)
+    assert cluster.last_feed == {} or cluster.last_feed.get("skipped", 0) == 0
+
+
+def test_inference_stream_writes_a_prediction_for_every_row_and_errors_name_the_node(spark, tmp_path, no_leaks):
+    src = Source(tmp_path)
+    cluster = run(spark.sparkContext, stream_infer_fun, {})
+    try:
+        with pytest.raises(ValueError, match="query_name"):
+            cluster.inference_stream(src.stream(spark), "id long, pred double", "memory")
+        feed = cluster.inference_stream(src.stream(spark), "id long, pred double", "memory",
+                                        query_name="tfos_test_preds")
+        files = cluster.inference_stream(src.stream(spark), "id long, pred double", "parquet",
+                                         path=str(tmp_path / "preds"))
+        for n in (64, 100):
+            src.write(n)
+        feed.process_all_available()
+        files.process_all_available()
+        rows = spark.table("tfos_test_preds").collect()
+        on_disk = spark.read.parquet(str(tmp_path / "preds")).collect()
+        assert feed.is_active and files.is_active
+        for got in (rows, on_disk):
+            assert sorted(r.id for r in got) == list(range(src.next_id))
+            for r in got:
+                assert r.pred == pytest.approx((r.id % 7) / 7.0 + 2 * (r.id % 5) / 5.0)
+        # A node that raises while the stream runs: the feed's wait() names it, both queries stop.
+        src.write(20, poison=True)
+        with pytest.raises(TFClusterError) as info:
+            feed.wait(timeout=120)
+        assert "worker:" in str(info.value) and "poison row" in str(info.value), str(info.value)
+        assert not feed.is_active and not files.is_active
+    finally:
+        cluster.shutdown()  # the error was raised already: the cluster is down, shutdown() is a no-op
+    assert cluster.streams == () and cluster.status().state == "failed"

@@ -1,0 +1,272 @@
+"""Feeding a running cluster from Spark Structured Streaming.
+
+A stream is one unbounded epoch.  ``TFCluster.train_stream`` starts a query whose
+``foreachBatch`` feeds every micro-batch to the chief/worker nodes exactly like
+one ``train()`` epoch's partitions (Arrow batches, the driver picks the node),
+except that the epoch stays open: nodes read with ``next_batch`` /
+``should_stop`` (or one ``as_dataset()`` iteration) until the query stops.  A
+micro-batch is committed only once the nodes took all its rows, so every row
+is fed once while the query runs; stopping the query lets the micro-batch in
+flight finish first.
+
+``TFCluster.inference_stream`` maps the stream through the nodes
+(``mapInArrow``, as ``inference()`` does for a DataFrame) and writes the
+predictions to any streaming sink (memory, files, Kafka, ``foreachBatch``).
+
+Both return a :class:`StreamingFeed`: the query's owner.  ``stop()`` stops the
+query (and ends the training epoch); ``TFCluster.shutdown()`` stops every
+active feed before it stops the cluster.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import state as S
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster import TFCluster
+
+__all__ = ["StreamingFeed"]
+
+_POLL_S = 0.5
+
+
+def is_streaming(data: Any) -> bool:
+    """Whether ``data`` is a streaming DataFrame (``spark.readStream...``)."""
+    return bool(getattr(data, "isStreaming", False)) and hasattr(data, "writeStream")
+
+
+def require_stream(data: Any, what: str) -> None:
+    if not is_streaming(data):
+        msg = (
+            f"{what}() needs a streaming DataFrame (spark.readStream...), got {type(data).__name__}; "
+            f"use {what.replace('_stream', '')}() for an RDD or a batch DataFrame"
+        )
+        raise TypeError(msg)
+
+
+class StreamingFeed:
+    """A Structured Streaming query that feeds a cluster; made by ``train_stream`` / ``inference_stream``.
+
+    ``query`` is Spark's ``StreamingQuery``.  For training, ``rows``, ``skipped``
+    and ``batches`` count what the nodes took so far (the panel's "rows fed"
+    counts the same rows per node).  ``process_all_available()`` waits until
+    everything the source has now is fed; ``stop()`` stops the query; ``wait()``
+    blocks until the query ends or the cluster does.  A node's error is raised
+    by ``wait()`` / ``process_all_available()`` as the cluster's
+    :class:`~tfos_nb.runtime.cluster.TFClusterError`.
+    """
+
+    def __init__(self, cluster: TFCluster, kind: str, gen: int = 0, checkpoint: str | None = None, *,
+                 feed_timeout: float = 600, batch_rows: int = 1024) -> None:
+        self.kind = kind  # "train" or "inference"
+        self.gen = gen
+        self.query: Any = None
+        self.rows = 0
+        self.skipped = 0
+        self.partitions = 0
+        self.batches = 0
+        self.error: BaseException | None = None
+        self._cluster = cluster
+        self._feed_timeout = feed_timeout
+        self._batch_rows = batch_rows
+        self._owned_checkpoint = checkpoint
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    # -- starting ------------------------------------------------------------------
+    def _start(self, writer: Any) -> StreamingFeed:
+        try:
+            self.query = writer.start()
+        except BaseException:
+            self._cleanup()
+            raise
+        return self
+
+    def _on_batch(self, batch_df: Any, batch_id: int) -> None:
+        """foreachBatch body (Spark's micro-batch thread): feed one micro-batch, return when it was taken."""
+        try:
+            stats = self._cluster._feed_micro_batch(batch_df, self.gen, batch_id, self._feed_timeout,
+                                                    self._batch_rows)
+        except BaseException as exc:
+            with self._lock:
+                self.error = self.error or exc
+            raise
+        with self._lock:
+            self.batches += 1
+            for s in stats:
+                self.rows += s["rows"]
+                self.skipped += s["skipped"]
+                self.partitions += 1
+
+    # -- information ---------------------------------------------------------------
+    @property
+    def is_active(self) -> bool:
+        """Whether the query still runs."""
+        try:
+            return bool(self.query is not None and self.query.isActive)
+        except Exception:  # noqa: BLE001 - the Spark session is gone
+            return False
+
+    @property
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"rows": self.rows, "skipped": self.skipped, "partitions": self.partitions,
+                    "batches": self.batches}
+
+    @property
+    def progress(self) -> Any:
+        """The query's last progress report (Spark's ``lastProgress``), or None."""
+        try:
+            return self.query.lastProgress if self.query is not None else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    # -- waiting ----------------------------------------------------------------------
+    def process_all_available(self) -> None:
+        """Block until everything the source has now was fed (and, for inference, written).
+
+        Raises the cluster's error when a node failed, and the query's error when
+        feeding failed.
+        """
+        self._raise_cluster_error()
+        try:
+            self.query.processAllAvailable()
+        except Exception as exc:
+            self._raise_cluster_error()
+            if self.error is not None:
+                raise self.error from None
+            raise RuntimeError(f"the streaming query failed: {_first_line(exc)}") from None
+        self._raise_cluster_error()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the query ends, the cluster ends, or every training node returned.
+
+        Returns False when ``timeout`` s passed first.  The query is left running
+        only on a timeout.  Raises the cluster's error when a node failed.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cluster = self._cluster
+        state = cluster.state
+        try:
+            while True:
+                view = state.snapshot()
+                if view.state == S.C_FAILED:
+                    break
+                if cluster._closed or view.state in (S.C_STOPPED, S.C_FINISHED):
+                    break
+                trainers = [n for n in view.nodes if cluster._waits_for(n)]
+                if trainers and all(n.state in S.TERMINAL for n in trainers):
+                    break
+                if not self.is_active:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    return False
+                with state.changed:
+                    state.changed.wait(_POLL_S)
+        except KeyboardInterrupt:
+            self.stop()
+            cluster._teardown()
+            raise
+        self.stop()
+        self._raise_cluster_error()
+        if self.error is not None and not cluster._closed:
+            raise self.error
+        exc = self._query_exception()
+        if exc is not None and not cluster._closed:
+            raise RuntimeError(f"the streaming query failed: {exc}")
+        return True
+
+    # -- stopping -----------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the query (the micro-batch in flight is fed first) and end the stream's epoch.
+
+        Idempotent; never raises (a failure shows in ``error``, in ``wait()`` and
+        in the cluster's ``shutdown()``).
+        """
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            if self.query is not None:
+                self.query.stop()
+        except Exception:  # noqa: BLE001 - the Spark session may be stopping already
+            pass
+        finally:
+            if self.kind == "train":
+                st = self._cluster.state
+                with st.lock:  # nodes reading with as_dataset() see the end of this epoch
+                    st.gen_done = max(st.gen_done, self.gen)
+                st.notify()
+            self._cluster._stream_ended(self)
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._owned_checkpoint:
+            shutil.rmtree(self._owned_checkpoint, ignore_errors=True)
+            self._owned_checkpoint = None
+
+    # -- internals ---------------------------------------------------------------------------
+    def _raise_cluster_error(self) -> None:
+        from .cluster import _error_for
+
+        view = self._cluster.state.snapshot()
+        if view.state == S.C_FAILED:
+            self._cluster._stop_streams(None)  # this feed and every other one on the failed cluster
+            self._cluster._teardown()
+            raise _error_for(view)
+
+    def _query_exception(self) -> str | None:
+        try:
+            exc = self.query.exception() if self.query is not None else None
+        except Exception:  # noqa: BLE001
+            return None
+        return None if exc is None else _first_line(exc)
+
+    def __repr__(self) -> str:
+        what = f"{self.rows} rows in {self.batches} micro-batches" if self.kind == "train" else "inference"
+        return f"<tfos_nb StreamingFeed {self.kind}: {'active' if self.is_active else 'stopped'}, {what}>"
+
+
+def _first_line(exc: BaseException) -> str:
+    from .cluster import _python_error_line
+
+    return _python_error_line(exc)
+
+
+def checkpoint_dir(given: str | None) -> tuple[str, str | None]:
+    """The query's checkpoint location, and the temporary one this feed owns (removed at stop)."""
+    if given:
+        return given, None
+    owned = tempfile.mkdtemp(prefix="tfos_nb-stream-")
+    return owned, owned
+
+
+def apply_writer_options(writer: Any, *, query_name: str | None, trigger: dict[str, Any] | None,
+                         checkpoint: str, options: dict[str, Any] | None = None) -> Any:
+    writer = writer.option("checkpointLocation", checkpoint)
+    if options:
+        writer = writer.options(**options)
+    if query_name:
+        writer = writer.queryName(query_name)
+    if trigger:
+        writer = writer.trigger(**trigger)
+    return writer
+
+
+def sink_writer(preds: Any, sink: str | Callable[[Any, int], None], path: str | None,
+                output_mode: str) -> Any:
+    writer = preds.writeStream.outputMode(output_mode)
+    if callable(sink):
+        return writer.foreachBatch(sink)
+    writer = writer.format(sink)
+    if path:
+        writer = writer.option("path", path)
+    return writer
