@@ -126,7 +126,7 @@ class TFOSMagics(Magics):
     @argument("--input-mode", choices=["spark", "tensorflow"], default=None,
               help="spark: the driver feeds --data to the nodes; tensorflow: the cell reads its own data "
               "(default: spark with --data, else tensorflow)")
-    @argument("--data", metavar="VAR", help="a DataFrame or RDD in the notebook to feed (--input-mode spark)")
+    @argument("--data", metavar="VAR", help="a DataFrame (batch or streaming) or RDD in the notebook to feed (--input-mode spark)")
     @argument("--epochs", type=int, default=None, metavar="E", help="epochs to feed; also args.epochs (default 1)")
     @argument("--args", metavar="EXPR",
               help="a dict or namespace (a Python expression, quoted if it has spaces) passed as `args`")
@@ -152,7 +152,10 @@ class TFOSMagics(Magics):
 
         With --data the driver feeds that DataFrame/RDD --epochs times, then
         waits for the nodes to finish; without it the cell waits until the
-        nodes' functions return.  Node output streams into the cell as
+        nodes' functions return.  A streaming DataFrame (``spark.readStream``)
+        is fed micro-batch by micro-batch as one unbounded epoch until its
+        query ends, the nodes return, or the cluster is stopped (with
+        --background: ``%tfos_shutdown NAME``).  Node output streams into the cell as
         ``[role:index] line``; a node's error ends the cell and tears the
         cluster down; the ■ (interrupt) button stops the cluster.  The handle
         (--name, default ``_tfos``) has ``wait()``, ``shutdown()``,
@@ -194,6 +197,9 @@ class TFOSMagics(Magics):
             if not opts.data:
                 raise _usage("--input-mode spark needs --data VAR (a DataFrame or RDD to feed)")
             data = self._data(opts.data)
+            if getattr(data, "isStreaming", False) and opts.epochs is not None:
+                raise _usage(f"--epochs does not apply to a streaming --data {opts.data}: a stream is one "
+                             "unbounded epoch, fed until the query ends or the cluster is stopped")
         elif opts.data:
             raise _usage("--data is fed only with --input-mode spark")
         args = self._args(opts.args, opts.epochs)

@@ -244,12 +244,9 @@ class TFCluster:
         feed = StreamingFeed(self, "train", gen, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
         writer = apply_writer_options(stream_df.writeStream.foreachBatch(feed._on_batch), query_name=query_name,
                                       trigger=trigger, checkpoint=location)
+        feed._start(writer)
         self._streams.append(feed)
-        try:
-            return feed._start(writer)
-        except BaseException:
-            feed.stop()
-            raise
+        return feed
 
     def inference_stream(self, stream_df: Any, schema: Any, sink: str | Callable[[Any, int], None] = "memory", *,
                          path: str | None = None, query_name: str | None = None,
@@ -284,17 +281,23 @@ class TFCluster:
         writer = apply_writer_options(sink_writer(preds, sink, path, output_mode), query_name=query_name,
                                       trigger=trigger, checkpoint=location, options=options)
         feed = StreamingFeed(self, "inference", 0, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        feed._start(writer)
         self._streams.append(feed)
-        try:
-            return feed._start(writer)
-        except BaseException:
-            feed.stop()
-            raise
+        return feed
 
     @property
     def streams(self) -> tuple[StreamingFeed, ...]:
         """The streaming feeds still running on this cluster."""
         return tuple(self._streams)
+
+    def stop_streams(self) -> None:
+        """Stop every streaming feed of this cluster (the micro-batches in flight are fed first).
+
+        A training stream's epoch ends with it: nodes iterating ``as_dataset()`` see
+        the end of their data, their ``model.fit`` returns, and ``train(stream_df)``
+        or a ``%%tfos_cluster --data STREAM`` cell goes on to wait for the nodes.
+        """
+        self._stop_streams(None)
 
     def _feed_micro_batch(self, batch_df: Any, gen: int, batch_id: int, feed_timeout: float,
                           batch_rows: int) -> list[dict[str, int]]:

@@ -81,13 +81,12 @@ class StreamingFeed:
         self._stopped = False
 
     # -- starting ------------------------------------------------------------------
-    def _start(self, writer: Any) -> StreamingFeed:
+    def _start(self, writer: Any) -> None:
         try:
             self.query = writer.start()
         except BaseException:
-            self._cleanup()
+            self.stop()  # ends the training epoch it opened, removes the temporary checkpoint
             raise
-        return self
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
         """foreachBatch body (Spark's micro-batch thread): feed one micro-batch, return when it was taken."""
