@@ -382,6 +382,34 @@ def test_magic_sweep_panel_best_and_errors(ip, spark, capsys, no_leaks):
     assert "_magics.py" not in shown and "parallel_task.py" not in shown and "_cellfn.py" not in shown
 
 
+@pytest.mark.slow
+def test_magic_background_and_interrupt(ip, spark, capsys, no_leaks):
+    ip.run_line_magic("config", "TFOSMagics.renderer = 'text'")
+    ip.user_ns["spark"] = spark
+    ip.run_cell_magic("tfos_parallel", "--runs 2 --args \"{'x': 5}\" --background --name bg",
+                      "ctx.report(score=args.x + ctx.worker_num)")
+    assert "bg runs in the background (2 runs)" in capsys.readouterr().out
+    results = ip.user_ns["bg"].wait(120)
+    assert [r.result for r in results] == [{"score": 5}, {"score": 6}]  # no grid: every run got --args
+
+    # ■ during a blocking cell: the runs stop, the Spark job is cancelled, the shell lives on
+    def interrupt_when_running():
+        h = None
+        while h is None or not h.nodes or not all(n.state == "running" for n in h.nodes):
+            time.sleep(0.05)
+            h = ip.user_ns.get("forever")
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_running, name="test-interrupter", daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("tfos_parallel", "--runs 2 --name forever", "import time\nwhile True:\n    time.sleep(0.1)")
+    h = ip.user_ns["forever"]
+    assert h.done and h.state == "stopped" and [n.state for n in h.nodes] == ["stopped", "stopped"]
+    tracker = spark.sparkContext.statusTracker()
+    assert wait_until(lambda: not tracker.getActiveJobsIds(), 15)
+    assert ip.run_cell("6 * 7").result == 42
+
+
 # -- slow: the notebook in a real kernel ---------------------------------------------------------------
 
 

@@ -108,7 +108,7 @@ class ParallelHandle:
         try:
             runs = P.start(self._sc, self._fn, self._runs_args, len(self._runs_args), self._use_barrier,
                            name=self.name, env=self._env, log_callback=self._on_log, on_state=self._on_state,
-                           per_run=True, params=self.params)
+                           per_run=True, params=self.params, metric=self.metric, mode=self.mode)
             with self._lock:
                 self._runs = runs
                 stop = self._stop_reason
@@ -194,7 +194,7 @@ class ParallelHandle:
     def status(self) -> P.ParallelView | None:
         """A snapshot: one row per run, its parameters, and the best finished run."""
         runs = self._runs
-        return runs.status(self.metric, self.mode) if runs is not None else None
+        return runs.status() if runs is not None else None
 
     def final_status(self) -> P.ParallelView | None:
         """``status()``, marked failed when the runs ended in an error their states do not show."""

@@ -38,7 +38,7 @@ from .controller import Controller
 from .parallel_task import make_run_task
 from .reservation import ControlServer
 from .sparkjob import SparkJob
-from .start import _driver_host, _wait_for_slots, available_slots
+from .start import _driver_host, _start_listeners, _wait_for_slots, available_slots
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,30 @@ def describe_args(params: Mapping[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------
 
 
+def _runs_view(view: S.ClusterView, params: Sequence[Mapping[str, Any]], metric: str | None,
+               mode: str | None) -> ParallelView:
+    finished = [dict(n.metrics) if n.state == S.FINISHED else None for n in view.nodes]
+    metric = metric or default_metric([mt for mt in finished if mt is not None])
+    mode = mode or default_mode(metric)
+    fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(S.ClusterView)}
+    return ParallelView(**fields, params=tuple(params), best=best_index(finished, metric, mode), metric=metric,
+                        mode=mode)
+
+
+class _RunsState(S.ClusterState):
+    """The runs' state: its snapshots are :class:`ParallelView` s, so every panel shows parameters and the best run."""
+
+    def __init__(self, cluster_id: str, name: str, num_runs: int, params: Sequence[Mapping[str, Any]] | None,
+                 metric: str | None, mode: str | None) -> None:
+        super().__init__(cluster_id, name, [("run", i) for i in range(num_runs)])
+        self.params = tuple(dict(p) for p in params or ())
+        self.metric = metric
+        self.mode = mode
+
+    def snapshot(self) -> ParallelView:
+        return _runs_view(super().snapshot(), self.params, self.metric, self.mode)
+
+
 class _RunController(Controller):
     """The cluster controller's heartbeat handling; registration without cluster formation."""
 
@@ -261,7 +285,8 @@ class ParallelRuns:
 
     def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], runs_args: list[Any], params: list[dict] | None,
                  *, name: str | None, env: dict[str, str] | None, keras: str, num_gpus: int,
-                 use_barrier: bool, heartbeat_timeout: float) -> None:
+                 use_barrier: bool, heartbeat_timeout: float, metric: str | None = None,
+                 mode: str | None = None) -> None:
         import cloudpickle
 
         self.sc = sc
@@ -272,7 +297,7 @@ class ParallelRuns:
         self.barrier = False
         self.cluster_id = uuid.uuid4().hex[:12]
         self.name = name or f"tfos-parallel-{self.cluster_id}"
-        self.state = S.ClusterState(self.cluster_id, self.name, [("run", i) for i in range(self.num_runs)])
+        self.state = _RunsState(self.cluster_id, self.name, self.num_runs, params, metric, mode)
         self.state.job_group = f"tfos-{self.cluster_id}"
         self._controller = _RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
                                           num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
@@ -508,14 +533,11 @@ class ParallelRuns:
         return self._results
 
     def status(self, metric: str | None = None, mode: str | None = None) -> ParallelView:
-        """A snapshot of the runs, with parameters and the best finished run by ``metric``."""
-        view = self.state.snapshot()
-        finished = [dict(n.metrics) if n.state == S.FINISHED else None for n in view.nodes]
-        metric = metric or default_metric([mt for mt in finished if mt is not None])
-        mode = mode or default_mode(metric)
-        fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(S.ClusterView)}
-        return ParallelView(**fields, params=tuple(self.params or ()), best=best_index(finished, metric, mode),
-                            metric=metric, mode=mode)
+        """A snapshot of the runs, with parameters and the best finished run by ``metric`` (default: ``start``'s)."""
+        if metric is None and mode is None:
+            return self.state.snapshot()
+        return _runs_view(self.state.snapshot(), self.state.params, metric or self.state.metric,
+                          mode or self.state.mode)
 
     def logs(self, run: int | None = None, tail: int | None = 100) -> dict[str, list[str]]:
         """Output lines of one run (by index) or of all."""
@@ -541,13 +563,19 @@ def start(
     on_state: Callable[[S.ClusterState], None] | None = None,
     per_run: bool = False,
     params: Sequence[Mapping[str, Any]] | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
 ) -> ParallelRuns:
     """Start the runs and return their :class:`ParallelRuns` at once (see :func:`run`).
 
     ``per_run=True``: ``tf_args`` is a list with one entry per run, of any type
     (a list of dicts always is).  ``params``: what the panel shows as each run's
-    parameters (default: the run's dict of a grid).
+    parameters (default: the run's dict of a grid).  ``metric``/``mode``: how the
+    best run is picked (default: :func:`default_metric`, :func:`default_mode`).
     """
+    if mode not in (None, "max", "min"):
+        msg = f"mode must be 'max' or 'min', got {mode!r}"
+        raise ValueError(msg)
     if getattr(sc, "_jsc", None) is None:
         msg = (
             "tfos_nb needs a classic SparkContext (RDDs); this session has none (Spark Connect?). "
@@ -564,11 +592,16 @@ def start(
             raise ValueError(msg)
         grid = [dict(p) for p in params]
     runs = ParallelRuns(sc, map_fun, runs_args, grid, name=name, env=env, keras=keras, num_gpus=num_gpus,
-                        use_barrier=use_barrier, heartbeat_timeout=heartbeat_timeout)
+                        use_barrier=use_barrier, heartbeat_timeout=heartbeat_timeout, metric=metric, mode=mode)
     if log_callback is not None:
         runs.state.add_log_listener(log_callback)
     if on_state is not None:
         runs.state.add_listener(on_state)
+    for listener in list(_start_listeners):  # e.g. the notebook's panel for runs started by a Python call
+        try:
+            listener(runs.state)
+        except Exception:  # noqa: BLE001 - a UI bug must not stop the runs from starting
+            pass
     return runs.start()
 
 
@@ -597,7 +630,8 @@ def run(
     of every run, e.g. TensorFlow's thread counts), ``keras`` (``"tf_keras"``,
     the default, or ``"keras3"``), ``num_gpus``, ``timeout``,
     ``heartbeat_timeout``, ``log_callback(label, lines)``, ``on_state(state)``,
-    ``per_run`` (``tf_args`` lists one entry per run, of any type), ``params``.
+    ``per_run`` (``tf_args`` lists one entry per run, of any type), ``params``,
+    ``metric``/``mode`` (how the panel picks the best run).
     """
     runs = start(sc, map_fun, tf_args, num_executors, use_barrier, **kwargs)
     try:
