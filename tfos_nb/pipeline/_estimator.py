@@ -62,6 +62,23 @@ def communication_options(protocol: str) -> Any:
     return tf.distribute.experimental.CommunicationOptions(implementation=choice)
 
 
+class _TrainThenExport:
+    """The node function when ``export_fn`` is given: ``train_fn(args, ctx)``, then ``export_fn(args)`` on the chief.
+
+    A module-level class, so cloudpickle ships it by reference and its two
+    functions by value (or by reference) as they would travel alone.
+    """
+
+    def __init__(self, train_fn: Callable[[Any, Any], Any], export_fn: Callable[[Any], Any]) -> None:
+        self.train_fn, self.export_fn = train_fn, export_fn
+
+    def __call__(self, args: Any, ctx: Any) -> Any:
+        result = self.train_fn(args, ctx)
+        if ctx.is_chief:
+            self.export_fn(args)
+        return result
+
+
 class TFArgs(dict):
     """``tf_args`` merged with the estimator's Params: read as ``args["epochs"]`` or ``args.epochs``."""
 
@@ -96,11 +113,22 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
     gets ``tf_args`` (a dict or an ``argparse.Namespace``) merged with the Params
     as a :class:`TFArgs` (``args.batch_size``, ``epochs``, ``steps``, ``model_dir``,
     ``export_dir``, ``input_mapping``, ``cluster_size``, ``num_ps``, ``readers``,
-    ``protocol``, ``tensorboard``, ...).  ``export_fn(args)``, when given, runs on
-    the driver after training (e.g. to write a SavedModel from the checkpoint).
+    ``protocol``, ``tensorboard``, ...).  ``export_fn(args)``, when given, runs
+    after training on the chief (in its node process, once ``train_fn`` has
+    returned there; TensorFlowOnSpark's semantics), e.g. to rebuild the model,
+    restore the checkpoint in ``args.model_dir`` and write a SavedModel to
+    ``args.export_dir``; its failure fails ``fit`` like any node error.
     The returned model gets ``ExportDir``/``ModelDir``/``InputMapping`` (mapping
     each column to the same name: name the model's inputs like the mapping's
     values) and ``model_fn`` for the checkpoint style.
+
+    ``NumPS`` > 0 with a ``MasterNode`` runs ParameterServerStrategy: the chief
+    is the coordinator and the workers only serve, so nothing reads a fed
+    DataFrame; ``fit`` then needs ``InputMode.TENSORFLOW`` (``train_fn`` reads
+    its data, e.g. in the coordinator's ``dataset_fn``).  ``Tensorboard=True``
+    starts TensorBoard on the chief for the fit, on ``ModelDir`` when set (the
+    chief's ``ctx.log_dir``: point a Keras ``TensorBoard`` callback there); its
+    URL is the fit cluster's ``tensorboard_url`` (the notebook panel links it).
 
     ``Protocol`` picks the collective implementation (``grpc`` = AUTO,
     ``ring``, ``nccl``) that ``train_fn`` passes to its strategy, e.g. with
@@ -181,6 +209,12 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
             raise ValueError(msg)
         args = self.merged_args()
         mode = self.getOrDefault(self.inputMode)
+        num_ps, master = self.getOrDefault(self.numPS), self.getOrDefault(self.masterNode)
+        if mode == tfc.InputMode.SPARK and num_ps > 0 and master:
+            msg = (f"TFEstimator with NumPS={num_ps} and MasterNode={master!r} runs ParameterServerStrategy: the "
+                   f"{master} coordinates and the workers only serve, so no node would read the DataFrame; use "
+                   "setInputMode('TENSORFLOW') and read the data in train_fn (e.g. the coordinator's dataset_fn)")
+            raise ValueError(msg)
         source = None
         if mode == tfc.InputMode.SPARK:
             if not self.isDefined(self.inputMapping):
@@ -196,9 +230,10 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
                 cols.append(vector_to_array(c, "float32").alias(col) if isinstance(fields[col], VectorUDT) else c)
             source = dataset.select(*cols)
         sc = dataset.sparkSession.sparkContext
-        cluster = tfc.run(sc, self.train_fn, args, self.getOrDefault(self.clusterSize),
-                          num_ps=self.getOrDefault(self.numPS), tensorboard=self.getOrDefault(self.tensorboard),
-                          input_mode=mode, master_node=self.getOrDefault(self.masterNode), env=self.env,
+        node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
+        cluster = tfc.run(sc, node_fn, args, self.getOrDefault(self.clusterSize),
+                          num_ps=num_ps, tensorboard=self.getOrDefault(self.tensorboard),
+                          input_mode=mode, master_node=master, env=self.env,
                           log_dir=args.get("model_dir"), name=f"{self.uid}.fit")
         try:
             if source is not None:
@@ -207,8 +242,6 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
             cluster._teardown()
             raise
         cluster.shutdown(grace_secs=self.getOrDefault(self.graceSecs))
-        if self.export_fn is not None:
-            self.export_fn(args)
         return self._model_for(args)
 
     def _model_for(self, args: TFArgs) -> TFModel:
