@@ -175,10 +175,10 @@ class StreamingFeed:
             raise
         self.stop()
         self._raise_cluster_error()
-        if self.error is not None and not cluster._closed:
+        if self.error is not None:  # feeding a micro-batch failed (the cluster was torn down then)
             raise self.error
         exc = self._query_exception()
-        if exc is not None and not cluster._closed:
+        if exc is not None:
             raise RuntimeError(f"the streaming query failed: {exc}")
         return True
 
