@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import math
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -102,6 +103,15 @@ def test_bad_api_arguments_are_value_errors(tf_args, n, message):
 def test_spark_connect_is_refused():
     with pytest.raises(TypeError, match="classic SparkContext"):
         TFParallel.run(object(), lambda a, c: None, {}, 2)
+
+
+def test_importing_tfparallel_stays_light():
+    code = (
+        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.parallel_task\n"
+        "bad = [m for m in ('tensorflow', 'pyspark', 'IPython', 'ipywidgets') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=ROOT)
 
 
 def _run_view(state="running", best=None):
@@ -332,6 +342,10 @@ def test_keyboard_interrupt_cancels_the_job_group_and_stops_the_runs(sc, no_leak
     assert wait_until(lambda: not runtime_processes(), 15)
     # Spark is usable right away
     assert sc.parallelize(range(4), 2).sum() == 6
+    # a timeout stops the runs the same way
+    with pytest.raises(TimeoutError, match=r"parallel runs \S+ did not finish within 3 s and were stopped"):
+        TFParallel.run(sc, loop_forever, [{}], env=NODE_ENV, timeout=3)
+    assert wait_until(lambda: not tracker.getActiveJobsIds(), 15), tracker.getActiveJobsIds()
 
 
 # -- slow: the magic in a real IPython shell ---------------------------------------------------------
