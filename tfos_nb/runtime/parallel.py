@@ -19,10 +19,8 @@ its arguments, host and last output lines.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -35,6 +33,17 @@ from . import messages as m
 from . import state as S
 from .cluster import TAIL_IN_ERRORS, TFClusterError, _python_error_line
 from .controller import Controller
+from .parallel_results import (
+    ParallelView,
+    RunResult,
+    RunsState,
+    best_index,
+    default_metric,
+    default_mode,
+    describe_args,
+    runs_view,
+    scalars,
+)
 from .parallel_task import make_run_task
 from .reservation import ControlServer
 from .sparkjob import SparkJob
@@ -46,8 +55,6 @@ __all__ = ["ParallelRuns", "ParallelView", "RunResult", "TFParallelError", "best
            "default_mode", "run", "start"]
 
 STOP_WAIT_S = 4.0  # runs told to stop get this long to report it before the Spark job is cancelled
-PREFERRED_METRICS = ("val_accuracy", "accuracy", "val_loss", "loss")
-_MIN_WORDS = ("loss", "error", "mse", "mae", "rmse", "perplexity")
 
 
 class TFParallelError(TFClusterError):
@@ -64,133 +71,10 @@ class TFParallelError(TFClusterError):
         self.run_args = args
 
 
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-    """One run's outcome.
-
-    ``value`` is what ``map_fun`` returned; ``metrics`` its last ``ctx.report``
-    metrics, updated with the scalar entries of ``value`` when it returned a dict.
-    """
-
-    index: int
-    args: Any
-    value: Any
-    metrics: dict
-    host: str = ""
-    executor_id: str = ""
-    elapsed: float = 0.0
-
-    @property
-    def label(self) -> str:
-        return f"run:{self.index}"
-
-    @property
-    def result(self) -> Any:
-        """``value``, or ``metrics`` when the function returned nothing (what ``TFParallel.run`` lists)."""
-        return self.metrics if self.value is None else self.value
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelView(S.ClusterView):
-    """A :class:`~.state.ClusterView` of parallel runs, plus each run's parameters and the best run so far."""
-
-    params: tuple = ()  # one dict per run (the grid), or () when every run got the same args
-    best: int | None = None  # index of the best finished run by ``metric``
-    metric: str | None = None
-    mode: str = "max"
-
-
-# ---------------------------------------------------------------------------
-# Best run
-# ---------------------------------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
-def default_metric(metrics: Sequence[Mapping[str, Any]]) -> str | None:
-    """The metric to rank runs by when none is named: val_accuracy, accuracy, val_loss, loss (first reported)."""
-    for name in PREFERRED_METRICS:
-        if any(_number(mt.get(name)) is not None for mt in metrics):
-            return name
-    return None
-
-
-def default_mode(metric: str | None) -> str:
-    """``min`` for losses and errors, ``max`` for everything else (accuracy, AUC, F1…)."""
-    name = (metric or "").lower()
-    return "min" if any(word in name for word in _MIN_WORDS) else "max"
-
-
-def best_index(metrics: Sequence[Mapping[str, Any] | None], metric: str | None, mode: str | None = None) -> int | None:
-    """Index of the best entry by ``metric`` (``None`` entries: runs not finished); ties: the first."""
-    if not metric:
-        return None
-    mode = mode or default_mode(metric)
-    if mode not in ("max", "min"):
-        msg = f"mode must be 'max' or 'min', got {mode!r}"
-        raise ValueError(msg)
-    best, best_value = None, None
-    for i, mt in enumerate(metrics):
-        value = _number(mt.get(metric)) if mt is not None else None
-        if value is None:
-            continue
-        if best_value is None or (value > best_value if mode == "max" else value < best_value):
-            best, best_value = i, value
-    return best
-
-
-def _scalars(value: Any) -> dict[str, Any]:
-    """The entries of a returned dict that are metrics (numbers, strings, booleans)."""
-    if not isinstance(value, Mapping):
-        return {}
-    out = {}
-    for k, v in value.items():
-        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
-            v = v.item()  # a numpy scalar
-        if isinstance(k, str) and isinstance(v, (int, float, str, bool)):
-            out[k] = v
-    return out
-
-
-def describe_args(params: Mapping[str, Any] | None) -> str:
-    if not params:
-        return ""
-    text = ", ".join(f"{k}={v!r}" for k, v in params.items())
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
 # ---------------------------------------------------------------------------
 # Driver side
 # ---------------------------------------------------------------------------
 
-
-def _runs_view(view: S.ClusterView, params: Sequence[Mapping[str, Any]], metric: str | None,
-               mode: str | None) -> ParallelView:
-    finished = [dict(n.metrics) if n.state == S.FINISHED else None for n in view.nodes]
-    metric = metric or default_metric([mt for mt in finished if mt is not None])
-    mode = mode or default_mode(metric)
-    fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(S.ClusterView)}
-    return ParallelView(**fields, params=tuple(params), best=best_index(finished, metric, mode), metric=metric,
-                        mode=mode)
-
-
-class _RunsState(S.ClusterState):
-    """The runs' state: its snapshots are :class:`ParallelView` s, so every panel shows parameters and the best run."""
-
-    def __init__(self, cluster_id: str, name: str, num_runs: int, params: Sequence[Mapping[str, Any]] | None,
-                 metric: str | None, mode: str | None) -> None:
-        super().__init__(cluster_id, name, [("run", i) for i in range(num_runs)])
-        self.params = tuple(dict(p) for p in params or ())
-        self.metric = metric
-        self.mode = mode
-
-    def snapshot(self) -> ParallelView:
-        return _runs_view(super().snapshot(), self.params, self.metric, self.mode)
 
 
 class _RunController(Controller):
@@ -297,7 +181,7 @@ class ParallelRuns:
         self.barrier = False
         self.cluster_id = uuid.uuid4().hex[:12]
         self.name = name or f"tfos-parallel-{self.cluster_id}"
-        self.state = _RunsState(self.cluster_id, self.name, self.num_runs, params, metric, mode)
+        self.state = RunsState(self.cluster_id, self.name, self.num_runs, params, metric, mode)
         self.state.job_group = f"tfos-{self.cluster_id}"
         self._controller = _RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
                                           num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
@@ -489,9 +373,9 @@ class ParallelRuns:
                     continue
             value = cloudpickle.loads(blob) if blob is not None else None
             metrics = dict(node.metrics)
-            metrics.update(_scalars(value))
+            metrics.update(scalars(value))
             with st.lock:
-                node.metrics.update(_scalars(value))
+                node.metrics.update(scalars(value))
                 node.state = S.FINISHED
             results.append(RunResult(i, self.runs_args[i], value, metrics, status.get("host", ""),
                                      str(status.get("executor_id", "")), float(status.get("elapsed", 0.0))))
@@ -536,7 +420,7 @@ class ParallelRuns:
         """A snapshot of the runs, with parameters and the best finished run by ``metric`` (default: ``start``'s)."""
         if metric is None and mode is None:
             return self.state.snapshot()
-        return _runs_view(self.state.snapshot(), self.state.params, metric or self.state.metric,
+        return runs_view(self.state.snapshot(), self.state.params, metric or self.state.metric,
                           mode or self.state.mode)
 
     def logs(self, run: int | None = None, tail: int | None = 100) -> dict[str, list[str]]:
