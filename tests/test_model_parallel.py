@@ -55,9 +55,9 @@ def sharded_embedding_fun(args, ctx):
 
     def dataset_fn():
         rng = np.random.default_rng(0)
-        ids = rng.choice(rows, size=512, replace=False)  # spread over the whole table: every shard is used
+        ids = rng.choice(rows, size=256, replace=False)  # spread over the whole table: every shard is used
         target = ((ids * 37) % 11).astype("float32") / 10.0 - 0.5
-        return tf.data.Dataset.from_tensor_slices((ids, target)).shuffle(512).repeat().batch(64)
+        return tf.data.Dataset.from_tensor_slices((ids, target)).shuffle(256).repeat().batch(64)
 
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))

@@ -174,22 +174,31 @@ def test_magic_feeds_a_streaming_dataframe_until_tfos_shutdown(spark, tmp_path, 
     start_ipython()
     ip = IPython.get_ipython()
     ip.run_line_magic("load_ext", "tfos_nb")
-    ip.run_line_magic("config", "TFOSMagics.renderer = 'none'")
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    renderer = magics.renderer
+    magics.renderer = "none"
     src, out = Source(tmp_path), tmp_path / "seen"
     out.mkdir()
-    ip.user_ns.update(spark=spark, sdf=src.stream(spark), stream_train_fun=stream_train_fun, out_dir=str(out))
-    with pytest.raises(UsageError, match="--epochs does not apply to a streaming --data sdf"):
-        ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --epochs 2", "pass")
-    ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --background --name streamed",
-                      "stream_train_fun({'out': out_dir}, ctx)")
-    handle = ip.user_ns["streamed"]
+    names = dict(spark=spark, sdf=src.stream(spark), stream_train_fun=stream_train_fun, out_dir=str(out))
+    ip.user_ns.update(names)
     try:
-        assert wait_until(lambda: handle.cluster is not None and handle.cluster.streams, 120), handle.state
-        feed = handle.cluster.streams[0]
-        src.write(40)
-        src.write(25)
-        feed.process_all_available()
-        assert wait_until(lambda: handle.status().rows_fed == 65, 10)  # the panel's "rows fed"
-    finally:
-        ip.run_line_magic("tfos_shutdown", "streamed")
-    assert handle.done and handle.state == "stopped" and not feed.is_active
+        with pytest.raises(UsageError, match="--epochs does not apply to a streaming --data sdf"):
+            ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --epochs 2", "pass")
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --background --name streamed",
+                          "stream_train_fun({'out': out_dir}, ctx)")
+        handle = ip.user_ns["streamed"]
+        try:
+            assert wait_until(lambda: handle.cluster is not None and handle.cluster.streams, 120), handle.state
+            feed = handle.cluster.streams[0]
+            src.write(40)
+            src.write(25)
+            feed.process_all_available()
+            assert wait_until(lambda: handle.status().rows_fed == 65, 10)  # the panel's "rows fed"
+        finally:
+            ip.run_line_magic("tfos_shutdown", "streamed")
+        assert handle.done and handle.state == "stopped" and not feed.is_active
+    finally:  # the shell is shared with other test modules: leave it as it was
+        magics.renderer = renderer
+        magics.handles.pop("streamed", None)
+        for name in [*names, "streamed"]:
+            ip.user_ns.pop(name, None)
