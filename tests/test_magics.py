@@ -393,3 +393,29 @@ def _wait_gone(pid: int) -> bool:
     except psutil.NoSuchProcess:
         pass
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_tensorboard_of_a_running_cluster_and_after_it_ended(ip, magic_spark, tmp_path, monkeypatch, capsys):
+    """%tfos_tensorboard NAME registers the chief's TensorBoard with the proxy; once the cluster ended, a UsageError."""
+    import json
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    forever = "import time\nwhile True:\n    ctx.report(step=1)\n    time.sleep(0.2)\n"
+    ip.run_cell_magic("tfos_cluster", f"--workers 1 --background --tensorboard --logdir {tmp_path / 'logs'} --name tbc",
+                      forever)
+    handle = ip.user_ns["tbc"]
+    _poll(lambda: handle.tensorboard_url, 120, "tbc's TensorBoard")
+    capsys.readouterr()
+    ip.run_line_magic("tfos_tensorboard", "tbc")
+    cid = handle.status().cluster_id
+    assert f"tfos_nb/tensorboard/{cid}/" in capsys.readouterr().out
+    record = json.loads((tmp_path / "runtime" / "tfos_nb" / f"{cid}.json").read_text())
+    assert handle.tensorboard_url.endswith(f"{record['host']}:{record['port']}") or str(record["port"]) in \
+        handle.tensorboard_url
+    ip.run_line_magic("tfos_shutdown", "tbc")
+    assert handle.done
+    assert not (tmp_path / "runtime" / "tfos_nb" / f"{cid}.json").exists()  # withdrawn when the cluster ended
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("tfos_tensorboard", "tbc")
+    assert str(info.value) == "tbc has ended and its TensorBoard with it: use --logdir DIR"

@@ -491,13 +491,13 @@ class TFOSMagics(Magics):
             path = outcome.path
         else:
             h = self.handles[self._known(opts.name)]
-            cluster, url = h.cluster, h.tensorboard_url
-            if cluster is None or not url:
-                raise _usage(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
-            if h.done():
+            if h.done:
                 raise _usage(f"{opts.name} has ended and its TensorBoard with it: use --logdir DIR")
-            path = tb.register(cluster.cluster_id, url)
-            h.add_observer(lambda view, final, cid=cluster.cluster_id: final and tb.withdraw(cid))
+            view, url = h.status(), h.tensorboard_url
+            if view is None or not url:
+                raise _usage(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
+            path = tb.register(view.cluster_id, url)
+            h.add_observer(lambda view, final, cid=view.cluster_id: final and tb.withdraw(cid))
         display(HTML(tb.iframe_html(path, height=opts.height)))
         print(f"TensorBoard: <Jupyter base URL>/{path}")
 
