@@ -6,6 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 command -v java >/dev/null || { echo "tfos_nb: Java 17 is needed by Spark and was not found on PATH" >&2; exit 1; }
+# The real-browser tests drive Debian's chromium (tests/test_browser.py fails, never skips, without it).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "tfos_nb: installing chromium for the browser tests (apt-get)" >&2
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+      || echo "tfos_nb: could not install chromium; tests/test_browser.py will fail" >&2
+  else
+    echo "tfos_nb: /usr/bin/chromium is missing (as root: apt-get install -y chromium); tests/test_browser.py will fail" >&2
+  fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.tfos_nb-stamp
 want=$(cat requirements.txt requirements-test.txt setup.py | sha256sum | cut -d' ' -f1)

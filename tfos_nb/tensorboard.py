@@ -238,7 +238,9 @@ def stop_local(tb: LocalTensorBoard) -> None:
 # Resolves one element's src/href against the page's base URL: JupyterLab / Notebook 7's
 # <script id="jupyter-config-data"> (PageConfig baseUrl), classic Notebook's <body data-base-url>,
 # or failing both the page's own path.  Every element with the id gets it (a panel re-rendered in
-# place may briefly hold two).
+# place may briefly hold two).  An iframe gets its src only once the route answers (TensorBoard
+# takes seconds to start after the chief reports it): a same-origin GET every second, for at most
+# five minutes, stopping when the element leaves the page.
 _RESOLVE_JS = """(function () {
   var base = null;
   var cfg = document.getElementById("jupyter-config-data");
@@ -250,9 +252,18 @@ _RESOLVE_JS = """(function () {
   }
   if (base.charAt(base.length - 1) !== "/") { base += "/"; }
   var url = new URL(base + %(path)s, window.location.origin).href;
-  document.querySelectorAll('[id=' + JSON.stringify(%(id)s) + ']').forEach(function (el) {
-    if (el.getAttribute(%(attr)s) !== url) { el.setAttribute(%(attr)s, url); }
-  });
+  var attr = %(attr)s, tries = 0;
+  function elements() { return document.querySelectorAll('[id=' + JSON.stringify(%(id)s) + ']'); }
+  function set() {
+    elements().forEach(function (el) { if (el.getAttribute(attr) !== url) { el.setAttribute(attr, url); } });
+  }
+  function poll() {
+    if (!elements().length || ++tries > 300) { return; }
+    fetch(url, {credentials: "same-origin"}).then(function (r) {
+      if (r.ok) { set(); } else { setTimeout(poll, 1000); }
+    }, function () { setTimeout(poll, 1000); });
+  }
+  if (attr === "src") { poll(); } else { set(); }
 })();"""
 
 

@@ -1,0 +1,261 @@
+"""What a person sees: real JupyterLab, real headless Chromium, a real cluster with TensorBoard.
+
+JupyterLab runs on localhost under the base URL ``/user/test/`` (JupyterHub's shape) with a
+token and the ``tfos_nb`` server extension enabled by the shipped config file.  Chromium
+(Debian's ``/usr/bin/chromium``, driven by Playwright; Playwright's own browsers are never
+downloaded) opens a prepared notebook and runs it with Run All.  The notebook trains a small
+Keras model on two nodes with ``--tensorboard`` until the test says stop (a file), so what the
+test looks at cannot finish under it.  Assertions read the DOM, waiting on conditions;
+screenshots go to ``test-output/``.
+
+Chromium missing is a failure, not a skip: ``scripts/setup_env.sh`` installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.test_tbproxy import CONFIG_JSON, child_env, free_port, stop, wait_for
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+OUTPUT = REPO / "test-output"
+CHROMIUM = "/usr/bin/chromium"
+BASE_URL = "/user/test/"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+NODE_CELL = """\
+%%tfos_cluster --workers 2 --tensorboard --logdir {logdir} --name tbrun
+import os
+import tensorflow as tf
+from tfos_nb.examples.digits import build_model, load_digits_arrays
+
+x, y, _, _ = load_digits_arrays()
+model = build_model(learning_rate=0.01)
+ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+
+
+class StopWhenAsked(tf.keras.callbacks.Callback):
+    # the browser test ends the run by creating this file, once it has seen what it checks
+    def on_epoch_end(self, epoch, logs=None):
+        if os.path.exists({stop_file!r}):
+            self.model.stop_training = True
+
+
+callbacks = [ctx.progress_callback(), StopWhenAsked()]
+if ctx.is_chief:
+    callbacks.append(tf.keras.callbacks.TensorBoard(ctx.log_dir, write_graph=False))
+model.fit(ds, steps_per_epoch=20, epochs=100000, verbose=0, callbacks=callbacks)
+print("trained", ctx.job_name, ctx.task_index)
+"""
+
+
+def notebook(logdir: Path, stop_file: Path) -> dict:
+    def code(src: str) -> dict:
+        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
+
+    return {
+        "cells": [code("%load_ext tfos_nb"), code(NODE_CELL.format(logdir=logdir, stop_file=str(stop_file)))],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+@dataclass
+class Lab:
+    url: str  # http://127.0.0.1:PORT/user/test/
+    token: str
+    root: Path
+    proc: subprocess.Popen
+
+    def api(self, path: str, method: str = "GET", body: object = None) -> object:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = resp.read()
+        return json.loads(body) if body else None
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """JupyterLab under /user/test/, with a token, the tfos_nb extension on, private Jupyter dirs."""
+    root = tmp_path_factory.mktemp("lab")
+    runtime = root / "runtime"
+    runtime.mkdir(mode=0o700)
+    (root / "work").mkdir()
+    cfg = root / "config" / "jupyter_server_config.d"
+    cfg.mkdir(parents=True)
+    shutil.copy(CONFIG_JSON, cfg / "tfos_nb.json")  # the file setup.py installs: `pip install` enables it
+    settings = root / "lab-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)  # no news / update toasts over the notebook
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"checkForUpdates": False, "fetchNews": "false"}))
+    tracker = root / "lab-settings" / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)  # open the notebook with its kernel, no "Select Kernel" dialog
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
+    token, port = secrets.token_hex(16), free_port()
+    env = child_env(
+        JUPYTER_RUNTIME_DIR=str(runtime),
+        JUPYTER_CONFIG_DIR=str(root / "config"),
+        JUPYTER_DATA_DIR=str(root / "data"),
+        JUPYTERLAB_SETTINGS_DIR=str(root / "lab-settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
+        JUPYTER_PLATFORM_DIRS="1",
+    )
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
+        "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}", f"--ServerApp.base_url={BASE_URL}",
+        f"--ServerApp.root_dir={root / 'work'}", "--TensorBoardProxy.request_timeout=30",
+    ]  # fmt: skip
+    if os.getuid() == 0:
+        cmd.append("--allow-root")
+    log = root / "lab.log"
+    proc = subprocess.Popen(cmd, env=env, cwd=root / "work", stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    srv = Lab(url=f"http://127.0.0.1:{port}{BASE_URL}", token=token, root=root, proc=proc)
+    try:
+        try:
+            wait_for(lambda: srv.api("api/status"), 120, "jupyter lab", proc)
+        except (AssertionError, OSError):
+            raise AssertionError(log.read_text()[-3000:]) from None
+        assert "tfos_nb: TensorBoard proxy at" in log.read_text()
+        yield srv
+    finally:
+        descendants = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        stop(proc)
+        gone, alive = psutil.wait_procs(descendants, timeout=30)
+        for p in alive:
+            p.kill()
+        OUTPUT.mkdir(exist_ok=True)
+        shutil.copy(log, OUTPUT / "browser-lab.log")
+        assert not alive, f"left running after JupyterLab stopped: {[p.pid for p in alive]}"
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup_env.sh does it as root)")
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="tfos-chromium-") as profile, sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000}
+        )
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+# the live panel's node rows (in the widget; the static snapshot below it has the same table at the end):
+# node, host, executor, device, state, step, ... (tfos_nb.widgets._view.COLUMNS)
+ROWS_JS = """() => Array.from(document.querySelectorAll('.widget-html .tfos-panel table tbody tr'))
+  .map(tr => Array.from(tr.cells).map(td => td.textContent.trim())).filter(c => c.length > 5)"""
+SNAPSHOT_JS = ROWS_JS.replace(".widget-html .tfos-panel", ".jp-RenderedHTMLCommon > .tfos-panel")
+
+
+def step_of(row: list[str]) -> int:
+    match = re.match(r"(\d+)", row[5])
+    return int(match.group(1)) if match else -1
+
+
+def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) -> None:
+    OUTPUT.mkdir(exist_ok=True)
+    stop_file = tmp_path / "stop"
+    (lab.root / "work" / "browser.ipynb").write_text(json.dumps(notebook(tmp_path / "logs", stop_file)))
+    page = browser.new_page()
+    page.set_default_timeout(60_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(f"{lab.url}lab/tree/browser.ipynb?token={lab.token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        # the kernel is connected and idle (the toolbar's indicator says idle before there is a kernel)
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('.jp-StatusBar-TextItem')).some(e => /\\| Idle$/.test(e.innerText))",
+            timeout=120_000,
+        )
+        # run both cells as a person would: into the first cell, Shift+Enter twice
+        page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_function("() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText.includes('[1]')")
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_selector(".jp-Cell:nth-child(2) .jp-InputPrompt:has-text('[*]')")
+
+        # one row per node, the right roles, then a step count that grows
+        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => r[4] === 'running' && /^\\d+/.test(r[5])).length === 2",
+                               timeout=240_000)  # fmt: skip
+        rows = page.evaluate(ROWS_JS)
+        assert sorted(r[0] for r in rows) == ["chief:0", "worker:0"], rows
+        first = step_of(next(r for r in rows if r[0] == "chief:0"))
+        page.wait_for_function(f"() => ({ROWS_JS})().some(r => r[0] === 'chief:0' && parseInt(r[5]) >= {first + 40})", timeout=120_000)
+        rows = page.evaluate(ROWS_JS)
+        assert step_of(next(r for r in rows if r[0] == "chief:0")) >= first + 40, rows
+        assert all(r[3] == "CPU" and r[1] for r in rows), rows  # device and host columns
+        # the widget's box stays; the table inside it is replaced twice a second
+        page.locator(".widget-vbox", has=page.locator(".tfos-panel")).first.screenshot(path=str(OUTPUT / "browser-panel.png"))
+
+        # the link and the iframe point at the proxy route under the page's base URL
+        link = page.locator("a[data-tfos-path^='tfos_nb/tensorboard/']").first
+        link.wait_for()
+        path = link.get_attribute("data-tfos-path")
+        assert path and re.fullmatch(r"tfos_nb/tensorboard/[0-9a-f]{8,32}/", path)
+        page.wait_for_function("el => el.href && el.href.length > 0", arg=link.element_handle())
+        assert link.get_attribute("href") == f"{lab.url}{path}"
+        # TensorBoard has the run's scalars (the chief's Keras callback wrote them) before the tab opens
+        wait_for(lambda: "epoch_loss" in json.dumps(lab.api(f"{path}data/plugin/scalars/tags")), 180, "scalars in TensorBoard")
+
+        page.locator(".widget-tab .lm-TabBar-tab", has_text="TensorBoard").first.click()
+        frame_el = page.locator("iframe[title=TensorBoard]").first
+        frame_el.wait_for(state="visible")
+        assert frame_el.get_attribute("src") == f"{lab.url}{path}"
+        frame = frame_el.content_frame
+        frame.get_by_text("epoch_loss").first.wait_for(timeout=60_000)  # the Time Series dashboard's card
+        frame.get_by_role("tab", name=re.compile(r"^\s*scalars\s*$", re.I)).click()  # the header's dashboard tab
+        frame.locator("tf-scalar-dashboard").get_by_text("epoch_loss").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(OUTPUT / "browser-tensorboard.png"), full_page=True)
+
+        # end the run: the panel shows the final state, the TensorBoard route is gone
+        stop_file.write_text("stop")
+        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => r[4] === 'finished').length === 2", timeout=120_000)
+        # and the static snapshot for the saved notebook
+        page.wait_for_function(f"() => ({SNAPSHOT_JS})().filter(r => r[4] === 'finished').length === 2")
+        page.locator(".widget-tab .lm-TabBar-tab", has_text="Nodes").first.click()
+        page.wait_for_selector("text=TensorBoard stopped with the cluster", state="attached")
+        page.screenshot(path=str(OUTPUT / "browser-final.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        page.screenshot(path=str(OUTPUT / "browser-last.png"), full_page=True)
+        if not stop_file.exists():
+            stop_file.write_text("stop")
+        page.close()
+        for session in lab.api("api/sessions") or []:  # stop the kernel (and its Spark, its nodes) now
+            lab.api(f"api/sessions/{session['id']}", method="DELETE")
