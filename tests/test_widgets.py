@@ -635,3 +635,32 @@ def test_cluster_route_registers_while_tensorboard_runs(tmp_path, monkeypatch):
     assert route.path is None and _records.read_record(str(tmp_path), "4567cdef") is None and route.error is None
     route(cluster(cluster_id="89abcdef", tensorboard=url), False)  # after the end: nothing registered again
     assert _records.read_record(str(tmp_path), "89abcdef") is None
+
+
+@pytest.mark.slow
+def test_real_cluster_panel_shows_gpus_from_nvidia_smi(ip, monkeypatch, tmp_path):
+    """Executors whose PATH has an ``nvidia-smi`` (a fake printing known GPUs): the panel shows model and memory."""
+    from IPython.core.displaypub import CapturingDisplayPublisher
+
+    from tests import fake_nvidia_smi
+    from tests.conftest import spark_session
+
+    path = fake_nvidia_smi.path_with(fake_nvidia_smi.install(tmp_path / "bin"))
+    spark = spark_session(1, conf={"spark.executorEnv.PATH": path})
+    ip.user_ns["spark"] = spark
+    pub = CapturingDisplayPublisher()
+    monkeypatch.setattr(ip, "display_pub", pub)
+    ip.run_line_magic("config", 'TFOSMagics.renderer = "html"')
+    try:
+        cell = "ctx.report(step=1, total_steps=1)\n"
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --name gpu_run", cell)
+    finally:
+        ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
+        ip.magics_manager.registry["TFOSMagics"].shutdown_all()
+        ip.user_ns.pop("spark", None)
+        spark.stop()
+    final = [o for o in pub.outputs if "text/html" in o["data"]][-1]["data"]["text/html"]
+    # the node's GPU (one per node by default): fake_nvidia_smi.GPUS[0], model and MiB used / total
+    assert "<td style=\"padding:1px 6px\">NVIDIA A100-SXM4-80GB (1234/81920 MiB)</td>" in final, final
+    assert ">finished</span>" in final and ">CPU<" not in final
+    assert ip.user_ns["gpu_run"].nodes  # the handle saw the same node
