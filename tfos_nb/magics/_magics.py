@@ -377,9 +377,12 @@ class TFOSMagics(Magics):
         try:
             while not handle.join(0.1):
                 self._drain(handle)
-                if tensorboard is None and handle.tensorboard_url:
-                    tensorboard = handle.tensorboard_url
-                    print(f"tfos_nb: TensorBoard of {handle.name}: {tensorboard}")
+                if tensorboard is None and handle.tensorboard_url and handle.status() is not None:
+                    from .. import tensorboard as tb
+
+                    tensorboard = handle.tensorboard_url  # the node's own address: seldom reachable from a browser
+                    print(f"tfos_nb: TensorBoard of {handle.name}: <Jupyter base URL>/"
+                          f"{tb.proxy_path(handle.status().cluster_id)} (on the chief at {tensorboard})")
                 render()
         except KeyboardInterrupt:
             print(f"tfos_nb: interrupted; stopping cluster {handle.name}", file=sys.stderr)
