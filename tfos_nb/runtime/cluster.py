@@ -313,9 +313,11 @@ class TFCluster:
         return self._watch(job, f"feeding micro-batch {batch_id}")
 
     def _require_no_training_stream(self) -> None:
-        if any(f.kind == "train" for f in self._streams):
-            msg = "a training stream feeds this cluster: stop it (feed.stop()) before feeding other data"
-            raise RuntimeError(msg)
+        for feed in [f for f in self._streams if f.kind == "train"]:
+            if feed.is_active:
+                msg = "a training stream feeds this cluster: stop it (feed.stop()) before feeding other data"
+                raise RuntimeError(msg)
+            feed.stop()  # its query ended by itself (availableNow trigger, error): close its epoch
 
     def _stream_ended(self, feed: StreamingFeed) -> None:
         if feed in self._streams:
