@@ -103,9 +103,10 @@ def stream_infer_fun(args, ctx):
 def test_training_stream_feeds_every_row_exactly_once(spark, tmp_path, no_leaks):
     src, out = Source(tmp_path), tmp_path / "seen"
     out.mkdir()
+    checkpoint = str(tmp_path / "checkpoint")
     cluster = run(spark.sparkContext, stream_train_fun, {"out": str(out)})
     try:
-        feed = cluster.train_stream(src.stream(spark))
+        feed = cluster.train_stream(src.stream(spark), checkpoint_location=checkpoint)
         assert feed.is_active and cluster.streams == (feed,)
         src.write(150)
         src.write(120)
@@ -114,16 +115,23 @@ def test_training_stream_feeds_every_row_exactly_once(spark, tmp_path, no_leaks)
         src.write(90)
         src.write(77)
         feed.process_all_available()
-        total = src.next_id
-        assert (feed.rows, feed.skipped, feed.batches) == (total, 0, 4)
-        assert wait_until(lambda: cluster.status().rows_fed == total, 10)  # what the panel shows
+        assert (feed.rows, feed.skipped, feed.batches) == (src.next_id, 0, 4)
         with pytest.raises(RuntimeError, match="training stream feeds this cluster"):
             cluster.train(spark.range(3))
         with pytest.raises(TypeError, match="streaming DataFrame"):
             cluster.train_stream(spark.range(3))
+        feed.stop()
+        assert not feed.is_active and cluster.streams == ()
+        # Restarted from its checkpoint, the query feeds only the new file; availableNow ends it by itself.
+        src.write(33)
+        again = cluster.train_stream(src.stream(spark), checkpoint_location=checkpoint, trigger={"availableNow": True})
+        assert again.wait(timeout=120) and not again.is_active
+        assert (again.rows, again.batches) == (33, 1)
+        total = src.next_id
+        assert wait_until(lambda: cluster.status().rows_fed == total, 10)  # what the panel shows
     finally:
         cluster.shutdown()  # stops the query first, then the nodes
-    assert not feed.is_active and cluster.streams == ()
+    assert cluster.streams == ()
     nodes = cluster.nodes
     assert all(n.state == "finished" for n in nodes), [(n.label, n.state, n.error) for n in nodes]
     seen = {p.name: np.load(p) for p in out.glob("*.npy")}
