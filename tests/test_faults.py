@@ -116,7 +116,8 @@ def test_sigkill_mid_training_is_detected(sc, feed_df, target, no_leaks):
     killed_at: list[float] = []
 
     def kill_when_training():
-        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 60):
+        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 120):
+            cluster._teardown()  # never reached: end train() so the test fails with the nodes' state, not a hang
             return
         node = next(n for n in cluster.nodes if n.label == "worker:0")
         pid = node.child_pid if target == "node process" else node.pid
@@ -127,6 +128,7 @@ def test_sigkill_mid_training_is_detected(sc, feed_df, target, no_leaks):
     killer.start()
     with pytest.raises(TFCluster.TFClusterError) as info:
         cluster.train(feed_df, 1)
+    assert killed_at, f"worker:0 never reached step 3: {cluster.nodes}"
     detected = time.monotonic() - killed_at[0]
     killer.join(5)
     text = str(info.value)
@@ -160,7 +162,8 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
     killed: list[tuple[float, int]] = []
 
     def kill_jvm():
-        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 60):
+        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 120):
+            cluster._teardown()  # never reached: end train() so the test fails with the nodes' state, not a hang
             return
         node = next(n for n in cluster.nodes if n.label == "worker:0")
         jvm = executor_jvm(node.executor_id)
@@ -171,6 +174,7 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
     killer.start()
     with pytest.raises(TFCluster.TFClusterError) as info:
         cluster.train(feed_df, 1)
+    assert killed, f"worker:0 never reached step 3: {cluster.nodes}"
     detected = time.monotonic() - killed[0][0]
     killer.join(5)
     text = str(info.value)
@@ -297,13 +301,14 @@ def test_keyboard_interrupt_tears_down_within_seconds(sc, feed_df, no_leaks):
     interrupted: list[float] = []
 
     def interrupt_when_training():
-        if wait_until(lambda: step_reached(cluster, "chief:0", 3), 60):
+        if wait_until(lambda: step_reached(cluster, "chief:0", 3), 120):
             interrupted.append(time.monotonic())
-            _thread.interrupt_main()
+        _thread.interrupt_main()  # also when no step came: the test then fails on `interrupted`, not a hang
 
     threading.Thread(target=interrupt_when_training, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         cluster.train(feed_df, 1)
+    assert interrupted, f"chief:0 never reached step 3: {cluster.nodes}"
     assert wait_until(lambda: not runtime_processes() and no_spark_jobs_left(sc), 10)
     took = time.monotonic() - interrupted[0]
     assert cluster.status().state == "stopped"

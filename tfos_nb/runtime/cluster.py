@@ -425,6 +425,7 @@ class TFCluster:
         """Wait for a Spark job while watching the nodes; tear down on any failure."""
         self._jobs.append(job)
         self._controller.feed_errors.clear()
+        self._controller.lost_feeds = 0
         job.start()
         try:
             while not job.wait(0.2):
@@ -432,6 +433,15 @@ class TFCluster:
                     job.cancel(join_timeout=0)  # a node or a feeding task failed: retries would not help
                     break
             view = self.state.snapshot()
+            if view.state != S.C_FAILED and self._controller.lost_feeds:
+                # A feeding task lost its node before the node's supervisor said why: wait for its report (a dead
+                # node process is reported at once, a dead supervisor after the heartbeat timeout), so the error
+                # names the node and its cause rather than a broken connection.
+                deadline = time.monotonic() + self._controller.heartbeat_timeout + 2
+                while view.state != S.C_FAILED and time.monotonic() < deadline:
+                    with self.state.changed:
+                        self.state.changed.wait(0.2)
+                    view = self.state.snapshot()
             if view.state == S.C_FAILED:
                 self._teardown()
                 raise _error_for(view)

@@ -22,6 +22,12 @@ log = logging.getLogger(__name__)
 FEEDABLE = ("chief", "master", "worker")
 
 
+# How a feeding task reports a connection to its node that broke (launch._Feeder.fail): the node (or its
+# supervisor) probably died, and its supervisor's report or missing heartbeats will say which.
+LOST_CONNECTION = ("ConnectionResetError", "BrokenPipeError", "ConnectionAbortedError", "ConnectionRefusedError",
+                   "DataPlaneError", "EOFError", "IncompleteRead")
+
+
 class Controller:
     def __init__(
         self,
@@ -43,6 +49,7 @@ class Controller:
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self.feed_errors: list[str] = []
+        self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
 
     # -- dispatch -------------------------------------------------------------
     def handle(self, msg: m.Message) -> m.Reply:
@@ -262,6 +269,8 @@ class Controller:
                 node.rows_fed += msg.rows
             if msg.error:
                 self.feed_errors.append(f"partition {msg.partition}: {msg.error}")
+                if node is not None and msg.error.startswith(LOST_CONNECTION):
+                    self.lost_feeds += 1
             cluster_error = None
             if st.state == S.C_FAILED:
                 cluster_error = st.error
