@@ -147,12 +147,15 @@ def test_sigkill_mid_training_is_detected(sc, feed_df, target, no_leaks):
 # -- 3. the executor JVM under a node dies -------------------------------------------------
 
 
-def executor_jvm(executor_id: str) -> psutil.Process | None:
+def executor_jvm(sc, executor_id: str) -> psutil.Process | None:
+    """The executor JVM of *this* application (other Spark applications on the machine reuse executor ids)."""
+    driver_url = f"@{sc.getConf().get('spark.driver.host')}:{sc.getConf().get('spark.driver.port')}"
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
         if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd:
-            i = cmd.index("--executor-id")
-            if cmd[i + 1] == executor_id:
+            ids = cmd[cmd.index("--executor-id") + 1]
+            url = cmd[cmd.index("--driver-url") + 1]
+            if ids == executor_id and url.endswith(driver_url):
                 return p
     return None
 
@@ -166,7 +169,10 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
             cluster._teardown()  # never reached: end train() so the test fails with the nodes' state, not a hang
             return
         node = next(n for n in cluster.nodes if n.label == "worker:0")
-        jvm = executor_jvm(node.executor_id)
+        jvm = executor_jvm(sc, node.executor_id)
+        if jvm is None:
+            cluster._teardown()  # the test then fails on `killed`, not a hang
+            return
         killed.append((time.monotonic(), jvm.pid))
         jvm.kill()
 
@@ -174,7 +180,7 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
     killer.start()
     with pytest.raises(TFCluster.TFClusterError) as info:
         cluster.train(feed_df, 1)
-    assert killed, f"worker:0 never reached step 3: {cluster.nodes}"
+    assert killed, f"worker:0 never reached step 3, or its executor JVM was not found: {cluster.nodes}"
     detected = time.monotonic() - killed[0][0]
     killer.join(5)
     text = str(info.value)
