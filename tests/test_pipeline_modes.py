@@ -355,6 +355,22 @@ def test_fit_on_an_empty_dataframe(spark, tmp_path, no_leaks):
     assert isinstance(model, TFModel) and not model.isDefined(model.exportDir)
 
 
+def failing_export_fn(args):
+    raise FileNotFoundError(f"no checkpoint in {args.model_dir}")
+
+
+def test_export_fn_error_fails_fit_naming_the_chief(spark, tmp_path, no_leaks):
+    from tfos_nb.TFCluster import TFClusterError
+
+    facts = str(tmp_path / "facts.jsonl")
+    empty = spark.createDataFrame([], "features array<float>, label long")
+    est = TFEstimator(count_rows_fn, {"facts": facts}, export_fn=failing_export_fn, env=NODE_ENV,
+                      inputMapping={"features": "x"}, modelDir=str(tmp_path / "none"))
+    with pytest.raises(TFClusterError, match=r"(?s)^chief:0 failed.*FileNotFoundError: no checkpoint in .*none"):
+        est.fit(empty)
+    assert [r["rows"] for r in _records(facts)] == [0]  # train_fn ran first
+
+
 def test_num_ps_runs_parameter_server_strategy(spark, digits_data, tmp_path, started, no_leaks):
     """NumPS=1: ps + chief (ClusterCoordinator) + worker; fit returns a model that transforms."""
     _, _, xte, yte = digits_data

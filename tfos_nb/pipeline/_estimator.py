@@ -113,7 +113,9 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
     gets ``tf_args`` (a dict or an ``argparse.Namespace``) merged with the Params
     as a :class:`TFArgs` (``args.batch_size``, ``epochs``, ``steps``, ``model_dir``,
     ``export_dir``, ``input_mapping``, ``cluster_size``, ``num_ps``, ``readers``,
-    ``protocol``, ``tensorboard``, ...).  ``export_fn(args)``, when given, runs
+    ``protocol``, ``tensorboard``, ...); a Param wins over a ``tf_args`` key of the
+    same name even when only defaulted (``Steps`` is 1000 unless set), as in
+    TensorFlowOnSpark.  ``export_fn(args)``, when given, runs
     after training on the chief (in its node process, once ``train_fn`` has
     returned there; TensorFlowOnSpark's semantics), e.g. to rebuild the model,
     restore the checkpoint in ``args.model_dir`` and write a SavedModel to
