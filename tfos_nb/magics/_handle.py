@@ -25,6 +25,14 @@ __all__ = ["ClusterFailed", "ClusterHandle"]
 LOG_LINES_KEPT = 5000
 
 
+def marked_failed(view: Any, done: bool, error: BaseException | None) -> Any:
+    """A finished run's view (cluster or parallel runs) marked failed with ``error``'s first line, if it failed."""
+    if view is not None and done and error is not None and view.state != S.C_FAILED:
+        first = (str(error).splitlines() or [type(error).__name__])[0]
+        view = dataclasses.replace(view, state=S.C_FAILED, error=view.error or first)
+    return view
+
+
 class ClusterFailed(TFClusterError):
     """A cell's cluster failed and was torn down.
 
@@ -287,11 +295,7 @@ class ClusterHandle:
 
     def final_status(self) -> S.ClusterView | None:
         """``status()``, marked failed when the run ended in an error the nodes' states do not show."""
-        view = self.status()
-        if view is not None and self._done.is_set() and self._error is not None and view.state != S.C_FAILED:
-            first = (str(self._error).splitlines() or [type(self._error).__name__])[0]
-            view = dataclasses.replace(view, state=S.C_FAILED, error=view.error or first)
-        return view
+        return marked_failed(self.status(), self._done.is_set(), self._error)
 
     @property
     def state(self) -> str:

@@ -33,6 +33,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ..runtime import parallel as P
 from ..runtime import state as S
 from ._cellfn import CellError, build
+from ._handle import marked_failed
 from ._spark import SparkUnusable, embedded_notice, find_spark_context, start_embedded
 
 __all__ = ["ParallelFailed", "ParallelHandle", "tfos_parallel"]
@@ -198,13 +199,7 @@ class ParallelHandle:
 
     def final_status(self) -> P.ParallelView | None:
         """``status()``, marked failed when the runs ended in an error their states do not show."""
-        import dataclasses
-
-        view = self.status()
-        if view is not None and self._done.is_set() and self._error is not None and view.state != S.C_FAILED:
-            first = (str(self._error).splitlines() or [type(self._error).__name__])[0]
-            view = dataclasses.replace(view, state=S.C_FAILED, error=view.error or first)
-        return view
+        return marked_failed(self.status(), self._done.is_set(), self._error)
 
     @property
     def state(self) -> str:
