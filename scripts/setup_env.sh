@@ -16,6 +16,12 @@ if [ ! -x /usr/bin/chromium ]; then
     echo "tfos_nb: /usr/bin/chromium is missing (as root: apt-get install -y chromium); tests/test_browser.py will fail" >&2
   fi
 fi
+# The multi-host tier (tests/test_multihost.py) makes network namespaces with iproute2's `ip`.
+if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "tfos_nb: installing iproute2 for the multi-host tests (apt-get)" >&2
+  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 >/dev/null \
+    || echo "tfos_nb: could not install iproute2; tests/test_multihost.py will skip" >&2
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.tfos_nb-stamp
 want=$(cat requirements.txt requirements-test.txt setup.py | sha256sum | cut -d' ' -f1)
