@@ -3,6 +3,6 @@
 # Extra arguments go to pytest, e.g. `bash test.sh -m "not slow"` for the fast tier.
 set -euo pipefail
 cd "$(dirname "$0")"
-bash scripts/setup_env.sh
+TFOS_NB_TEST_DEPS=1 bash scripts/setup_env.sh
 .venv/bin/python -m ruff check tfos_nb tests scripts benchmarks
 exec .venv/bin/python -m pytest "$@"

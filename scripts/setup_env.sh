@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 command -v java >/dev/null || { echo "tfos_nb: Java 17 is needed by Spark and was not found on PATH" >&2; exit 1; }
+# System packages only the test suite needs (test.sh sets TFOS_NB_TEST_DEPS=1; the quickstart does not).
 # The real-browser tests drive Debian's chromium (tests/test_browser.py fails, never skips, without it).
-if [ ! -x /usr/bin/chromium ]; then
+if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "tfos_nb: installing chromium for the browser tests (apt-get)" >&2
     apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
@@ -17,7 +18,7 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 # The multi-host tier (tests/test_multihost.py) makes network namespaces with iproute2's `ip`.
-if ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] && ! command -v ip >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "tfos_nb: installing iproute2 for the multi-host tests (apt-get)" >&2
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 >/dev/null \
     || echo "tfos_nb: could not install iproute2; tests/test_multihost.py will skip" >&2
