@@ -237,6 +237,8 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.locator(".widget-tab .lm-TabBar-tab", has_text="TensorBoard").first.click()
         frame_el = page.locator("iframe[title=TensorBoard]").first
         frame_el.wait_for(state="visible")
+        # the frame loads once its tab is open (so TensorBoard starts with the data written by then)
+        page.wait_for_function("el => !!el.getAttribute('src')", arg=frame_el.element_handle())
         assert frame_el.get_attribute("src") == f"{lab.url}{path}"
         frame = frame_el.content_frame
         frame.get_by_text("epoch_loss").first.wait_for(timeout=60_000)  # the Time Series dashboard's card

@@ -240,7 +240,8 @@ def stop_local(tb: LocalTensorBoard) -> None:
 # or failing both the page's own path.  Every element with the id gets it (a panel re-rendered in
 # place may briefly hold two).  An iframe gets its src only once the route answers (TensorBoard
 # takes seconds to start after the chief reports it): a same-origin GET every second, for at most
-# five minutes, stopping when the element leaves the page.
+# five minutes, stopping when the element leaves the page; and only once it is visible (a panel's
+# tab opened), so that TensorBoard loads with the data written by then, not an empty log directory.
 _RESOLVE_JS = """(function () {
   var base = null;
   var cfg = document.getElementById("jupyter-config-data");
@@ -252,15 +253,25 @@ _RESOLVE_JS = """(function () {
   }
   if (base.charAt(base.length - 1) !== "/") { base += "/"; }
   var url = new URL(base + %(path)s, window.location.origin).href;
-  var attr = %(attr)s, tries = 0;
+  var attr = %(attr)s, tries = 0, ready = false;
   function elements() { return document.querySelectorAll('[id=' + JSON.stringify(%(id)s) + ']'); }
   function set() {
     elements().forEach(function (el) { if (el.getAttribute(attr) !== url) { el.setAttribute(attr, url); } });
   }
+  function showWhenVisible() {
+    var hidden = false;
+    elements().forEach(function (el) {
+      if (el.getAttribute(attr) === url) { return; }
+      if (el.getClientRects().length) { el.setAttribute(attr, url); } else { hidden = true; }
+    });
+    if (hidden) { setTimeout(showWhenVisible, 1000); }
+  }
   function poll() {
-    if (!elements().length || ++tries > 300) { return; }
+    if (!elements().length) { return; }
+    if (ready) { showWhenVisible(); return; }
+    if (++tries > 300) { return; }
     fetch(url, {credentials: "same-origin"}).then(function (r) {
-      if (r.ok) { set(); } else { setTimeout(poll, 1000); }
+      if (r.ok) { ready = true; showWhenVisible(); } else { setTimeout(poll, 1000); }
     }, function () { setTimeout(poll, 1000); });
   }
   if (attr === "src") { poll(); } else { set(); }
