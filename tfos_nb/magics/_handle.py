@@ -168,8 +168,10 @@ class ClusterHandle:
             if self._timer is not None:
                 self._timer.cancel()
             self._result = self._make_result()
-            self._done.set()
+            # observers first (the panel's final state, the TensorBoard route withdrawn): once wait() or
+            # shutdown() returns, they have run
             self._tell_observers(final=True)
+            self._done.set()
 
     def _attempt(self) -> TFCluster:
         """One start → train → shutdown; the cluster is kept in ``_cluster`` for stop()."""
@@ -213,7 +215,7 @@ class ClusterHandle:
             observers = list(self._observers)
         if not observers:
             return
-        view = self.final_status() if final else self.status()
+        view = marked_failed(self.status(), True, self._error) if final else self.status()
         if view is None:
             return
         for fn in observers:
