@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import random
 import socket
 
 
@@ -26,8 +28,39 @@ def local_ip_towards(host: str, port: int) -> str:
             return "127.0.0.1"
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' local ports start there)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(family: int, host: str, port: int) -> bool:
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((host, port))
+        return True
+    except OSError as exc:
+        # no IPv6 on this machine: nothing there can hold the port
+        return family == socket.AF_INET6 and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+
+
 def free_port(host: str) -> int:
-    """A port that was free on ``host`` a moment ago (TensorFlow binds it itself)."""
+    """A port that was free a moment ago on every address (TensorFlow's server binds the wildcard itself).
+
+    Picked at random below the ephemeral range, so that the many short-lived outgoing
+    connections of Spark, Py4J and the feeders (which take ports from that range) cannot
+    take it between this check and TensorFlow's bind.
+    """
+    low = _ephemeral_low()
+    lo, hi = max(1024, low - 12000), low - 1
+    if hi > lo:
+        for _ in range(64):
+            port = random.randint(lo, hi)
+            if _bindable(socket.AF_INET, "", port) and _bindable(socket.AF_INET6, "::", port):
+                return port
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
