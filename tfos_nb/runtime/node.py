@@ -16,6 +16,7 @@ import struct
 import sys
 import threading
 import traceback
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 LEN = struct.Struct(">Q")
@@ -35,6 +36,18 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
 def read_blob(stream: BinaryIO) -> bytes:
     (n,) = LEN.unpack(_read_exact(stream, LEN.size))
     return _read_exact(stream, n)
+
+
+def read_events(fd: int) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """The events a :class:`Reporter` wrote to pipe ``fd``, as ``(kind, fields)``; unparsable lines are skipped."""
+    with os.fdopen(fd, "rb") as stream:
+        for raw in stream:
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                yield ev.pop("t", None), ev
 
 
 def write_blob(stream: BinaryIO, data: bytes) -> None:

@@ -44,7 +44,7 @@ from . import messages as m
 from . import net, procs
 from .context import NodeContext, Reporter
 from .launch import _child_env, executor_id
-from .node import read_blob, write_blob
+from .node import read_blob, read_events, write_blob
 from .reservation import ControlClient
 
 TAIL_LINES = 100
@@ -233,23 +233,17 @@ class _RunTask:
         self.wake.set()
 
     def _read_reports(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
-            for raw in stream:
-                try:
-                    ev = json.loads(raw)
-                except ValueError:
-                    continue
-                kind = ev.pop("t", None)
-                with self.lock:
-                    if kind == "ready":
-                        self.running = True
-                    elif kind == "report":
-                        self.report = ev
-                    elif kind == "error":
-                        self.error = str(ev.get("error"))[:2000]
-                    elif kind == "finished":
-                        self.finished = True
-                self.wake.set()
+        for kind, ev in read_events(fd):
+            with self.lock:
+                if kind == "ready":
+                    self.running = True
+                elif kind == "report":
+                    self.report = ev
+                elif kind == "error":
+                    self.error = str(ev.get("error"))[:2000]
+                elif kind == "finished":
+                    self.finished = True
+            self.wake.set()
 
     def _heartbeat(self, state: str, exit_code: int | None = None, final: bool = False) -> m.Reply:
         with self.lock:

@@ -28,7 +28,7 @@ from typing import Any
 from . import gpus as gpu_mod
 from . import messages as m
 from . import net, procs
-from .node import read_blob, write_blob
+from .node import read_blob, read_events, write_blob
 from .reservation import ControlClient
 
 LOG_BYTES_PER_BEAT = 64 * 1024
@@ -174,24 +174,18 @@ class Supervisor:
                     self.pending_bytes += len(line)
 
     def _read_reports(self, fd: int) -> None:
-        with os.fdopen(fd, "rb") as stream:
-            for raw in stream:
-                try:
-                    ev = json.loads(raw)
-                except ValueError:
-                    continue
-                kind = ev.pop("t", None)
-                with self.lock:
-                    if kind == "ready":
-                        self.data_port = ev.get("data_port")
-                        self.running = True
-                    elif kind == "report":
-                        self.report = ev
-                    elif kind == "error":
-                        self.error = str(ev.get("error"))[:2000]
-                    elif kind == "finished":
-                        self.finished = True
-                self.wake.set()
+        for kind, ev in read_events(fd):
+            with self.lock:
+                if kind == "ready":
+                    self.data_port = ev.get("data_port")
+                    self.running = True
+                elif kind == "report":
+                    self.report = ev
+                elif kind == "error":
+                    self.error = str(ev.get("error"))[:2000]
+                elif kind == "finished":
+                    self.finished = True
+            self.wake.set()
 
     def _wait_child(self) -> None:
         assert self.child is not None
