@@ -199,6 +199,40 @@ def test_html_backend_updates_one_display_in_place():
     assert set(final) == {"text/html", "text/plain"} and ">finished</span>" in final["text/html"]
 
 
+def test_html_backend_final_table_is_a_new_output_for_a_blocking_cell():
+    disp, clock = FakeDisplay(), FakeClock()
+    r = Renderer(HtmlBackend(disp, new_final_output=True), clock=clock)
+    r.start("digits")
+    r.update(cluster(node(step=1)))
+    r.finish(cluster(node("finished", step=2), state="finished"))
+    assert [c[0] for c in disp.calls] == ["display", "update", "update", "display"]
+    assert disp.calls[2][1] == {"text/plain": ""}  # the live table emptied ...
+    final = disp.calls[3]  # ... and the final one below it: front-ends that drop updates show it too
+    assert "display_id" not in final[2] and ">finished</span>" in final[1]["text/html"]
+    assert final[1]["text/plain"] == "digits: finished 12.3 s | chief:0 finished step 2"
+
+
+def test_progress_bar_percentage_and_loss_sparkline():
+    n = node(step=30, total_steps=120, curve=(2.0, 1.5, 1.0, 0.8), curve_metric="loss", metrics={"loss": 0.8})
+    model = panel_model(cluster(n, node("finished", job_name="worker", step=120, total_steps=120)))
+    chief, worker = model["rows"]
+    assert chief["progress"] == 0.25 and worker["progress"] == 1.0
+    assert chief["curve"] == [2.0, 1.5, 1.0, 0.8] and chief["curve_metric"] == "loss"
+    assert text_line(model) == ("digits: running 12.3 s | chief:0 running step 30/120 (25%) loss 0.8 "
+                                "| worker:0 finished step 120/120 (100%)")
+    html = panel_html(model)
+    assert 'title="25%"' in html and "width:25%" in html and "width:100%" in html  # the bars
+    svg = re.search(r"<svg [^>]*>.*?</svg>", html).group(0)
+    assert "<title>loss 2 → 0.8 (4 points)</title>" in svg
+    points = [tuple(map(float, p.split(","))) for p in re.search(r'points="([^"]+)"', svg).group(1).split()]
+    assert len(points) == 4 and points[0][1] < points[-1][1]  # falling loss: the line goes down (SVG y grows down)
+    assert "<th" in html and ">loss</th>" in html  # the curve column is headed by its metric
+    # no step total: no bar, no percentage; no reported curve: no curve column
+    plain = panel_model(cluster(node(step=7)))
+    assert plain["rows"][0]["progress"] is None and "%)" not in text_line(plain)
+    assert "<svg" not in panel_html(plain) and ">curve</th>" not in panel_html(plain) and 'title="' not in panel_html(plain)
+
+
 @pytest.mark.parametrize(
     ("setting", "kernel", "expected"),
     [
@@ -275,7 +309,7 @@ def test_comm(monkeypatch):
 def test_widget_throttling_bound_at_1000_steps_per_second(test_comm):
     clock, disp = FakeClock(), FakeDisplay()
     test_comm.clock = clock
-    r = make_renderer("widget", display=disp, clock=clock)
+    r = make_renderer("widget", display=disp, clock=clock, new_final_output=True)
     seconds, rate = 5, 1000
     for i in range(seconds * rate):  # a node reporting 1,000 steps/s, one update per step
         clock.t = i / rate
@@ -295,10 +329,17 @@ def test_widget_throttling_bound_at_1000_steps_per_second(test_comm):
     panel = r.backend.panel
     assert f"{seconds * rate}/{seconds * rate}" in panel.table.value and ">finished</span>" in panel.table.value
     assert panel.stop_button.disabled
-    # displayed once live, then the static HTML snapshot for the saved notebook
-    assert disp.calls[0][1] is panel and disp.calls[1][2] == {"raw": True, "display_id": True}
-    assert [c[0] for c in disp.calls] == ["display", "display", "update"]
-    assert ">finished</span>" in disp.calls[-1][1]["text/html"] and "finished" in disp.calls[-1][1]["text/plain"]
+    # the panel's output: the widget view plus a line for front-ends without widgets (not "ClusterPanel(…)")
+    live = disp.calls[0]
+    assert live[2] == {"raw": True, "display_id": True}
+    assert live[1]["application/vnd.jupyter.widget-view+json"]["model_id"] == panel.model_id
+    assert live[1]["text/plain"].startswith("digits: running (the live panel needs Jupyter widgets")
+    # at the end: the panel's output emptied, the final table a new output (HTML + text): one table on screen
+    assert [c[0] for c in disp.calls] == ["display", "update", "display"]
+    assert disp.calls[1][1] == {"text/plain": ""}
+    final = disp.calls[2]
+    assert set(final[1]) == {"text/html", "text/plain"} and final[2] == {"raw": True}
+    assert ">finished</span>" in final[1]["text/html"] and "finished" in final[1]["text/plain"]
 
 
 def test_widget_stop_button_calls_the_magics_callback(test_comm):
@@ -394,10 +435,12 @@ def test_magic_html_renderer_displays_a_table_updated_in_place(ip, monkeypatch):
     first, last = outputs[0], outputs[-1]
     assert not first["update"] and "display_id" in first["transient"]
     assert first["data"]["text/plain"] == "digits: starting"  # shown at once, from the cell's thread
-    assert all(o["update"] and o["transient"] == first["transient"] for o in outputs[1:])
+    assert all(o["update"] and o["transient"] == first["transient"] for o in outputs[1:-1])
     assert ">reserving</span>" in outputs[1]["data"]["text/html"]
-    # the run took ~0.8 s: throttled to ≤ 2/s plus the final state, which is the static snapshot
-    assert 3 <= len(outputs) <= 5
+    # the run took ~0.8 s: throttled to ≤ 2/s; then the live table emptied and the final one a new output
+    assert 4 <= len(outputs) <= 6
+    assert outputs[-2]["data"] == {"text/plain": ""} and outputs[-2]["update"]
+    assert not last["update"] and not last["transient"]
     assert ">finished</span>" in last["data"]["text/html"] and "40" in last["data"]["text/html"]
     assert last["data"]["text/plain"] == "digits: finished 12.3 s | chief:0 finished step 40"
 
@@ -417,7 +460,7 @@ def test_magic_auto_in_terminal_ipython_is_text_and_none_is_silent(ip, monkeypat
     assert capsys.readouterr().out == ""
 
 
-def test_magic_widget_renderer_shows_panel_then_static_snapshot(ip, monkeypatch, test_comm):
+def test_magic_widget_renderer_shows_panel_then_one_final_table(ip, monkeypatch, test_comm):
     import ipywidgets
 
     outputs = _run_follow(ip, "widget", RUN, monkeypatch)
@@ -425,8 +468,12 @@ def test_magic_widget_renderer_shows_panel_then_static_snapshot(ip, monkeypatch,
     assert widget_view in outputs[0]["data"]
     panel = ipywidgets.widgets.widget._instances[outputs[0]["data"][widget_view]["model_id"]]
     assert ">finished</span>" in panel.children[1].value and panel.children[0].disabled
-    snapshot = [o for o in outputs[1:] if "text/html" in o["data"]]
-    assert len(snapshot) == 1 and snapshot[0]["update"] and ">finished</span>" in snapshot[0]["data"]["text/html"]
+    # one live output (the widget, updated by comm messages only), emptied at the end; the final table below it
+    assert len(outputs) == 3, outputs
+    assert outputs[1]["update"] and outputs[1]["data"] == {"text/plain": ""}
+    assert outputs[1]["transient"] == outputs[0]["transient"]
+    final = outputs[2]
+    assert not final["update"] and widget_view not in final["data"] and ">finished</span>" in final["data"]["text/html"]
 
 
 def test_renderer_trait_values(ip):
@@ -454,8 +501,8 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     try:
         handle = ClusterHandle("bgpanel", sc=None, fn=None, args=None, workers=1, background=True)
         magics._panel_in_background(handle)
-        # both outputs exist before the run starts, made by the cell's own thread; later pushes only update them
-        assert len(pub.outputs) == 2 and not any(o["update"] for o in pub.outputs)
+        # the panel's output exists before the run starts, made by the cell's own thread; later pushes only update it
+        assert len(pub.outputs) == 1 and not pub.outputs[0]["update"]
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     st = ClusterState("c9", "bgpanel", [("chief", 0)])
@@ -464,14 +511,17 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     widget_view = "application/vnd.jupyter.widget-view+json"
     panel = ipywidgets.widgets.widget._instances[pub.outputs[0]["data"][widget_view]["model_id"]]
     assert ">running</span>" in panel.children[1].value
-    assert len(pub.outputs) == 2  # the state change updated the widget, it displayed nothing new
+    assert len(pub.outputs) == 1  # the state change updated the widget, it displayed nothing new
     button = panel.children[0]
     assert not button.disabled  # the cell has returned: clicks reach the kernel
     button.click()
     assert st.state == "failed" and st.error == "stopped (stopped from the panel)"
     handle._done.set()  # what the handle's thread does at the end of its run
     handle._tell_observers(final=True)
-    assert ">failed</span>" in pub.outputs[-1]["data"]["text/html"] and pub.outputs[-1]["update"]
+    # the cell is long over: the panel's own output becomes the final table (a new output would land elsewhere)
+    assert len(pub.outputs) == 2 and pub.outputs[-1]["update"]
+    assert pub.outputs[-1]["transient"] == pub.outputs[0]["transient"]
+    assert ">failed</span>" in pub.outputs[-1]["data"]["text/html"] and widget_view not in pub.outputs[-1]["data"]
 
 
 # -- one real run: Spark local-cluster, the magic, renderer html --------------------------------
@@ -495,7 +545,8 @@ def test_real_cluster_run_renders_html_panel_and_snapshot(ip, monkeypatch):
         ip.user_ns.pop("spark", None)
         spark.stop()
     html = [o for o in pub.outputs if "text/html" in o["data"]]
-    assert html and not html[0]["update"] and all(o["update"] for o in html[1:])
+    assert html and not html[0]["update"] and all(o["update"] for o in html[1:-1])
+    assert not html[-1]["update"]  # the final table: a new output at the end of the cell
     final = html[-1]["data"]
     assert ">finished</span>" in final["text/html"] and "30/30" in final["text/html"]
     assert "chief:0" in final["text/html"]
@@ -510,7 +561,7 @@ from tfos_nb.runtime.state import ClusterView, NodeView
 from tfos_nb.widgets import choose_renderer, make_renderer
 kind = choose_renderer("auto", get_ipython())
 print("renderer", kind)
-r = make_renderer(kind, interval=0.0)
+r = make_renderer(kind, interval=0.0, new_final_output=True)
 def v(state, step):
     n = NodeView(index=0, job_name="chief", task_index=0, state=state, host="h", step=step, total_steps=3)
     return ClusterView(cluster_id="c", name="nbrun", state=state, started_at=0.0, elapsed=1.0, nodes=(n,))
@@ -521,7 +572,7 @@ r.finish(v("finished", 3))
 
 
 @pytest.mark.slow
-def test_executed_notebook_keeps_widget_state_and_the_static_snapshot(tmp_path):
+def test_executed_notebook_keeps_widget_state_and_one_final_table(tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
@@ -543,8 +594,8 @@ def test_executed_notebook_keeps_widget_state_and_the_static_snapshot(tmp_path):
     assert outputs[0].text.strip() == "renderer widget"
     kinds = [o.output_type for o in outputs]
     assert kinds == ["stream", "display_data", "display_data"], kinds
-    assert "application/vnd.jupyter.widget-view+json" in outputs[1].data
-    snapshot = outputs[2].data  # the reserved output, filled with the final state
+    assert outputs[1].data == {"text/plain": ""}  # the live panel's output, emptied at the end
+    snapshot = outputs[2].data  # the final table, a new output
     assert ">finished</span>" in snapshot["text/html"] and "3/3" in snapshot["text/html"]
     assert snapshot["text/plain"] == "nbrun: finished 1.0 s | chief:0 finished step 3/3"
     state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]

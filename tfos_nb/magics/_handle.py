@@ -64,7 +64,9 @@ class ClusterHandle:
 
     ``wait()`` blocks until the run ends and re-raises a node's error;
     ``shutdown()`` stops the cluster now; ``result`` is a dict (state, metrics
-    and step per node, ``last_feed``, elapsed seconds, error); ``nodes``,
+    and step per node, ``last_feed``, elapsed seconds, error, the chief's
+    ``value``); ``value`` is what the chief's function returned, ``history``
+    every reported metric (a pandas DataFrame); ``nodes``,
     ``metrics``, ``tensorboard_url`` and ``state`` show it live; ``logs()``
     (per node) and ``output`` (all nodes, interleaved) give the nodes' output.
     """
@@ -121,6 +123,7 @@ class ClusterHandle:
         self.lines: queue.SimpleQueue[list[str]] | None = None if background else queue.SimpleQueue()
         self.started_at = time.time()
         self._observers: list[Any] = []
+        self._states: list[tuple[int, S.ClusterState]] = []  # (attempt, its cluster state), for history
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> ClusterHandle:
@@ -197,6 +200,8 @@ class ClusterHandle:
     def _on_state(self, st: S.ClusterState) -> None:
         if self._cstate is None or (st is not self._cstate and self._cluster is None):
             self._cstate = st
+            with self._lock:
+                self._states.append((self.attempt, st))
         if self._stop_reason is not None and self._cluster is None:
             self._abort_start(st)
         self._tell_observers(final=False)
@@ -329,6 +334,51 @@ class ClusterHandle:
         return self._result if self._result is not None else self._make_result()
 
     @property
+    def history(self) -> Any:
+        """Every metric each node reported, one row per ``ctx.report`` (a pandas DataFrame).
+
+        Columns ``node`` (``role:index``), ``role``, ``index``, ``attempt``, ``step``,
+        ``time`` (seconds since the run started, by the node's clock), then one column
+        per metric (NaN where a report lacks it).  Like Ray Train's
+        ``Result.metrics_dataframe``; e.g. ``h.history.pivot(index="step",
+        columns="node", values="loss").plot()``.  Rows so far while the run goes on.
+        """
+        import pandas as pd
+
+        with self._lock:
+            states = list(self._states)
+        rows, metric_names = [], {}
+        for attempt, st in states:
+            for role, index, _node, t, step, metrics in st.history():
+                metric_names.update(dict.fromkeys(metrics))
+                rows.append({**metrics, "node": f"{role}:{index}", "role": role, "index": index, "attempt": attempt,
+                             "step": step, "time": None if t is None else t - self.started_at})
+        columns = ["node", "role", "index", "attempt", "step", "time",
+                   *(k for k in metric_names if k not in ("node", "role", "index", "attempt", "step", "time"))]
+        frame = pd.DataFrame(rows, columns=columns)
+        frame["step"] = frame["step"].astype("Int64")
+        return frame.sort_values(["attempt", "node", "time"], kind="stable", ignore_index=True)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """What each node's function returned, by ``role:index`` (plain data only; nodes that returned None left out)."""
+        st = self._cstate
+        return st.values() if st is not None else {}
+
+    @property
+    def value(self) -> Any:
+        """What the chief's function returned (the cell's ``return``), once it finished; None before or if nothing.
+
+        Only plain data comes back (numbers, strings, lists, dicts, numpy values, up to
+        256 KiB) — as TorchDistributor returns rank 0's value; save models to files.
+        """
+        st = self._cstate
+        if st is None:
+            return None
+        chief = next((n.label for n in st.nodes if n.job_name in ("chief", "master")), "worker:0")
+        return st.values().get(chief)
+
+    @property
     def output(self) -> list[str]:
         """Every node's output lines so far, ``[role:index] line``, in arrival order (the last 5,000)."""
         return list(self._log)
@@ -364,6 +414,7 @@ class ClusterHandle:
             "attempts": self.attempt,
             "failures": list(self.failures),
             "error": None if self._error is None else str(self._error).splitlines()[0],
+            "value": self.value,
         }
 
     def __repr__(self) -> str:

@@ -23,6 +23,7 @@ from ..widgets import JobProgress
 from . import _parallel, _render
 from ._cellfn import CellError, build
 from ._handle import ClusterFailed, ClusterHandle
+from ._quiet import quiet_lines
 from ._spark import (
     CONNECT_MSG,
     SparkUnusable,
@@ -53,9 +54,10 @@ class TFOSMagics(Magics):
     renderer = Enum(
         ["auto", "widget", "html", "text", "none"],
         "auto",
-        help="How a cell shows its cluster: 'widget' a live ipywidgets panel (Stop button, TensorBoard link) "
-        "plus a static HTML snapshot at the end; 'html' an HTML table updated in place (nbconvert, front-ends "
-        "without widgets); 'text' one line per state change; 'none' only the nodes' output and errors. "
+        help="How a cell shows its cluster: 'widget' a live ipywidgets panel (Stop button, TensorBoard tab), "
+        "replaced at the end by a static table (HTML + text, shown by every front-end); 'html' an HTML table "
+        "updated in place (nbconvert, front-ends without widgets), the same static table at the end; 'text' one "
+        "line per state change; 'none' only the nodes' output and errors. "
         "'auto': widget in a kernel with ipywidgets, html in other kernels, text in terminal IPython.",
     ).tag(config=True)
     tf_threads = Integer(
@@ -66,6 +68,11 @@ class TFOSMagics(Magics):
     log_lines = Bool(True, help="Stream the nodes' output into the cell, prefixed by [role:index].").tag(
         config=True
     )
+    show_native_logs = Bool(
+        False,
+        help="Also stream TensorFlow's native (C++/XLA/absl) log lines into the cell: start-up info, oneDNN, "
+        "'failed call to cuInit' on machines without a GPU. Hidden by default; %tfos_logs NAME always has them.",
+    ).tag(config=True)
     spark_master_local = Unicode(
         "local-cluster[{n},1,1024]",
         help="Master of the embedded Spark started when the kernel has none; {n} is the cell's node count.",
@@ -326,11 +333,13 @@ class TFOSMagics(Magics):
         if background and kind == "text":
             return None  # lines printed from another thread would land in whatever cell runs then
         try:
-            return make_renderer(kind, on_stop=on_stop, stop_hint="" if background else BLOCKING_STOP_HINT)
+            # a blocking cell's final table is a new output at its end (its own thread), shown by every front-end
+            return make_renderer(kind, on_stop=on_stop, stop_hint="" if background else BLOCKING_STOP_HINT,
+                                 new_final_output=not background)
         except ImportError as exc:
             if self.renderer == "widget":
                 raise _usage(str(exc)) from None
-            return make_renderer("html")
+            return make_renderer("html", new_final_output=not background)
 
     def _panel_in_background(self, handle: ClusterHandle) -> None:
         """A --background cell's panel: fed by the handle's observer (no Spark progress: no poller thread)."""
@@ -408,6 +417,8 @@ class TFOSMagics(Magics):
                 out += handle.lines.get_nowait()
             except Exception:  # noqa: BLE001 - queue.Empty
                 break
+        if not self.show_native_logs:
+            out = quiet_lines(out)
         if out and self.log_lines:
             sys.stdout.write("\n".join(out) + "\n")
             sys.stdout.flush()
@@ -473,7 +484,10 @@ class TFOSMagics(Magics):
         driver for DIR (TensorBoard's own launcher; an instance for the same DIR is
         reused) so that runs can be looked at after training; it is stopped with the
         kernel.  Only the Jupyter server's ``tfos_nb`` extension serves the route, to
-        users logged in to that server.
+        users logged in to that server; when the route does not answer, the frame
+        says so and what to do.  With ``TENSORBOARD_PROXY_URL`` set (a front-end's own
+        proxy, e.g. ``/proxy/%PORT%/``) the frame uses it, as TensorBoard's
+        ``%tensorboard`` does; terminal IPython prints the URLs.
         """
         from IPython.display import HTML, display
 
@@ -491,7 +505,7 @@ class TFOSMagics(Magics):
             if not isinstance(outcome, tb.LocalTensorBoard):
                 raise _usage(f"TensorBoard did not start for {opts.logdir}: {outcome}")
             self._local_tensorboards[outcome.cluster_id] = outcome
-            path = outcome.path
+            path, node_url = outcome.path, outcome.url
         else:
             h = self.handles[self._known(opts.name)]
             if h.done:
@@ -499,10 +513,21 @@ class TFOSMagics(Magics):
             view, url = h.status(), h.tensorboard_url
             if view is None or not url:
                 raise _usage(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
-            path = tb.register(view.cluster_id, url)
+            path, node_url = tb.register(view.cluster_id, url), url
             h.add_observer(lambda view, final, cid=view.cluster_id: final and tb.withdraw(cid))
-        display(HTML(tb.iframe_html(path, height=opts.height)))
-        print(f"TensorBoard: <Jupyter base URL>/{path}")
+        where = tb.frontend(self.shell)
+        if where == "terminal":  # no page to embed in: the URLs, as TensorBoard's own %tensorboard prints
+            print(f"TensorBoard: {node_url} (through a Jupyter server with the tfos_nb extension: "
+                  f"<Jupyter base URL>/{path})")
+            return
+        if where == "colab":  # Colab's page has no Jupyter server route; a frame would stay blank
+            print(f"TensorBoard listens at {node_url}, but Colab has no Jupyter server to proxy it: for a log "
+                  "directory on this machine use TensorBoard's own `%load_ext tensorboard` then "
+                  "`%tensorboard --logdir DIR`")
+            return
+        display(HTML(tb.embed_html(path, node_url, height=opts.height)))
+        proxied = tb.proxy_url_from_env(node_url)
+        print(f"TensorBoard: {proxied}" if proxied else f"TensorBoard: <Jupyter base URL>/{path}")
 
     def _known(self, name: str) -> str:
         if name not in self.handles:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from .feed import DataFeed, FeedHub
@@ -18,9 +20,13 @@ HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "
 class Reporter:
     """Sends progress and events to the node's supervisor (JSON lines on a pipe).
 
-    Progress reports are coalesced: at most ``max_rate`` writes per second,
-    the latest one always wins, and the last one is flushed at the end.
+    Progress reports are batched: at most ``max_rate`` writes per second, each
+    the latest report plus every report since the previous write (``batch``:
+    the driver's metric history), at most ``BATCH_KEPT`` of them; the last
+    write is flushed at the end.
     """
+
+    BATCH_KEPT = 2000  # reports per write; a function reporting faster than 20,000/s loses the oldest
 
     def __init__(self, stream: Any, max_rate: float = 10.0) -> None:
         self._stream = stream
@@ -28,6 +34,7 @@ class Reporter:
         self._min_dt = 1.0 / max_rate
         self._last = 0.0
         self._pending: dict[str, Any] | None = None
+        self._batch: deque[dict[str, Any]] = deque(maxlen=self.BATCH_KEPT)
 
     def event(self, obj: dict[str, Any]) -> None:
         line = json.dumps(obj, default=_jsonable) + "\n"
@@ -42,6 +49,7 @@ class Reporter:
         now = time.monotonic()
         with self._lock:
             self._pending = report
+            self._batch.append({"step": report.get("step"), "time": report.get("time"), "metrics": report.get("metrics")})
             if now - self._last < self._min_dt:
                 return
             self._last = now
@@ -50,8 +58,10 @@ class Reporter:
     def flush(self) -> None:
         with self._lock:
             report, self._pending = self._pending, None
+            batch = list(self._batch)
+            self._batch.clear()
         if report is not None:
-            self.event({"t": "report", **report})
+            self.event({"t": "report", **report, "batch": batch})
 
 
 def _jsonable(x: Any) -> Any:
@@ -139,8 +149,11 @@ class NodeContext:
         if total_steps is not None:
             self._total_steps = int(total_steps)
         clean = {k: _jsonable(v) if not isinstance(v, (int, float, str)) else v for k, v in metrics.items()}
+        # NaN/inf (a diverging loss) would make the supervisor's heartbeat unencodable (strict JSON): None
+        clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in clean.items()}
         self._reporter.progress(
-            {"step": None if step is None else int(step), "total_steps": self._total_steps, "metrics": clean}
+            {"step": None if step is None else int(step), "total_steps": self._total_steps, "metrics": clean,
+             "time": time.time()}
         )
 
     def progress_callback(self, every_n_steps: int = 1) -> Any:

@@ -171,6 +171,10 @@ class Controller:
                 st.update_progress(node, msg.report)
                 if isinstance(msg.report.get("gpus"), list):
                     node.gpus = msg.report["gpus"]
+            if msg.reports:
+                st.record_reports(node, msg.reports)
+            if "value" in msg.returned:
+                node.value = msg.returned["value"]
             if msg.logs:
                 node.logs.extend(msg.logs)
                 new_logs = list(msg.logs)

@@ -142,6 +142,8 @@ class Heartbeat(Message):
     data_port: int | None = None
     tensorboard: str | None = None
     report: dict = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
+    reports: list = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
+    returned: dict = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
     feed: dict = dataclasses.field(default_factory=dict)  # {"rows": n, "gen_done": g, "terminated": b}
     logs: list = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0

@@ -111,8 +111,9 @@ def main() -> int:
         return 1
     ctx = NodeContext(info, hub, reporter)
     reporter.event({"t": "ready", "data_port": server.port if server else None})
+    value = None
     try:
-        fn(tf_args, ctx)
+        value = fn(tf_args, ctx)
     except BaseException as exc:  # noqa: BLE001 - SystemExit from user code is an error too
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             pass
@@ -130,5 +131,48 @@ def main() -> int:
             hub.close()
     sys.stdout.flush()
     sys.stderr.flush()
-    reporter.event({"t": "finished"})
+    reporter.event({"t": "finished", "value": plain_value(value, ctx)})
     return 0
+
+
+VALUE_MAX_BYTES = 256 * 1024
+
+
+def _plain(x: Any) -> Any:
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        if not all(isinstance(k, str) for k in x):
+            raise TypeError("a dict with keys other than strings")
+        return {k: _plain(v) for k, v in x.items()}
+    if type(x).__module__ == "numpy" and hasattr(x, "tolist"):  # numpy scalars and arrays
+        return x.tolist()
+    if hasattr(x, "numpy") and callable(x.numpy):  # an eager tf.Tensor
+        return _plain(x.numpy())
+    raise TypeError(f"a {type(x).__module__}.{type(x).__name__}")
+
+
+def plain_value(value: Any, ctx: Any) -> Any:
+    """What the node function returned, as JSON-able data for the driver (``handle.value``); None if it is not.
+
+    Only plain data goes back (numbers, strings, lists, dicts, numpy values, up to 256 KiB): nothing is
+    ever unpickled on the driver.  Anything else is dropped with a line on the node's stderr.
+    """
+    if value is None:
+        return None
+    label = f"{getattr(ctx, 'job_name', 'node')}:{getattr(ctx, 'task_index', 0)}"
+    try:
+        out = _plain(value)
+        size = len(json.dumps(out))
+    except (TypeError, ValueError) as exc:
+        reason = f"it is {exc}" if isinstance(exc, TypeError) else f"it cannot be written as JSON ({exc})"
+    else:
+        if size <= VALUE_MAX_BYTES:
+            return out
+        reason = f"it is {size} bytes as JSON (at most {VALUE_MAX_BYTES})"
+    print(f"tfos_nb: the value {label} returned is not sent to the driver: {reason}; return plain data "
+          "(numbers, strings, lists, dicts, numpy values) and save models to files "
+          "(e.g. model.save(ctx.absolute_path(...)))", file=sys.stderr, flush=True)
+    return None

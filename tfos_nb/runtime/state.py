@@ -32,6 +32,30 @@ C_FAILED = "failed"
 C_STOPPED = "stopped"
 
 LOG_LINES_KEPT = 2000
+HISTORY_KEPT = 100_000  # reports kept per node for the metric history (the oldest go first)
+CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole run, thinned)
+RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
+
+
+def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
+    """Steps per second over ``(time, step)`` points (oldest first) no older than ``window`` before the last.
+
+    Time is the node's clock at each report, so nodes in lock-step show the same
+    rate whatever the delays between the node and the driver.
+    """
+    pts = list(points)
+    if len(pts) < 2:
+        return None
+    t_end, s_end = pts[-1]
+    first = next((p for p in pts if t_end - p[0] <= window), pts[-1])
+    if first is pts[-1]:
+        first = pts[-2]  # reports further apart than the window: the last two
+    dt = t_end - first[0]
+    if dt <= 0 or s_end < first[1]:
+        return None
+    return (s_end - first[1]) / dt
+
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +83,8 @@ class NodeView:
     exit_code: int | None = None
     tail: tuple[str, ...] = ()
     tensorboard: str | None = None
+    curve: tuple[float, ...] = ()  # the reported loss (or first metric), thinned to CURVE_POINTS
+    curve_metric: str | None = None
 
     @property
     def label(self) -> str:
@@ -98,7 +124,14 @@ class _Node:
         self.step: int | None = None
         self.total_steps: int | None = None
         self.rate: float | None = None
-        self._rate_mark: tuple[float, int] | None = None
+        self._rate_points: deque[tuple[float, int]] = deque(maxlen=256)
+        self.history: deque[tuple[float | None, int | None, dict]] = deque(maxlen=HISTORY_KEPT)
+        self.curve: list[float] = []
+        self._curve_stride = 1
+        self._curve_seen = 0
+        self._curve_last: float | None = None
+        self.curve_metric: str | None = None
+        self.value: Any = None
         self.metrics: dict[str, Any] = {}
         self.last_heartbeat: float | None = None
         self.rows_fed = 0
@@ -112,6 +145,19 @@ class _Node:
     @property
     def label(self) -> str:
         return f"{self.job_name}:{self.task_index}"
+
+    def add_curve_point(self, value: float) -> None:
+        """One reported value; the curve keeps every ``stride``-th, halved (stride doubled) when it gets long."""
+        self._curve_seen += 1
+        if (self._curve_seen - 1) % self._curve_stride:
+            self._curve_last = value  # not kept, but shown at the curve's end until the next kept one
+            return
+        self._curve_last = None
+        self.curve.append(value)
+        if len(self.curve) > CURVE_POINTS:
+            self.curve = self.curve[::2]
+            self._curve_stride *= 2
+            self._curve_seen = (len(self.curve) - 1) * self._curve_stride + 1
 
     def view(self, now: float) -> NodeView:
         gpus = tuple(self.gpus)
@@ -144,6 +190,8 @@ class _Node:
             exit_code=self.exit_code,
             tail=tuple(self.tail),
             tensorboard=self.tensorboard,
+            curve=(*self.curve, self._curve_last) if self._curve_last is not None else tuple(self.curve),
+            curve_metric=self.curve_metric,
         )
 
 
@@ -247,15 +295,9 @@ class ClusterState:
         return lines if tail is None else lines[-tail:]
 
     def update_progress(self, node: _Node, report: dict[str, Any]) -> None:
-        """Apply a ``ctx.report(...)`` payload (called with the lock held)."""
+        """Apply a ``ctx.report(...)`` payload (called with the lock held): the latest step, total and metrics."""
         step = report.get("step")
         if isinstance(step, int):
-            now = time.monotonic()
-            if node._rate_mark is not None and step > node._rate_mark[1]:
-                dt = now - node._rate_mark[0]
-                if dt > 0:
-                    node.rate = (step - node._rate_mark[1]) / dt
-            node._rate_mark = (now, step)
             node.step = step
         total = report.get("total_steps")
         if isinstance(total, int):
@@ -263,3 +305,42 @@ class ClusterState:
         metrics = report.get("metrics")
         if isinstance(metrics, dict):
             node.metrics.update(metrics)
+
+    def record_reports(self, node: _Node, reports: list[Any]) -> None:
+        """Every report since the node's last heartbeat, oldest first (lock held): history, rate, curve."""
+        now = time.time()
+        for r in reports:
+            if not isinstance(r, dict):
+                continue
+            step, t = r.get("step"), r.get("time")
+            t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
+            metrics = r.get("metrics") if isinstance(r.get("metrics"), dict) else {}
+            node.history.append((t, step if isinstance(step, int) else None, metrics))
+            if isinstance(step, int):
+                if node._rate_points and step < node._rate_points[-1][1]:
+                    node._rate_points.clear()  # a new run (retry) or a reset counter
+                node._rate_points.append((t, step))
+            if node.curve_metric is None:
+                scalars = [k for k, v in metrics.items() if k not in ("epoch", "step") and isinstance(v, (int, float))
+                           and not isinstance(v, bool)]
+                if scalars:
+                    node.curve_metric = "loss" if "loss" in scalars else scalars[0]
+            value = metrics.get(node.curve_metric) if node.curve_metric else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                node.add_curve_point(float(value))
+        while node._rate_points and node._rate_points[-1][0] - node._rate_points[0][0] > 2 * RATE_WINDOW_S:
+            node._rate_points.popleft()
+        rate = window_rate(node._rate_points)
+        if rate is not None:
+            node.rate = rate
+
+    def history(self) -> list[tuple[str, int, int, float | None, int | None, dict]]:
+        """Every recorded report: ``(role, task_index, node index, time, step, metrics)``, node by node."""
+        with self.lock:
+            return [(n.job_name, n.task_index, n.index, t, step, dict(metrics))
+                    for n in self.nodes for t, step, metrics in n.history]
+
+    def values(self) -> dict[str, Any]:
+        """What each node's function returned (plain data), by ``role:index``; nodes that returned nothing left out."""
+        with self.lock:
+            return {n.label: n.value for n in self.nodes if n.value is not None}

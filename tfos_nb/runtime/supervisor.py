@@ -32,6 +32,8 @@ from .node import read_blob, read_events, write_blob
 from .reservation import ControlClient
 
 LOG_BYTES_PER_BEAT = 64 * 1024
+REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats
+REPORTS_KEPT = 20000
 TAIL_LINES = 100
 
 
@@ -63,6 +65,8 @@ class Supervisor:
         self.pending_bytes = 0
         self.dropped = 0
         self.report: dict[str, Any] = {}
+        self.reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=REPORTS_KEPT)  # not sent yet
+        self.value: Any = None
         self.data_port: int | None = None
         self.error: str | None = None
         self.running = False
@@ -180,11 +184,14 @@ class Supervisor:
                     self.data_port = ev.get("data_port")
                     self.running = True
                 elif kind == "report":
+                    batch = ev.pop("batch", None)
                     self.report = ev
+                    self.reports.extend(batch if isinstance(batch, list) else [ev])
                 elif kind == "error":
                     self.error = str(ev.get("error"))[:2000]
                 elif kind == "finished":
                     self.finished = True
+                    self.value = ev.get("value")
             self.wake.set()
 
     def _wait_child(self) -> None:
@@ -212,6 +219,10 @@ class Supervisor:
             self.pending_bytes -= size
             dropped, self.dropped = self.dropped, 0
             report = dict(self.report)
+            reports, size = [], 0
+            while self.reports and size < REPORT_BYTES_PER_BEAT:
+                reports.append(self.reports.popleft())
+                size += len(json.dumps(reports[-1]))
             error = self.error
             tail = list(self.tail) if (final and state == "failed") else []
         if self.gpus and self.gpus[0].get("index") is not None and not final:
@@ -224,6 +235,8 @@ class Supervisor:
                 data_port=self.data_port,
                 tensorboard=self.tb_url,
                 report=report,
+                reports=reports,
+                returned={"value": self.value} if final and self.value is not None else {},
                 logs=logs,
                 logs_dropped=dropped,
                 exit_code=exit_code,

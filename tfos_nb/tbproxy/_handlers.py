@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from typing import Any
 
 from jupyter_server.base.handlers import JupyterHandler
@@ -283,6 +284,21 @@ class TensorBoardRootHandler(JupyterHandler):
     head = get
 
 
+class StatusHandler(JupyterHandler):
+    """``…/tfos_nb/tensorboard/``: 200 to a logged-in user, so a page can tell "extension enabled" from "no route"."""
+
+    auth_resource = "tfos_nb"
+
+    @web.authenticated
+    def get(self) -> None:
+        from .. import __version__
+
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"tfos_nb": __version__}))
+
+    head = get
+
+
 def setup_handlers(serverapp: Any) -> None:
     config = TensorBoardProxy(parent=serverapp)
     base = serverapp.web_app.settings["base_url"]
@@ -291,6 +307,7 @@ def setup_handlers(serverapp: Any) -> None:
     serverapp.web_app.add_handlers(
         ".*$",
         [
+            (url_path_join(base, ROUTE) + "/?", StatusHandler),
             (url_path_join(base, ROUTE, r"([^/]+)"), TensorBoardRootHandler),
             (url_path_join(base, ROUTE, r"([^/]+)(/.*)"), TensorBoardProxyHandler, {"proxy_config": config}),
         ],

@@ -11,9 +11,9 @@ state.  The renderer owns no thread and no timer: that is the caller's job.
 Back-ends: ``WidgetBackend`` (an ipywidgets panel: one trait set per push, so
 one comm message), ``HtmlBackend`` (a display handle updated in place: nbconvert,
 front-ends without widget support) and ``TextBackend`` (one line per state
-change: terminal IPython).  Each back-end's ``finish`` leaves a static
-``text/html`` (or text) output, so a saved notebook shows the outcome without
-widget state.
+change: terminal IPython).  Each back-end's ``finish`` leaves one static
+``text/html`` + ``text/plain`` output (or a text line), so a saved notebook and a
+front-end without widgets show the outcome.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ UPDATE_INTERVAL_S = 0.5  # ≤ 2 pushes/s: a 60 s run sends ≤ ~120 updates wha
 
 def _bundle(model: dict[str, Any]) -> dict[str, str]:
     return {"text/html": panel_html(model), "text/plain": text_line(model)}
+
+
+EMPTY = {"text/plain": ""}  # what a live output becomes when the final table goes below it
 
 
 def _starting(name: str) -> dict[str, str]:
@@ -68,11 +71,19 @@ class TextBackend:
 
 
 class HtmlBackend:
-    """An HTML table in one display handle, updated in place; its last update is the static snapshot."""
+    """An HTML table in one display handle, updated in place.
 
-    def __init__(self, display: Callable[..., Any] = _display) -> None:
+    The final state: with ``new_final_output`` (a blocking cell, from its own thread)
+    the live output is emptied and the final table is a *new* output at the end of
+    the cell, so front-ends that drop ``update_display_data`` (hosted notebooks) show
+    it too; otherwise (a --background cell, from another thread) the live output is
+    updated to it.
+    """
+
+    def __init__(self, display: Callable[..., Any] = _display, new_final_output: bool = False) -> None:
         self._display = display
         self._handle: Any = None
+        self.new_final_output = new_final_output
 
     def start(self, name: str) -> None:
         if self._handle is None:
@@ -85,40 +96,56 @@ class HtmlBackend:
             self._handle.update(_bundle(model), raw=True)
 
     def finish(self, model: dict[str, Any]) -> None:
-        self.show(model)
+        if self.new_final_output:
+            if self._handle is not None:
+                self._handle.update(EMPTY, raw=True)
+            self._display(_bundle(model), raw=True)
+        else:
+            self.show(model)
 
 
 class WidgetBackend:
-    """The live ipywidgets panel, plus a static HTML snapshot beside it at the end.
+    """The live ipywidgets panel in one output; at the end, one static table (text/html + text/plain).
 
-    The snapshot's output is reserved (an empty display with an id) when the panel is
-    shown and filled in by ``finish``: an ``update_display_data`` reaches its own
-    output from any thread, where a new ``display`` from the handle's thread (a
-    --background cell) would land in whatever cell runs at that moment.
+    The panel's output is a mime bundle of the widget view plus a text/html and
+    text/plain line for front-ends without widgets (instead of ``ClusterPanel(children=…)``).
+    The final state replaces the widget, so a live session shows one table and a saved
+    notebook shows it without widget state: with ``new_final_output`` (a blocking cell)
+    the panel's output is emptied and the table is a new output at the end of the cell,
+    which front-ends that drop comm and ``update_display_data`` messages show as well;
+    otherwise (a --background cell, from another thread, where a new output would land
+    in whatever cell runs then) the panel's output is updated to the table.
     """
 
-    def __init__(self, panel: Any, display: Callable[..., Any] = _display) -> None:
+    def __init__(self, panel: Any, display: Callable[..., Any] = _display, new_final_output: bool = False) -> None:
         self.panel = panel
         self._display = display
-        self._snapshot: Any = None
+        self._handle: Any = None
+        self.new_final_output = new_final_output
+
+    def _live_bundle(self, name: str) -> dict[str, Any]:
+        bundle = dict(self.panel._repr_mimebundle_())
+        bundle["text/plain"] = f"{name}: running (the live panel needs Jupyter widgets; the final table follows)"
+        bundle["text/html"] = _starting(name)["text/html"]
+        return bundle
 
     def start(self, name: str) -> None:
-        if self._snapshot is None:
+        if self._handle is None:
             self.panel.table.value = _starting(name)["text/html"]
-            self._display(self.panel)
-            self._snapshot = self._display({"text/plain": ""}, raw=True, display_id=True)
+            self._handle = self._display(self._live_bundle(name), raw=True, display_id=True)
 
     def show(self, model: dict[str, Any]) -> None:
         self.panel.show(model)
-        if self._snapshot is None:
-            self._display(self.panel)
-            self._snapshot = self._display({"text/plain": ""}, raw=True, display_id=True)
+        if self._handle is None:
+            self._handle = self._display(self._live_bundle(model["name"]), raw=True, display_id=True)
 
     def finish(self, model: dict[str, Any]) -> None:
-        self.show(model)
-        # widget state is not always saved with a notebook (nbclient keeps it, many front-ends do not):
-        # this text/html output is what an executed notebook on disk shows.
-        self._snapshot.update(_bundle(model), raw=True)
+        self.show(model)  # the widget's own state ends final too (nbclient saves it with the notebook)
+        if self.new_final_output:
+            self._handle.update(EMPTY, raw=True)
+            self._display(_bundle(model), raw=True)
+        else:
+            self._handle.update(_bundle(model), raw=True)
 
 
 class Renderer:
@@ -226,18 +253,23 @@ def make_renderer(
     display: Callable[..., Any] = _display,
     interval: float = UPDATE_INTERVAL_S,
     clock: Callable[[], float] = time.monotonic,
+    new_final_output: bool = False,
 ) -> Renderer | None:
-    """A renderer for a resolved kind (widget, html, text, none); ``None`` for none."""
+    """A renderer for a resolved kind (widget, html, text, none); ``None`` for none.
+
+    ``new_final_output``: the final table is a new output at the end of the cell (call
+    ``finish`` from the cell's own thread), not an update of the live one.
+    """
     if kind == "none":
         return None
     if kind == "text":
         backend: Any = TextBackend(write)
     elif kind == "html":
-        backend = HtmlBackend(display)
+        backend = HtmlBackend(display, new_final_output)
     elif kind == "widget":
         from ._panel import ClusterPanel
 
-        backend = WidgetBackend(ClusterPanel(on_stop=on_stop, stop_hint=stop_hint), display)
+        backend = WidgetBackend(ClusterPanel(on_stop=on_stop, stop_hint=stop_hint), display, new_final_output)
     else:
         msg = f"renderer must be widget, html, text or none here, got {kind!r}"
         raise ValueError(msg)

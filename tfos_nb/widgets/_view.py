@@ -29,7 +29,7 @@ _COLORS = {
     "stopped": "#6c71c4",
     "reserving": "#b58900",
 }
-COLUMNS = ("node", "host", "executor", "device", "state", "step", "steps/s", "metrics", "heartbeat")
+COLUMNS = ("node", "host", "executor", "device", "state", "step", "steps/s", "metrics", "curve", "heartbeat")
 RUN_COLUMNS = ("state", "step", "steps/s", "metrics", "host", "executor", "device", "heartbeat")  # parallel runs
 
 
@@ -65,6 +65,18 @@ def _step(node: Any) -> str:
     return f"{node.step}/{node.total_steps}" if node.total_steps else str(node.step)
 
 
+def _progress(node: Any) -> float | None:
+    """The fraction of the run done, when the node knows its total steps (Keras: steps per epoch × epochs)."""
+    if node.step is None or not node.total_steps or node.total_steps <= 0:
+        return None
+    done = 1.0 if node.state == "finished" else node.step / node.total_steps
+    return max(0.0, min(1.0, done))
+
+
+def _percent(fraction: float | None) -> str:
+    return "" if fraction is None else f"{int(fraction * 100)}%"
+
+
 def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
     """One node's row: display strings plus the flags the renderers colour by."""
     age = node.last_heartbeat_age
@@ -84,6 +96,9 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
         "step": _step(node),
         "steps/s": "" if node.steps_per_sec is None else f"{node.steps_per_sec:.1f}",
         "metrics": _metrics(node.metrics),
+        "progress": _progress(node),
+        "curve": [round(v, 6) for v in getattr(node, "curve", ())],
+        "curve_metric": getattr(node, "curve_metric", None) or "",
         "heartbeat": heartbeat,
         "missing_heartbeat": missing,
         "error": error,
@@ -154,6 +169,8 @@ def text_line(model: Mapping[str, Any]) -> str:
             text = f"{r['node']} " + " ".join(f"{k}={v}" for k, v in r["params"].items()) + f" {r['state']}"
         if r["step"]:
             text += f" step {r['step']}"
+            if r.get("progress") is not None:
+                text += f" ({_percent(r['progress'])})"
         if r["metrics"]:
             text += f" {r['metrics']}"
         if r["missing_heartbeat"]:
@@ -175,6 +192,30 @@ def _e(value: Any) -> str:
 def _badge(state: str) -> str:
     color = _COLORS.get(state, "#888")
     return f'<span style="color:{color};font-weight:bold">{_e(state)}</span>'
+
+
+def progress_bar(fraction: float | None, color: str = "#268bd2") -> str:
+    """A small inline progress bar (plain HTML, inline styles), or "" when the total is unknown."""
+    if fraction is None:
+        return ""
+    pct = f"{fraction * 100:.1f}".rstrip("0").rstrip(".")
+    return (f'<span title="{_percent(fraction)}" style="display:inline-block;width:60px;height:8px;background:#e4e4e4;'
+            f'border-radius:2px;vertical-align:middle;margin-right:4px;overflow:hidden">'
+            f'<span style="display:block;width:{pct}%;height:100%;background:{color}"></span></span>')
+
+
+def sparkline(values: list[float], label: str = "", width: int = 90, height: int = 20) -> str:
+    """An inline SVG line of ``values`` (drawn by the browser; no image), or "" with fewer than two points."""
+    if len(values) < 2:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    step = (width - 2) / (len(values) - 1)
+    points = " ".join(f"{1 + i * step:.1f},{1 + (height - 2) * (hi - v) / span:.1f}" for i, v in enumerate(values))
+    title = f"{label} {_num(values[0])} → {_num(values[-1])} ({len(values)} points)".strip()
+    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" style="vertical-align:middle">'
+            f"<title>{_e(title)}</title>"
+            f'<polyline fill="none" stroke="#268bd2" stroke-width="1.5" points="{points}"/></svg>')
 
 
 def proxy_route(cluster_id: str) -> str | None:
@@ -218,11 +259,15 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
     n_params = len(model["param_keys"]) if runs else 0
     result_col = [model["metric"]] if runs and model["metric"] else []
     columns = (*COLUMNS[:1], *model["param_keys"], *result_col, *RUN_COLUMNS) if runs else COLUMNS
+    curves = {r.get("curve_metric") for r in model["rows"] if len(r.get("curve") or ()) >= 2}
+    if not curves:
+        columns = tuple(c for c in columns if c != "curve")  # nothing reported yet: no empty column
+    headers = {"curve": curves.pop() if len(curves) == 1 else "curve"}
     out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
     if model["error"]:
         out.append(f'<div style="color:#dc322f">{_e(model["error"])}</div>')
     out.append('<table style="border-collapse:collapse"><thead><tr>')
-    out += [f'<th style="text-align:left;padding:1px 6px">{_e(c)}</th>' for c in columns]
+    out += [f'<th style="text-align:left;padding:1px 6px">{_e(headers.get(c, c))}</th>' for c in columns]
     out.append("</tr></thead><tbody>")
     for r in model["rows"]:
         cells = []
@@ -235,6 +280,11 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
                 cells.append(_e(r["result"]))
             elif c == "state":
                 cells.append(_badge(r["state"]))
+            elif c == "step":
+                color = _COLORS.get(r["state"], "#268bd2") if r["state"] in ("finished", "failed", "stopped") else "#268bd2"
+                cells.append(progress_bar(r.get("progress"), color) + _e(r[c]))
+            elif c == "curve":
+                cells.append(sparkline(r.get("curve") or [], r.get("curve_metric", "")))
             elif c == "heartbeat" and r["missing_heartbeat"]:
                 cells.append(f'<span style="color:#dc322f">{_e(r[c])}</span>')
             else:

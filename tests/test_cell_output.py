@@ -1,0 +1,219 @@
+"""What a cell shows: quiet node output, smoothed steps/s, metric history and return value, TensorBoard's frame,
+and the final table on a front-end that drops widget messages and display updates (a real kernel)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tfos_nb import tensorboard as tb
+from tfos_nb.magics._quiet import is_native_noise, quiet_lines
+from tfos_nb.runtime.context import NodeContext, Reporter
+from tfos_nb.runtime.node import plain_value
+from tfos_nb.runtime.state import CURVE_POINTS, ClusterState, window_rate
+
+DATA = Path(__file__).resolve().parent / "data"
+
+# -- native log noise ------------------------------------------------------------------------------------
+NOISE = [
+    "I0000 00:00:1795340575.021916   12546 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.",
+    "E0000 00:00:1795340587.521278   12553 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call "
+    "to cuInit: UNKNOWN ERROR (303)",
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "E1122 09:41:58.123456  777 cuda_dnn.cc:8310] Unable to register cuDNN factory: Attempting to register factory for "
+    "plugin cuDNN when one has already been registered",
+    "W1122 09:41:58.123456    5 gpu_device.cc:2344] Cannot dlopen some GPU libraries.",
+    "2026-11-22 09:41:58.123456: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. You may see "
+    "slightly different numerical results due to floating-point round-off errors from different computation orders.",
+    "2026-11-22 09:41:58.654321: I tensorflow/core/platform/cpu_feature_guard.cc:210] This TensorFlow binary is "
+    "optimized to use available CPU instructions in performance-critical operations.",
+    "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the "
+    "appropriate compiler flags.",
+    "[worker:1] I0000 00:00:1795340575.021916   12546 cudart_stub.cc:31] Could not find cuda drivers",
+    "[run:3] 2026-11-22 09:41:58.123456: W external/local_xla/xla/tsl/lib/monitoring/collection_registry.cc:81] x",
+]
+KEPT = [
+    "user print chief",
+    "Epoch 1/5",
+    "15/15 - 1s - 40ms/step - accuracy: 0.7521 - loss: 0.8410",
+    "Traceback (most recent call last):",
+    '  File "<cell>", line 3, in <module>',
+    "ValueError: E0000 is not a step",
+    "F0000 00:00:1795340575.021916   12546 cuda_executor.cc:9] Check failed: device ok",  # fatal: kept
+    "I0000 is my step counter: 00:00:17 elapsed",
+    "WARNING:tensorflow:5 out of the last 5 calls to <function> triggered tf.function retracing.",
+    "[tfos] chief:0 failed; starting again (attempt 2 of 2)",
+    "2026-11-22 09:41:58 loss 0.3",
+    "",
+]
+
+
+@pytest.mark.parametrize("line", NOISE)
+def test_native_log_lines_are_noise(line):
+    assert is_native_noise(line)
+    if not line.startswith("["):
+        assert is_native_noise(f"[chief:0] {line}")
+
+
+@pytest.mark.parametrize("line", KEPT)
+def test_user_output_and_errors_are_kept(line):
+    assert not is_native_noise(line)
+    assert not is_native_noise(f"[chief:0] {line}")
+
+
+def test_real_node_output_keeps_only_the_users_lines():
+    """Output of a real 2-node cluster on a CPU machine (TensorFlow 2.21), as the handle tags it."""
+    lines = (DATA / "node_output_cpu_tf221.txt").read_text().splitlines()
+    assert any("cuInit" in line for line in lines) and len(lines) == 12
+    assert quiet_lines(lines) == ["[chief:0] user print chief", "[worker:0] user print worker"]
+
+
+# -- steps/s, history, curve, value (the runtime state, fed reports with the nodes' own timestamps) --------
+def test_window_rate():
+    assert window_rate([]) is None and window_rate([(0.0, 5)]) is None
+    assert window_rate([(0.0, 0), (1.0, 100), (2.0, 200)]) == 100.0
+    assert window_rate([(0.0, 0), (10.0, 50), (20.0, 100)], window=5.0) == 5.0  # sparse: the last two
+    assert window_rate([(0.0, 0), (4.0, 400), (7.0, 1000)], window=5.0) == 200.0  # only the last 5 s
+    assert window_rate([(1.0, 10), (1.0, 20)]) is None  # no time passed
+
+
+def test_lock_step_nodes_show_the_same_smoothed_rate_whatever_the_arrival_jitter():
+    """Two nodes at 100 steps/s; their reports reach the driver in bursts of different sizes (heartbeats)."""
+    st = ClusterState("c1", "t", [("chief", 0), ("worker", 0)])
+    chief, worker = st.nodes
+    reports = [{"step": s, "time": 1000.0 + s / 100, "metrics": {"loss": 1 / s}} for s in range(1, 601)]
+    rates = {0: [], 1: []}
+    for node, burst in ((chief, 7), (worker, 53)):
+        for i in range(0, len(reports), burst):
+            st.record_reports(node, reports[i:i + burst])
+            rates[node.index].append(node.rate)
+    assert all(r is None or abs(r - 100.0) < 1e-6 for r in rates[0] + rates[1]), rates
+    assert chief.rate == pytest.approx(worker.rate) == pytest.approx(100.0)
+    view = st.snapshot()
+    assert view.nodes[0].steps_per_sec == pytest.approx(100.0)
+    # the loss curve: the whole run, thinned to evenly spaced points, always ending at the latest value
+    curve = view.nodes[0].curve
+    assert CURVE_POINTS // 2 <= len(curve) <= CURVE_POINTS + 1 and view.nodes[0].curve_metric == "loss"
+    assert curve[0] == 1.0 and curve[-1] == pytest.approx(1 / 600)
+    history = st.history()
+    assert len(history) == 1200 and history[0][:5] == ("chief", 0, 0, 1000.01, 1) and history[0][5] == {"loss": 1.0}
+
+
+def test_reporter_batches_every_report_and_drops_non_finite_values():
+    out = io.StringIO()
+    reporter = Reporter(out, max_rate=1000.0)
+    ctx = NodeContext({"job_name": "chief", "task_index": 0, "node": 0, "cluster_spec": {"chief": ["h:1"]}}, None,
+                      reporter)
+    reporter._last = time.monotonic() + 3600  # nothing written until the flush: every report in one batch
+    for step in range(1, 6):
+        ctx.report(step=step, total_steps=5, loss=float("nan") if step == 3 else 1.0 / step, epoch=0)
+    reporter.flush()
+    (line,) = out.getvalue().splitlines()
+    event = json.loads(line)  # the supervisor reads it; its heartbeat must encode as strict JSON
+    json.dumps(event, allow_nan=False)
+    assert event["t"] == "report" and event["step"] == 5 and event["total_steps"] == 5
+    assert [r["step"] for r in event["batch"]] == [1, 2, 3, 4, 5]
+    assert event["batch"][2]["metrics"] == {"loss": None, "epoch": 0}
+    assert all(isinstance(r["time"], float) for r in event["batch"])
+
+
+class _Ctx:
+    job_name, task_index = "chief", 0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ({"accuracy": 0.9, "steps": [1, 2], "name": "m"}, {"accuracy": 0.9, "steps": [1, 2], "name": "m"}),
+        ((1, 2.5, True), [1, 2.5, True]),
+    ],
+)
+def test_plain_values_go_back(value, expected, capsys):
+    assert plain_value(value, _Ctx()) == expected
+    assert capsys.readouterr().err == ""
+
+
+def test_numpy_values_go_back_and_others_are_dropped_with_a_line(capsys):
+    np = pytest.importorskip("numpy")
+    assert plain_value({"acc": np.float32(0.5), "cm": np.eye(2, dtype=np.int64)}, _Ctx()) == {"acc": 0.5, "cm": [[1, 0], [0, 1]]}
+    assert plain_value(object(), _Ctx()) is None
+    err = capsys.readouterr().err
+    assert "tfos_nb: the value chief:0 returned is not sent to the driver: it is a builtins.object" in err
+    assert plain_value({1: "x"}, _Ctx()) is None
+    assert plain_value("x" * (300 * 1024), _Ctx()) is None
+    assert "bytes as JSON (at most 262144)" in capsys.readouterr().err
+
+
+# -- TensorBoard's frame on every front-end --------------------------------------------------------------
+def test_tensorboard_proxy_url_like_tensorboards_own_magic():
+    env = {"TENSORBOARD_PROXY_URL": "/proxy/%PORT%/"}
+    assert tb.proxy_url_from_env("http://10.0.0.5:6006", env) == "/proxy/6006/"
+    env = {"TENSORBOARD_PROXY_URL": "https://hub.example/user/me/proxy/%HOST%:%PORT%/"}
+    assert tb.proxy_url_from_env("http://10.0.0.5:6123", env) == "https://hub.example/user/me/proxy/10.0.0.5:6123/"
+    assert tb.proxy_url_from_env("http://10.0.0.5:6006", {}) is None
+
+
+def test_tensorboard_frontend_detection(monkeypatch):
+    import sys
+    import types
+
+    kernel_shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
+    assert tb.frontend(None) == "terminal" and tb.frontend(types.SimpleNamespace()) == "terminal"
+    assert tb.frontend(kernel_shell) == "jupyter"
+    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
+    assert tb.frontend(kernel_shell) == "proxy"
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert tb.frontend(kernel_shell) == "colab"
+
+
+def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
+    html = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006", height=300)
+    note, rest = html.split("</div>", 1)
+    # without a script (a front-end that runs none) the note is the URL to open
+    assert note.endswith("TensorBoard: &lt;Jupyter base URL&gt;/tfos_nb/tensorboard/0123abcd/ (this front-end ran no "
+                         "script: open that URL in the browser)")
+    script = rest.split("<script>", 1)[1]
+    assert "</" not in script[:-len("</script>")]  # nothing in the values can close the script
+    failed = json.loads(script.split("failed = ", 1)[1].split(", deadline", 1)[0])
+    assert set(failed) == {"waiting", "starting", "extension", "server", "direct"}
+    assert "jupyter server extension enable tfos_nb.tbproxy" in failed["extension"]
+    assert "TENSORBOARD_PROXY_URL" in failed["server"] and "http://10.0.0.5:6006" in failed["server"]
+    assert "1000 * 20.0" in script  # the deadline
+    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
+    proxied = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
+    assert 'var direct = "/proxy/6006/"' in proxied and "TensorBoard: /proxy/6006/ (this front-end" in proxied
+    assert "<div" not in tb.iframe_html("tfos_nb/tensorboard/0123abcd/")  # no deadline asked: no note
+
+
+@pytest.mark.slow
+def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, capsys):
+    """Terminal IPython has no page to embed in: %tfos_tensorboard prints the URLs (no HTML display)."""
+    import IPython
+    from IPython.core.displaypub import CapturingDisplayPublisher
+    from IPython.testing.globalipapp import start_ipython
+
+    start_ipython()
+    ip = IPython.get_ipython()
+    ip.run_line_magic("load_ext", "tfos_nb")
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    pub = CapturingDisplayPublisher()
+    monkeypatch.setattr(ip, "display_pub", pub)
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    try:
+        ip.run_line_magic("tfos_tensorboard", f"--logdir {logdir}")
+        (local,) = magics._local_tensorboards.values()
+    finally:
+        magics.shutdown_all()
+    out = capsys.readouterr().out
+    assert f"TensorBoard: {local.url} (through a Jupyter server with the tfos_nb extension: " \
+           f"<Jupyter base URL>/{local.path})" in out
+    assert pub.outputs == []
