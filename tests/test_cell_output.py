@@ -217,3 +217,105 @@ def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, caps
     assert f"TensorBoard: {local.url} (through a Jupyter server with the tfos_nb extension: " \
            f"<Jupyter base URL>/{local.path})" in out
     assert pub.outputs == []
+
+
+# -- a real kernel, read by a client that drops what hosted notebooks drop ------------------------------
+QUIET_CELL = """%%tfos_cluster --workers 1 --name quiet
+import tensorflow as tf
+tf.config.list_physical_devices()  # the native start-up lines (cuInit on a CPU machine)
+print("user line from", ctx.job_name, flush=True)
+for step in range(1, 21):
+    ctx.report(step=step, total_steps=20, loss=float("nan") if step == 10 else 1.0 / step)
+return {"answer": 42, "steps": step}
+"""
+
+AFTER_CELL = """import json
+from tfos_nb.magics._quiet import quiet_lines
+h = quiet.history
+print(json.dumps({"value": quiet.value, "result_value": quiet.result["value"], "columns": list(h.columns),
+                  "steps": h.step.tolist(), "nan_at_10": bool(h.loss.isna().tolist()[9]),
+                  "native_lines": len(quiet.output) - len(quiet_lines(quiet.output))}))
+"""
+
+
+def _run_dropping_widget_messages(kc, code: str, timeout: float) -> tuple[dict, list[dict]]:
+    """Execute ``code`` like a front-end without widget support: comm_* and update_display_data are dropped."""
+    msg_id = kc.execute(code)
+    kept: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, f"no idle after {timeout} s: {kept[-5:]}"
+        msg = kc.get_iopub_msg(timeout=deadline - time.monotonic())
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["msg_type"]
+        if kind in ("display_data", "execute_result", "stream", "error"):
+            kept.append(msg)
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=30)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=30)
+    return reply, kept
+
+
+@pytest.mark.slow
+def test_frontend_without_widgets_sees_quiet_output_and_the_final_table(kernel_specs):
+    import psutil
+    from jupyter_client.manager import KernelManager
+
+    from tests.conftest import KERNEL, wait_until
+
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    km.start_kernel(cwd=str(DATA.parent.parent))
+    kc = km.client()
+    kc.start_channels()
+    kernel_pid = km.provisioner.pid
+    try:
+        kc.wait_for_ready(timeout=120)
+        reply, _ = _run_dropping_widget_messages(kc, "%load_ext tfos_nb", 120)
+        assert reply["content"]["status"] == "ok"
+        reply, kept = _run_dropping_widget_messages(kc, QUIET_CELL, 400)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        displays = [m["content"]["data"] for m in kept if m["msg_type"] == "display_data"]
+        streams = "".join(m["content"]["text"] for m in kept if m["msg_type"] == "stream")
+        # the live panel's output, as a widget-less front-end renders it: words, not "ClusterPanel(children=…)"
+        assert displays[0]["text/plain"].startswith("quiet: running (the live panel needs Jupyter widgets")
+        # the final state: a new output at the end of the cell, plain HTML and text
+        final = displays[-1]
+        assert set(final) == {"text/html", "text/plain"}, final.keys()
+        assert "<b>quiet</b>" in final["text/html"] and ">finished</span>" in final["text/html"]
+        assert "chief:0" in final["text/html"] and "20/20" in final["text/html"]
+        assert final["text/plain"].startswith("quiet: finished")
+        assert "chief:0 finished step 20/20 (100%)" in final["text/plain"]
+        assert kept[-1]["msg_type"] == "display_data" and kept[-1]["content"]["data"] == final
+        # quiet: the user's line, none of TensorFlow's native start-up lines (they stay in the logs)
+        assert "[chief:0] user line from chief" in streams
+        assert not [line for line in streams.splitlines() if is_native_noise(line)], streams
+        assert "cuInit" not in streams and "absl::InitializeLog" not in streams
+
+        out: list[str] = []
+        reply = kc.execute_interactive(AFTER_CELL, timeout=60,
+                                       output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        got = json.loads("".join(out))
+        assert got["value"] == got["result_value"] == {"answer": 42, "steps": 20}
+        assert got["columns"][:6] == ["node", "role", "index", "attempt", "step", "time"] and "loss" in got["columns"]
+        assert got["steps"] == list(range(1, 21)) and got["nan_at_10"]  # every report; a NaN loss did no harm
+        assert got["native_lines"] > 0  # the filtered lines were there, and the handle kept them
+
+        def node_procs() -> list[psutil.Process]:
+            found = []
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    if "tfos_nb.runtime" in (p.info.get("cmdline") or []) and \
+                            p.environ().get("TFOS_DRIVER_PID") == str(kernel_pid):
+                        found.append(p)
+                except psutil.Error:
+                    continue
+            return found
+
+        assert wait_until(lambda: not node_procs(), 20), [p.pid for p in node_procs()]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

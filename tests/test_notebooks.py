@@ -53,6 +53,20 @@ def test_notebook_runs_headless(path, kernel_specs, tmp_path):
     if path.name == "quickstart.ipynb":
         assert re.search(r"^accuracy: 0\.9\d\d", text, flags=re.M), text[-2000:]
         assert "[chief:0] Epoch 5/5" in text
+        # the pictures: the loss curve (from digits.history) and the confusion matrix, as PNGs in the outputs
+        figures = {}
+        for c in nb.cells:
+            for o in c.get("outputs", []):
+                if o.output_type == "display_data" and "image/png" in o.get("data", {}):
+                    figures[c.source.splitlines()[0]] = o["data"]["image/png"]
+        assert set(figures) == {"import matplotlib.pyplot as plt",
+                                'counts = predictions.groupBy("label", "prediction").count().toPandas()'}, list(figures)
+        assert all(len(png) > 5000 for png in figures.values())  # base64 PNGs of real plots, not empty canvases
+        # the nodes' native TensorFlow start-up lines stay out of the cell; the panel's final table is there once
+        assert "cuInit" not in text and "absl::InitializeLog" not in text
+        finals = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "display_data"
+                  and o.get("data", {}).get("text/plain", "").startswith("digits: finished")]
+        assert len(finals) == 1 and "chief:0 finished" in finals[0]["data"]["text/plain"]
 
 
 def _runtime_procs(root_pid: int) -> list[psutil.Process]:
