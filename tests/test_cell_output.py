@@ -319,3 +319,64 @@ def test_frontend_without_widgets_sees_quiet_output_and_the_final_table(kernel_s
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("served", ["nothing", "extension", "tensorboard"])
+def test_tensorboard_frame_in_a_real_browser(served, tmp_path):
+    """The frame's script in headless Chromium: why the frame is empty, or the frame once the route answers."""
+    import functools
+    import os
+    import re
+    import subprocess
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup_env.sh does it as root)")
+    path = "tfos_nb/tensorboard/0123abcd/"
+    (tmp_path / "page.html").write_text(
+        "<html><body>" + tb.iframe_html(path, height=200, deadline=2, node_url="http://10.9.9.9:6006") + "</body></html>")
+    if served != "nothing":  # the extension's status route answers
+        (tmp_path / "tfos_nb" / "tensorboard").mkdir(parents=True)
+        (tmp_path / "tfos_nb" / "tensorboard" / "index.html").write_text("{}")
+    if served == "tensorboard":
+        (tmp_path / path).mkdir(parents=True)
+        (tmp_path / path / "index.html").write_text("<p>TensorBoard</p>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        dom = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+             "--virtual-time-budget=10000", "--dump-dom", base + "page.html"],
+            capture_output=True, text=True, timeout=120,
+        ).stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    note = re.search(r'<div id="tfos-tb-[0-9a-f]+-note" style="([^"]*)">(.*?)</div>', dom, re.S)
+    frame = re.search(r'<iframe id="tfos-tb-[0-9a-f]+"[^>]*>', dom).group(0)
+    assert note, dom[:2000]
+    if served == "tensorboard":
+        assert f'src="{base}{path}"' in frame and "display: none" in note.group(1)
+        return
+    assert "src=" not in frame  # still no frame: the note says why
+    text = note.group(2).replace("&amp;", "&")
+    if served == "nothing":
+        assert text.startswith(f"TensorBoard's route {base}{path} does not exist on this Jupyter server: its tfos_nb "
+                               "extension is not enabled. Run `jupyter server extension enable tfos_nb.tbproxy`"), text
+    else:
+        assert text.startswith(f"TensorBoard does not answer yet at {base}{path}: the Jupyter server's tfos_nb "
+                               "extension is there"), text
+    assert "http://10.9.9.9:6006" in text

@@ -717,3 +717,16 @@ def _alive(pid: int) -> bool:
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
     except ChildProcessError:
         return True
+
+
+@slow
+def test_status_route_tells_a_page_the_extension_is_there(server: Server) -> None:
+    """``GET …/tfos_nb/tensorboard/``: what the frame's script asks when TensorBoard does not answer."""
+    from tfos_nb import __version__
+
+    for rel in ("tfos_nb/tensorboard/", "tfos_nb/tensorboard"):
+        resp = server.fetch(rel)
+        assert resp.status == 200 and json.loads(resp.body) == {"tfos_nb": __version__}, (rel, resp.status)
+        assert resp.headers["Content-Type"].startswith("application/json")
+    anonymous = server.fetch("tfos_nb/tensorboard/", auth=False)
+    assert anonymous.status in (302, 403) and b"tfos_nb" not in anonymous.body

@@ -597,7 +597,7 @@ def test_executed_notebook_keeps_widget_state_and_one_final_table(tmp_path):
     assert outputs[1].data == {"text/plain": ""}  # the live panel's output, emptied at the end
     snapshot = outputs[2].data  # the final table, a new output
     assert ">finished</span>" in snapshot["text/html"] and "3/3" in snapshot["text/html"]
-    assert snapshot["text/plain"] == "nbrun: finished 1.0 s | chief:0 finished step 3/3"
+    assert snapshot["text/plain"] == "nbrun: finished 1.0 s | chief:0 finished step 3/3 (100%)"
     state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     assert any("finished" in str(m["state"].get("value", "")) for m in state.values())
 
