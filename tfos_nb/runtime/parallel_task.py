@@ -238,6 +238,7 @@ class _RunTask:
                 if kind == "ready":
                     self.running = True
                 elif kind == "report":
+                    ev.pop("batch", None)  # every report since the last write: only clusters keep a history
                     self.report = ev
                 elif kind == "error":
                     self.error = str(ev.get("error"))[:2000]
