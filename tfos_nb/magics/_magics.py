@@ -164,9 +164,13 @@ class TFOSMagics(Magics):
         query ends, the nodes return, or the cluster is stopped (with
         --background: ``%tfos_shutdown NAME``).  Node output streams into the cell as
         ``[role:index] line``; a node's error ends the cell and tears the
-        cluster down; the ■ (interrupt) button stops the cluster.  The handle
-        (--name, default ``_tfos``) has ``wait()``, ``shutdown()``,
-        ``result``, ``nodes``, ``metrics``, ``tensorboard_url``, ``logs()``.
+        cluster down; the ■ (interrupt) button stops the cluster.  TensorFlow's
+        native start-up log lines are left out of the cell (``%tfos_logs`` has
+        them; ``%config TFOSMagics.show_native_logs = True`` shows them).  The
+        handle (--name, default ``_tfos``) has ``wait()``, ``shutdown()``,
+        ``result``, ``value`` (what the chief's function returned: plain data),
+        ``history`` (every reported metric, a pandas DataFrame), ``nodes``,
+        ``metrics``, ``tensorboard_url``, ``logs()``.
 
         Example::
 
