@@ -380,3 +380,15 @@ def test_tensorboard_frame_in_a_real_browser(served, tmp_path):
         assert text.startswith(f"TensorBoard does not answer yet at {base}{path}: the Jupyter server's tfos_nb "
                                "extension is there"), text
     assert "http://10.9.9.9:6006" in text
+
+
+def test_a_node_error_shows_its_traceback_without_native_noise():
+    from tfos_nb.magics import ClusterFailed
+
+    tail = ["I0000 00:00:1795340575.021916   12546 cudart_stub.cc:31] Could not find cuda drivers on your machine",
+            "Traceback (most recent call last):", '  File "<cell>", line 2, in <module>', "ValueError: bad input"]
+    exc = ClusterFailed("chief:0 failed on host h (exit code 1): ValueError: bad input\n" + "\n".join(tail))
+    shown = exc._render_traceback_()
+    assert shown[0].endswith("chief:0 failed on host h (exit code 1): ValueError: bad input")
+    assert shown[1:] == tail[1:]
+    assert "cudart_stub" in str(exc)  # the exception itself keeps every line

@@ -19,6 +19,7 @@ from typing import Any
 from ..runtime import state as S
 from ..runtime.cluster import InputMode, TFCluster, TFClusterError
 from ..runtime.start import run
+from ._quiet import quiet_lines
 
 __all__ = ["ClusterFailed", "ClusterHandle"]
 
@@ -56,7 +57,8 @@ class ClusterFailed(TFClusterError):
 
     def _render_traceback_(self) -> list[str]:
         lines = str(self).splitlines() or [""]
-        return [f"\x1b[0;31mTFClusterError\x1b[0m: {lines[0]}", *lines[1:]]
+        # the node's last lines without TensorFlow's native start-up noise (str(self) keeps them all)
+        return [f"\x1b[0;31mTFClusterError\x1b[0m: {lines[0]}", *quiet_lines(lines[1:])]
 
 
 class ClusterHandle:
