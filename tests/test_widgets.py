@@ -227,6 +227,9 @@ def test_progress_bar_percentage_and_loss_sparkline():
     points = [tuple(map(float, p.split(","))) for p in re.search(r'points="([^"]+)"', svg).group(1).split()]
     assert len(points) == 4 and points[0][1] < points[-1][1]  # falling loss: the line goes down (SVG y grows down)
     assert "<th" in html and ">loss</th>" in html  # the curve column is headed by its metric
+    # steps per epoch unknown (a fed dataset), epochs known (Keras' callback): progress by completed epochs
+    by_epoch = panel_model(cluster(node(step=88, total_epochs=5, metrics={"epoch": 2, "loss": 0.5})))["rows"][0]
+    assert by_epoch["progress"] == 0.4 and by_epoch["step"] == "88" and by_epoch["metrics"] == "epoch 2/5 loss 0.5"
     # no step total: no bar, no percentage; no reported curve: no curve column
     plain = panel_model(cluster(node(step=7)))
     assert plain["rows"][0]["progress"] is None and "%)" not in text_line(plain)

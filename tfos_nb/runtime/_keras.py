@@ -29,7 +29,7 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
         def on_train_begin(self, logs: Any = None) -> None:
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
-            ctx.report(step=self.step, total_steps=total, epoch=self.epoch)
+            ctx.report(step=self.step, total_steps=total, total_epochs=epochs or None, epoch=self.epoch)
 
         def _implements_train_batch_hooks(self) -> bool:
             # ParameterServerStrategy refuses batch-level callbacks: report per epoch there.

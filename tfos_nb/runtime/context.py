@@ -99,6 +99,7 @@ class NodeContext:
         self.mgr = hub  # what TFNode.DataFeed(ctx.mgr, ...) takes
         self._reporter = reporter
         self._total_steps: int | None = None
+        self._total_epochs: int | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -142,17 +143,21 @@ class NodeContext:
             raise RuntimeError(msg)
         return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
 
-    def report(self, step: int | None = None, total_steps: int | None = None, **metrics: Any) -> None:
+    def report(self, step: int | None = None, total_steps: int | None = None, total_epochs: int | None = None,
+               **metrics: Any) -> None:
         """Send progress to the driver (shown by ``cluster.nodes`` and the notebook panel)."""
         if self._reporter is None:
             return
         if total_steps is not None:
             self._total_steps = int(total_steps)
+        if total_epochs is not None:  # with an ``epoch`` metric: the panel's progress when steps are unknown
+            self._total_epochs = int(total_epochs)
         clean = {k: _jsonable(v) if not isinstance(v, (int, float, str)) else v for k, v in metrics.items()}
         # NaN/inf (a diverging loss) would make the supervisor's heartbeat unencodable (strict JSON): None
         clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in clean.items()}
         self._reporter.progress(
-            {"step": None if step is None else int(step), "total_steps": self._total_steps, "metrics": clean,
+            {"step": None if step is None else int(step), "total_steps": self._total_steps,
+             "total_epochs": self._total_epochs, "metrics": clean,
              "time": time.time()}
         )
 

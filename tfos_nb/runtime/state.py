@@ -75,6 +75,7 @@ class NodeView:
     gpus: tuple[dict, ...] = ()
     step: int | None = None
     total_steps: int | None = None
+    total_epochs: int | None = None
     steps_per_sec: float | None = None
     metrics: dict = dataclasses.field(default_factory=dict)
     last_heartbeat_age: float | None = None
@@ -123,6 +124,7 @@ class _Node:
         self.gpus: list[dict] = []
         self.step: int | None = None
         self.total_steps: int | None = None
+        self.total_epochs: int | None = None
         self.rate: float | None = None
         self._rate_points: deque[tuple[float, int]] = deque(maxlen=256)
         self.history: deque[tuple[float | None, int | None, dict]] = deque(maxlen=HISTORY_KEPT)
@@ -182,6 +184,7 @@ class _Node:
             gpus=gpus,
             step=self.step,
             total_steps=self.total_steps,
+            total_epochs=self.total_epochs,
             steps_per_sec=self.rate,
             metrics=dict(self.metrics),
             last_heartbeat_age=None if self.last_heartbeat is None else now - self.last_heartbeat,
@@ -302,6 +305,9 @@ class ClusterState:
         total = report.get("total_steps")
         if isinstance(total, int):
             node.total_steps = total
+        epochs = report.get("total_epochs")
+        if isinstance(epochs, int):
+            node.total_epochs = epochs
         metrics = report.get("metrics")
         if isinstance(metrics, dict):
             node.metrics.update(metrics)

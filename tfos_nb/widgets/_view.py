@@ -50,12 +50,12 @@ def _num(value: Any) -> str:
     return str(value)
 
 
-def _metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
+def _metrics(metrics: Mapping[str, Any], limit: int = 4, total_epochs: int | None = None) -> str:
     # loss first: it is what a user looks for; epoch is shown in the step column's context
     keys = sorted((k for k in metrics if k != "epoch"), key=lambda k: (k != "loss", k))[:limit]
     parts = [f"{k} {_num(metrics[k])}" for k in keys]
     if "epoch" in metrics:
-        parts.insert(0, f"epoch {_num(metrics['epoch'])}")
+        parts.insert(0, f"epoch {_num(metrics['epoch'])}" + (f"/{total_epochs}" if total_epochs else ""))
     return " ".join(parts)
 
 
@@ -67,10 +67,14 @@ def _step(node: Any) -> str:
 
 def _progress(node: Any) -> float | None:
     """The fraction of the run done, when the node knows its total steps (Keras: steps per epoch × epochs)."""
-    if node.step is None or not node.total_steps or node.total_steps <= 0:
+    epochs, epoch = getattr(node, "total_epochs", None), node.metrics.get("epoch")
+    if node.step is not None and node.total_steps and node.total_steps > 0:
+        done = node.step / node.total_steps
+    elif epochs and epochs > 0 and isinstance(epoch, (int, float)) and not isinstance(epoch, bool):
+        done = epoch / epochs  # completed epochs (Keras' callback reports epoch + 1 at each epoch's end)
+    else:
         return None
-    done = 1.0 if node.state == "finished" else node.step / node.total_steps
-    return max(0.0, min(1.0, done))
+    return 1.0 if node.state == "finished" else max(0.0, min(1.0, done))
 
 
 def _percent(fraction: float | None) -> str:
@@ -95,7 +99,7 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
         "state": node.state,
         "step": _step(node),
         "steps/s": "" if node.steps_per_sec is None else f"{node.steps_per_sec:.1f}",
-        "metrics": _metrics(node.metrics),
+        "metrics": _metrics(node.metrics, total_epochs=getattr(node, "total_epochs", None)),
         "progress": _progress(node),
         "curve": [round(v, 6) for v in getattr(node, "curve", ())],
         "curve_metric": getattr(node, "curve_metric", None) or "",
