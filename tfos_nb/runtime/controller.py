@@ -173,6 +173,8 @@ class Controller:
                     node.gpus = msg.report["gpus"]
             if msg.reports:
                 st.record_reports(node, msg.reports)
+            elif msg.report.get("time") is not None and (not node.history or node.history[-1][0] != msg.report["time"]):
+                st.record_reports(node, [msg.report])  # a peer that sends only its latest report (parallel runs)
             if "value" in msg.returned:
                 node.value = msg.returned["value"]
             if msg.logs:
