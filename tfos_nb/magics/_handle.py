@@ -342,7 +342,7 @@ class ClusterHandle:
         Columns ``node`` (``role:index``), ``role``, ``index``, ``attempt``, ``step``,
         ``time`` (seconds since the run started, by the node's clock), then one column
         per metric (NaN where a report lacks it).  Like Ray Train's
-        ``Result.metrics_dataframe``; e.g. ``h.history.pivot(index="step",
+        ``Result.metrics_dataframe``; e.g. ``h.history.pivot_table(index="step",
         columns="node", values="loss").plot()``.  Rows so far while the run goes on.
         """
         import pandas as pd
