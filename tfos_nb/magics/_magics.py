@@ -394,8 +394,9 @@ class TFOSMagics(Magics):
                     from .. import tensorboard as tb
 
                     tensorboard = handle.tensorboard_url  # the node's own address: seldom reachable from a browser
-                    print(f"tfos_nb: TensorBoard of {handle.name}: <Jupyter base URL>/"
-                          f"{tb.proxy_path(handle.status().cluster_id)} (on the chief at {tensorboard})")
+                    where = tb.proxy_url_from_env(tensorboard) or \
+                        f"<Jupyter base URL>/{tb.proxy_path(handle.status().cluster_id)}"
+                    print(f"tfos_nb: TensorBoard of {handle.name}: {where} (on the chief at {tensorboard})")
                 render()
         except KeyboardInterrupt:
             print(f"tfos_nb: interrupted; stopping cluster {handle.name}", file=sys.stderr)
