@@ -192,9 +192,10 @@ def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):
     assert "<div" not in tb.iframe_html("tfos_nb/tensorboard/0123abcd/")  # no deadline asked: no note
 
 
-@pytest.mark.slow
 def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, capsys):
     """Terminal IPython has no page to embed in: %tfos_tensorboard prints the URLs (no HTML display)."""
+    import types
+
     import IPython
     from IPython.core.displaypub import CapturingDisplayPublisher
     from IPython.testing.globalipapp import start_ipython
@@ -203,20 +204,23 @@ def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, caps
     ip = IPython.get_ipython()
     ip.run_line_magic("load_ext", "tfos_nb")
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
     pub = CapturingDisplayPublisher()
     monkeypatch.setattr(ip, "display_pub", pub)
-    logdir = tmp_path / "logs"
-    logdir.mkdir()
     magics = ip.magics_manager.registry["TFOSMagics"]
+    observers = []
+    running = types.SimpleNamespace(  # what the magic reads of a running --tensorboard cluster's handle
+        done=False, tensorboard_url="http://10.0.0.5:6006", status=lambda: types.SimpleNamespace(cluster_id="0123abcd"),
+        add_observer=observers.append)
+    monkeypatch.setitem(magics.handles, "tbterm", running)
     try:
-        ip.run_line_magic("tfos_tensorboard", f"--logdir {logdir}")
-        (local,) = magics._local_tensorboards.values()
+        ip.run_line_magic("tfos_tensorboard", "tbterm")
     finally:
-        magics.shutdown_all()
+        tb.withdraw("0123abcd")
     out = capsys.readouterr().out
-    assert f"TensorBoard: {local.url} (through a Jupyter server with the tfos_nb extension: " \
-           f"<Jupyter base URL>/{local.path})" in out
-    assert pub.outputs == []
+    assert out == ("TensorBoard: http://10.0.0.5:6006 (through a Jupyter server with the tfos_nb extension: "
+                   "<Jupyter base URL>/tfos_nb/tensorboard/0123abcd/)\n")
+    assert pub.outputs == [] and len(observers) == 1  # nothing displayed; the route is withdrawn with the cluster
 
 
 # -- a real kernel, read by a client that drops what hosted notebooks drop ------------------------------
