@@ -170,6 +170,10 @@ def test_tensorboard_frontend_detection(monkeypatch):
     assert tb.frontend(kernel_shell) == "proxy"
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     assert tb.frontend(kernel_shell) == "colab"
+    frame, text = tb.frontend_output("colab", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
+    assert frame is None and "Colab has no Jupyter server" in text and "`%tensorboard --logdir DIR`" in text
+    frame, text = tb.frontend_output("proxy", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
+    assert text == "TensorBoard: /proxy/6006/" and 'var direct = "/proxy/6006/"' in frame
 
 
 def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from .runtime.procs import pid_alive as _pid_alive
 from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
 
-__all__ = ["ClusterRoute", "LocalTensorBoard", "embed_html", "frontend", "iframe_html", "link_html", "missing_messages",
+__all__ = ["ClusterRoute", "LocalTensorBoard", "embed_html", "frontend", "frontend_output", "iframe_html", "link_html", "missing_messages",
            "proxy_path", "proxy_url_from_env", "register", "start_local", "withdraw"]
 
 _lock = threading.Lock()
@@ -359,6 +359,21 @@ def frontend(shell: Any) -> str:
     if os.environ.get("TENSORBOARD_PROXY_URL"):
         return "proxy"
     return "jupyter"
+
+
+def frontend_output(where: str, path: str, node_url: str, *, height: int = 800) -> tuple[str | None, str]:
+    """What ``%tfos_tensorboard`` shows on a front-end (see :func:`frontend`): ``(frame HTML or None, text line)``.
+
+    A terminal gets the URLs (as TensorBoard's own ``%tensorboard`` prints one there); Colab, whose page has
+    no Jupyter server route, gets what to use instead; a page gets the frame and the URL it loads.
+    """
+    if where == "terminal":
+        return None, f"TensorBoard: {node_url} (through a Jupyter server with the tfos_nb extension: <Jupyter base URL>/{path})"
+    if where == "colab":
+        return None, (f"TensorBoard listens at {node_url}, but Colab has no Jupyter server to proxy it: for a log "
+                      "directory on this machine use TensorBoard's own `%load_ext tensorboard` then `%tensorboard --logdir DIR`")
+    proxied = proxy_url_from_env(node_url)
+    return embed_html(path, node_url, height=height), f"TensorBoard: {proxied or '<Jupyter base URL>/' + path}"
 
 
 def embed_html(path: str, node_url: str | None, *, height: int = 800, deadline: float = ANSWER_DEADLINE_S) -> str:

@@ -520,19 +520,10 @@ class TFOSMagics(Magics):
                 raise _usage(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
             path, node_url = tb.register(view.cluster_id, url), url
             h.add_observer(lambda view, final, cid=view.cluster_id: final and tb.withdraw(cid))
-        where = tb.frontend(self.shell)
-        if where == "terminal":  # no page to embed in: the URLs, as TensorBoard's own %tensorboard prints
-            print(f"TensorBoard: {node_url} (through a Jupyter server with the tfos_nb extension: "
-                  f"<Jupyter base URL>/{path})")
-            return
-        if where == "colab":  # Colab's page has no Jupyter server route; a frame would stay blank
-            print(f"TensorBoard listens at {node_url}, but Colab has no Jupyter server to proxy it: for a log "
-                  "directory on this machine use TensorBoard's own `%load_ext tensorboard` then "
-                  "`%tensorboard --logdir DIR`")
-            return
-        display(HTML(tb.embed_html(path, node_url, height=opts.height)))
-        proxied = tb.proxy_url_from_env(node_url)
-        print(f"TensorBoard: {proxied}" if proxied else f"TensorBoard: <Jupyter base URL>/{path}")
+        frame, text = tb.frontend_output(tb.frontend(self.shell), path, node_url, height=opts.height)
+        if frame:
+            display(HTML(frame))
+        print(text)
 
     def _known(self, name: str) -> str:
         if name not in self.handles:
