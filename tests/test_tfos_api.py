@@ -176,7 +176,9 @@ def test_tfestimator_takes_every_tf_args_form():
     argv = ["--learning_rate", "0.5"]
     merged = TFEstimator(_train, argv).merged_args()
     assert merged.argv == argv and merged.batch_size == 100  # train_fn gets the list itself (test_tfos_parity)
-    assert TFEstimator(_train).merged_args().steps == 1000
+    defaults = TFEstimator(_train).merged_args()
+    assert defaults.steps == 1000 and defaults.model_dir is None and defaults.tfrecord_dir is None
+    assert TFEstimator(_train, {"model_dir": "/mine"}).merged_args().model_dir == "/mine"  # unset Param: kept
     with pytest.raises(TypeError, match="argparse.Namespace or an argv list"):
         TFEstimator(_train, 3)
 

@@ -204,12 +204,16 @@ class TFParams(Params):
         """A copy of ``args`` updated with every Param that is set or has a default, by its snake_case name.
 
         A Param wins over an ``args`` key of the same name even when only defaulted, as in
-        TensorFlowOnSpark.
+        TensorFlowOnSpark; a Param with neither value nor default (``ModelDir``, ``ExportDir``,
+        ``TFRecordDir``, ``InputMapping`` …) is ``None`` unless ``args`` has the key.
         """
         merged = Namespace(self.args)
         for param in self.params:
+            key = arg_name(param.name)
             if self.isDefined(param):
-                merged[arg_name(param.name)] = self.getOrDefault(param)
+                merged[key] = self.getOrDefault(param)
+            elif key not in merged:
+                merged[key] = None  # TensorFlowOnSpark's default for an unset path or mapping
         return merged
 
 
