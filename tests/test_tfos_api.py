@@ -312,3 +312,16 @@ def test_to_and_from_tf_example_and_infer_schema():
     assert dfutil.fromTFExample([bytes(records[0][0])])[0].name == "a"  # plain bytes records too
     with pytest.raises(TypeError, match="column 'm' has type map<string,int>"):
         dfutil.toTFExample([("m", "map<string,int>")])
+
+
+def test_node_context_has_tensorflowonspark_methods_and_fields():
+    from tfos_nb.runtime.context import NodeContext
+
+    info = {"job_name": "worker", "task_index": 1, "node": 2, "executor_id": "7",
+            "cluster_spec": {"chief": ["h:1"], "worker": ["h:2", "h:3"]}, "default_fs": "hdfs://nn:8020"}
+    ctx = NodeContext(info, None, None)
+    assert (ctx.executor_id, ctx.worker_num, ctx.spark_executor_id, ctx.num_workers) == (2, 2, "7", 3)
+    assert ctx.tmp_socket is None and ctx.release_port() is None  # nothing reserved: a no-op
+    assert ctx.absolute_path("/d") == TFNode.hdfs_path(ctx, "/d") == "hdfs://nn:8020/d"
+    with pytest.raises(ValueError, match="no RDMA"):
+        ctx.start_cluster_server(rdma=True)

@@ -146,6 +146,12 @@ class NodeContext:
 
     tf_path = absolute_path
 
+    def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
+        """``TFNode.start_cluster_server(ctx, ...)`` (TensorFlowOnSpark's ``ctx`` method)."""
+        from .TFNode import start_cluster_server
+
+        return start_cluster_server(self, num_gpus, rdma)
+
     def get_data_feed(
         self,
         train_mode: bool = True,
