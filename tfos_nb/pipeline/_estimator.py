@@ -185,7 +185,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
                 c = F.col(col)
                 cols.append(vector_to_array(c, "float32").alias(col) if isinstance(fields[col], VectorUDT) else c)
             source = dataset.select(*cols)
-        elif self.getOrDefault(self.tfrecordDir) and tf_args is args:
+        elif self.isDefined(self.tfrecordDir) and self.getOrDefault(self.tfrecordDir) and tf_args is args:
             args.tfrecord_dir = self._export_tfrecords(dataset)
         sc = dataset.sparkSession.sparkContext
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
