@@ -419,3 +419,31 @@ def test_tensorboard_of_a_running_cluster_and_after_it_ended(ip, magic_spark, tm
     with pytest.raises(UsageError) as info:
         ip.run_line_magic("tfos_tensorboard", "tbc")
     assert str(info.value) == "tbc has ended and its TensorBoard with it: use --logdir DIR"
+
+
+ARGS_CELL = """
+print("args-check", args["batch_size"], args.batch_size, "lr" in args, args.get("lr"), args.get("nope", "-"),
+      sorted(dict(args)), sorted(vars(args)), list(args) == list(args.keys()), type(args).__name__)
+"""
+
+
+@pytest.mark.slow
+def test_args_are_read_the_way_the_user_built_them(ip, magic_spark, capsys):
+    """--args (a dict or an argparse.Namespace), the magic's own --epochs and --grid all give one args object."""
+    import argparse
+
+    ip.user_ns.update(ARGS={"batch_size": 32, "lr": 0.5}, PARSED=argparse.Namespace(batch_size=16, lr=None),
+                      GRID=[{"batch_size": 8}, {"batch_size": 64}])
+    ip.run_cell_magic("tfos_cluster", "--workers 1 --args ARGS --epochs 2 --name args_dict", ARGS_CELL)
+    ip.run_cell_magic("tfos_cluster", "--workers 1 --args PARSED --name args_parsed", ARGS_CELL)
+    out = capsys.readouterr().out
+    assert "[chief:0] args-check 32 32 True 0.5 - ['batch_size', 'epochs', 'lr'] ['batch_size', 'epochs', 'lr'] " \
+           "True Namespace" in out
+    assert "[chief:0] args-check 16 16 True None - ['batch_size', 'epochs', 'lr'] ['batch_size', 'epochs', 'lr'] " \
+           "True Namespace" in out
+    cell = "return {'item': args['batch_size'], 'attr': args.batch_size, 'lr': args.get('lr'), 'vars': vars(args)}"
+    ip.run_cell_magic("tfos_parallel", "--grid GRID --args ARGS --name args_grid", cell)
+    assert ip.user_ns["args_grid"].values == [
+        {"item": 8, "attr": 8, "lr": 0.5, "vars": {"batch_size": 8, "lr": 0.5}},
+        {"item": 64, "attr": 64, "lr": 0.5, "vars": {"batch_size": 64, "lr": 0.5}},
+    ]

@@ -213,7 +213,7 @@ def train_digits(args, ctx):
 def test_learning_rate_grid_on_digits(sc, no_leaks):
     grid = [{"learning_rate": lr, "epochs": 4} for lr in LEARNING_RATES]
     seen = []
-    runs = TFParallel.start(sc, train_digits, grid, env=NODE_ENV, name="lr-grid",
+    runs = TFParallel.start(sc, train_digits, grid, use_barrier=False, env=NODE_ENV, name="lr-grid",
                             on_state=lambda st: seen.append(st.snapshot().state))
     results = runs.wait(timeout=300)
     assert not runs.barrier  # 4 runs, 2 task slots: waves, no barrier stage
@@ -279,7 +279,7 @@ def test_barrier_runs_get_a_tfparallel_context(sc, no_leaks):
     assert runs.logs(1)["run:1"] == ["probe 1 of 2"]
 
     # more runs than slots: waves, each run in a new process even where Spark reuses its Python worker
-    values = TFParallel.run(sc, ctx_probe, [{"i": i} for i in range(5)], env=NODE_ENV)
+    values = TFParallel.run(sc, ctx_probe, [{"i": i} for i in range(5)], use_barrier=False, env=NODE_ENV)
     assert [v["args"]["i"] if v and "args" in v else None for v in values] == [0, None, 2, 3, 4]
     assert values[1] == {"score": 11}
     assert all(v["fresh"] for v in values if "fresh" in v)

@@ -166,7 +166,7 @@ def test_input_mode_tensorflow_reads_tfrecords(spark, sc, tmp_path, no_leaks):
     dfutil.saveAsTFRecords(df, out)
     back = dfutil.loadTFRecords(sc, out)
     assert back.count() == 100 and sorted(r.y for r in back.collect()) == list(range(100))
-    assert dict(back.dtypes) == {"x": "array<float>", "y": "bigint"}
+    assert dict(back.dtypes) == {"x": "array<double>", "y": "bigint"}  # TensorFlowOnSpark: floats are doubles
     cluster = run(sc, tf_mode_fun, {"data": out}, 2, input_mode=TFCluster.InputMode.TENSORFLOW)
     cluster.shutdown(timeout=180)
     assert sum(n.step for n in cluster.nodes) == 100

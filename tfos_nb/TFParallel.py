@@ -3,8 +3,10 @@
 ``TFParallel.run(sc, map_fun, tf_args, num_executors, use_barrier=True)`` runs
 ``map_fun(args, ctx)`` as ``num_executors`` TensorFlow runs with no cluster
 between them (hyper-parameter sweeps, embarrassingly parallel inference).
-Unlike TensorFlowOnSpark it returns each run's result, in run order, and
-``tf_args`` may be a list of dicts, one per run.  ``start`` returns the
+As there, ``use_barrier=True`` with more runs than Spark task slots fails at
+once (``use_barrier=False`` runs them in waves).  Unlike TensorFlowOnSpark it
+returns each run's result, in run order, and ``tf_args`` may be a list of
+dicts, one per run.  ``start`` returns the
 :class:`ParallelRuns` at once (``wait()``, ``stop()``, ``status()``).
 """
 

@@ -2,20 +2,25 @@
 
 Each partition is written by its Spark task with TensorFlow's own
 ``TFRecordWriter`` as ``part-r-NNNNN`` files of ``tf.train.Example`` records;
-``loadTFRecords`` reads them back with TensorFlow, inferring the schema from
-the first record (as TensorFlowOnSpark does).  Paths are anything TensorFlow's
+``loadTFRecords`` reads every TFRecord file of a directory back with TensorFlow,
+inferring the schema from the first record (as TensorFlowOnSpark does).
+``toTFExample`` / ``fromTFExample`` / ``infer_schema`` are TensorFlowOnSpark's
+conversion helpers.  Paths are anything TensorFlow's
 file system layer can write: local paths, ``file://``, ``hdfs://``, ``gs://``…
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["isLoadedDF", "loadTFRecords", "saveAsTFRecords"]
+__all__ = ["fromTFExample", "infer_schema", "isLoadedDF", "loadTFRecords", "loadedDF", "saveAsTFRecords",
+           "toTFExample"]
 
-_loaded: dict[int, str] = {}
+#: DataFrames read by :func:`loadTFRecords` → their directory (TensorFlowOnSpark's ``dfutil.loadedDF``)
+loadedDF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # noqa: N816
 
 
 def _feature(tf: Any, value: Any, dtype: Any) -> Any:
@@ -68,40 +73,146 @@ def saveAsTFRecords(df: Any, output_dir: str) -> None:  # noqa: N802 - TensorFlo
     df.rdd.mapPartitionsWithIndex(write).collect()
 
 
-def _infer_schema(example: Any, binary_features: list[str]) -> Any:
+def infer_schema(example: Any, binary_features: list[str] | None = None) -> Any:
+    """The DataFrame schema of a ``tf.train.Example`` (TensorFlowOnSpark's rule).
+
+    int64 features are ``LongType``, float features ``DoubleType``, bytes features
+    ``StringType`` (``BinaryType`` when named in ``binary_features``); a feature of
+    more than one value is an ``ArrayType`` of those, an empty one is ``StringType``.
+    Columns are sorted by name.
+    """
     from pyspark.sql import types as T
 
+    binary = set(binary_features or [])
     fields = []
     for name in sorted(example.features.feature):
         feat = example.features.feature[name]
         kind = feat.WhichOneof("kind")
-        n = len(getattr(feat, kind).value)
-        if kind == "int64_list":
-            base: Any = T.LongType()
-        elif kind == "float_list":
-            base = T.FloatType()
+        values = getattr(feat, kind).value if kind else []
+        if name in binary:
+            base: Any = T.BinaryType()
+        elif kind == "int64_list" and len(values):
+            base = T.LongType()
+        elif kind == "float_list" and len(values):
+            base = T.DoubleType()
         else:
-            base = T.BinaryType() if name in binary_features else T.StringType()
-        fields.append(T.StructField(name, base if n == 1 else T.ArrayType(base)))
+            base = T.StringType()
+        fields.append(T.StructField(name, T.ArrayType(base) if len(values) > 1 else base, True))
     return T.StructType(fields)
 
 
+def _value(name: str, feat: Any, binary: set[str]) -> Any:
+    """A feature as a Python value: scalars for one value, lists for more, None for none."""
+    kind = feat.WhichOneof("kind")
+    values = list(getattr(feat, kind).value) if kind else []
+    if kind == "bytes_list":
+        values = [bytearray(v) if name in binary else v.decode("utf-8") for v in values]
+    if len(values) > 1:
+        return values
+    return values[0] if values else None
+
+
+def toTFExample(dtypes: list[tuple[str, str]]) -> Any:  # noqa: N802 - TensorFlowOnSpark's name
+    """A ``mapPartitions`` function: rows of a DataFrame with ``dtypes`` → ``(serialized tf.train.Example, None)``.
+
+    ``df.rdd.mapPartitions(toTFExample(df.dtypes))``, as in TensorFlowOnSpark (pairs for a
+    Hadoop output format); numbers, booleans, strings, binary and arrays of them.
+    """
+    floats = {"float", "double"}
+    ints = {"boolean", "tinyint", "smallint", "int", "bigint", "long"}
+    texts = {"string", "binary"}
+    for name, dtype in dtypes:
+        base = dtype[6:-1] if dtype.startswith("array<") and dtype.endswith(">") else dtype
+        if base not in floats | ints | texts or (base == "binary" and base != dtype):
+            msg = f"toTFExample: column {name!r} has type {dtype}, which has no tf.train.Feature"
+            raise TypeError(msg)
+
+    def to_examples(rows: Iterator[Any]) -> Iterator[tuple[bytearray, None]]:
+        import tensorflow as tf
+
+        for row in rows:
+            feats = {}
+            for name, dtype in dtypes:
+                value = row[name]
+                is_array = dtype.startswith("array<")
+                base = dtype[6:-1] if is_array else dtype
+                values = [] if value is None else (list(value) if is_array else [value])
+                if base in floats:
+                    feats[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
+                elif base in ints:
+                    feats[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+                else:
+                    raw = [bytes(v) if base == "binary" else str(v).encode("utf-8") for v in values]
+                    feats[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=raw))
+            example = tf.train.Example(features=tf.train.Features(feature=feats))
+            yield bytearray(example.SerializeToString()), None
+
+    return to_examples
+
+
+def fromTFExample(iter: Iterator[Any], binary_features: list[str] | None = None) -> list[Any]:  # noqa: N802, A002
+    """A ``mapPartitions`` function: serialized ``tf.train.Example`` records → ``pyspark.sql.Row`` objects.
+
+    Records are ``(bytes, None)`` pairs (TensorFlowOnSpark's Hadoop input format) or plain
+    bytes.  Bytes features become str, or bytearray when named in ``binary_features``;
+    one value is a scalar, more a list, none ``None``.
+    """
+    import tensorflow as tf
+    from pyspark.sql import Row
+
+    binary = set(binary_features or [])
+    rows = []
+    for record in iter:
+        raw = record[0] if isinstance(record, (tuple, list)) else record
+        example = tf.train.Example.FromString(bytes(raw))
+        rows.append(Row(**{k: _value(k, v, binary) for k, v in sorted(example.features.feature.items())}))
+    return rows
+
+
+def _record_files(input_dir: str) -> list[str]:
+    """The TFRecord files of ``input_dir`` (every file but Hadoop's hidden ``_*``/``.*`` ones), or a glob's matches."""
+    import tensorflow as tf
+
+    if any(c in input_dir for c in "*?["):
+        paths = tf.io.gfile.glob(input_dir)
+    elif tf.io.gfile.exists(input_dir) and not tf.io.gfile.isdir(input_dir):
+        paths = [input_dir]
+    elif tf.io.gfile.isdir(input_dir):
+        paths = [f"{input_dir.rstrip('/')}/{name}" for name in tf.io.gfile.listdir(input_dir)]
+    else:
+        msg = f"loadTFRecords: {input_dir} does not exist"
+        raise FileNotFoundError(msg)
+    return sorted(p for p in paths if not os.path.basename(p.rstrip("/")).startswith(("_", "."))
+                  and not tf.io.gfile.isdir(p))
+
+
 def loadTFRecords(sc: Any, input_dir: str, binary_features: list[str] | None = None) -> Any:  # noqa: N802
-    """Read TFRecord files of ``tf.train.Example`` into a DataFrame (schema from the first record)."""
+    """Read the TFRecord files of ``tf.train.Example`` in ``input_dir`` into a DataFrame.
+
+    Every file of the directory is read (not only ``part-*``; Hadoop's hidden ``_*`` and
+    ``.*`` files are skipped; a glob pattern works too); empty files are fine.  The
+    schema is inferred from the first record (:func:`infer_schema`: floats are
+    ``DoubleType``, as in TensorFlowOnSpark).
+    """
     import tensorflow as tf
     from pyspark.sql import SparkSession
 
     binary_features = list(binary_features or [])
-    files = sorted(f for f in tf.io.gfile.glob(os.path.join(input_dir, "part-*")))
+    files = _record_files(input_dir)
     if not files:
-        msg = f"no TFRecord files (part-*) in {input_dir}"
+        msg = f"no TFRecord files in {input_dir}"
         raise FileNotFoundError(msg)
-    first = next(iter(tf.data.TFRecordDataset(files[0]).take(1)), None)
+    first = None
+    for path in files:
+        first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
+        if first is not None:
+            break
     if first is None:
-        msg = f"{files[0]} holds no record"
+        msg = f"no record in any of the {len(files)} TFRecord file(s) of {input_dir}: the schema cannot be inferred"
         raise ValueError(msg)
-    schema = _infer_schema(tf.train.Example.FromString(first.numpy()), binary_features)
+    schema = infer_schema(tf.train.Example.FromString(first.numpy()), binary_features)
     names = [(f.name, f.dataType) for f in schema.fields]
+    binary = set(binary_features)
 
     def read(paths: Iterator[str]) -> Iterator[tuple]:
         import tensorflow as tf
@@ -112,22 +223,25 @@ def loadTFRecords(sc: Any, input_dir: str, binary_features: list[str] | None = N
                 ex = tf.train.Example.FromString(raw)
                 row = []
                 for name, dtype in names:
-                    feat = ex.features.feature[name]
-                    vals = list(getattr(feat, feat.WhichOneof("kind")).value) if feat.WhichOneof("kind") else []
-                    base = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype
-                    if isinstance(base, T.StringType):
-                        vals = [v.decode() for v in vals]
-                    elif isinstance(base, T.BinaryType):
-                        vals = [bytearray(v) for v in vals]
-                    row.append(vals if isinstance(dtype, T.ArrayType) else (vals[0] if vals else None))
+                    value = _value(name, ex.features.feature[name], binary) if name in ex.features.feature else None
+                    if isinstance(dtype, T.ArrayType) and value is not None and not isinstance(value, list):
+                        value = [value]
+                    elif not isinstance(dtype, T.ArrayType) and isinstance(value, list):
+                        msg = (f"{path}: feature {name!r} has {len(value)} values in one record and 1 in the "
+                               "first record: its column type is a scalar")
+                        raise ValueError(msg)
+                    row.append(value)
                 yield tuple(row)
 
     spark = SparkSession.builder.getOrCreate()
     df = spark.createDataFrame(sc.parallelize(files, len(files)).mapPartitions(read), schema)
-    _loaded[id(df)] = input_dir
+    loadedDF[df] = input_dir
     return df
 
 
 def isLoadedDF(df: Any) -> bool:  # noqa: N802
     """Whether ``df`` came from :func:`loadTFRecords` (so it can be re-read from its files)."""
-    return id(df) in _loaded
+    try:
+        return df in loadedDF
+    except TypeError:  # not weak-referenceable: not one of ours
+        return False

@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
 from ..runtime import state as S
+from ..runtime.args import Namespace
 from ..runtime.start import add_start_listener, remove_start_listener
 from ..widgets import JobProgress
 from . import _parallel, _render
@@ -153,8 +154,9 @@ class TFOSMagics(Magics):
         ``ctx.job_name``, ``ctx.task_index``, ``ctx.is_chief``,
         ``ctx.get_data_feed()`` (its ``as_dataset(batch_size)`` feeds
         ``model.fit``), ``ctx.report(step=..., **metrics)`` and
-        ``ctx.progress_callback()``.  ``args`` is a namespace of --args plus
-        ``epochs``.  Notebook names the cell uses (functions, constants, small
+        ``ctx.progress_callback()``.  ``args`` holds --args plus ``epochs``,
+        read as ``args.epochs`` or ``args["epochs"]`` (also ``in``, ``get``,
+        ``dict(args)``, ``vars(args)``).  Notebook names the cell uses (functions, constants, small
         objects) are shipped by value as they are when the cell runs.
 
         With --data the driver feeds that DataFrame/RDD --epochs times, then
@@ -275,7 +277,7 @@ class TFOSMagics(Magics):
             raise _usage(f"--data {var}: expected a Spark DataFrame or RDD, got {type(value).__name__}")
         return value
 
-    def _args(self, expr: str | None, epochs: int | None) -> types.SimpleNamespace:
+    def _args(self, expr: str | None, epochs: int | None) -> Namespace:
         values: dict[str, Any] = {}
         if expr and len(expr) >= 2 and expr[0] == expr[-1] and expr[0] in "'\"":
             expr = expr[1:-1]  # IPython's argument splitter keeps the quotes
@@ -286,7 +288,7 @@ class TFOSMagics(Magics):
                 raise _usage(f"--args {expr}: {type(exc).__name__}: {exc}") from None
             if isinstance(given, dict):
                 values = dict(given)
-            elif isinstance(given, (types.SimpleNamespace, argparse.Namespace)):
+            elif isinstance(given, (types.SimpleNamespace, argparse.Namespace, Namespace)):
                 values = dict(vars(given))
             else:
                 raise _usage(f"--args must be a dict or a namespace, got {type(given).__name__}")
@@ -296,7 +298,7 @@ class TFOSMagics(Magics):
         if epochs is not None:
             values["epochs"] = epochs
         values.setdefault("epochs", 1)
-        return types.SimpleNamespace(**values)
+        return Namespace(values)  # args.epochs and args["epochs"], like the dict or namespace the user gave
 
     def _spark(self, nodes: int) -> Any:
         from ..runtime.start import available_slots

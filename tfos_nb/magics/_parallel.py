@@ -32,6 +32,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from ..runtime import parallel as P
 from ..runtime import state as S
+from ..runtime.args import Namespace
 from ._cellfn import CellError, build
 from ._handle import marked_failed
 from ._spark import SparkUnusable, embedded_notice, find_spark_context, start_embedded
@@ -74,7 +75,7 @@ class ParallelHandle:
     """
 
     def __init__(self, name: str, *, sc: Any, fn: Any, runs_args: list[Any], params: list[dict] | None,
-                 env: dict[str, str], metric: str | None, mode: str | None, use_barrier: bool = True,
+                 env: dict[str, str], metric: str | None, mode: str | None, use_barrier: bool | None = None,
                  timeout: float | None = None, background: bool = False) -> None:
         self.name = name
         self.num_nodes = len(runs_args)
@@ -326,7 +327,7 @@ def _base_args(expr: str | None, ns: Mapping[str, Any]) -> dict[str, Any]:
         raise _usage(f"--args {expr}: {type(exc).__name__}: {exc}") from None
     if isinstance(given, Mapping):
         values = dict(given)
-    elif isinstance(given, (types.SimpleNamespace, argparse.Namespace)):
+    elif isinstance(given, (types.SimpleNamespace, argparse.Namespace, Namespace)):
         values = dict(vars(given))
     else:
         raise _usage(f"--args must be a dict or a namespace, got {type(given).__name__}")
@@ -369,8 +370,8 @@ def tfos_parallel(self: Any, line: str, cell: str) -> None:
     """Run this cell as N independent TensorFlow runs on Spark executors (a hyper-parameter sweep).
 
     The cell is the body of a function ``(args, ctx)``; run ``i`` gets entry
-    ``i`` of the ``--grid`` list of dicts as ``args`` (a namespace:
-    ``args.learning_rate``), merged over ``--args``.  There is no cluster
+    ``i`` of the ``--grid`` list of dicts as ``args`` (``args.learning_rate``
+    or ``args["learning_rate"]``), merged over ``--args``.  There is no cluster
     between the runs: each is a fresh single-node TensorFlow process.  A run
     reports metrics with ``ctx.report(**metrics)`` or
     ``ctx.progress_callback()``, and may ``return`` a dict of results.
@@ -417,7 +418,7 @@ def tfos_parallel(self: Any, line: str, cell: str) -> None:
             "choose another --name"
         )
     base = _base_args(opts.args, ns)
-    runs_args = [types.SimpleNamespace(**{**base, **(grid[i] if grid else {})}) for i in range(n)]
+    runs_args = [Namespace({**base, **(grid[i] if grid else {})}) for i in range(n)]
     try:
         fn, _ = build(cell, ns, name, magic="tfos_parallel")
     except CellError as exc:
@@ -429,7 +430,7 @@ def tfos_parallel(self: Any, line: str, cell: str) -> None:
         old.shutdown()
     sc = _spark_for_runs(self, n)
     handle = ParallelHandle(name, sc=sc, fn=fn, runs_args=runs_args, params=grid, env=self._env(),
-                            metric=opts.metric, mode=opts.mode, use_barrier=not opts.no_barrier,
+                            metric=opts.metric, mode=opts.mode, use_barrier=False if opts.no_barrier else None,
                             timeout=opts.timeout, background=opts.background)
     handles[name] = handle
     ns[name] = handle

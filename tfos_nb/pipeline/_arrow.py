@@ -74,6 +74,8 @@ def to_numpy(col: pa.Array, info: TensorInfo, column: str) -> np.ndarray:
         values = values.flatten()
     shape = (n, *dims)
     want = info.shape
+    if want and len(dims) == 1 and len(want) > 2:
+        return _reshaped(values, n, dims[0], info, column)
     if want and (len(want) != len(shape) or any(w not in (-1, g) for w, g in zip(want[1:], shape[1:]))):
         msg = (f"column {column!r} gives rows of shape {list(shape[1:])} but tensor {info.name!r} "
                f"takes {list(want[1:])} per row (full shape {list(want)}, -1 = any)")
@@ -82,3 +84,20 @@ def to_numpy(col: pa.Array, info: TensorInfo, column: str) -> np.ndarray:
     if info.dtype == "string":
         return np.asarray(flat, dtype=object).reshape(shape)
     return np.asarray(flat).astype(info.dtype, copy=False).reshape(shape)
+
+
+def _reshaped(values: pa.Array, n: int, per_row: int, info: TensorInfo, column: str) -> np.ndarray:
+    """A flat array per row, reshaped to the tensor's per-row shape (TensorFlowOnSpark coerces it the same way)."""
+    target = list(info.shape[1:])
+    known = int(np.prod([d for d in target if d != -1]))
+    unknown = target.count(-1)
+    if unknown > 1 or (unknown == 0 and known != per_row) or (unknown == 1 and (known == 0 or per_row % known)):
+        msg = (f"column {column!r} has {per_row} values per row, which do not reshape to tensor {info.name!r}'s "
+               f"per-row shape {target} (full shape {list(info.shape)}, -1 = any)")
+        raise ValueError(msg)
+    if unknown:
+        target[target.index(-1)] = per_row // known if known else 0
+    flat = values.to_numpy(zero_copy_only=False)
+    if info.dtype == "string":
+        return np.asarray(flat, dtype=object).reshape((n, *target))
+    return np.asarray(flat).astype(info.dtype, copy=False).reshape((n, *target))

@@ -2,51 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from pyspark.ml import Estimator
-from pyspark.ml.param import TypeConverters
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
+from ..runtime.args import Namespace
 from ._model import TFModel
 from ._params import (
     HasBatchSize,
+    HasClusterSize,
+    HasEpochs,
     HasExportDir,
+    HasGraceSecs,
     HasInputMapping,
+    HasInputMode,
+    HasMasterNode,
     HasModelDir,
-    _accessors,
+    HasNumPS,
+    HasProtocol,
+    HasReaders,
+    HasSteps,
+    HasTensorboard,
+    HasTFRecordDir,
+    TFParams,
     _CallablesReader,
     _CallablesWriter,
-    _param,
-    _to_opt_str,
+    _to_protocol,
 )
 
 log = logging.getLogger(__name__)
-
-_PROTOCOLS = ("grpc", "ring", "nccl")
-_MODES = {"SPARK": 1, "TENSORFLOW": 0}
-
-
-def _to_protocol(value: Any) -> str:
-    value = TypeConverters.toString(value).lower()
-    if value not in _PROTOCOLS:
-        msg = (f"Protocol must be one of {list(_PROTOCOLS)}, got {value!r} (TensorFlow 2 has no RDMA verbs "
-               "transport: 'grpc+verbs' and 'grpc+gdr' are gone)")
-        raise ValueError(msg)
-    return value
-
-
-def _to_input_mode(value: Any) -> int:
-    if isinstance(value, str) and value.upper() in _MODES:
-        return _MODES[value.upper()]
-    if value in (0, 1) and not isinstance(value, bool):
-        return int(value)
-    msg = f"InputMode must be InputMode.SPARK (1) or InputMode.TENSORFLOW (0), got {value!r}"
-    raise ValueError(msg)
-
 
 def communication_options(protocol: str) -> Any:
     """``tf.distribute.experimental.CommunicationOptions`` for ``args.protocol``.
@@ -79,29 +66,9 @@ class _TrainThenExport:
         return result
 
 
-class TFArgs(dict):
-    """``tf_args`` merged with the estimator's Params: read as ``args["epochs"]`` or ``args.epochs``."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
-
-
-_ARG_NAMES = {  # Param -> key in the train_fn's args (TensorFlowOnSpark's TFEstimator names)
-    "batchSize": "batch_size", "clusterSize": "cluster_size", "epochs": "epochs", "exportDir": "export_dir",
-    "graceSecs": "grace_secs", "inputMapping": "input_mapping", "inputMode": "input_mode",
-    "masterNode": "master_node", "modelDir": "model_dir", "numPS": "num_ps", "protocol": "protocol",
-    "readers": "readers", "steps": "steps", "tensorboard": "tensorboard",
-}
-
-
-class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, DefaultParamsReadable,
-                  DefaultParamsWritable):
+class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode,
+                  HasProtocol, HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize,
+                  HasEpochs, HasReaders, HasSteps, DefaultParamsReadable, DefaultParamsWritable):
     """Train ``train_fn(args, ctx)`` on a tfos_nb cluster from a DataFrame; ``fit`` returns a :class:`TFModel`.
 
     ``fit(df)`` selects the ``InputMapping`` columns (in the mapping's order;
@@ -110,12 +77,19 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
     columns ``Epochs`` times (``InputMode.SPARK``; with ``InputMode.TENSORFLOW``
     the nodes read their own data and the DataFrame is not fed), and shuts the
     cluster down, waiting ``GraceSecs`` after the nodes finish.  ``train_fn``
-    gets ``tf_args`` (a dict or an ``argparse.Namespace``) merged with the Params
-    as a :class:`TFArgs` (``args.batch_size``, ``epochs``, ``steps``, ``model_dir``,
+    gets ``tf_args`` (a dict, an ``argparse.Namespace`` or None) merged with the
+    Params as a :class:`~tfos_nb.pipeline.Namespace` (``args.batch_size`` or
+    ``args["batch_size"]``, ``vars(args)``; ``epochs``, ``steps``, ``model_dir``,
     ``export_dir``, ``input_mapping``, ``cluster_size``, ``num_ps``, ``readers``,
     ``protocol``, ``tensorboard``, ...); a Param wins over a ``tf_args`` key of the
     same name even when only defaulted (``Steps`` is 1000 unless set), as in
-    TensorFlowOnSpark.  ``export_fn(args)``, when given, runs
+    TensorFlowOnSpark.  An argv list as ``tf_args`` reaches ``train_fn`` as that
+    list (and ``sys.argv``), for the program's own argparse, as in TensorFlowOnSpark.
+    ``DriverPSNodes`` runs the parameter servers on the driver.  With
+    ``InputMode.TENSORFLOW`` and ``TFRecordDir``, ``fit`` first writes the
+    DataFrame's ``InputMapping`` columns there as TFRecords (a DataFrame from
+    ``dfutil.loadTFRecords`` is not rewritten: its directory is used) and
+    ``train_fn`` finds the directory in ``args.tfrecord_dir``.  ``export_fn(args)``, when given, runs
     after training on the chief (in its node process, once ``train_fn`` has
     returned there; TensorFlowOnSpark's semantics), e.g. to rebuild the model,
     restore the checkpoint in ``args.model_dir`` and write a SavedModel to
@@ -142,25 +116,13 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
     importable module by reference (that module must be importable where it is loaded).
     """
 
-    clusterSize = _param("clusterSize", "number of TensorFlow nodes", TypeConverters.toInt)
-    numPS = _param("numPS", "number of parameter servers among them", TypeConverters.toInt)
-    readers = _param("readers", "number of reader threads (passed to train_fn as args.readers)",
-                     TypeConverters.toInt)
-    tensorboard = _param("tensorboard", "start TensorBoard on the chief", TypeConverters.toBoolean)
-    steps = _param("steps", "maximum training steps (passed to train_fn as args.steps)", TypeConverters.toInt)
-    epochs = _param("epochs", "passes over the DataFrame (InputMode.SPARK)", TypeConverters.toInt)
-    protocol = _param("protocol", "collective implementation: grpc (AUTO), ring or nccl; TF2 has no RDMA verbs",
-                      _to_protocol)
-    inputMode = _param("inputMode", "InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW", _to_input_mode)
-    masterNode = _param("masterNode", "role name of the first trainer ('chief'), or None", _to_opt_str)
-    graceSecs = _param("graceSecs", "seconds to wait after the nodes finish before teardown", TypeConverters.toFloat)
-
     def __init__(self, train_fn: Callable[[Any, Any], Any] | None = None, tf_args: Any = None,
                  export_fn: Callable[[Any], Any] | None = None, *, model_fn: Callable[[], Any] | None = None,
                  env: dict[str, str] | None = None, **params: Any) -> None:
         super().__init__()
-        self._setDefault(clusterSize=1, numPS=0, readers=1, tensorboard=False, steps=1000, epochs=1,
-                         protocol="grpc", inputMode=1, masterNode="chief", graceSecs=0.0)
+        self._setDefault(clusterSize=1, numPS=0, driverPSNodes=False, readers=1, tensorboard=False, steps=1000,
+                         epochs=1, protocol="grpc", inputMode=1, masterNode="chief", graceSecs=0.0)
+        self.args = Namespace(tf_args)  # TypeError for anything but a dict, a namespace or an argv list
         self.train_fn, self.tf_args, self.export_fn = train_fn, tf_args, export_fn
         self.model_fn, self.env = model_fn, env
         if params:
@@ -173,6 +135,7 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
     def _set_callables(self, fns: dict[str, Any]) -> None:
         for k in ("train_fn", "tf_args", "export_fn", "model_fn", "env"):
             setattr(self, k, fns.get(k))
+        self.args = Namespace(self.tf_args)
 
     def write(self) -> Any:
         return _CallablesWriter(self)
@@ -181,23 +144,13 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
     def read(cls) -> Any:
         return _CallablesReader(cls)
 
-    def merged_args(self) -> TFArgs:
-        """The ``args`` that ``train_fn`` receives: ``tf_args`` updated with the Params that are set or defaulted."""
-        base = self.tf_args
-        if base is None:
-            args = TFArgs()
-        elif isinstance(base, argparse.Namespace):
-            args = TFArgs(vars(base))
-        elif isinstance(base, dict):
-            args = TFArgs(base)
-        else:
-            msg = f"tf_args must be a dict or an argparse.Namespace, got {type(base).__name__}"
-            raise TypeError(msg)
-        for pname, key in _ARG_NAMES.items():
-            param = getattr(self, pname)
-            if self.isDefined(param):
-                args[key] = self.getOrDefault(param)
-        return args
+    def merged_args(self) -> Namespace:
+        """The ``args`` that ``train_fn`` receives: ``tf_args`` updated with the Params that are set or defaulted.
+
+        (``merge_args_params()``, TensorFlowOnSpark's name.)  With an argv list as ``tf_args``
+        ``train_fn`` gets that list instead (TensorFlowOnSpark's rule: the program parses it).
+        """
+        return self.merge_args_params()
 
     def _fit(self, dataset: Any) -> TFModel:
         from pyspark.ml.functions import vector_to_array
@@ -210,6 +163,7 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
             msg = "TFEstimator needs train_fn(args, ctx) (TFEstimator(train_fn, tf_args))"
             raise ValueError(msg)
         args = self.merged_args()
+        tf_args: Any = args.argv if args.argv is not None else args  # an argv list goes to train_fn as it was
         mode = self.getOrDefault(self.inputMode)
         num_ps, master = self.getOrDefault(self.numPS), self.getOrDefault(self.masterNode)
         if mode == tfc.InputMode.SPARK and num_ps > 0 and master:
@@ -231,11 +185,14 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
                 c = F.col(col)
                 cols.append(vector_to_array(c, "float32").alias(col) if isinstance(fields[col], VectorUDT) else c)
             source = dataset.select(*cols)
+        elif self.isDefined(self.tfrecordDir) and self.getOrDefault(self.tfrecordDir) and tf_args is args:
+            args.tfrecord_dir = self._export_tfrecords(dataset)
         sc = dataset.sparkSession.sparkContext
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
-        cluster = tfc.run(sc, node_fn, args, self.getOrDefault(self.clusterSize),
+        cluster = tfc.run(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
                           num_ps=num_ps, tensorboard=self.getOrDefault(self.tensorboard),
                           input_mode=mode, master_node=master, env=self.env,
+                          driver_ps_nodes=self.getOrDefault(self.driverPSNodes),
                           log_dir=args.get("model_dir"), name=f"{self.uid}.fit")
         try:
             if source is not None:
@@ -246,7 +203,22 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
         cluster.shutdown(grace_secs=self.getOrDefault(self.graceSecs))
         return self._model_for(args)
 
-    def _model_for(self, args: TFArgs) -> TFModel:
+    def _export_tfrecords(self, dataset: Any) -> str:
+        """InputMode.TENSORFLOW with TFRecordDir: where ``train_fn`` reads the DataFrame (``args.tfrecord_dir``)."""
+        from .. import dfutil
+
+        if dfutil.isLoadedDF(dataset):
+            return dfutil.loadedDF[dataset]  # read from TFRecords already: point at them
+        target = self.getOrDefault(self.tfrecordDir)
+        cols = list(self.getInputMapping()) if self.isDefined(self.inputMapping) else dataset.columns
+        missing = [c for c in cols if c not in dataset.columns]
+        if missing:
+            msg = f"InputMapping columns {missing} are not in the DataFrame; its columns: {dataset.columns}"
+            raise ValueError(msg)
+        dfutil.saveAsTFRecords(dataset.select(*cols), target)
+        return target
+
+    def _model_for(self, args: Namespace) -> TFModel:
         """The fitted model; its InputMapping keeps the entries that name an input of the model (not the label)."""
         model = TFModel(model_fn=self.model_fn)
         for pname in ("exportDir", "modelDir", "inputMapping", "batchSize"):
@@ -264,5 +236,3 @@ class TFEstimator(Estimator, HasInputMapping, HasModelDir, HasExportDir, HasBatc
                     model._set(inputMapping=kept)
         return model
 
-_accessors(TFEstimator, "clusterSize", "numPS", "readers", "tensorboard", "steps", "epochs", "protocol",
-           "inputMode", "masterNode", "graceSecs")

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pyspark.ml import Model
-from pyspark.ml.param import TypeConverters
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
+from ..runtime.args import Namespace
 from . import _models as M
 from ._arrow import spark_type, to_arrow, to_numpy
 from ._params import (
@@ -17,12 +17,12 @@ from ._params import (
     HasExportDir,
     HasInputMapping,
     HasModelDir,
-    _accessors,
+    HasOutputMapping,
+    HasSignatureDefKey,
+    HasTagSet,
+    TFParams,
     _CallablesReader,
     _CallablesWriter,
-    _param,
-    _to_mapping,
-    _to_opt_str,
 )
 
 
@@ -56,12 +56,17 @@ def _empty_dtype(t: M.TensorInfo) -> str:
     return "object" if t.dtype == "string" else t.dtype
 
 
-class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, DefaultParamsReadable,
-              DefaultParamsWritable):
+class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir,
+              HasSignatureDefKey, HasTagSet, DefaultParamsReadable, DefaultParamsWritable):
     """Batch inference with a TensorFlow model as a Spark ML ``Model``.
 
     ``transform(df)`` adds one column per ``OutputMapping`` entry, keeping every
-    input column.  Which model runs (see the package docs):
+    input column (Spark ML's convention; TensorFlowOnSpark returned only the
+    outputs: ``select`` them).  ``TFModel(tf_args)`` takes TensorFlowOnSpark's
+    ``tf_args`` (a dict, an ``argparse.Namespace`` or an argv list; kept as
+    ``args``, merged with the Params by ``merge_args_params()``); ``TFModel(model_fn)``
+    or ``model_fn=`` gives the checkpoint style's model builder; anything else is a
+    ``TypeError``.  Which model runs (see the package docs):
 
     * ``ExportDir`` and ``SignatureDefKey`` (default ``"serving_default"``): the
       SavedModel's signature; mappings use its input/output aliases.  Without
@@ -75,7 +80,8 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
       or ``model.save_weights`` layouts); mappings use the model's input/output names.
 
     Array columns and ``VectorUDT`` columns feed tensors (vectors go through
-    ``vector_to_array``); output columns are typed from the model: a scalar per
+    ``vector_to_array``; a flat array feeds a tensor of higher rank, e.g.
+    ``[-1, 4, 4, 1]``, reshaped row by row as TensorFlowOnSpark does); output columns are typed from the model: a scalar per
     row for a ``(batch,)`` output, nested arrays beyond.  Mistakes in the
     mappings raise ``ValueError`` on the driver before any Spark job.
     Inference is a scalar Arrow UDF (``arrow_udf``) over the mapped columns
@@ -86,14 +92,23 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
     partitions and ``transform`` calls.
     """
 
-    outputMapping = _param("outputMapping", "output tensor name / signature alias -> output column", _to_mapping)
-    signatureDefKey = _param(
-        "signatureDefKey", "signature of the SavedModel to run; None runs the SavedModel's graph by tensor names",
-        _to_opt_str)
-    tagSet = _param("tagSet", "comma-separated tags of the SavedModel's MetaGraph", TypeConverters.toString)
-
-    def __init__(self, model_fn: Callable[[], Any] | None = None, **params: Any) -> None:
+    def __init__(self, tf_args: Any = None, *, model_fn: Callable[[], Any] | None = None, **params: Any) -> None:
         super().__init__()
+        if callable(tf_args) and not isinstance(tf_args, type):
+            if model_fn is not None:
+                msg = "TFModel(model_fn, model_fn=...): give the model builder once"
+                raise TypeError(msg)
+            tf_args, model_fn = None, tf_args  # TFModel(model_fn)
+        if model_fn is not None and not callable(model_fn):
+            msg = f"TFModel model_fn must be a function returning a Keras model, got {type(model_fn).__name__}"
+            raise TypeError(msg)
+        try:
+            self.args = Namespace(tf_args)
+        except TypeError:
+            msg = (f"TFModel(tf_args) takes a dict, an argparse.Namespace or an argv list (or model_fn, a function), "
+                   f"got {type(tf_args).__name__}: {tf_args!r:.80}")
+            raise TypeError(msg) from None
+        self.tf_args = tf_args
         self._setDefault(signatureDefKey="serving_default", tagSet="serve")
         self._model_fn = model_fn
         self._described: dict[tuple, Any] = {}
@@ -110,10 +125,12 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
         return self._model_fn
 
     def _callables(self) -> dict[str, Any]:
-        return {"model_fn": self._model_fn}
+        return {"model_fn": self._model_fn, "tf_args": self.tf_args}
 
     def _set_callables(self, fns: dict[str, Any]) -> None:
         self._model_fn = fns.get("model_fn")
+        self.tf_args = fns.get("tf_args")
+        self.args = Namespace(self.tf_args)
 
     def write(self) -> Any:
         return _CallablesWriter(self)
@@ -199,7 +216,7 @@ class TFModel(Model, HasInputMapping, HasModelDir, HasExportDir, HasBatchSize, D
             depth = 1 if isinstance(dtype, VectorUDT) else 0
             while isinstance(dtype, T.ArrayType):
                 depth, dtype = depth + 1, dtype.elementType
-            if info.shape and len(info.shape) != depth + 1:
+            if info.shape and len(info.shape) != depth + 1 and not (depth == 1 and len(info.shape) > 2):
                 kind = "a scalar" if depth == 0 else f"{depth}-level array"
                 msg = (f"column {col!r} ({kind} per row) cannot feed tensor {tensor!r} of shape {list(info.shape)}: "
                        f"it takes rank-{len(info.shape) - 1} values per row")
@@ -247,4 +264,3 @@ def _signature_tensors(ref: M.ModelRef, inputs: bool = False) -> list[str]:
     return sorted(names)
 
 
-_accessors(TFModel, "outputMapping", "signatureDefKey", "tagSet")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
+
+from ..runtime.args import Namespace
 
 _FNS_DIR = "tfos_nb_callables"
 
@@ -29,10 +32,10 @@ def _param(name: str, doc: str, conv: Any) -> Param:
     return Param(Params._dummy(), name, doc, typeConverter=conv)
 
 
-def _accessors(cls: type, *names: str) -> type:
-    """Add ``setX`` / ``getX`` for each Param name (Spark ML's naming)."""
-    for name in names:
-        cap = name[0].upper() + name[1:]
+def _accessors(cls: type, *names: str | tuple[str, str]) -> type:
+    """Add ``setX`` / ``getX`` for each Param name (Spark ML's naming); ``(name, "X")`` names X explicitly."""
+    for entry in names:
+        name, cap = entry if isinstance(entry, tuple) else (entry, entry[0].upper() + entry[1:])
 
         def setter(self: Any, value: Any, _n: str = name) -> Any:
             return self._set(**{_n: value})
@@ -47,20 +50,40 @@ def _accessors(cls: type, *names: str) -> type:
     return cls
 
 
-class HasInputMapping(Params):
-    inputMapping = _param(
-        "inputMapping", "DataFrame column -> input tensor name, signature alias or feature name", _to_mapping
-    )
+_PROTOCOLS = ("grpc", "ring", "nccl")
+_MODES = {"SPARK": 1, "TENSORFLOW": 0}
 
 
-class HasModelDir(Params):
-    modelDir = _param("modelDir", "directory of the training checkpoints", TypeConverters.toString)
+def _to_protocol(value: Any) -> str:
+    value = TypeConverters.toString(value).lower()
+    if value not in _PROTOCOLS:
+        msg = (f"Protocol must be one of {list(_PROTOCOLS)}, got {value!r} (TensorFlow 2 has no RDMA verbs "
+               "transport: 'grpc+verbs' and 'grpc+gdr' are gone)")
+        raise ValueError(msg)
+    return value
 
 
-class HasExportDir(Params):
-    exportDir = _param("exportDir", "directory of the exported SavedModel", TypeConverters.toString)
+def _to_input_mode(value: Any) -> int:
+    if isinstance(value, str) and value.upper() in _MODES:
+        return _MODES[value.upper()]
+    if value in (0, 1) and not isinstance(value, bool):
+        return int(value)
+    msg = f"InputMode must be InputMode.SPARK (1) or InputMode.TENSORFLOW (0), got {value!r}"
+    raise ValueError(msg)
 
 
+class TFTypeConverters:
+    """TensorFlowOnSpark's extra Param type converter (dicts, which Spark's ``TypeConverters`` lack)."""
+
+    @staticmethod
+    def toDict(value: Any) -> dict:  # noqa: N802 - TensorFlowOnSpark's name
+        if isinstance(value, dict):
+            return value
+        msg = f"Could not convert {value!r} to a dict"
+        raise TypeError(msg)
+
+
+# -- TensorFlowOnSpark's Param mixins: setX/getX as there; Param names are Spark ML's camelCase ---------------
 class HasBatchSize(Params):
     batchSize = _param("batchSize", "rows per batch (training feed / inference)", TypeConverters.toInt)
 
@@ -69,10 +92,129 @@ class HasBatchSize(Params):
         self._setDefault(batchSize=100)
 
 
-_accessors(HasInputMapping, "inputMapping")
-_accessors(HasModelDir, "modelDir")
-_accessors(HasExportDir, "exportDir")
-_accessors(HasBatchSize, "batchSize")
+class HasClusterSize(Params):
+    clusterSize = _param("clusterSize", "number of TensorFlow nodes", TypeConverters.toInt)
+
+
+class HasEpochs(Params):
+    epochs = _param("epochs", "passes over the DataFrame (InputMode.SPARK)", TypeConverters.toInt)
+
+
+class HasGraceSecs(Params):
+    graceSecs = _param("graceSecs", "seconds to wait after the nodes finish before teardown", TypeConverters.toFloat)
+
+
+class HasInputMapping(Params):
+    inputMapping = _param(
+        "inputMapping", "DataFrame column -> input tensor name, signature alias or feature name", _to_mapping
+    )
+
+
+class HasInputMode(Params):
+    inputMode = _param("inputMode", "InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW", _to_input_mode)
+
+
+class HasMasterNode(Params):
+    masterNode = _param("masterNode", "role name of the first trainer ('chief'), or None", _to_opt_str)
+
+
+class HasModelDir(Params):
+    modelDir = _param("modelDir", "directory of the training checkpoints", TypeConverters.toString)
+
+
+class HasNumPS(Params):
+    numPS = _param("numPS", "number of parameter servers among the nodes", TypeConverters.toInt)
+    driverPSNodes = _param("driverPSNodes", "run the parameter servers on the driver", TypeConverters.toBoolean)
+
+
+class HasOutputMapping(Params):
+    outputMapping = _param("outputMapping", "output tensor name / signature alias -> output column", _to_mapping)
+
+
+class HasProtocol(Params):
+    protocol = _param("protocol", "collective implementation: grpc (AUTO), ring or nccl; TF2 has no RDMA verbs",
+                      _to_protocol)
+
+
+class HasReaders(Params):
+    readers = _param("readers", "number of reader threads (passed to train_fn as args.readers)",
+                     TypeConverters.toInt)
+
+
+class HasSteps(Params):
+    steps = _param("steps", "maximum training steps (passed to train_fn as args.steps)", TypeConverters.toInt)
+
+
+class HasTensorboard(Params):
+    tensorboard = _param("tensorboard", "start TensorBoard on the chief", TypeConverters.toBoolean)
+
+
+class HasTFRecordDir(Params):
+    tfrecordDir = _param("tfrecordDir", "InputMode.TENSORFLOW: write the DataFrame's InputMapping columns here as "
+                         "TFRecords before training (args.tfrecord_dir)", _to_opt_str)
+
+
+class HasExportDir(Params):
+    exportDir = _param("exportDir", "directory of the exported SavedModel", TypeConverters.toString)
+
+
+class HasSignatureDefKey(Params):
+    signatureDefKey = _param(
+        "signatureDefKey", "signature of the SavedModel to run; None runs the SavedModel's graph by tensor names",
+        _to_opt_str)
+
+
+class HasTagSet(Params):
+    tagSet = _param("tagSet", "comma-separated tags of the SavedModel's MetaGraph", TypeConverters.toString)
+
+
+for _cls, _names in (
+    (HasBatchSize, ("batchSize",)), (HasClusterSize, ("clusterSize",)), (HasEpochs, ("epochs",)),
+    (HasGraceSecs, ("graceSecs",)), (HasInputMapping, ("inputMapping",)), (HasInputMode, ("inputMode",)),
+    (HasMasterNode, ("masterNode",)), (HasModelDir, ("modelDir",)),
+    (HasNumPS, (("numPS", "NumPS"), ("driverPSNodes", "DriverPSNodes"))), (HasOutputMapping, ("outputMapping",)),
+    (HasProtocol, ("protocol",)), (HasReaders, ("readers",)), (HasSteps, ("steps",)),
+    (HasTensorboard, ("tensorboard",)), (HasTFRecordDir, (("tfrecordDir", "TFRecordDir"),)),
+    (HasExportDir, ("exportDir",)), (HasSignatureDefKey, ("signatureDefKey",)), (HasTagSet, ("tagSet",)),
+):
+    _accessors(_cls, *_names)
+
+#: Param → the key it has in the function's ``args`` (TensorFlowOnSpark's names)
+ARG_NAMES = {
+    "batchSize": "batch_size", "clusterSize": "cluster_size", "driverPSNodes": "driver_ps_nodes",
+    "epochs": "epochs", "exportDir": "export_dir", "graceSecs": "grace_secs", "inputMapping": "input_mapping",
+    "inputMode": "input_mode", "masterNode": "master_node", "modelDir": "model_dir", "numPS": "num_ps",
+    "outputMapping": "output_mapping", "protocol": "protocol", "readers": "readers",
+    "signatureDefKey": "signature_def_key", "steps": "steps", "tagSet": "tag_set", "tensorboard": "tensorboard",
+    "tfrecordDir": "tfrecord_dir",
+}
+
+
+def arg_name(param: str) -> str:
+    """The ``args`` key of a Param: TensorFlowOnSpark's snake_case name."""
+    return ARG_NAMES.get(param) or re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", param).lower()
+
+
+class TFParams(Params):
+    """TensorFlowOnSpark's mix-in: ``args`` (the user's arguments) merged with the stage's Params."""
+
+    args: Namespace | None = None
+
+    def merge_args_params(self) -> Namespace:
+        """A copy of ``args`` updated with every Param that is set or has a default, by its snake_case name.
+
+        A Param wins over an ``args`` key of the same name even when only defaulted, as in
+        TensorFlowOnSpark; a Param with neither value nor default (``ModelDir``, ``ExportDir``,
+        ``TFRecordDir``, ``InputMapping`` …) is ``None`` unless ``args`` has the key.
+        """
+        merged = Namespace(self.args)
+        for param in self.params:
+            key = arg_name(param.name)
+            if self.isDefined(param):
+                merged[key] = self.getOrDefault(param)
+            elif key not in merged:
+                merged[key] = None  # TensorFlowOnSpark's default for an unset path or mapping
+        return merged
 
 
 class _CallablesWriter(DefaultParamsWriter):

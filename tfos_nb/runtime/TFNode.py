@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .context import NodeContext
+from .context import hdfs_path as _hdfs_path
 from .feed import DataFeed as _DataFeed
 from .feed import FeedHub
 
@@ -25,9 +26,9 @@ def DataFeed(  # noqa: N802 - TensorFlowOnSpark's name
     return _DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
 
 
-def hdfs_path(ctx: NodeContext, path: str) -> str:
-    """``path`` made absolute on the cluster's default file system."""
-    return ctx.absolute_path(path)
+def hdfs_path(ctx: Any, path: str) -> str:
+    """``path`` made absolute on ``ctx.defaultFS`` (any object with ``defaultFS`` and ``working_dir``)."""
+    return _hdfs_path(ctx, path)
 
 
 def start_cluster_server(ctx: NodeContext, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:

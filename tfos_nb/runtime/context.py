@@ -17,6 +17,30 @@ HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "
                   "wasb://", "gs://", "abfs://", "abfss://")
 
 
+def hdfs_path(ctx: Any, path: str) -> str:
+    """``path`` made absolute on ``ctx.defaultFS`` (TensorFlowOnSpark's ``TFNode.hdfs_path`` rule).
+
+    ``ctx`` is any object with ``defaultFS`` and ``working_dir``.  A path with a
+    scheme is kept; an absolute path gets the default file system's prefix; a
+    relative one is under ``/user/<user>`` on HDFS/viewfs, under ``working_dir`` on
+    a local file system.  One deliberate difference: on a local default file
+    system (``file://...``) the result is a plain local path (``/foo/bar``, not
+    ``file:///foo/bar``), which TensorFlow, Keras and Python's ``open`` all take.
+    """
+    fs = str(ctx.defaultFS)
+    if path.startswith(HADOOP_SCHEMES):
+        return path
+    base = fs[:-1] if fs.endswith("/") and not fs.endswith("://") else fs
+    local = fs.startswith("file:")
+    if path.startswith("/"):
+        return path if local else base + path
+    if local:
+        return os.path.join(str(ctx.working_dir), path)
+    if fs.startswith(("hdfs://", "viewfs://")):
+        return f"{base}/user/{getpass.getuser()}/{path}"
+    return f"{base}/{path}"
+
+
 class Reporter:
     """Sends progress and events to the node's supervisor (JSON lines on a pipe).
 
@@ -77,15 +101,24 @@ class NodeContext:
 
     Attributes: ``job_name`` (chief | worker | ps | evaluator), ``task_index``,
     ``worker_num`` (this node's index in the cluster), ``num_workers`` (chief +
-    workers), ``cluster_spec`` (role → list of ``host:port``), ``executor_id``,
-    ``defaultFS``, ``working_dir``, ``log_dir`` (TensorBoard's, when on), ``gpus``.
+    workers), ``cluster_spec`` (role → list of ``host:port``), ``executor_id`` (the
+    node's index, TensorFlowOnSpark's meaning; Spark's executor id is
+    ``spark_executor_id``), ``tmp_socket`` (the reserved port, see
+    :meth:`release_port`), ``defaultFS``, ``working_dir``, ``log_dir`` (TensorBoard's,
+    when on), ``gpus``.
     """
 
-    def __init__(self, info: dict[str, Any], hub: FeedHub | None, reporter: Reporter | None) -> None:
+    def __init__(self, info: dict[str, Any], hub: FeedHub | None, reporter: Reporter | None,
+                 tmp_socket: Any = None) -> None:
         self.job_name: str = info["job_name"]
         self.task_index: int = info["task_index"]
         self.worker_num: int = info["node"]
-        self.executor_id: Any = info.get("executor_id", "")
+        #: the node's index, as in TensorFlowOnSpark (its ``executor_id`` is ``worker_num``)
+        self.executor_id: int = self.worker_num
+        #: the Spark executor the node runs on ("driver" for a ps node on the driver)
+        self.spark_executor_id: str = str(info.get("executor_id", ""))
+        #: the socket holding this node's TensorFlow port until :meth:`release_port` (None once released)
+        self.tmp_socket: Any = tmp_socket
         self.cluster_spec: dict[str, list[str]] = info["cluster_spec"]
         self.num_workers: int = len(self.cluster_spec.get("chief", [])) + len(self.cluster_spec.get("worker", []))
         self.defaultFS: str = info.get("default_fs", "file:///")
@@ -109,23 +142,26 @@ class NodeContext:
         return self.job_name == "worker" and self.task_index == 0
 
     def absolute_path(self, path: str) -> str:
-        """``path`` made absolute on the cluster's default file system (TensorFlowOnSpark's rule).
+        """``path`` made absolute on the cluster's default file system: :func:`hdfs_path`."""
+        return hdfs_path(self, path)
 
-        On a local default FS (``file:///``) a plain local path is returned, so that
-        TensorFlow and Keras can both write it.
+    def release_port(self) -> None:
+        """Free the port reserved for this node's TensorFlow server (``ctx.tmp_socket``).
+
+        Done before the function runs unless ``TFCluster.run(..., release_port=False)``;
+        then the function calls it before starting its own server on that port.
         """
-        if path.startswith(HADOOP_SCHEMES):
-            return path
-        local = self.defaultFS.startswith("file:")
-        if path.startswith("/"):
-            return path if local else self.defaultFS.rstrip("/") + path
-        if local:
-            return os.path.join(self.working_dir, path)
-        if self.defaultFS.startswith(("hdfs://", "viewfs://")):
-            return f"{self.defaultFS.rstrip('/')}/user/{getpass.getuser()}/{path}"
-        return f"{self.defaultFS.rstrip('/')}/{path}"
+        sock, self.tmp_socket = self.tmp_socket, None
+        if sock is not None:
+            sock.close()
 
     tf_path = absolute_path
+
+    def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
+        """``TFNode.start_cluster_server(ctx, ...)`` (TensorFlowOnSpark's ``ctx`` method)."""
+        from .TFNode import start_cluster_server
+
+        return start_cluster_server(self, num_gpus, rdma)
 
     def get_data_feed(
         self,

@@ -67,6 +67,23 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def reserve_port(port: int) -> socket.socket | None:
+    """A socket bound to ``port`` on every IPv4 address, holding it for the node's TensorFlow server.
+
+    TensorFlowOnSpark's reservation: bound with ``SO_REUSEADDR`` and not listening, so a
+    plain ``bind`` by another program fails while TensorFlow's gRPC server (which sets
+    ``SO_REUSEADDR`` itself) can still take the port.  ``None`` when the port is gone already.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
 def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

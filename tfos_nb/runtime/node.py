@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -109,8 +110,13 @@ def main() -> int:
         traceback.print_exc()
         reporter.event({"t": "error", "error": f"cannot load the node function: {type(exc).__name__}: {exc}"})
         return 1
-    ctx = NodeContext(info, hub, reporter)
+    port_fd = info.get("port_fd")
+    ctx = NodeContext(info, hub, reporter, tmp_socket=None if port_fd is None else socket.socket(fileno=port_fd))
+    if info.get("release_port", True):
+        ctx.release_port()  # TFCluster.run(release_port=False): the function calls ctx.release_port() itself
     reporter.event({"t": "ready", "data_port": server.port if server else None})
+    if isinstance(tf_args, list):
+        sys.argv = list(tf_args)  # TensorFlowOnSpark: an argv list is also the node's sys.argv
     value = None
     try:
         value = fn(tf_args, ctx)

@@ -169,7 +169,7 @@ class ParallelRuns:
 
     def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], runs_args: list[Any], params: list[dict] | None,
                  *, name: str | None, env: dict[str, str] | None, keras: str, num_gpus: int,
-                 use_barrier: bool, heartbeat_timeout: float, metric: str | None = None,
+                 use_barrier: bool | None, heartbeat_timeout: float, metric: str | None = None,
                  mode: str | None = None) -> None:
         import cloudpickle
 
@@ -229,10 +229,21 @@ class ParallelRuns:
             default_fs = "file:///"
         self._meta.update(control=[address[0], address[1]], default_fs=default_fs, driver_pid=os.getpid())
         try:
-            self.barrier = self.use_barrier and _can_gang_schedule(sc, self.num_runs)
-            if self.use_barrier and not self.barrier:
-                log.info("tfos_nb: %d runs, fewer task slots: running them in waves, without a barrier stage",
-                         self.num_runs)
+            if self.use_barrier is None:  # auto (%%tfos_parallel): one barrier stage when it fits, else waves
+                self.barrier = _can_gang_schedule(sc, self.num_runs)
+                if not self.barrier:
+                    log.info("tfos_nb: %d runs, fewer task slots: running them in waves, without a barrier stage",
+                             self.num_runs)
+            elif self.use_barrier:
+                if not _can_gang_schedule(sc, self.num_runs):
+                    slots, executors = available_slots(sc)
+                    msg = (f"use_barrier=True runs the {self.num_runs} runs as one barrier stage, which needs "
+                           f"{self.num_runs} task slots; this Spark application has {slots} on {executors} "
+                           "executor(s). Pass use_barrier=False to run them in waves, or give Spark more executors.")
+                    raise RuntimeError(msg)
+                self.barrier = True
+            else:
+                self.barrier = False
             task = make_run_task(self._meta, self._blob, self.barrier)
             n, barrier = self.num_runs, self.barrier
 
@@ -436,7 +447,7 @@ def start(
     map_fun: Callable[[Any, Any], Any],
     tf_args: Any,
     num_executors: int | None = None,
-    use_barrier: bool = True,
+    use_barrier: bool | None = True,
     *,
     name: str | None = None,
     env: dict[str, str] | None = None,
@@ -494,7 +505,7 @@ def run(
     map_fun: Callable[[Any, Any], Any],
     tf_args: Any,
     num_executors: int | None = None,
-    use_barrier: bool = True,
+    use_barrier: bool | None = True,
     *,
     timeout: float | None = None,
     **kwargs: Any,
@@ -507,8 +518,10 @@ def run(
     returned ``None``, the last metrics it reported with ``ctx.report``.
     TensorFlowOnSpark's ``TFParallel.run`` returned nothing.
 
-    With ``use_barrier`` and a task slot per run the runs are one barrier stage
-    (they start together); with fewer slots they run in waves.  A run that
+    With ``use_barrier=True`` (the default, as in TensorFlowOnSpark) the runs are
+    one barrier stage (they start together) and fewer task slots than runs is a
+    ``RuntimeError`` at once; ``use_barrier=False`` runs them in waves as slots
+    free up; ``use_barrier=None`` picks: a barrier stage when it fits, else waves.  A run that
     raises stops the others and raises :class:`TFParallelError` (run, args,
     host, last output lines).  Keyword options: ``name``, ``env`` (environment
     of every run, e.g. TensorFlow's thread counts), ``keras`` (``"tf_keras"``,

@@ -206,6 +206,7 @@ def run(
         "default_fs": default_fs,
         "first_node": num_ps if driver_ps_nodes else 0,
         "driver_pid": os.getpid(),
+        "release_port": bool(release_port),
     }
     blob = cloudpickle.dumps((map_fun, tf_args))
     cluster = TFCluster(sc, state, controller, server, meta, input_mode, num_executors)

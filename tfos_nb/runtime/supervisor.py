@@ -52,6 +52,8 @@ class Supervisor:
         self.client = ControlClient(m.Codec(secret, meta["cluster_id"], f"node{self.index}"), control, timeout=10)
         self.host = net.local_ip_towards(*control)
         self.port = net.free_port(self.host)
+        # Held until the node's function runs (TensorFlowOnSpark's ctx.tmp_socket / release_port).
+        self.port_socket = net.reserve_port(self.port)
         self.hb_interval = float(meta.get("hb_interval", 0.5))
         self.driver_timeout = float(meta.get("driver_timeout", 15.0))
         self.jvm_pid = procs.executor_jvm_pid() if meta.get("watch_jvm", True) else None
@@ -132,18 +134,26 @@ class Supervisor:
             "secret": self.meta["secret"],
             "host": self.host,
             "cluster_id": self.meta["cluster_id"],
+            "release_port": bool(self.meta.get("release_port", True)),
         }
+        fds = (write_fd,)
+        if self.port_socket is not None:
+            info["port_fd"] = self.port_socket.fileno()
+            fds += (info["port_fd"],)
         self.child = subprocess.Popen(
             [sys.executable, "-m", "tfos_nb.runtime", "node", self.meta["cluster_id"]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
+            pass_fds=fds,
             env=env,
             cwd=self.meta.get("working_dir") or None,
             start_new_session=True,
         )
         os.close(write_fd)
+        if self.port_socket is not None:  # the node process holds the reservation now
+            self.port_socket.close()
+            self.port_socket = None
         assert self.child.stdin is not None
         write_blob(self.child.stdin, self.blob)
         write_blob(self.child.stdin, json.dumps(info).encode())
