@@ -27,7 +27,7 @@ import tfos_nb
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = ["setup.py", "README.md", "LICENSE", "jupyter-config", "tfos_nb"]
+SOURCES = ["setup.py", "pyproject.toml", "README.md", "LICENSE", "jupyter-config", "tfos_nb"]
 ENABLED = re.compile(r"tfos_nb\.tbproxy\s+enabled")
 VALIDATED = re.compile(r"tfos_nb\.tbproxy\s+\S*\s*OK")
 
