@@ -46,7 +46,7 @@ def to_dataframe(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int = 4) 
     """A DataFrame with ``features array<float>`` and ``label long`` columns."""
     import pandas as pd
 
-    pdf = pd.DataFrame({"features": list(x), "label": y})
+    pdf = pd.DataFrame({"features": x.tolist(), "label": y.tolist()})  # plain floats: pyspark < 4 checks types without Arrow
     return spark.createDataFrame(pdf, "features array<float>, label long").repartition(partitions)
 
 
