@@ -32,7 +32,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps -e .
   # The install puts etc/jupyter/jupyter_server_config.d/tfos_nb.json into .venv, which enables the
   # TensorBoard proxy for `.venv/bin/jupyter lab`; check it, and enable it by hand if an old setuptools did not.
-  if ! .venv/bin/python -m jupyter_server extension list 2>&1 | grep -q "tfos_nb.tbproxy.*enabled"; then
+  listed=$(.venv/bin/python -m jupyter_server extension list 2>&1 || true)  # not piped into grep -q: pipefail
+  if ! grep -q "tfos_nb.tbproxy.*enabled" <<<"$listed"; then
     .venv/bin/python -m jupyter_server extension enable --sys-prefix tfos_nb.tbproxy
   fi
   echo "$want" > "$stamp"
