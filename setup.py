@@ -1,15 +1,44 @@
+import os
+import re
+
 from setuptools import find_packages, setup
+from setuptools.dist import Distribution
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version() -> str:
+    """The one version: ``__version__`` in tfos_nb/__init__.py (read, not imported)."""
+    with open(os.path.join(HERE, "tfos_nb", "__init__.py"), encoding="utf-8") as f:
+        return re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
+
+
+def _readme() -> str:
+    path = os.path.join(HERE, "README.md")
+    return open(path, encoding="utf-8").read() if os.path.exists(path) else ""
+
+
+class _Distribution(Distribution):
+    """setuptools' editable installs ask the distribution ``has_data()`` before installing ``data_files``
+    (distutils names it ``has_data_files``), so `pip install -e .` left the server extension's config out."""
+
+    def has_data(self) -> bool:
+        return bool(self.has_data_files())
+
+
+NOTEBOOK = ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"]
+EXAMPLES = ["scikit-learn>=1.2"]  # tfos_nb.examples: the digits data set ships inside scikit-learn
 
 setup(
     name="tfos_nb",
-    version="0.1.0",
+    version=_version(),
     description="Distributed TensorFlow on Apache Spark, driven from a Jupyter notebook",
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description=_readme(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfos_nb", "tfos_nb.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "pyspark>=4.1",  # the pipeline API uses Arrow UDFs (pyspark.sql.functions.arrow_udf)
+        "pyspark>=3.5",  # barrier stages, mapInArrow; arrow_udf (4.1) is used when present, pandas_udf before
         "tensorflow>=2.16",
         "tf-keras>=2.16",
         "tensorboard>=2.16",  # TensorFlow 2.21 no longer pulls it in; nodes start it on the chief
@@ -19,9 +48,19 @@ setup(
         "pandas>=2.0,<3",  # pyspark 4.3 does not fully support pandas 3
     ],
     extras_require={
-        "notebook": ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"],
+        "notebook": NOTEBOOK,
+        "examples": EXAMPLES,
+        "all": NOTEBOOK + EXAMPLES,
     },
-    # Enables the TensorBoard proxy server extension on install (jupyter server extension list).
+    # Enables the TensorBoard proxy server extension on install (jupyter server extension list);
+    # editable installs too, through _Distribution.
     data_files=[("etc/jupyter/jupyter_server_config.d", ["jupyter-config/jupyter_server_config.d/tfos_nb.json"])],
     license="Apache-2.0",
+    license_files=["LICENSE"],
+    distclass=_Distribution,
+    classifiers=[
+        "Framework :: Jupyter",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
 )

@@ -25,10 +25,16 @@ if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] && ! command -v ip >/dev/null && [ "$(id -u
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.tfos_nb-stamp
-want=$(cat requirements.txt requirements-test.txt setup.py | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-test.txt setup.py scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-test.txt
   .venv/bin/python -m pip install -q --no-deps -e .
+  # The install puts etc/jupyter/jupyter_server_config.d/tfos_nb.json into .venv, which enables the
+  # TensorBoard proxy for `.venv/bin/jupyter lab`; check it, and enable it by hand if an old setuptools did not.
+  listed=$(.venv/bin/python -m jupyter_server extension list 2>&1 || true)  # not piped into grep -q: pipefail
+  if ! grep -q "tfos_nb.tbproxy.*enabled" <<<"$listed"; then
+    .venv/bin/python -m jupyter_server extension enable --sys-prefix tfos_nb.tbproxy
+  fi
   echo "$want" > "$stamp"
 fi

@@ -1,12 +1,14 @@
 """What a person sees: real JupyterLab, real headless Chromium, a real cluster with TensorBoard.
 
-JupyterLab runs on localhost under the base URL ``/user/test/`` (JupyterHub's shape) with a
-token and the ``tfos_nb`` server extension enabled by the shipped config file.  Chromium
+JupyterLab (and Notebook 7) run on localhost under the base URL ``/user/test/`` (JupyterHub's
+shape) with a token and the ``tfos_nb`` server extension enabled by the install itself (this
+environment's ``jupyter server extension list``; nothing is copied in).  Chromium
 (Debian's ``/usr/bin/chromium``, driven by Playwright; Playwright's own browsers are never
 downloaded) opens a prepared notebook and runs it with Run All.  The notebook trains a small
 Keras model on two nodes with ``--tensorboard`` until the test says stop (a file), so what the
 test looks at cannot finish under it.  Assertions read the DOM, waiting on conditions;
-screenshots go to ``test-output/``.
+screenshots go to ``test-output/``; with ``TFOS_NB_DOCS_SCREENSHOTS=1`` (scripts/refresh_screenshots.sh)
+the panel's go to ``docs/images/`` too.
 
 Chromium missing is a failure, not a skip: ``scripts/setup_env.sh`` installs it.
 """
@@ -23,18 +25,20 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.test_tbproxy import CONFIG_JSON, child_env, free_port, stop, wait_for
+from tests.test_tbproxy import child_env, free_port, stop, wait_for
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "test-output"
+DOCS_IMAGES = REPO / "docs" / "images"
 CHROMIUM = "/usr/bin/chromium"
 BASE_URL = "/user/test/"
 CHROMIUM_ARGS = [
@@ -49,7 +53,7 @@ CHROMIUM_ARGS = [
 ]
 
 NODE_CELL = """\
-%%tfos_cluster --workers 2 --tensorboard --logdir {logdir} --name tbrun
+%%tfos_cluster --workers 2 {tensorboard} --name tbrun
 import os
 import tensorflow as tf
 from tfos_nb.examples.digits import build_model, load_digits_arrays
@@ -67,19 +71,21 @@ class StopWhenAsked(tf.keras.callbacks.Callback):
 
 
 callbacks = [ctx.progress_callback(), StopWhenAsked()]
-if ctx.is_chief:
+if ctx.is_chief and ctx.log_dir:
     callbacks.append(tf.keras.callbacks.TensorBoard(ctx.log_dir, write_graph=False))
 model.fit(ds, steps_per_epoch=20, epochs=100000, verbose=0, callbacks=callbacks)
 print("trained", ctx.job_name, ctx.task_index)
 """
 
 
-def notebook(logdir: Path, stop_file: Path) -> dict:
+def notebook(logdir: Path | None, stop_file: Path) -> dict:
+    """The test's notebook: load the extension; a 2-node cluster (with TensorBoard when ``logdir``)."""
+    tensorboard = f"--tensorboard --logdir {logdir}" if logdir else ""
     def code(src: str) -> dict:
         return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
 
     return {
-        "cells": [code("%load_ext tfos_nb"), code(NODE_CELL.format(logdir=logdir, stop_file=str(stop_file)))],
+        "cells": [code("%load_ext tfos_nb"), code(NODE_CELL.format(tensorboard=tensorboard, stop_file=str(stop_file)))],
         "metadata": {
             "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},
@@ -105,22 +111,32 @@ class Lab:
         return json.loads(body) if body else None
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    """JupyterLab under /user/test/, with a token, the tfos_nb extension on, private Jupyter dirs."""
-    root = tmp_path_factory.mktemp("lab")
+def installed_extensions(env: dict[str, str]) -> str:
+    """``jupyter server extension list`` of this environment (the server below runs from it)."""
+    out = subprocess.run([sys.executable, "-m", "jupyter_server", "extension", "list"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout + out.stderr)
+
+
+@contextmanager
+def jupyter_app(root: Path, app: str, lab_settings: bool = True) -> Iterator[Lab]:
+    """``python -m APP`` (jupyterlab or notebook) under /user/test/, with a token and private Jupyter dirs.
+
+    The tfos_nb server extension is on because the install enabled it in this environment
+    (``sys.prefix``/etc/jupyter): nothing here enables it.
+    """
     runtime = root / "runtime"
     runtime.mkdir(mode=0o700)
     (root / "work").mkdir()
-    cfg = root / "config" / "jupyter_server_config.d"
-    cfg.mkdir(parents=True)
-    shutil.copy(CONFIG_JSON, cfg / "tfos_nb.json")  # the file setup.py installs: `pip install` enables it
-    settings = root / "lab-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)  # no news / update toasts over the notebook
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"checkForUpdates": False, "fetchNews": "false"}))
-    tracker = root / "lab-settings" / "@jupyterlab" / "notebook-extension"
-    tracker.mkdir(parents=True)  # open the notebook with its kernel, no "Select Kernel" dialog
-    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
+    (root / "config").mkdir()  # user-level config: empty
+    (root / "lab-settings").mkdir()
+    if lab_settings:  # JupyterLab's; Notebook 7 (no such plugins) fails to load them: a page error
+        settings = root / "lab-settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)  # no news / update toasts over the notebook
+        (settings / "notification.jupyterlab-settings").write_text(json.dumps({"checkForUpdates": False, "fetchNews": "false"}))
+        tracker = root / "lab-settings" / "@jupyterlab" / "notebook-extension"
+        tracker.mkdir(parents=True)  # open the notebook with its kernel, no "Select Kernel" dialog
+        (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
     token, port = secrets.token_hex(16), free_port()
     env = child_env(
         JUPYTER_RUNTIME_DIR=str(runtime),
@@ -131,19 +147,25 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         JUPYTER_PLATFORM_DIRS="1",
     )
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    listed = installed_extensions(env)
+    assert re.search(r"tfos_nb\.tbproxy\s+enabled", listed), (
+        "the tfos_nb.tbproxy server extension is not enabled in this environment "
+        f"({sys.prefix}): reinstall (scripts/setup_env.sh, pip install -e .) or "
+        f"`jupyter server extension enable --sys-prefix tfos_nb.tbproxy`\n{listed}")
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
+        sys.executable, "-m", app, "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
         "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}", f"--ServerApp.base_url={BASE_URL}",
         f"--ServerApp.root_dir={root / 'work'}", "--TensorBoardProxy.request_timeout=30",
     ]  # fmt: skip
     if os.getuid() == 0:
         cmd.append("--allow-root")
-    log = root / "lab.log"
+    log = root / "server.log"
     proc = subprocess.Popen(cmd, env=env, cwd=root / "work", stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     srv = Lab(url=f"http://127.0.0.1:{port}{BASE_URL}", token=token, root=root, proc=proc)
     try:
         try:
-            wait_for(lambda: srv.api("api/status"), 120, "jupyter lab", proc)
+            wait_for(lambda: srv.api("api/status"), 300, app, proc)  # a loaded 2-core machine: imports alone took 90 s
         except (AssertionError, OSError):
             raise AssertionError(log.read_text()[-3000:]) from None
         assert "tfos_nb: TensorBoard proxy at" in log.read_text()
@@ -155,8 +177,25 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         for p in alive:
             p.kill()
         OUTPUT.mkdir(exist_ok=True)
-        shutil.copy(log, OUTPUT / "browser-lab.log")
-        assert not alive, f"left running after JupyterLab stopped: {[p.pid for p in alive]}"
+        shutil.copy(log, OUTPUT / f"browser-{app}.log")
+        assert not alive, f"left running after {app} stopped: {[p.pid for p in alive]}"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """JupyterLab under /user/test/."""
+    with jupyter_app(tmp_path_factory.mktemp("lab"), "jupyterlab") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def notebook7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """Notebook 7 (the ``notebook`` package) under /user/test/."""
+    import notebook
+
+    assert int(notebook.__version__.split(".")[0]) >= 7, notebook.__version__
+    with jupyter_app(tmp_path_factory.mktemp("nb7"), "notebook", lab_settings=False) as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -180,6 +219,13 @@ def browser() -> Iterator[object]:
 ROWS_JS = """() => Array.from(document.querySelectorAll('.widget-html .tfos-panel table tbody tr'))
   .map(tr => Array.from(tr.cells).map(td => td.textContent.trim())).filter(c => c.length > 5)"""
 SNAPSHOT_JS = ROWS_JS.replace(".widget-html .tfos-panel", ".jp-RenderedHTMLCommon > .tfos-panel")
+
+
+def docs_screenshot(name: str, docs_name: str) -> None:
+    """Copy a screenshot into docs/images/ when scripts/refresh_screenshots.sh asks (TFOS_NB_DOCS_SCREENSHOTS=1)."""
+    if os.environ.get("TFOS_NB_DOCS_SCREENSHOTS") == "1":
+        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        shutil.copy(OUTPUT / name, DOCS_IMAGES / docs_name)
 
 
 def step_of(row: list[str]) -> int:
@@ -222,7 +268,8 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         assert step_of(next(r for r in rows if r[0] == "chief:0")) >= first + 40, rows
         assert all(r[3] == "CPU" and r[1] for r in rows), rows  # device and host columns
         # the widget's box stays; the table inside it is replaced twice a second
-        page.locator(".widget-vbox", has=page.locator(".tfos-panel")).first.screenshot(path=str(OUTPUT / "browser-panel.png"))
+        panel_box = page.locator(".widget-vbox", has=page.locator(".tfos-panel")).first
+        panel_box.screenshot(path=str(OUTPUT / "browser-panel.png"))
 
         # the link and the iframe point at the proxy route under the page's base URL
         link = page.locator("a[data-tfos-path^='tfos_nb/tensorboard/']").first
@@ -245,6 +292,9 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         frame.get_by_role("tab", name=re.compile(r"^\s*scalars\s*$", re.I)).click()  # the header's dashboard tab
         frame.locator("tf-scalar-dashboard").get_by_text("epoch_loss").first.wait_for(timeout=60_000)
         page.screenshot(path=str(OUTPUT / "browser-tensorboard.png"), full_page=True)
+        panel_box.screenshot(path=str(OUTPUT / "browser-panel-tensorboard.png"))
+        docs_screenshot("browser-panel.png", "panel.png")
+        docs_screenshot("browser-panel-tensorboard.png", "panel-tensorboard.png")
 
         # end the run: the panel shows the final state, the TensorBoard route is gone
         stop_file.write_text("stop")
@@ -262,3 +312,53 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.close()
         for session in lab.api("api/sessions") or []:  # stop the kernel (and its Spark, its nodes) now
             lab.api(f"api/sessions/{session['id']}", method="DELETE")
+
+
+def _notebook7_own_error(exc: object) -> bool:
+    """Notebook 7.6's shortcuts settings handler fails as it loads, on any notebook (a "1+1" one without
+    tfos_nb too): ``t.plugins[id].schema`` of a plugin it has not loaded.  Only that error, from that code."""
+    stack = getattr(exc, "stack", "") or ""
+    return (str(exc) == "Cannot read properties of undefined (reading 'schema')" and "/static/notebook/notebook_core." in stack
+            and "tfos" not in stack and "widget" not in stack.lower())
+
+
+def test_panel_in_notebook7(notebook7: Lab, browser, tmp_path: Path) -> None:
+    """The same cluster cell in Notebook 7 (no TensorBoard: the JupyterLab case covers it): live rows, final state."""
+    stop_file = tmp_path / "stop"
+    (notebook7.root / "work" / "browser.ipynb").write_text(json.dumps(notebook(None, stop_file)))
+    page = browser.new_page()
+    page.set_default_timeout(180_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: None if _notebook7_own_error(exc) else errors.append(f"{exc}\n{exc.stack}"))
+    try:
+        page.goto(f"{notebook7.url}notebooks/browser.ipynb?token={notebook7.token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        # Notebook 7 has no status bar: the kernel of this notebook's session is up and idle
+        wait_for(lambda: [s for s in notebook7.api("api/sessions") or []
+                          if s["path"].endswith("browser.ipynb") and s["kernel"]["execution_state"] == "idle"],
+                 120, "the notebook's kernel")
+        page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_function("() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText.includes('[1]')",
+                               timeout=300_000)
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => r[4] === 'running' && /^\\d+/.test(r[5])).length === 2",
+                               timeout=240_000)  # fmt: skip
+        rows = page.evaluate(ROWS_JS)
+        assert sorted(r[0] for r in rows) == ["chief:0", "worker:0"], rows
+        first = step_of(next(r for r in rows if r[0] == "chief:0"))
+        page.wait_for_function(f"() => ({ROWS_JS})().some(r => r[0] === 'chief:0' && parseInt(r[5]) >= {first + 20})",
+                               timeout=120_000)
+        page.locator(".widget-vbox", has=page.locator(".tfos-panel")).first.screenshot(path=str(OUTPUT / "browser-nb7-panel.png"))
+        stop_file.write_text("stop")
+        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => r[4] === 'finished').length === 2", timeout=120_000)
+        page.wait_for_function(f"() => ({SNAPSHOT_JS})().filter(r => r[4] === 'finished').length === 2")
+        page.screenshot(path=str(OUTPUT / "browser-nb7-final.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        page.screenshot(path=str(OUTPUT / "browser-nb7-last.png"), full_page=True)
+        if not stop_file.exists():
+            stop_file.write_text("stop")
+        page.close()
+        for session in notebook7.api("api/sessions") or []:
+            notebook7.api(f"api/sessions/{session['id']}", method="DELETE")

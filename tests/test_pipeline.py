@@ -159,9 +159,20 @@ def test_three_styles_agree(session, data, fitted):
         assert (preds[name].argmax(1) == preds["signature"].argmax(1)).all()
 
 
-def test_array_column_and_multiple_outputs(session, tmp_path):
-    """Scalar, integer and array outputs, typed from the signature, in the signature and tensor styles."""
+@pytest.mark.parametrize("udf", ["arrow", "pandas"])
+def test_array_column_and_multiple_outputs(session, tmp_path, udf, monkeypatch):
+    """Scalar, integer and array outputs, typed from the signature, in the signature and tensor styles.
+
+    ``pandas``: the pandas UDF that pyspark < 4.1 (no ``arrow_udf``) gets, on this pyspark.
+    """
     import tensorflow as tf
+
+    from tfos_nb.pipeline import _model
+
+    if udf == "arrow":
+        assert _model._use_arrow_udf(), "this pyspark has no arrow_udf (< 4.1): only the pandas case applies"
+    else:
+        monkeypatch.setattr(_model, "_use_arrow_udf", lambda: False)
 
     class Three(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])

@@ -14,11 +14,25 @@ FEATURES = 64
 CLASSES = 10
 
 
+SKLEARN_MISSING = (
+    "tfos_nb.examples needs scikit-learn (the digits data set ships inside it): "
+    "pip install 'tfos_nb[examples]'  (or: pip install scikit-learn)"
+)
+
+
+def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        err = ImportError(SKLEARN_MISSING)
+        err.name = "sklearn"
+        raise err from exc
+    return load_digits(return_X_y=True)
+
+
 def load_digits_arrays(seed: int = 0, test_fraction: float = 0.25) -> tuple[np.ndarray, ...]:
     """(x_train, y_train, x_test, y_test), features scaled to [0, 1]."""
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
+    x, y = _sklearn_digits()
     x = (x / 16.0).astype(np.float32)
     y = y.astype(np.int64)
     rng = np.random.default_rng(seed)
@@ -32,7 +46,7 @@ def to_dataframe(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int = 4) 
     """A DataFrame with ``features array<float>`` and ``label long`` columns."""
     import pandas as pd
 
-    pdf = pd.DataFrame({"features": list(x), "label": y})
+    pdf = pd.DataFrame({"features": x.tolist(), "label": y.tolist()})  # plain floats: pyspark < 4 checks types without Arrow
     return spark.createDataFrame(pdf, "features array<float>, label long").repartition(partitions)
 
 

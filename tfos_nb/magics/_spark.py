@@ -8,8 +8,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SparkUnusable", "embedded_notice", "expected_slots", "find_spark_context", "job_groups", "job_progress", "spark_session",
-           "start_embedded"]
+__all__ = ["LOOPBACK", "SparkUnusable", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
+           "job_groups", "job_progress", "spark_session", "start_embedded"]
 
 
 class SparkUnusable(ValueError):
@@ -72,21 +72,47 @@ def find_spark_context(namespace: Mapping[str, Any]) -> Any:
     return None
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def embedded_host() -> str:
+    """The address the embedded Spark binds to: loopback, unless ``SPARK_LOCAL_IP`` names another."""
+    return os.environ.get("SPARK_LOCAL_IP") or LOOPBACK
+
+
 def start_embedded(nodes: int, master_template: str) -> Any:
-    """A SparkSession on an embedded ``local-cluster`` with one executor slot per node."""
+    """A SparkSession on an embedded ``local-cluster`` with one executor slot per node.
+
+    Everything it starts listens on loopback (``embedded_host()``): the driver
+    (``spark.driver.host``/``bindAddress``), the local-cluster's master, workers and
+    executors (``SPARK_LOCAL_IP`` in the JVM's environment, inherited by the executors),
+    and so tfos_nb's control server and the nodes' data servers and TensorBoard, which
+    take the driver's address.  A notebook's own Spark session keeps its own settings.
+    """
     if os.environ.get("SPARK_REMOTE") or os.environ.get("SPARK_CONNECT_MODE_ENABLED"):
         raise SparkUnusable(CONNECT_MSG)
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import TensorFlow from this environment
     from pyspark.sql import SparkSession
 
+    host = embedded_host()
     master = master_template.format(n=max(1, nodes))
-    spark = (
-        SparkSession.builder.master(master)
-        .appName("tfos_nb")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    saved = os.environ.get("SPARK_LOCAL_IP")
+    os.environ["SPARK_LOCAL_IP"] = host  # read by the JVM that getOrCreate launches, then put back
+    try:
+        spark = (
+            SparkSession.builder.master(master)
+            .appName("tfos_nb")
+            .config("spark.driver.host", host)
+            .config("spark.driver.bindAddress", host)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
+    finally:
+        if saved is None:
+            os.environ.pop("SPARK_LOCAL_IP", None)
+        else:
+            os.environ["SPARK_LOCAL_IP"] = saved
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -107,7 +133,8 @@ def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,10
 
 
 def embedded_notice(master: str) -> str:
-    return f"tfos_nb: no Spark session in this kernel; starting an embedded one ({master}, executors run {sys.executable})"
+    return (f"tfos_nb: no Spark session in this kernel; starting an embedded one ({master}, listening on "
+            f"{embedded_host()} only, executors run {sys.executable})")
 
 
 def expected_slots(sc: Any) -> int | None:

@@ -84,7 +84,7 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
     ``[-1, 4, 4, 1]``, reshaped row by row as TensorFlowOnSpark does); output columns are typed from the model: a scalar per
     row for a ``(batch,)`` output, nested arrays beyond.  Mistakes in the
     mappings raise ``ValueError`` on the driver before any Spark job.
-    Inference is a scalar Arrow UDF (``arrow_udf``) over the mapped columns
+    Inference is a scalar Arrow UDF (``arrow_udf``; a pandas UDF before pyspark 4.1) over the mapped columns
     returning one struct, expanded into the output columns, so Spark prunes
     what is not selected; each Arrow batch is cut into ``BatchSize`` slices.
     The model is loaded once per Python worker (a module-level cache keyed by
@@ -235,18 +235,42 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         from pyspark.sql import functions as F
 
         args, scorer, rtype, fetches = self._plan(dataset)
-
-        def tfmodel_predict(*cols: Any) -> Any:
-            return scorer(*cols)
-
-        with warnings.catch_warnings():  # "prefer type hints": these would have to be pyarrow at import time
-            warnings.simplefilter("ignore", UserWarning)
-            udf = F.arrow_udf(tfmodel_predict, rtype, F.ArrowUDFType.SCALAR)
+        udf = _scalar_udf(scorer, rtype)
         tmp = "__tfos_nb_out"
         # One UDF call per row; Spark does not inline a Python UDF into each field it is read from.
         scored = dataset.withColumn(tmp, udf(*args))
         return scored.select(*[F.col(f"`{c}`") for c in dataset.columns],
                              *[F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)])
+
+def _use_arrow_udf() -> bool:
+    """pyspark >= 4.1 has scalar Arrow UDFs (Arrow arrays in and out, no pandas on the way)."""
+    from pyspark.sql import functions as F
+
+    return hasattr(F, "arrow_udf")
+
+
+def _scalar_udf(scorer: _Scorer, rtype: Any) -> Any:
+    """The scoring UDF: an Arrow UDF where pyspark has them, else a pandas UDF around the same scorer."""
+    from pyspark.sql import functions as F
+
+    with warnings.catch_warnings():  # "prefer type hints": these would have to be pyarrow at import time
+        warnings.simplefilter("ignore", UserWarning)
+        if _use_arrow_udf():
+            def tfmodel_predict(*cols: Any) -> Any:
+                return scorer(*cols)
+
+            return F.arrow_udf(tfmodel_predict, rtype, F.ArrowUDFType.SCALAR)
+
+        def tfmodel_predict_pandas(*series: Any) -> Any:  # pyspark < 4.1
+            import pandas as pd
+            import pyarrow as pa
+
+            out = scorer(*[pa.array(s, from_pandas=True) for s in series])
+            names = [out.type.field(i).name for i in range(out.type.num_fields)]
+            return pd.DataFrame({name: out.field(i).to_pandas() for i, name in enumerate(names)})
+
+        return F.pandas_udf(tfmodel_predict_pandas, rtype, F.PandasUDFType.SCALAR)
+
 
 def _names(infos: dict[str, M.TensorInfo], ref: M.ModelRef) -> list[str]:
     if ref.style != M.TENSORS:

@@ -49,7 +49,7 @@ def available_slots(sc: Any) -> tuple[int, int]:
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
     except Exception:  # noqa: BLE001 - older or newer Spark: fall back to the core count
         slots = int(sc.defaultParallelism)
-    executors = max(0, len(sc.statusTracker().getExecutorInfos()) - 1)
+    executors = max(0, len(jsc.statusTracker().getExecutorInfos()) - 1)  # the JVM's: pyspark < 4 has no Python one
     if sc.master.startswith("local") and not sc.master.startswith("local-cluster"):
         executors = 1
     return slots, executors

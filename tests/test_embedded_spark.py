@@ -1,0 +1,154 @@
+"""The embedded Spark the magics start (no Spark session in the kernel) listens on loopback only.
+
+On a laptop, nothing of it may be reachable from the local network: a real kernel calls
+``spark_session()`` (what ``%%tfos_cluster`` does when the kernel has no Spark), runs a
+fed cluster with TensorBoard in the background, and while it runs every listening socket
+of the kernel (tfos_nb's control server), the driver JVM (the local-cluster's master and
+workers run inside it), the executor JVMs, their Python workers, the supervisors, the
+node processes (data servers) and TensorBoard is on 127.0.0.1.
+
+TensorFlow's own gRPC server (``tf.distribute`` strategies) binds the wildcard address in
+TensorFlow's C++ code, whatever tfos_nb asks; the cell does not start one (README: Safe by
+default).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sys
+
+import psutil
+import pytest
+
+from tests.conftest import KERNEL, NODE_ENV, wait_until
+
+pytestmark = pytest.mark.slow
+
+NODE_CELL = """\
+%%tfos_cluster --workers 2 --data df --epochs 1 --tensorboard --logdir {logdir} --background --name lb
+import os
+import time
+
+while not os.path.exists({stop!r}):  # the test says when it has looked
+    time.sleep(0.1)
+n = 0
+feed = ctx.get_data_feed()
+while not feed.should_stop():
+    n += len(feed.next_batch(100))
+ctx.report(rows=n)
+"""
+
+
+def _tree(kernel_pid: int) -> dict[int, str]:
+    """pid -> what it is, for the kernel, its descendants, and the runtime processes it started."""
+    procs: dict[int, str] = {}
+    kernel = psutil.Process(kernel_pid)
+    roots = [kernel, *(p for p in psutil.process_iter() if _driver_pid(p) == kernel_pid)]
+    for root in roots:
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                cmd = p.cmdline()
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                continue
+            if p.pid == kernel_pid:
+                what = "kernel"
+            elif "tfos_nb.runtime" in cmd:
+                what = "node" if "node" in cmd else "supervisor"
+            elif any("tensorboard" in c for c in cmd):
+                what = "tensorboard"
+            elif "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd:
+                what = "executor"
+            elif "org.apache.spark.deploy.SparkSubmit" in cmd:
+                what = "driver-jvm"
+            else:
+                what = os.path.basename(cmd[0]) if cmd else "?"
+            procs[p.pid] = what
+    return procs
+
+
+def _driver_pid(p: psutil.Process) -> int | None:
+    try:
+        if "tfos_nb.runtime" not in " ".join(p.cmdline()):
+            return None
+        return int(p.environ().get("TFOS_DRIVER_PID", "0"))
+    except (psutil.Error, ValueError):
+        return None
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # a JVM's IPv6 socket bound to 127.0.0.1 shows as ::ffff:127.0.0.1
+    return ip.is_loopback
+
+
+def _listeners(procs: dict[int, str]) -> list[tuple[str, int, str, int]]:
+    """(what, pid, address, port) of every listening TCP socket of these processes."""
+    found = []
+    for pid, what in procs.items():
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        found += [(what, pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+def test_embedded_spark_and_cluster_listen_on_loopback_only(kernel_specs, tmp_path):
+    from jupyter_client.manager import KernelManager
+
+    stop = tmp_path / "stop"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **NODE_ENV)
+    env.pop("SPARK_LOCAL_IP", None)  # the default a laptop user has
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    km.start_kernel(env=env)
+    kc = km.client()
+    kc.start_channels()
+
+    def execute(code: str, timeout: float = 300) -> str:
+        out: list[str] = []
+        reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append(
+            str(m["content"].get("text", m["content"].get("evalue", "")))))
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out)[-2000:])
+        return "".join(out)
+
+    try:
+        kc.wait_for_ready(timeout=120)
+        out = execute("%load_ext tfos_nb\n%config TFOSMagics.renderer = 'none'\n"
+                      "from tfos_nb.magics import spark_session\n"
+                      "spark = spark_session(nodes=2)\n"
+                      "df = spark.range(0, 400, numPartitions=4).selectExpr('cast(id as float) as x')\n")
+        assert "starting an embedded one (local-cluster[2,1,1024], listening on 127.0.0.1 only" in out, out
+        execute(NODE_CELL.format(logdir=str(tmp_path / "logs"), stop=str(stop)))
+        kernel_pid = km.provisioner.pid
+
+        def everything_up() -> bool:
+            procs = _tree(kernel_pid)
+            kinds = set(procs.values())
+            listening = {what for what, _, _, _ in _listeners(procs)}
+            return (sum(1 for w in procs.values() if w == "node") == 2 and "executor" in kinds
+                    and {"kernel", "driver-jvm", "executor", "node", "tensorboard"} <= listening)
+
+        assert wait_until(everything_up, 240, interval=0.5), (_tree(kernel_pid), _listeners(_tree(kernel_pid)))
+        procs = _tree(kernel_pid)
+        listeners = _listeners(procs)
+        exposed = [entry for entry in listeners if not _loopback(entry[2])]
+        assert not exposed, f"listening beyond loopback: {exposed}"
+        # every executor JVM and every node has its own listener (block manager; data server)
+        pids_listening = {pid for _, pid, _, _ in listeners}
+        for what in ("executor", "node"):
+            pids = [pid for pid, w in procs.items() if w == what]
+            assert len(pids) == 2 and set(pids) <= pids_listening, (what, procs, listeners)
+
+        stop.write_text("stop")
+        out = execute("lb.wait(timeout=120)\nprint(lb.result['state'], sum(m.get('rows', 0) for m in lb.result['metrics'].values()))")
+        assert out.split() == ["finished", "400"], out
+        execute("spark.stop()")
+    finally:
+        if not stop.exists():
+            stop.write_text("stop")
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -1,0 +1,135 @@
+"""The README is checked by running its examples.
+
+Rules (they keep this test honest as the README changes):
+
+* Every fenced ``python`` block compiles, and every name it imports from tfos_nb exists.
+* A ``python`` block right after an HTML comment ``<!-- readme-test: run; given: NAMES ... -->`` is
+  executed for real (slow tier) on a small local-cluster, with only the names the comment lists
+  given to it (``sc``, ``args``, ``train_df``: see ``GIVEN``); anything else it uses it must define.
+* Links and images point inside the repository (a user's clone has nothing beside it) and exist.
+* The magics table lists every option of every magic, and the settings tables every configurable trait.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+FENCE = re.compile(r"(?:<!--\s*readme-test:\s*run;\s*given:(?P<given>[^>]*)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)\n```",
+                   re.S)
+
+
+def blocks(lang: str) -> list[tuple[str, list[str] | None]]:
+    """(code, names given to it if it is to be run, else None) of each fenced block in ``lang``."""
+    found = []
+    for m in FENCE.finditer(README):
+        if m.group("lang") != lang:
+            continue
+        given = None
+        if m.group("given") is not None:
+            given = re.findall(r"(?:^|,)\s*(\w+)", re.sub(r"\([^)]*\)", "", m.group("given")))  # (notes) aside
+        found.append((m.group("code"), given))
+    return found
+
+
+def test_python_blocks_compile_and_their_tfos_nb_imports_resolve():
+    code_blocks = blocks("python")
+    assert len(code_blocks) >= 2, "the README's python examples were not found"
+    for code, _ in code_blocks:
+        tree = ast.parse(code)  # a SyntaxError names the block's line
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfos_nb"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), (
+                        f"README imports {alias.name} from {node.module}, which has no such name")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("tfos_nb"):
+                        importlib.import_module(alias.name)
+
+
+def test_first_example_is_the_run_one_and_imports_what_it_uses():
+    code, given = blocks("python")[0]
+    assert given == ["sc", "args", "train_df"], given
+    tree = ast.parse(code)
+    defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    defined |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    defined |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    defined |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) for a in n.args.args}
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    missing = used - defined - set(given) - set(dir(__builtins__))
+    assert not missing, f"the README's first example uses names it neither defines nor imports: {sorted(missing)}"
+
+
+def test_links_stay_inside_the_repository():
+    assert "../" not in README
+    for target in re.findall(r"\]\(([^)\s]+)\)", README):
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            continue
+        assert (REPO / target).exists(), f"README links {target}, which is not in the repository"
+
+
+def _options(func) -> set[str]:
+    parser = func.parser
+    return {s for action in parser._actions for s in action.option_strings if s.startswith("--") and s != "--help"}
+
+
+def _table_row(magic: str) -> str:
+    row = next((ln for ln in README.splitlines() if ln.startswith(f"| `{magic}` |")), None)
+    assert row is not None, f"the README's magics table has no row for {magic}"
+    return row
+
+
+def test_magics_table_lists_every_option_and_every_setting():
+    from tfos_nb.magics._magics import TFOSMagics
+    from tfos_nb.magics._parallel import tfos_parallel
+    from tfos_nb.tbproxy._handlers import TensorBoardProxy
+
+    magics = {
+        "%%tfos_cluster": TFOSMagics.tfos_cluster, "%%tfos_parallel": tfos_parallel, "%tfos_logs": TFOSMagics.tfos_logs,
+        "%tfos_shutdown": TFOSMagics.tfos_shutdown, "%tfos_tensorboard": TFOSMagics.tfos_tensorboard,
+    }
+    for magic, func in magics.items():
+        row = _table_row(magic)
+        missing = [opt for opt in sorted(_options(func)) if f"`{opt}" not in row]
+        assert not missing, f"README's row for {magic} does not list {missing}"
+    _table_row("%tfos_status")
+    for name in TFOSMagics.class_traits(config=True):
+        assert f"| `TFOSMagics.{name}` |" in README, f"README's settings table has no TFOSMagics.{name}"
+    for name in TensorBoardProxy.class_traits(config=True):
+        assert f"| `c.TensorBoardProxy.{name}` |" in README, f"README's server settings have no TensorBoardProxy.{name}"
+
+
+# -- running the runnable blocks --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def given(tmp_path_factory):
+    """What a reader has when the README's first example runs: a SparkContext, args, a DataFrame."""
+    from tests.conftest import spark_session
+    from tfos_nb.examples import digits
+
+    spark = spark_session(2)
+    x, y, _, _ = digits.load_digits_arrays()
+    export = tmp_path_factory.mktemp("readme") / "export"
+    yield {"sc": spark.sparkContext, "args": {"epochs": 1, "export_dir": str(export)},
+           "train_df": digits.to_dataframe(spark, x[:400], y[:400], partitions=2)}
+    spark.stop()
+
+
+@pytest.mark.slow
+def test_runnable_blocks_run(given, no_leaks):
+    runnable = [(code, names) for code, names in blocks("python") if names is not None]
+    assert runnable, "no README block is marked to run"
+    for code, names in runnable:
+        assert set(names) <= set(given), f"the test does not provide {set(names) - set(given)}"
+        namespace = {"__name__": "__readme__", **{k: given[k] for k in names}}
+        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+    export = Path(given["args"]["export_dir"])
+    assert (export / "saved_model.pb").is_file(), sorted(p.name for p in export.parent.iterdir())
