@@ -109,7 +109,10 @@ def no_leaks() -> Iterator[None]:
     assert wait_until(lambda: not [p for p in runtime_processes() if p.pid not in before_procs], 20), [
         " ".join(p.cmdline()) for p in runtime_processes()
     ]
-    threads = [t.name for t in threading.enumerate() if t.name.startswith("tfos-")]
-    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 10), threads
-    new_ports = listening_ports() - before_ports
-    assert not new_ports, f"listening ports left open: {sorted(new_ports)}"
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 10), [
+        t.name for t in threading.enumerate() if t.name.startswith("tfos-")
+    ]
+    # a server's socket is closed by its own thread as it ends: wait for it, as for the threads
+    assert wait_until(lambda: not listening_ports() - before_ports, 10), (
+        f"listening ports left open: {sorted(listening_ports() - before_ports)}"
+    )

@@ -91,7 +91,7 @@ class NetnsCluster:
     workers: int = 2
     worker_cores: int = 1
     worker_memory: str = "1g"
-    tag: str = field(default_factory=lambda: secrets.token_hex(2))
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))  # names stay under IFNAMSIZ: tfv-<tag>-0
     prefix: str = ""
     prefix6: str = field(default_factory=lambda: f"fd7f:{secrets.token_hex(2)}:{secrets.token_hex(2)}:")
     daemons: list[Daemon] = field(default_factory=list)
@@ -148,7 +148,11 @@ class NetnsCluster:
             raise NamespacesUnavailable("network namespaces need root (ip netns add); running as uid %d" % os.geteuid())
         if shutil.which("ip") is None:
             raise NamespacesUnavailable("iproute2's `ip` is not installed")
-        res = _ip("netns", "add", self.namespace(0))
+        for _ in range(5):
+            res = _ip("netns", "add", self.namespace(0))
+            if res.returncode == 0 or "File exists" not in res.stderr:
+                break
+            self.tag = secrets.token_hex(3)  # another cluster (a concurrent test run) has this tag: take another
         if res.returncode != 0:
             raise NamespacesUnavailable(f"`ip netns add` failed: {res.stderr.strip()}")
         self._namespaces.append(self.namespace(0))

@@ -161,3 +161,31 @@ def test_no_module_unpickles_socket_data():
             if re.search(r"\b(c?pickle|cloudpickle)\.loads?\(", line):
                 hits.append(f"{path.relative_to(root)}:{i}")
     assert {h.split(":")[0] for h in hits} <= ALLOWED_UNPICKLING, hits
+
+
+# -- the driver's liveness check ---------------------------------------------------------------------
+def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others(monkeypatch):
+    """A node that registered polls for the cluster spec while slower nodes start (a busy executor can
+    take longer than the heartbeat timeout): every poll is a sign of life; silence is not."""
+    from types import SimpleNamespace
+
+    from tfos_nb.runtime import controller as ctl
+    from tfos_nb.runtime import state as S
+
+    now = [1000.0]
+    monkeypatch.setattr(ctl, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    st = S.ClusterState("cid", "t", [("chief", 0), ("worker", 0)])
+    c = ctl.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    assert c.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
+    for _ in range(30):  # worker:0 registers 30 s later; chief:0 asks every second meanwhile
+        now[0] += 1.0
+        assert c.handle(m.AwaitSpec(node=0)).body == {"retry": 0.1}
+        c.tick()
+    assert st.state == S.C_RESERVING and st.nodes[0].state == S.REGISTERED, st.nodes[0].error
+    assert c.handle(m.Register(node=1, host="h", port=2, executor_id="1", pid=2)).ok
+    assert c.handle(m.AwaitSpec(node=0)).ok and c.handle(m.AwaitSpec(node=1)).ok
+    now[0] += 11.0  # then chief:0 falls silent
+    assert c.handle(m.AwaitSpec(node=1)).ok
+    c.tick()
+    assert st.nodes[0].state == S.FAILED and st.nodes[0].error.startswith("no heartbeat for 11 s")
+    assert st.nodes[1].state != S.FAILED and st.state == S.C_FAILED

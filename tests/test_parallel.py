@@ -407,12 +407,13 @@ def test_magic_background_and_interrupt(ip, spark, capsys, no_leaks):
     assert [r.result for r in results] == [{"score": 5}, {"score": 6}]  # no grid: every run got --args
 
     # ■ during a blocking cell: the runs stop, the Spark job is cancelled, the shell lives on
+    def running() -> bool:
+        h = ip.user_ns.get("forever")
+        return h is not None and bool(h.nodes) and all(n.state == "running" for n in h.nodes)
+
     def interrupt_when_running():
-        h = None
-        while h is None or not h.nodes or not all(n.state == "running" for n in h.nodes):
-            time.sleep(0.05)
-            h = ip.user_ns.get("forever")
-        _thread.interrupt_main()
+        wait_until(running, 180, 0.05)
+        _thread.interrupt_main()  # also when they never ran: the asserts below fail, the cell does not hang
 
     threading.Thread(target=interrupt_when_running, name="test-interrupter", daemon=True).start()
     with pytest.raises(KeyboardInterrupt):

@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -80,6 +81,41 @@ def _run(kc, code: str, timeout: float = 300) -> list[dict]:
             return msgs
 
 
+def _events(msgs: list[dict], comm_id: str) -> list[dict]:
+    """Spark's events as sparkmonitor forwarded them on its comm."""
+    events = []
+    for m in msgs:
+        if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm_id:
+            data = m["content"]["data"]
+            if data.get("msgtype") == "fromscala":
+                events.append(json.loads(data["msg"]))
+    return events
+
+
+def _cluster_seen(events: list[dict]) -> bool:
+    kinds = {e.get("msgtype") for e in events}
+    completed = any(e.get("msgtype") == "sparkJobEnd" and e.get("status") == "COMPLETED" for e in events)
+    return {"sparkJobStart", "sparkJobEnd", "sparkTaskEnd"} <= kinds and completed
+
+
+def _read_until(kc, msgs: list[dict], done, timeout: float) -> None:
+    """Append the kernel's iopub messages to ``msgs`` until ``done(msgs)`` or ``timeout`` s pass.
+
+    Spark's listener bus is asynchronous and sparkmonitor's listener queues task events and
+    sends them from a timer thread: they reach the kernel (and its comm) on their own
+    schedule, possibly after the cell that ran the job is idle.
+    """
+    deadline = time.monotonic() + timeout
+    while not done(msgs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            msgs.append(kc.get_iopub_msg(timeout=min(left, 1.0)))
+        except queue.Empty:
+            pass
+
+
 def test_sparkmonitor_and_tfos_panel_in_one_kernel(tmp_path):
     km = _kernel(tmp_path)
     kc = km.client()
@@ -93,6 +129,8 @@ def test_sparkmonitor_and_tfos_panel_in_one_kernel(tmp_path):
         kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "SparkMonitor", "data": {}}))
         for code in CELLS[1:]:
             outputs += _run(kc, code)
+        late: list[dict] = []  # what sparkmonitor forwards after the cells are done
+        _read_until(kc, late, lambda msgs: _cluster_seen(_events(outputs + msgs, comm_id)), timeout=120)
         _run(kc, "spark.stop()")
     finally:
         kc.stop_channels()
@@ -118,12 +156,7 @@ def test_sparkmonitor_and_tfos_panel_in_one_kernel(tmp_path):
     assert "chief:0" in snapshot[-1] and "worker:0" in snapshot[-1]
 
     # sparkmonitor's output: Spark's events for the cluster's jobs, on its comm
-    events = []
-    for m in outputs:
-        if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm_id:
-            data = m["content"]["data"]
-            if data.get("msgtype") == "fromscala":
-                events.append(json.loads(data["msg"]))
+    events = _events(outputs + late, comm_id)
     kinds = {e.get("msgtype") for e in events}
     assert {"sparkJobStart", "sparkJobEnd", "sparkTaskEnd"} <= kinds, kinds
     assert any(e.get("msgtype") == "sparkJobEnd" and e.get("status") == "COMPLETED" for e in events), events[-5:]

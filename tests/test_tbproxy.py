@@ -29,6 +29,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tfos_nb import tensorboard as tb
+from tfos_nb.runtime import net
 from tfos_nb.tbproxy import _records, _urls
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,9 +39,9 @@ slow = pytest.mark.slow
 
 # --------------------------------------------------------------------------- helpers
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the ephemeral range: a port the kernel handed out for ``bind(0)`` comes from
+    that range, where any outgoing connection of a busy machine may take it before the server binds it."""
+    return net.free_port("127.0.0.1")
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
@@ -666,8 +667,10 @@ def test_untrusted_records_not_served(server: Server, upstream: str, register: C
 
 @slow
 def test_upstream_down_is_502(server: Server, register: Callable[[str], str]) -> None:
-    cid = register(f"http://127.0.0.1:{free_port()}")
-    assert server.fetch(tb_path(cid, "data/runs")).status == 502
+    with socket.socket() as held:  # bound, never listening: nothing else can serve this port meanwhile
+        held.bind(("127.0.0.1", 0))
+        cid = register(f"http://127.0.0.1:{held.getsockname()[1]}")
+        assert server.fetch(tb_path(cid, "data/runs")).status == 502
 
 
 @slow

@@ -392,16 +392,15 @@ class FakeHandle:
     sc = None
     tensorboard_url = None
 
-    def __init__(self, views) -> None:
+    def __init__(self, views, clock: FakeClock) -> None:
         self.views = list(views)
+        self.clock = clock
         self.i = -1
         self.done = False
 
     def join(self, timeout=None) -> bool:
-        import time
-
         if self.i >= 0:
-            time.sleep(0.02)
+            self.clock.t += 0.02  # a new state every 20 ms of the renderer's clock, however busy the machine
         self.i += 1
         self.done = self.i >= len(self.views) - 1
         return self.done
@@ -415,11 +414,16 @@ class FakeHandle:
 def _run_follow(ip, renderer, views, monkeypatch):
     from IPython.core.displaypub import CapturingDisplayPublisher
 
+    import tfos_nb.widgets
+
     pub = CapturingDisplayPublisher()
     monkeypatch.setattr(ip, "display_pub", pub)
+    clock = FakeClock()
+    real_make_renderer = tfos_nb.widgets.make_renderer  # what the magic imports when it needs one
+    monkeypatch.setattr(tfos_nb.widgets, "make_renderer", lambda kind, **kw: real_make_renderer(kind, clock=clock, **kw))
     ip.run_line_magic("config", f'TFOSMagics.renderer = "{renderer}"')
     try:
-        ip.magics_manager.registry["TFOSMagics"]._follow(FakeHandle(views))
+        ip.magics_manager.registry["TFOSMagics"]._follow(FakeHandle(views, clock))
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     return pub.outputs
@@ -440,7 +444,7 @@ def test_magic_html_renderer_displays_a_table_updated_in_place(ip, monkeypatch):
     assert first["data"]["text/plain"] == "digits: starting"  # shown at once, from the cell's thread
     assert all(o["update"] and o["transient"] == first["transient"] for o in outputs[1:-1])
     assert ">reserving</span>" in outputs[1]["data"]["text/html"]
-    # the run took ~0.8 s: throttled to ≤ 2/s; then the live table emptied and the final one a new output
+    # the run took 0.8 s of the renderer's clock: throttled to ≤ 2/s; then the live table emptied and the final one a new output
     assert 4 <= len(outputs) <= 6
     assert outputs[-2]["data"] == {"text/plain": ""} and outputs[-2]["update"]
     assert not last["update"] and not last["transient"]

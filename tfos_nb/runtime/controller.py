@@ -143,14 +143,15 @@ class Controller:
         with st.lock:
             if st.state in (S.C_FAILED, S.C_STOPPED):
                 return m.Reply(ok=False, error=f"cluster {st.state}: {st.error or 'stopped'}")
+            node = self._node(msg.node)
+            if node is not None:
+                # asking is a sign of life: slower nodes may take longer than the heartbeat timeout to register
+                node.last_heartbeat = time.monotonic()
             if self._specs is None:
                 return m.Reply(ok=False, body={"retry": 0.1})
             spec = self._specs.get(msg.node)
             if spec is None:
                 return m.Reply(ok=False, error=f"no node {msg.node}")
-            node = self._node(msg.node)
-            if node is not None:
-                node.last_heartbeat = time.monotonic()
             return m.Reply(ok=True, body=spec)
 
     # -- liveness and progress ---------------------------------------------------
