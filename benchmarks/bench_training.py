@@ -1,0 +1,448 @@
+#!/usr/bin/env python
+"""B2 -- training parity: single-process Keras, tfos_nb and TensorFlowOnSpark 2.2.5, side by side.
+
+One Spark application (``local-cluster[2,1,3072]`` by default); the variants alternate per
+repetition after a warm-up of each; medians of ``--runs``.  Every variant trains the same Keras
+MLP 784-128-10 (Adam, global batch 128) on the same seeded synthetic 10-class data and is scored
+on the same held-out rows:
+
+* ``single``  -- ``model.fit`` in this process (the same Keras as the nodes: ``tf_keras``);
+* ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
+  node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
+  MultiWorkerMirroredStrategy;
+* ``tfos``    -- TensorFlowOnSpark 2.2.5's documented form (its ``mnist_spark`` example):
+  ``from_generator`` over ``DataFeed.next_batch``, ``steps_per_epoch`` capped at 90 %, ``terminate()``.
+
+Wall time is run -> train -> shutdown.  After the timed runs, one more tfos_nb run (not timed;
+``--no-breakdown`` leaves it out) times its steps and, after training, measures on the same cluster
+what a step is made of:
+
+* ``step``      -- mean wall time of a training step (Keras batch callbacks, first epoch excluded);
+* ``compute``   -- the same forward + backward + Adam update on one batch, no strategy, no feed;
+* ``allreduce`` -- MultiWorkerMirroredStrategy's all-reduce of the model's gradient tensors
+  across both nodes, alone;
+* ``data``      -- one more epoch drained from the feed with no model (per-batch time);
+* ``other``     -- step - compute - allreduce: Keras/Python overhead plus data stalls.
+
+Run: ``bash benchmarks/run_b2.sh`` (creates ``.venv-bench``), or directly
+``.venv-bench/bin/python benchmarks/bench_training.py --rows 40000 --epochs 3 --runs 3``.
+Writes ``benchmarks/results/b2-latest.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FEATURES = 784
+CLASSES = 10
+GLOBAL_BATCH = 128
+NODES = 2
+
+log = logging.getLogger("bench_training")
+
+
+# --------------------------------------------------------------------------------------
+# Data and model (the same for every variant)
+# --------------------------------------------------------------------------------------
+
+def make_data(rows: int, seed: int, separation: float):
+    """Seeded synthetic 10-class data: class centres + isotropic noise, hard enough to stay < 0.9."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0.0, 1.0, (CLASSES, FEATURES)).astype(np.float32) * separation
+    y = rng.integers(0, CLASSES, rows).astype(np.int32)
+    x = centres[y] + rng.normal(0.0, 1.0, (rows, FEATURES)).astype(np.float32)
+    return x.astype(np.float32), y
+
+
+def build_model():
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input(shape=(FEATURES,)),
+        tf.keras.layers.Dense(128, activation="relu"),
+        tf.keras.layers.Dense(CLASSES, activation="softmax"),
+    ])
+    model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=1e-3),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# Node functions (shipped by cloudpickle; self-contained)
+# --------------------------------------------------------------------------------------
+
+def tfos_nb_main(args, ctx):
+    """tfos_nb's documented form, plus (optionally) the per-step breakdown."""
+    import json
+    import os
+    import time
+
+    t_enter = time.time()
+    import numpy as np
+    import tensorflow as tf
+
+    from tfos_nb import compat
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    t_strategy = time.time()
+    with strategy.scope():
+        model = args["build_model"]()
+    feed = ctx.get_data_feed()
+    ds = feed.as_dataset(batch_size=args["batch"], columns=(0, 1))
+
+    class StepTimer(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.epoch, self.times, self.t0 = 0, [], 0.0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            if epoch == 1:
+                self.t_epoch1 = time.time()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch > 0:  # the first epoch builds the graph and the collectives
+                self.times.append(time.perf_counter() - self.t0)
+
+    timer = StepTimer()
+    callbacks = [ctx.progress_callback()] + ([timer] if args["breakdown"] else [])
+    t_fit = time.time()
+    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=callbacks)
+    t_fit_end = time.time()
+    compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
+    if not args["breakdown"]:
+        return None
+
+    out = {"step": float(np.mean(timer.times)) if timer.times else None, "steps": len(timer.times),
+           "phases": {"enter": t_enter, "import+strategy": t_strategy - t_enter,
+                      "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
+                      "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
+                      "export": time.time() - t_fit_end}}
+    x = tf.constant(np.random.default_rng(0).random((args["batch"], 784), dtype=np.float32))
+    y = tf.constant(np.arange(args["batch"], dtype=np.int32) % 10)
+
+    local = args["build_model"]()  # no strategy: pure compute of one step
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function
+    def local_step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, local(x, training=True))
+        grads = tape.gradient(loss, local.trainable_variables)
+        local.optimizer.apply_gradients(zip(grads, local.trainable_variables))
+        return loss
+
+    def timed(fn, reps=50):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps
+
+    out["compute"] = timed(lambda: local_step().numpy())
+
+    grads_like = [tf.zeros_like(v) for v in model.trainable_variables]
+
+    @tf.function
+    def allreduce():
+        def fn(*g):
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, list(g))
+        return strategy.run(fn, args=tuple(grads_like))
+
+    out["allreduce"] = timed(lambda: [t.numpy() for t in strategy.experimental_local_results(allreduce()[0])])
+
+    # One more epoch from the driver's second train() call, drained with no model.
+    it = iter(ds)
+    times, t0 = [], time.perf_counter()
+    for _ in it:
+        now = time.perf_counter()
+        times.append(now - t0)
+        t0 = now
+    out["data"] = float(np.median(times)) if times else None
+    with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
+        json.dump(out, f)
+    return None
+
+
+def tfos_main(args, ctx):
+    """TensorFlowOnSpark 2.2.5's mnist_spark form: from_generator over DataFeed.next_batch(1)."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflowonspark import TFNode, compat
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    tf_feed = TFNode.DataFeed(ctx.mgr, False)
+
+    def rdd_generator():
+        while not tf_feed.should_stop():
+            batch = tf_feed.next_batch(1)
+            if len(batch) > 0:
+                example = batch[0]
+                yield (np.array(example[0]).astype(np.float32), np.array(example[1]).astype(np.int32))
+            else:
+                return
+
+    ds = tf.data.Dataset.from_generator(rdd_generator, (tf.float32, tf.int32),
+                                        (tf.TensorShape([784]), tf.TensorShape([])))
+    ds = ds.batch(args["batch"])
+    with strategy.scope():
+        model = args["build_model"]()
+    steps_per_epoch_per_worker = args["rows"] / (args["batch"] * ctx.num_workers)
+    model.fit(x=ds, epochs=args["epochs"], steps_per_epoch=int(steps_per_epoch_per_worker * 0.9), verbose=0)
+    compat.export_saved_model(model, args["export_dir"], ctx.job_name == "chief")
+    tf_feed.terminate()
+
+
+# --------------------------------------------------------------------------------------
+# Harness
+# --------------------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, opts):
+        self.opts = opts
+        self.tmp = tempfile.mkdtemp(prefix="tfos-b2-")
+        self.spark = None
+
+    def start(self):
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"  # the nodes' Keras (tf_keras), here too
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        pp = os.environ.get("PYTHONPATH", "")
+        if ROOT not in pp.split(os.pathsep):
+            os.environ["PYTHONPATH"] = ROOT + (os.pathsep + pp if pp else "")
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import StorageLevel
+        from pyspark.sql import SparkSession
+
+        o = self.opts
+        x, y = make_data(o.rows + o.test_rows, o.seed, o.separation)
+        self.x_train, self.y_train = x[:o.rows], y[:o.rows]
+        self.x_test, self.y_test = x[o.rows:], y[o.rows:]
+        parts = os.path.join(self.tmp, "train.parquet")
+        os.makedirs(parts)
+        for i, idx in enumerate(np.array_split(np.arange(o.rows), o.partitions)):
+            feats = pa.FixedSizeListArray.from_arrays(pa.array(self.x_train[idx].ravel()), FEATURES)
+            table = pa.table({"features": pa.array(feats.to_pylist(), pa.list_(pa.float32())),
+                              "label": pa.array(self.y_train[idx])})
+            pq.write_table(table, os.path.join(parts, "part-%05d.parquet" % i))
+        b = (SparkSession.builder.master(o.master).appName("tfos_nb-bench-training")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.files.maxPartitionBytes", str(1 << 40))  # one partition per file
+             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]))
+        for k, v in {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
+                     "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}.items():
+            b = b.config("spark.executorEnv." + k, v)
+        self.spark = b.getOrCreate()
+        self.spark.sparkContext.setLogLevel("ERROR")
+        self.df = self.spark.read.parquet(parts).persist(StorageLevel.MEMORY_AND_DISK)
+        assert self.df.count() == o.rows
+        self.rdd = self.df.rdd.map(lambda r: (r.features, int(r.label))).persist(StorageLevel.MEMORY_AND_DISK)
+        assert self.rdd.count() == o.rows
+        self.extra = self.df.limit(GLOBAL_BATCH * 40).repartition(NODES).persist(StorageLevel.MEMORY_AND_DISK)
+        self.extra.count()
+        log.info("data: %d train + %d test rows, %d partitions", o.rows, o.test_rows, self.df.rdd.getNumPartitions())
+
+    def accuracy(self, export_dir):
+        import tensorflow as tf
+
+        model = tf.keras.models.load_model(export_dir)
+        pred = model.predict(self.x_test, batch_size=1024, verbose=0).argmax(axis=1)
+        return float((pred == self.y_test).mean())
+
+    def _export_dir(self, tag):
+        d = os.path.join(self.tmp, "export-%s-%d" % (tag, time.monotonic_ns()))
+        return d
+
+    def single(self):
+        import tensorflow as tf
+
+        tf.keras.utils.set_random_seed(self.opts.seed)
+        t0 = time.perf_counter()
+        model = build_model()
+        model.fit(self.x_train, self.y_train, batch_size=GLOBAL_BATCH, epochs=self.opts.epochs, verbose=0)
+        wall = time.perf_counter() - t0
+        pred = model.predict(self.x_test, batch_size=1024, verbose=0).argmax(axis=1)
+        return {"wall s": wall, "accuracy": float((pred == self.y_test).mean())}
+
+    def tfos_nb(self, breakdown=False):
+        from tfos_nb import TFCluster
+
+        export_dir = self._export_dir("nb")
+        out_dir = tempfile.mkdtemp(dir=self.tmp)
+        args = {"batch": GLOBAL_BATCH // NODES, "epochs": self.opts.epochs, "export_dir": export_dir,
+                "breakdown": breakdown, "out_dir": out_dir, "build_model": build_model}
+        t0, w0 = time.perf_counter(), time.time()
+        cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
+                                input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+        t_run = time.perf_counter() - t0
+        try:
+            cluster.train(self.df, num_epochs=self.opts.epochs)
+            if breakdown:
+                cluster.train(self.extra, num_epochs=1)  # drained by the nodes with no model
+        finally:
+            t1 = time.perf_counter()
+            cluster.shutdown()
+            t_shutdown = time.perf_counter() - t1
+        wall = time.perf_counter() - t0
+        res = {"wall s": wall, "accuracy": self.accuracy(export_dir)}
+        if breakdown:
+            nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
+            for k in ("step", "compute", "allreduce", "data"):
+                vals = [n[k] for n in nodes if n.get(k) is not None]
+                if vals:
+                    res[k + " ms"] = 1000 * statistics.mean(vals)
+            if "step ms" in res and "compute ms" in res and "allreduce ms" in res:
+                res["other ms"] = res["step ms"] - res["compute ms"] - res["allreduce ms"]
+            chief = nodes[0]["phases"]
+            self.phases = {"TFCluster.run()": t_run, "run() to node function": chief["enter"] - w0,
+                           **{k: v for k, v in chief.items() if k != "enter"}, "shutdown()": t_shutdown}
+        return res
+
+    def tfos(self):
+        from tensorflowonspark import TFCluster
+
+        export_dir = self._export_dir("tfos")
+        args = {"batch": GLOBAL_BATCH // NODES, "epochs": self.opts.epochs, "rows": self.opts.rows,
+                "export_dir": export_dir, "build_model": build_model}
+        t0 = time.perf_counter()
+        cluster = TFCluster.run(self.spark.sparkContext, tfos_main, args, NODES, num_ps=0, tensorboard=False,
+                                input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+        try:
+            cluster.train(self.rdd, num_epochs=self.opts.epochs)
+        finally:
+            try:
+                cluster.shutdown()
+            finally:
+                signal.alarm(0)  # TFoS leaves a SIGALRM armed after shutdown()
+        wall = time.perf_counter() - t0
+        return {"wall s": wall, "accuracy": self.accuracy(export_dir)}
+
+
+VARIANTS = {
+    "single": "single-process Keras",
+    "tfos_nb": "tfos_nb (as_dataset + model.fit)",
+    "tfos": "TensorFlowOnSpark 2.2.5 (from_generator over next_batch)",
+}
+
+
+def table(results, failures, opts, phases=None):
+    def med(key, m):
+        v = results.get(key, {}).get(m)
+        return statistics.median(v) if v else None
+
+    def rng(key, m):
+        v = results.get(key, {}).get(m)
+        return "%.1f–%.1f" % (min(v), max(v)) if v else ""
+
+    lines = ["| variant | wall (median) | range | accuracy | vs single | vs TFoS |", "|---|---|---|---|---|---|"]
+    single, tfos = med("single", "wall s"), med("tfos", "wall s")
+    for key in opts.only:
+        if key in failures:
+            lines.append("| %s | FAILED: %s | | | | |" % (VARIANTS[key], failures[key]))
+            continue
+        w = med(key, "wall s")
+        if w is None:
+            continue
+        acc = med(key, "accuracy")
+        lines.append("| %s | %.1f s | %s s | %.3f | %s | %s |" % (
+            VARIANTS[key], w, rng(key, "wall s"), acc,
+            "%.2f×" % (w / single) if single and key != "single" else "",
+            "%.2f×" % (w / tfos) if tfos and key not in ("tfos", "single") else ""))
+    if opts.breakdown and "tfos_nb" in results:
+        parts = [(k, med("tfos_nb", k + " ms")) for k in ("step", "compute", "allreduce", "other", "data")]
+        lines += ["", "tfos_nb per-step breakdown (ms, mean over nodes, one extra run): " + ", ".join(
+            "%s %.1f" % (k, v) for k, v in parts if v is not None),
+            "(data = one epoch drained from the feed alone, per batch; other = step - compute - allreduce)"]
+        if phases:
+            lines += ["", "tfos_nb phases of that run (s; node phases from node 0): " + ", ".join(
+                "%s %.1f" % kv for kv in phases.items())]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=40_000)
+    p.add_argument("--test-rows", type=int, default=10_000)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--separation", type=float, default=0.105, help="class-centre scale: 0.105 gives ≈0.84 single-process accuracy")
+    p.add_argument("--master", default="local-cluster[2,1,3072]")
+    p.add_argument("--only", default="single,tfos_nb,tfos")
+    p.add_argument("--no-breakdown", dest="breakdown", action="store_false")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument("--out", default=os.path.join(HERE, "results", "b2-latest.md"))
+    opts = p.parse_args(argv)
+    opts.only = [k for k in opts.only.split(",") if k]
+    unknown = set(opts.only) - set(VARIANTS)
+    if unknown:
+        p.error("unknown variant(s): %s" % ", ".join(sorted(unknown)))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    bench = Bench(opts)
+    results, failures = {}, {}
+    try:
+        bench.start()
+        reps = (["warm-up"] if opts.warmup else []) + ["run %d" % i for i in range(1, opts.runs + 1)]
+        for rep in reps:
+            for key in opts.only:
+                if key in failures:
+                    continue
+                try:
+                    m = getattr(bench, key)()
+                except Exception as e:  # one variant's failure must not hide the others
+                    failures[key] = ("%s: %s" % (type(e).__name__, str(e).strip().splitlines()[:1])).replace("|", "/")
+                    log.exception("%s %s failed", key, rep)
+                    continue
+                log.info("%s [%s]: %s", key, rep, ", ".join("%s=%.3f" % kv for kv in m.items()))
+                if rep != "warm-up":
+                    for k, v in m.items():
+                        results.setdefault(key, {}).setdefault(k, []).append(v)
+        if opts.breakdown and "tfos_nb" in opts.only and "tfos_nb" not in failures:
+            try:
+                m = bench.tfos_nb(breakdown=True)
+                log.info("tfos_nb [breakdown]: %s", ", ".join("%s=%.3f" % kv for kv in m.items()))
+                for k, v in m.items():
+                    if k.endswith(" ms"):
+                        results["tfos_nb"].setdefault(k, []).append(v)
+            except Exception:
+                log.exception("tfos_nb breakdown run failed")
+    finally:
+        if bench.spark is not None:
+            bench.spark.stop()
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+    head = "B2 training parity — %s, %s cores, %s; %d rows × %d float32, %d epochs, global batch %d, %d nodes (MWMS), %s; medians of %d" % (
+        _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), os.cpu_count(), platform.machine(),
+        opts.rows, FEATURES, opts.epochs, GLOBAL_BATCH, NODES, opts.master, opts.runs)
+    cmd = "command: " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv or sys.argv[1:]))
+    text = "\n\n".join([head, table(results, failures, opts, getattr(bench, "phases", None)), cmd]) + "\n"
+    print(text)
+    os.makedirs(os.path.dirname(opts.out), exist_ok=True)
+    with open(opts.out, "w") as f:
+        f.write(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
