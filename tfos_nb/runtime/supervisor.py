@@ -67,6 +67,7 @@ class Supervisor:
         self.error: str | None = None
         self.running = False
         self.finished = False
+        self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.gpus: list[dict] = []
         self._output_thread: threading.Thread | None = None
 
@@ -185,6 +186,8 @@ class Supervisor:
                     self.error = str(ev.get("error"))[:2000]
                 elif kind == "finished":
                     self.finished = True
+                elif kind == "feed_closed":
+                    self.feed_closed = True
             self.wake.set()
 
     def _wait_child(self) -> None:
@@ -213,6 +216,8 @@ class Supervisor:
             dropped, self.dropped = self.dropped, 0
             report = dict(self.report)
             error = self.error
+            # A node whose function failed is not "done reading": feeders that lost it wait for its failure.
+            feed = {"closed": True} if self.feed_closed and error is None else {}
             tail = list(self.tail) if (final and state == "failed") else []
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
@@ -224,6 +229,7 @@ class Supervisor:
                 data_port=self.data_port,
                 tensorboard=self.tb_url,
                 report=report,
+                feed=feed,
                 logs=logs,
                 logs_dropped=dropped,
                 exit_code=exit_code,
