@@ -110,6 +110,15 @@ def test_node_crashing_in_the_same_window_is_that_nodes_error(sc, before_termina
     assert "ValueError: boom" in str(err.value)
 
 
+def test_tfestimator_epochs_over_nodes_that_terminate(sc, no_leaks):
+    from tfos_nb.pipeline import TFEstimator, TFModel
+
+    df = sc.parallelize([(i, float(i)) for i in range(400)], 8).toDF(["id", "x"])
+    est = TFEstimator(read_then_stop, {"rows": 20}, env=NODE_ENV).setInputMapping({"id": "id", "x": "x"})
+    model = est.setClusterSize(2).setEpochs(3).fit(df)  # the same train path: failed the same way
+    assert isinstance(model, TFModel)
+
+
 class Source:
     """A directory a file-source stream reads; each write() adds one JSON file atomically (rename)."""
 

@@ -247,11 +247,9 @@ class Controller:
                         return m.Reply(ok=True, body={"skip": True})
                     return m.Reply(ok=False, error="no node is reading data any more (all finished)")
                 return m.Reply(ok=False, body={"retry": 0.1})
-            if msg.mode == "infer":
-                live = [n for n in live if self._active.get(n.index, 0) == 0]
-                if not live:
-                    return m.Reply(ok=False, body={"retry": 0.05})
-
+            # The least busy node takes the partition (a node serves several inference feeders at once, each
+            # one's results routed back in order), so that a feeder that never released its node (its Python
+            # worker was killed) cannot make a re-run of the partition wait.
             def key(n: S._Node) -> tuple:
                 local = n.executor_id == msg.executor_id if msg.executor_id else False
                 return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)

@@ -173,7 +173,11 @@ def _count(batches: Iterator[Any]) -> int:
 def feed_train(meta: dict[str, Any], partition: int, gen: int, batches: Iterable[Any], timeout: float) -> dict:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them)."""
     feeder = _Feeder(meta, partition, gen, "train", timeout)
-    node = feeder.assign()
+    try:
+        node = feeder.assign()
+    except BaseException:
+        feeder.client.close()
+        raise
     batches = iter(batches)
     if node.get("skip"):  # no node reads data any more
         skipped = _count(batches)
@@ -185,8 +189,8 @@ def feed_train(meta: dict[str, Any], partition: int, gen: int, batches: Iterable
         try:
             for batch in batches:
                 if batch.num_rows:
+                    sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
                     dp.send_frame(sock, b"D", C.encode_ipc(batch))
-                    sent += batch.num_rows
             dp.send_frame(sock, b"E")
             done = _recv_answer(sock)
         finally:
