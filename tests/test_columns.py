@@ -77,15 +77,13 @@ def test_vector_udt_struct_dense_and_sparse():
     np.testing.assert_array_equal(col, [[1.0, 2.0, 3.0], [7.0, 0.0, 9.0]])
 
 
-@pytest.mark.parametrize(
-    ("results", "expected"),
-    [
-        (np.array([1, 2, 3]), [1, 2, 3]),
-        (np.array([[1.0, 2.0], [3.0, 4.0]]), [[1.0, 2.0], [3.0, 4.0]]),
-        (["a", "b"], ["a", "b"]),
-        ({"p": np.array([1, 2]), "q": ["x", "y"]}, [{"p": 1, "q": "x"}, {"p": 2, "q": "y"}]),
-    ],
-)
-def test_results_roundtrip(results, expected):
-    batch = C.decode_ipc(C.encode_ipc(C.results_to_batch(results)))
-    assert C.result_rows(batch) == expected
+def test_dataframe_rows_arrive_as_pyspark_rows():
+    from pyspark.sql import Row
+
+    fed = C.batch_to_rows(C.rows_to_batch([Row(x=1.5, label=3), Row(x=2.5, label=4)]))  # df.rdd rows
+    plain = C.batch_to_rows(pa.RecordBatch.from_pydict({"x": [1.5], "label": [3]}))  # a DataFrame's Arrow batch
+    for rows in (fed, plain):
+        row = rows[0]
+        assert isinstance(row, Row) and row.label == row["label"] == row[1] == 3
+        assert row.asDict() == {"x": 1.5, "label": 3} and row == (1.5, 3)
+    assert fed[1].x == 2.5

@@ -6,6 +6,7 @@ import pytest
 
 from tfos_nb.runtime import columns as C
 from tfos_nb.runtime import dataplane as dp
+from tfos_nb.runtime import results as R
 from tfos_nb.runtime.feed import DataFeed, DataServer, FeedHub
 
 SECRET = b"k" * 32
@@ -121,7 +122,7 @@ def test_inference_results_route_back_in_order_per_partition(node):
         results = []
         for kind, payload in out["frames"]:
             if kind == b"R":
-                results.extend(C.result_rows(C.decode_ipc(payload)))
+                results.extend(R.result_rows(C.decode_ipc(payload)))
         assert results == [r[0] * 2 for r in rows]
         assert out["frames"][-1][0] == b"A"
 
@@ -182,3 +183,32 @@ def test_unauthenticated_feeder_is_refused(node):
     with pytest.raises((dp.DataPlaneError, OSError)):
         sock = dp.client_connect("127.0.0.1", server.port, b"w" * 32, {"partition": 0}, 5)
         dp.recv_frame(sock)
+
+
+def test_a_failed_node_answers_its_feeders_with_its_error_not_an_ack(node):
+    hub, server = node
+    t, out = feed_in_thread(server.port, [(float(i), i) for i in range(500)], chunk=50)
+    DataFeed(hub).next_batch(10)
+    hub.close(error="worker:1 failed: ValueError: boom")  # what node.main does when the function raises
+    t.join(10)
+    kind, payload = out["frames"][-1]
+    assert kind == b"X" and dp.parse_json(payload) == {"error": "worker:1 failed: ValueError: boom",
+                                                        "node_failed": True}
+
+
+def test_terminate_tells_the_driver_once(node):
+    closed = []
+    hub = FeedHub(on_close=lambda: closed.append(1))
+    DataFeed(hub).terminate()
+    DataFeed(hub).terminate()
+    hub.close(error="worker:0 failed: later")  # a failure after terminate() is still a failure
+    assert closed == [1] and hub.error == "worker:0 failed: later"
+
+
+def test_empty_feed_on_nodes_that_are_not_fed():
+    from tfos_nb import TFNode
+
+    feed = TFNode.DataFeed(None, False)  # ctx.mgr on a ps node, or in InputMode.TENSORFLOW
+    assert feed.should_stop() and feed.next_batch(8) == []
+    feed.batch_results([])
+    feed.terminate()

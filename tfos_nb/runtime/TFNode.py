@@ -19,10 +19,16 @@ def DataFeed(  # noqa: N802 - TensorFlowOnSpark's name
     qname_out: str = "output",
     input_mapping: dict[str, str] | list[str] | None = None,
 ) -> _DataFeed:
-    """The node's data feed: ``TFNode.DataFeed(ctx.mgr, train_mode)``."""
+    """The node's data feed: ``TFNode.DataFeed(ctx.mgr, train_mode)``.
+
+    On a node that is not fed (a ps or evaluator node, or any node of an
+    InputMode.TENSORFLOW cluster: ``ctx.mgr`` is None) the feed is empty:
+    ``should_stop()`` is True at once and ``next_batch`` returns ``[]``, as in
+    TensorFlowOnSpark, whose examples create a feed on every node.
+    """
     if mgr is None:
-        msg = "this node has no data feed: only chief/worker nodes of an InputMode.SPARK cluster are fed"
-        raise RuntimeError(msg)
+        mgr = FeedHub()
+        mgr.stop()
     return _DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
 
 

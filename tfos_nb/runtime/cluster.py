@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import numbers
 import re
 import threading
 import time
@@ -20,8 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import state as S
+from .cluster_streams import ClusterStreams
 from .controller import FEEDABLE, Controller
-from .launch import (
+from .feeder import (
     make_arrow_feeder,
     make_arrow_inferer,
     make_rdd_feeder,
@@ -30,11 +32,12 @@ from .launch import (
 from .procs import kill_tree
 from .reservation import ControlServer
 from .sparkjob import SparkJob
-from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, is_streaming, require_stream, sink_writer
+from .streaming import StreamingFeed, is_streaming
 
 log = logging.getLogger(__name__)
 
 TAIL_IN_ERRORS = 20
+DEFAULT_EPOCHS = 10  # train(..., num_epochs=0): TensorFlowOnSpark feeds the data 10 times
 
 
 class InputMode:
@@ -78,6 +81,26 @@ def _error_for(view: S.ClusterView) -> TFClusterError:
     return TFClusterError(msg, n)
 
 
+def _refuse_dstream(data: Any, what: str) -> None:
+    """Spark Streaming DStreams are not fed: say so up front, with the Structured Streaming equivalent."""
+    try:
+        from pyspark.streaming import DStream
+    except ImportError:  # pragma: no cover - a PySpark without DStreams
+        return
+    if isinstance(data, DStream):
+        stream = "train_stream" if what == "train" else "inference_stream"
+        msg = (
+            f"{what}() does not feed Spark Streaming DStreams (a legacy API, deprecated since Spark 3.4): "
+            f"read the same source as a streaming DataFrame and use {stream}(), e.g.\n"
+            "    stream_df = spark.readStream.text(input_dir)   # was ssc.textFileStream(input_dir)\n"
+            + ("    feed = cluster.train_stream(stream_df, feed_timeout=600)   # returns at once; feed.stop() or "
+               "cluster.request_stop() ends it\n    cluster.shutdown()"
+               if what == "train" else
+               "    feed = cluster.inference_stream(stream_df, schema, 'memory', query_name='preds')")
+        )
+        raise TypeError(msg)
+
+
 def _python_error_line(exc: BaseException) -> str:
     """The last Python exception line inside a Py4J/Spark error, else its first line."""
     text = str(exc)
@@ -89,7 +112,7 @@ def _python_error_line(exc: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
 
 
-class TFCluster:
+class TFCluster(ClusterStreams):
     """A running TensorFlow cluster on Spark executors (made by :func:`run`)."""
 
     def __init__(self, sc: Any, state: S.ClusterState, controller: Controller, server: ControlServer,
@@ -140,13 +163,19 @@ class TFCluster:
     # -- data ------------------------------------------------------------------
     def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input",
               *, batch_rows: int = 1024) -> None:
-        """Feed an RDD or DataFrame to the chief/worker nodes, ``num_epochs`` times.
+        """Feed an RDD or DataFrame to the chief/worker nodes, ``num_epochs`` times (0, the default: 10 times,
+        as TensorFlowOnSpark does).
 
         Partitions go to nodes as Arrow batches; each epoch is one Spark job, and
         nodes reading with ``as_dataset()`` see one dataset iteration per epoch.
-        Returns when every row was taken by a node (or skipped because its
-        function had already returned: see ``last_feed``).
+        Returns when every row was taken by a node, or skipped because the node it
+        went to stopped reading (its function called ``terminate()`` or returned);
+        ``last_feed`` counts both.  A node that failed is an error.
         """
+        _refuse_dstream(dataRDD, "train")
+        if not isinstance(num_epochs, numbers.Integral) or isinstance(num_epochs, bool) or num_epochs < 0:
+            msg = f"num_epochs must be a non-negative integer (0: 10 epochs), got {num_epochs!r}"
+            raise ValueError(msg)
         self._require_spark_mode("train")
         self._require_alive()
         if is_streaming(dataRDD):  # one unbounded epoch, until the query or the nodes end
@@ -165,7 +194,7 @@ class TFCluster:
 
         is_df = isinstance(dataRDD, DataFrame)
         total = {"rows": 0, "skipped": 0, "partitions": 0}
-        for _ in range(max(1, int(num_epochs))):
+        for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
             with self.state.lock:
                 self.state.feed_gen += 1
                 gen = self.state.feed_gen
@@ -202,6 +231,7 @@ class TFCluster:
         An RDD gives an RDD; a DataFrame with ``schema`` (a DDL string or
         StructType for the result columns) gives a DataFrame through Arrow.
         """
+        _refuse_dstream(dataRDD, "inference")
         self._require_spark_mode("inference")
         self._require_alive()
         from pyspark.sql import DataFrame
@@ -210,144 +240,19 @@ class TFCluster:
             if schema is not None:
                 from pyspark.sql.types import StructType
 
-                names = schema.names if isinstance(schema, StructType) else [
-                    f.strip().split()[0] for f in str(schema).split(",")
-                ]
-                return dataRDD.mapInArrow(make_arrow_inferer(self._meta, feed_timeout, batch_rows, names), schema)
+                if not isinstance(schema, StructType):
+                    schema = StructType.fromDDL(str(schema))
+                return dataRDD.mapInArrow(make_arrow_inferer(self._meta, feed_timeout, batch_rows, schema), schema)
             dataRDD = dataRDD.rdd
         return dataRDD.mapPartitionsWithIndex(make_rdd_inferer(self._meta, feed_timeout, batch_rows))
-
-    # -- streams -----------------------------------------------------------------
-    def train_stream(self, stream_df: Any, *, feed_timeout: float = 600, batch_rows: int = 1024,
-                     checkpoint_location: str | None = None, query_name: str | None = None,
-                     trigger: dict[str, Any] | None = None) -> StreamingFeed:
-        """Feed a streaming DataFrame to the chief/worker nodes until the query is stopped; returns at once.
-
-        Each micro-batch is fed like one ``train()`` epoch's partitions (through
-        ``writeStream.foreachBatch``); the whole stream is one epoch, so nodes read
-        with ``next_batch``/``should_stop`` (or one ``as_dataset()`` iteration).
-        The returned :class:`StreamingFeed` owns the query: ``process_all_available()``,
-        ``stop()``, ``wait()``, ``rows``.  ``shutdown()`` stops it first.
-        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
-        ``{"availableNow": True}``); without ``checkpoint_location`` a temporary one
-        is used and removed at stop.
-        """
-        self._require_spark_mode("train_stream")
-        self._require_alive()
-        require_stream(stream_df, "train_stream")
-        self._require_no_training_stream()
-        location, owned = checkpoint_dir(checkpoint_location)
-        with self.state.lock:
-            self.state.feed_gen += 1
-            gen = self.state.feed_gen
-        self.state.notify()
-        feed = StreamingFeed(self, "train", gen, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
-        writer = apply_writer_options(stream_df.writeStream.foreachBatch(feed._on_batch), query_name=query_name,
-                                      trigger=trigger, checkpoint=location)
-        feed._start(writer)
-        self._streams.append(feed)
-        return feed
-
-    def inference_stream(self, stream_df: Any, schema: Any, sink: str | Callable[[Any, int], None] = "memory", *,
-                         path: str | None = None, query_name: str | None = None,
-                         options: dict[str, Any] | None = None, output_mode: str = "append",
-                         checkpoint_location: str | None = None, trigger: dict[str, Any] | None = None,
-                         feed_timeout: float = 600, batch_rows: int = 1024) -> StreamingFeed:
-        """Run a streaming DataFrame through the nodes' ``batch_results`` and write the results to ``sink``.
-
-        ``schema`` (DDL string or StructType) names the result columns, as in
-        ``inference(df, schema=...)``; ``sink`` is a streaming format (``"memory"``
-        with ``query_name``, ``"parquet"``/``"json"`` with ``path``, ``"kafka"`` with
-        ``options``…) or a function ``(predictions_df, batch_id)`` for
-        ``foreachBatch``.  Returns the query's :class:`StreamingFeed` at once;
-        ``shutdown()`` stops it first.
-        """
-        self._require_spark_mode("inference_stream")
-        self._require_alive()
-        require_stream(stream_df, "inference_stream")
-        if schema is None:
-            msg = "inference_stream() needs schema= (a DDL string or StructType for the result columns)"
-            raise ValueError(msg)
-        if sink == "memory" and not query_name:
-            msg = "a memory sink needs query_name= (the table the predictions appear in)"
-            raise ValueError(msg)
-        if isinstance(sink, str) and sink in ("parquet", "json", "csv", "orc", "text") and not (
-            path or (options or {}).get("path")
-        ):
-            msg = f"a {sink} sink needs path= (the directory the predictions are written to)"
-            raise ValueError(msg)
-        location, owned = checkpoint_dir(checkpoint_location)
-        preds = self.inference(stream_df, feed_timeout, schema=schema, batch_rows=batch_rows)
-        writer = apply_writer_options(sink_writer(preds, sink, path, output_mode), query_name=query_name,
-                                      trigger=trigger, checkpoint=location, options=options)
-        feed = StreamingFeed(self, "inference", 0, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
-        feed._start(writer)
-        self._streams.append(feed)
-        return feed
-
-    @property
-    def streams(self) -> tuple[StreamingFeed, ...]:
-        """The streaming feeds still running on this cluster."""
-        return tuple(self._streams)
-
-    def stop_streams(self) -> None:
-        """Stop every streaming feed of this cluster (the micro-batches in flight are fed first).
-
-        A training stream's epoch ends with it: nodes iterating ``as_dataset()`` see
-        the end of their data, their ``model.fit`` returns, and ``train(stream_df)``
-        or a ``%%tfos_cluster --data STREAM`` cell goes on to wait for the nodes.
-        """
-        self._stop_streams(None)
-
-    def _feed_micro_batch(self, batch_df: Any, gen: int, batch_id: int, feed_timeout: float,
-                          batch_rows: int) -> list[dict[str, int]]:
-        """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
-        self._require_alive()
-        fn = make_arrow_feeder(self._meta, gen, feed_timeout, batch_rows)
-
-        def action() -> list:
-            return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
-
-        job = SparkJob(self.sc, f"tfos-{self.cluster_id}-feed-{gen}",
-                       f"tfos_nb {self.name}: stream micro-batch {batch_id}", action)
-        return self._watch(job, f"feeding micro-batch {batch_id}")
-
-    def _require_no_training_stream(self) -> None:
-        for feed in [f for f in self._streams if f.kind == "train"]:
-            if feed.is_active:
-                msg = "a training stream feeds this cluster: stop it (feed.stop()) before feeding other data"
-                raise RuntimeError(msg)
-            feed.stop()  # its query ended by itself (availableNow trigger, error): close its epoch
-
-    def _stream_ended(self, feed: StreamingFeed) -> None:
-        if feed in self._streams:
-            self._streams.remove(feed)
-
-    def _stop_streams(self, ssc: Any) -> None:
-        """Stop what feeds the cluster before the cluster: streaming feeds, a query or StreamingContext."""
-        for feed in list(self._streams):
-            feed.stop()
-        if ssc is None:
-            return
-        if isinstance(ssc, StreamingFeed):
-            ssc.stop()
-        elif hasattr(ssc, "awaitTermination") and hasattr(ssc, "isActive"):  # a StreamingQuery
-            try:
-                ssc.stop()
-            except Exception:  # noqa: BLE001 - the session may be stopping already
-                pass
-        elif hasattr(ssc, "stop"):  # a DStream StreamingContext (TensorFlowOnSpark's shutdown(ssc))
-            try:
-                ssc.stop(stopSparkContext=False, stopGraceFully=True)
-            except Exception:  # noqa: BLE001
-                pass
 
     # -- lifecycle ----------------------------------------------------------------
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
         """Stop the cluster: end the feeds, wait for chief/workers, then stop ps/evaluator.
 
         Idempotent.  Raises :class:`TFClusterError` when a node failed, and
-        ``TimeoutError`` when the workers did not finish within ``timeout`` s (the
+        ``TimeoutError`` when the workers did not finish within ``timeout`` s
+        (a negative ``timeout`` waits for ever, as in TensorFlowOnSpark; the
         cluster is torn down either way).  Streaming feeds are stopped first (the
         micro-batch in flight is fed), and so is ``ssc``: a ``StreamingQuery``,
         a :class:`StreamingFeed` or a DStream ``StreamingContext``.
@@ -359,7 +264,7 @@ class TFCluster:
             with self.state.lock:
                 self.state.stop_requested = True
             self.state.notify()
-            deadline = time.monotonic() + timeout
+            deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
             while True:
                 view = self.state.snapshot()
                 if view.state == S.C_FAILED:
@@ -367,7 +272,7 @@ class TFCluster:
                 trainers = [n for n in view.nodes if self._waits_for(n)]
                 if all(n.state in S.TERMINAL for n in trainers):
                     break
-                if time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
                     waiting = [n.label for n in trainers if n.state not in S.TERMINAL]
                     msg = f"shutdown timed out after {timeout:.0f} s waiting for {', '.join(waiting)} to finish"
                     raise TimeoutError(msg)

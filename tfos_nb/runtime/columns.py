@@ -8,6 +8,7 @@ array (a 2-D one for fixed-length vectors) without a per-row Python loop.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from typing import Any
@@ -186,9 +187,13 @@ def batch_to_columns(batch: pa.RecordBatch | pa.Table) -> list[np.ndarray]:
 
 
 def batch_to_rows(batch: pa.RecordBatch | pa.Table) -> list[Any]:
-    """Rebuild the Python rows a batch came from (for TensorFlowOnSpark's ``next_batch``)."""
+    """Rebuild the Python rows a batch came from (for TensorFlowOnSpark's ``next_batch``).
+
+    A DataFrame's own Arrow batches carry no kind: their rows come back as
+    ``pyspark.sql.Row`` (as ``df.rdd`` gives them), fields by name or position.
+    """
     meta = batch.schema.metadata or {}
-    kind = meta.get(KIND_KEY, b"tuple").decode()
+    kind = meta.get(KIND_KEY, b"row").decode()
     if kind in ("scalar",):
         return batch.column(0).to_pylist()
     if kind in ("vector", "ndarray"):
@@ -199,51 +204,23 @@ def batch_to_rows(batch: pa.RecordBatch | pa.Table) -> list[Any]:
         return [dict(zip(names, vals)) for vals in zip(*cols)]
     if kind == "list":
         return [list(vals) for vals in zip(*cols)]
+    if kind == "row" and cols:  # a DataFrame's rows (df.rdd): pyspark.sql.Row, fields by name
+        make = functools.partial(tuple.__new__, _row_class(tuple(batch.schema.names)))
+        return list(map(make, zip(*cols)))
     return list(zip(*cols)) if cols else []
 
 
+@functools.lru_cache(maxsize=64)
+def _row_class(names: tuple[str, ...]) -> type:
+    """A ``pyspark.sql.Row`` subclass whose rows share one field list (no per-row attribute to set)."""
+    from pyspark.sql import Row
+
+    return type("Row", (Row,), {"__fields__": list(names), "__slots__": ()})
+
+
 # ---------------------------------------------------------------------------
-# Results (node -> feeding task)
+# Arrow IPC
 # ---------------------------------------------------------------------------
-
-
-def results_to_batch(results: Any) -> pa.RecordBatch:
-    """Encode what the user passed to ``batch_results``."""
-    if isinstance(results, dict):
-        arrays, fields = [], []
-        for k, v in results.items():
-            arr, meta = _column_to_arrow(str(k), list(v) if not isinstance(v, np.ndarray) else v)
-            arrays.append(arr)
-            fields.append(pa.field(str(k), arr.type, metadata=meta or None))
-        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata={KIND_KEY: b"dict"}))
-    if hasattr(results, "numpy"):  # a tf.Tensor
-        results = results.numpy()
-    if isinstance(results, np.ndarray):
-        arr, meta = _column_to_arrow("result", results)  # type: ignore[arg-type]
-        field = pa.field("result", arr.type, metadata=meta or None)
-        return pa.RecordBatch.from_arrays([arr], schema=pa.schema([field], metadata={KIND_KEY: b"ndarray"}))
-    arr, meta = _column_to_arrow("result", list(results))
-    field = pa.field("result", arr.type, metadata=meta or None)
-    return pa.RecordBatch.from_arrays([arr], schema=pa.schema([field], metadata={KIND_KEY: b"scalar"}))
-
-
-def result_rows(batch: pa.RecordBatch) -> list[Any]:
-    kind = (batch.schema.metadata or {}).get(KIND_KEY, b"scalar").decode()
-    if kind == "dict":
-        return batch_to_rows(batch)
-    col = column_to_numpy(batch, 0) if kind == "ndarray" else None
-    if col is not None:
-        return col.tolist()
-    return batch.column(0).to_pylist()
-
-
-def num_rows(results: Any) -> int:
-    if isinstance(results, dict):
-        lens = {len(v) for v in results.values()}
-        if len(lens) > 1:
-            raise ValueError(f"batch_results: columns of different lengths {sorted(lens)}")
-        return lens.pop() if lens else 0
-    return len(results)
 
 
 def encode_ipc(batch: pa.RecordBatch) -> pa.Buffer:

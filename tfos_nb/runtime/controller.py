@@ -59,6 +59,8 @@ class Controller:
             return self._feed_assign(msg)
         if isinstance(msg, m.FeedRelease):
             return self._feed_release(msg)
+        if isinstance(msg, m.FeedCheck):
+            return self._feed_check(msg)
         if isinstance(msg, m.Register):
             return self._register(msg)
         if isinstance(msg, m.AwaitSpec):
@@ -166,6 +168,8 @@ class Controller:
             node.child_pid = msg.child_pid
             if msg.data_port is not None:
                 node.data_port = msg.data_port
+            if msg.feed.get("closed"):
+                node.feed_closed = True
             if msg.tensorboard:
                 node.tensorboard = msg.tensorboard
             if msg.report:
@@ -243,18 +247,16 @@ class Controller:
             if st.state == S.C_STOPPED or st.kill_requested:
                 return m.Reply(ok=False, error="cluster stopped")
             feedable = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
-            live = [n for n in feedable if n.state == S.RUNNING]
+            live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]
             if not live:
-                if feedable and all(n.state in S.TERMINAL for n in feedable):
+                if feedable and all(n.state in S.TERMINAL or n.feed_closed for n in feedable):
                     if msg.mode == "train":
                         return m.Reply(ok=True, body={"skip": True})
                     return m.Reply(ok=False, error="no node is reading data any more (all finished)")
                 return m.Reply(ok=False, body={"retry": 0.1})
-            if msg.mode == "infer":
-                live = [n for n in live if self._active.get(n.index, 0) == 0]
-                if not live:
-                    return m.Reply(ok=False, body={"retry": 0.05})
-
+            # The least busy node takes the partition (a node serves several inference feeders at once, each
+            # one's results routed back in order), so that a feeder that never released its node (its Python
+            # worker was killed) cannot make a re-run of the partition wait.
             def key(n: S._Node) -> tuple:
                 local = n.executor_id == msg.executor_id if msg.executor_id else False
                 return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
@@ -266,6 +268,21 @@ class Controller:
                 ok=True,
                 body={"node": node.index, "label": node.label, "host": node.host, "port": node.data_port},
             )
+
+    def _feed_check(self, msg: m.FeedCheck) -> m.Reply:
+        """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""
+        st = self.state
+        with st.lock:
+            node = self._node(msg.node)
+            if node is None:
+                return m.Reply(ok=False, error=f"no node {msg.node}")
+            if node.state == S.FAILED or st.state == S.C_FAILED:
+                return m.Reply(ok=True, body={"verdict": "failed", "error": st.error or f"{node.label} failed"})
+            if node.state == S.FINISHED or node.feed_closed:
+                return m.Reply(ok=True, body={"verdict": "done"})
+            if node.state == S.STOPPED or st.kill_requested or st.state == S.C_STOPPED:
+                return m.Reply(ok=True, body={"verdict": "stopped"})
+            return m.Reply(ok=True, body={"verdict": "reading"})
 
     def _feed_release(self, msg: m.FeedRelease) -> m.Reply:
         st = self.state

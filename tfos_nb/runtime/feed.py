@@ -13,7 +13,7 @@ import collections
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from . import columns as C
 from . import dataplane as dp
+from . import results as R
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +53,13 @@ class _Conn:
             else:
                 dp.send_frame(self.sock, kind, payload)
 
-    def finish(self, error: str | None = None) -> None:
+    def finish(self, error: str | None = None, node_failed: bool = False) -> None:
         with self._send_lock:
             if self.closed:
                 return
             try:
                 if error:
-                    dp.send_json(self.sock, b"X", {"error": error})
+                    dp.send_json(self.sock, b"X", {"error": error, "node_failed": node_failed})
                 else:
                     dp.send_json(self.sock, b"A", {"rows": self.consumed, "skipped": self.skipped})
             except OSError:
@@ -73,8 +74,11 @@ class _Conn:
 class FeedHub:
     """The queue between connections and the consumer, plus the end-of-data signals."""
 
-    def __init__(self, max_batches: int = _QUEUE_BATCHES) -> None:
+    def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None) -> None:
         self._cond = threading.Condition()
+        self._on_close = on_close  # tells the driver (through the supervisor) that this node reads no more
+        self._conns: set[_Conn] = set()  # connections not yet answered
+        self.error: str | None = None  # why the node's function failed, once it did
         self._q: collections.deque[tuple[str, Any, Any]] = collections.deque()
         self._max = max_batches
         self._carry: tuple[_Conn, int, pa.RecordBatch] | None = None
@@ -89,6 +93,7 @@ class FeedHub:
     # -- producers (reader threads, control thread) --------------------------
     def put(self, conn: _Conn, gen: int, batch: pa.RecordBatch) -> None:
         with self._cond:
+            self._conns.add(conn)
             while len(self._q) >= self._max and not self.closed:
                 self._cond.wait(0.5)
             conn.received += batch.num_rows
@@ -103,17 +108,24 @@ class FeedHub:
         with self._cond:
             conn.ended = True
             if self.closed:
-                conn.finish(None if conn.mode == "train" else "the node stopped reading data")
+                self._finish_closed(conn)
                 return
+            self._conns.add(conn)
             self._maybe_finish(conn)
             self._q.append(("eoc", conn, None))  # marks the partition's end for inference batches
             self._cond.notify_all()
 
-    @staticmethod
-    def _maybe_finish(conn: _Conn) -> None:
-        """Ack a feeder as soon as all its rows are taken (train) or answered (inference)."""
+    def _maybe_finish(self, conn: _Conn) -> None:
+        """Ack a feeder as soon as all its rows are taken (train) or answered (inference); lock held."""
         if conn.ended and (conn.consumed if conn.mode == "train" else conn.answered) >= conn.received:
+            self._conns.discard(conn)
             conn.finish()
+
+    def drop(self, conn: _Conn, error: str) -> None:
+        """A connection broke (the feeder went away): forget it."""
+        with self._cond:
+            self._conns.discard(conn)
+        conn.finish(error)
 
     def end_gen(self, gen: int) -> None:
         with self._cond:
@@ -127,12 +139,30 @@ class FeedHub:
             self.stopped = True
             self._cond.notify_all()
 
-    def close(self) -> None:
-        """Stop taking data: skip what is queued and what still arrives."""
+    def _finish_closed(self, conn: _Conn) -> None:
+        """Answer a feeder of a node that reads no more: done (train), or why not."""
+        self._conns.discard(conn)
+        if self.error is not None:
+            conn.finish(self.error, node_failed=True)
+        elif conn.mode == "train":
+            conn.finish()
+        else:
+            conn.finish("the node stopped reading data before answering this partition")
+
+    def close(self, error: str | None = None) -> None:
+        """Stop taking data: skip what is queued and what still arrives.
+
+        Feeders are acknowledged (their rows counted as skipped) — or, with
+        ``error`` (the node's function failed), told that error, so that the
+        failure is reported as this node's and never as data skipped.
+        """
         with self._cond:
             if self.closed:
+                if error is not None and self.error is None:  # failed after terminate(): later feeders hear of it
+                    self.error = error
                 return
             self.closed = True
+            self.error = error
             items = list(self._q)
             self._q.clear()
             if self._carry is not None:
@@ -140,15 +170,21 @@ class FeedHub:
                 conn.skipped += batch.num_rows
                 self.skipped += batch.num_rows
                 self._carry = None
+            for kind, conn, payload in items:
+                if kind == "data":
+                    conn.skipped += payload[1].num_rows
+                    self.skipped += payload[1].num_rows
+            ended = [c for c in self._conns if c.ended]
+            pending = [c for c, _ in self._pending]
+            self._pending.clear()
             self._cond.notify_all()
-        for kind, conn, payload in items:
-            if kind == "data":
-                conn.skipped += payload[1].num_rows
-                self.skipped += payload[1].num_rows
-            elif kind == "eoc":
-                conn.finish(None if conn.mode == "train" else "the node stopped reading data")
-        for conn, _ in list(self._pending):
-            conn.finish("the node stopped before answering all rows")
+        for conn in pending:
+            conn.finish(error or "the node stopped before answering all rows", node_failed=error is not None)
+        for conn in ended:
+            with self._cond:
+                self._finish_closed(conn)
+        if error is None and self._on_close is not None:
+            self._on_close()
 
     # -- the consumer ---------------------------------------------------------
     def drained(self) -> bool:
@@ -213,7 +249,7 @@ class FeedHub:
 
     def answer(self, results: Any) -> None:
         """Route ``batch_results`` to the feeders of the rows last taken, in order."""
-        n = C.num_rows(results)
+        n = R.num_rows(results)
         with self._cond:
             pending = sum(k for _, k in self._pending)
             if n != pending:
@@ -224,7 +260,7 @@ class FeedHub:
                 raise ValueError(msg)
             todo = list(self._pending)
             self._pending.clear()
-        batch = C.results_to_batch(results)
+        batch = R.results_to_batch(results)
         offset = 0
         for conn, k in todo:
             part = batch.slice(offset, k)
@@ -297,7 +333,7 @@ class DataServer:
         except (OSError, dp.DataPlaneError) as exc:
             log.warning("tfos_nb data connection dropped: %s", exc)
             if conn is not None:
-                conn.finish(str(exc))
+                self._hub.drop(conn, str(exc))
             else:
                 sock.close()
 

@@ -177,6 +177,20 @@ class FeedRelease(Message):
     error: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class FeedCheck(Message):
+    """A feeding task lost its connection to a node: has that node stopped reading, failed, or neither?
+
+    The reply's body holds ``verdict``: ``"done"`` (its function called terminate() or
+    returned: the partition is skipped), ``"failed"`` (with ``error``), ``"stopped"``
+    (the cluster is being shut down) or ``"reading"`` (no news yet: ask again).
+    """
+
+    TYPE: ClassVar[str] = "feed_check"
+    partition: int
+    node: int
+
+
 # Driver -> node (responses) --------------------------------------------------
 
 

@@ -100,7 +100,7 @@ def main() -> int:
 
     hub = server = None
     if info.get("feed"):
-        hub = FeedHub()
+        hub = FeedHub(on_close=lambda: reporter.event({"t": "feed_closed"}))
         server = DataServer(hub, bytes.fromhex(info["secret"]), info["host"]).start()
     threading.Thread(target=_control_loop, args=(0, hub), name="tfos-node-control", daemon=True).start()
 
@@ -127,7 +127,10 @@ def main() -> int:
             traceback.print_exc()
             sys.stderr.flush()
             first = str(exc).strip().splitlines()
-            reporter.event({"t": "error", "error": f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")})
+            error = f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
+            reporter.event({"t": "error", "error": error})
+            if hub is not None:  # feeders connected now learn of the failure, not of data skipped
+                hub.close(error=f"{info['job_name']}:{info['task_index']} failed: {error}")
             return 1
     finally:
         reporter.flush()

@@ -137,6 +137,7 @@ class _Node:
         self.metrics: dict[str, Any] = {}
         self.last_heartbeat: float | None = None
         self.rows_fed = 0
+        self.feed_closed = False  # its function called terminate() or returned: it reads no more data
         self.error: str | None = None
         self.exit_code: int | None = None
         self.tail: list[str] = []

@@ -73,6 +73,7 @@ class Supervisor:
         self.error: str | None = None
         self.running = False
         self.finished = False
+        self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.gpus: list[dict] = []
         self._output_thread: threading.Thread | None = None
 
@@ -202,6 +203,8 @@ class Supervisor:
                 elif kind == "finished":
                     self.finished = True
                     self.value = ev.get("value")
+                elif kind == "feed_closed":
+                    self.feed_closed = True
             self.wake.set()
 
     def _wait_child(self) -> None:
@@ -234,6 +237,8 @@ class Supervisor:
                 reports.append(self.reports.popleft())
                 size += len(json.dumps(reports[-1]))
             error = self.error
+            # A node whose function failed is not "done reading": feeders that lost it wait for its failure.
+            feed = {"closed": True} if self.feed_closed and error is None else {}
             tail = list(self.tail) if (final and state == "failed") else []
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
@@ -247,6 +252,7 @@ class Supervisor:
                 report=report,
                 reports=reports,
                 returned={"value": self.value} if final and self.value is not None else {},
+                feed=feed,
                 logs=logs,
                 logs_dropped=dropped,
                 exit_code=exit_code,

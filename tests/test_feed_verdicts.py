@@ -1,0 +1,45 @@
+"""The driver's answers to feeding tasks about nodes that stopped reading, finished or failed."""
+
+from __future__ import annotations
+
+from tfos_nb.runtime import messages as m
+from tfos_nb.runtime import state as S
+from tfos_nb.runtime.controller import Controller
+
+
+def cluster():
+    st = S.ClusterState("c1", "c1", [("chief", 0), ("worker", 0)])
+    for i, n in enumerate(st.nodes):
+        n.state, n.data_port, n.host = S.RUNNING, 4000 + i, "h"
+    ctl = Controller(st, input_mode_spark=True, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
+    return st, ctl
+
+
+def assign(ctl, mode="train"):
+    return ctl.handle(m.FeedAssign(partition=0, gen=1, host="h", executor_id="", mode=mode))
+
+
+def check(ctl, node):
+    return ctl.handle(m.FeedCheck(partition=0, node=node)).body
+
+
+def test_a_node_that_terminated_gets_no_more_partitions_and_is_done_for_lost_feeders():
+    st, ctl = cluster()
+    assert check(ctl, 0) == {"verdict": "reading"}
+    ctl.handle(m.Heartbeat(node=0, state="running", feed={"closed": True}))  # chief:0 called terminate()
+    assert check(ctl, 0) == {"verdict": "done"}
+    for _ in range(3):
+        assert assign(ctl).body["label"] == "worker:0"
+    ctl.handle(m.Heartbeat(node=1, state="finished", exit_code=0))  # worker:0 returned
+    assert check(ctl, 1) == {"verdict": "done"}
+    assert assign(ctl).body == {"skip": True}  # nobody reads: the partition is skipped
+    reply = assign(ctl, "infer")
+    assert not reply.ok and "no node is reading" in reply.error  # inference needs answers: an error at once
+
+
+def test_a_failed_node_is_failed_for_lost_feeders():
+    st, ctl = cluster()
+    ctl.handle(m.Heartbeat(node=1, state="failed", error="ValueError: boom", exit_code=1))
+    body = check(ctl, 1)
+    assert body["verdict"] == "failed" and "worker:0 failed" in body["error"]
+    assert check(ctl, 0)["verdict"] == "failed"  # the whole cluster is failing

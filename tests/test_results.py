@@ -1,0 +1,88 @@
+"""Inference results: the node's forms, back as rows (RDD) or onto a schema's columns (DataFrame)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tfos_nb.runtime import columns as C
+from tfos_nb.runtime import results as R
+
+
+def wire(results):
+    """What the feeding task gets: the node's encoding, through Arrow IPC."""
+    return C.decode_ipc(C.encode_ipc(R.results_to_batch(results)))
+
+
+@pytest.mark.parametrize(
+    ("results", "expected"),
+    [
+        ([1, 2, 3], [1, 2, 3]),
+        (["a", "b"], ["a", "b"]),
+        ([(1, "x"), (2, "y")], [(1, "x"), (2, "y")]),
+        ([[1, 2], [3, 4]], [[1, 2], [3, 4]]),
+        ([{"p": 1, "q": "x"}], [{"p": 1, "q": "x"}]),
+        ({"p": np.array([1, 2]), "q": ["x", "y"]}, [{"p": 1, "q": "x"}, {"p": 2, "q": "y"}]),
+    ],
+)
+def test_rdd_results_come_back_as_the_node_returned_them(results, expected):
+    rows = R.result_rows(wire(results))
+    assert rows == expected
+    assert [type(r) for r in rows] == [type(e) for e in expected]
+
+
+def test_numpy_results_stay_numpy():
+    # TensorFlowOnSpark's test_inputmode_spark: nodes answer tf.math.square(batch).numpy() for [[x], ...]
+    rows = R.result_rows(wire(np.array([[0], [1], [4]], dtype=np.int32)))
+    assert all(isinstance(r, np.ndarray) and r.shape == (1,) and r.dtype == np.int32 for r in rows)
+    assert int(sum(rows)[0]) == 5
+    flat = R.result_rows(wire(np.array([0.5, 1.5], dtype=np.float32)))
+    assert all(isinstance(v, np.float32) for v in flat) and sum(flat) == 2.0
+    rows = R.result_rows(wire([np.array([1.0, 2.0]), np.array([3.0, 4.0])]))
+    assert all(isinstance(r, np.ndarray) for r in rows)
+    np.testing.assert_array_equal(np.stack(rows), [[1.0, 2.0], [3.0, 4.0]])
+
+
+TARGET = pa.schema([("id", pa.int64()), ("y", pa.int64())])
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        [(7, 1), (8, 0)],  # per-row tuples (TensorFlowOnSpark's form)
+        [[7, 1], [8, 0]],  # per-row lists
+        [{"y": 1, "id": 7}, {"y": 0, "id": 8}],  # per-row dicts, by name
+        {"id": [7, 8], "y": np.array([1, 0])},  # columns by name
+        np.array([[7, 1], [8, 0]], dtype=np.int32),  # a 2-D array: one column per field
+        [np.array([7, 1]), np.array([8, 0])],  # numpy rows
+    ],
+)
+def test_results_map_onto_the_schema(results):
+    out = R.to_schema(wire(results), TARGET, "worker:1")
+    assert out.schema == TARGET
+    assert out.to_pydict() == {"id": [7, 8], "y": [1, 0]}
+
+
+def test_scalars_and_arrays_map_onto_one_column():
+    one = pa.schema([("p", pa.float32())])
+    assert R.to_schema(wire([0.5, 1.5]), one, "w").to_pydict() == {"p": [0.5, 1.5]}
+    assert R.to_schema(wire(np.array([[0.5], [1.5]])), one, "w").to_pydict() == {"p": [0.5, 1.5]}
+    vec = pa.schema([("v", pa.list_(pa.float64()))])
+    out = R.to_schema(wire(np.array([[1.0, 2.0], [3.0, 4.0]])), vec, "w")
+    assert out.to_pydict() == {"v": [[1.0, 2.0], [3.0, 4.0]]}
+
+
+@pytest.mark.parametrize(
+    ("results", "match"),
+    [
+        ([(1, 2, 3)], r"worker:1's batch_results\(\) rows have 3 value\(s\) but the schema has 2 column\(s\) "
+                      r"\(id int64, y int64\); first row returned: \(1, 2, 3\)"),
+        ([{"id": 1}], r"worker:1's batch_results\(\) returned no column 'y' of the schema"),
+        ([(1, "cat")], r"column 'y' of the schema is int64, but the node returned 'cat' \(string\)"),
+        ([1, 2], r"results have 1 value\(s\) but the schema has 2 column"),
+    ],
+)
+def test_mismatch_is_one_clear_error_naming_node_column_and_value(results, match):
+    with pytest.raises(R.ResultSchemaError, match=match):
+        R.to_schema(wire(results), TARGET, "worker:1")

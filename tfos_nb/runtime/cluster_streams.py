@@ -1,0 +1,169 @@
+"""The streaming half of :class:`~tfos_nb.runtime.cluster.TFCluster`: feeding it from Structured Streaming.
+
+``train_stream`` / ``inference_stream`` start a query that feeds the cluster
+(see :mod:`.streaming` for the :class:`StreamingFeed` that owns it);
+``request_stop`` / ``stop_streams`` end them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .feeder import make_arrow_feeder
+from .sparkjob import SparkJob
+from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
+
+__all__ = ["ClusterStreams"]
+
+
+class ClusterStreams:
+    """Mixed into TFCluster: its streaming feeds."""
+
+    _streams: list[StreamingFeed]
+    state: Any
+    cluster_id: str
+    name: str
+    sc: Any
+    _meta: dict[str, Any]
+
+    if TYPE_CHECKING:  # provided by TFCluster
+        def _require_spark_mode(self, what: str) -> None: ...
+        def _require_alive(self) -> None: ...
+        def _watch(self, job: SparkJob, what: str) -> Any: ...
+        def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,
+                      schema: Any = None, batch_rows: int = 1024) -> Any: ...
+
+    def train_stream(self, stream_df: Any, *, feed_timeout: float = 600, batch_rows: int = 1024,
+                     checkpoint_location: str | None = None, query_name: str | None = None,
+                     trigger: dict[str, Any] | None = None) -> StreamingFeed:
+        """Feed a streaming DataFrame to the chief/worker nodes until the query is stopped; returns at once.
+
+        Each micro-batch is fed like one ``train()`` epoch's partitions (through
+        ``writeStream.foreachBatch``); the whole stream is one epoch, so nodes read
+        with ``next_batch``/``should_stop`` (or one ``as_dataset()`` iteration).
+        The returned :class:`StreamingFeed` owns the query: ``process_all_available()``,
+        ``stop()``, ``wait()``, ``rows``.  ``shutdown()`` stops it first.
+        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
+        ``{"availableNow": True}``); without ``checkpoint_location`` a temporary one
+        is used and removed at stop.
+        """
+        self._require_spark_mode("train_stream")
+        self._require_alive()
+        require_stream(stream_df, "train_stream")
+        self._require_no_training_stream()
+        location, owned = checkpoint_dir(checkpoint_location)
+        with self.state.lock:
+            self.state.feed_gen += 1
+            gen = self.state.feed_gen
+        self.state.notify()
+        feed = StreamingFeed(self, "train", gen, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        writer = apply_writer_options(stream_df.writeStream.foreachBatch(feed._on_batch), query_name=query_name,
+                                      trigger=trigger, checkpoint=location)
+        feed._start(writer)
+        self._streams.append(feed)
+        return feed
+
+    def inference_stream(self, stream_df: Any, schema: Any, sink: str | Callable[[Any, int], None] = "memory", *,
+                         path: str | None = None, query_name: str | None = None,
+                         options: dict[str, Any] | None = None, output_mode: str = "append",
+                         checkpoint_location: str | None = None, trigger: dict[str, Any] | None = None,
+                         feed_timeout: float = 600, batch_rows: int = 1024) -> StreamingFeed:
+        """Run a streaming DataFrame through the nodes' ``batch_results`` and write the results to ``sink``.
+
+        ``schema`` (DDL string or StructType) names the result columns, as in
+        ``inference(df, schema=...)``; ``sink`` is a streaming format (``"memory"``
+        with ``query_name``, ``"parquet"``/``"json"`` with ``path``, ``"kafka"`` with
+        ``options``…) or a function ``(predictions_df, batch_id)`` for
+        ``foreachBatch``.  Returns the query's :class:`StreamingFeed` at once;
+        ``shutdown()`` stops it first.
+        """
+        self._require_spark_mode("inference_stream")
+        self._require_alive()
+        require_stream(stream_df, "inference_stream")
+        if schema is None:
+            msg = "inference_stream() needs schema= (a DDL string or StructType for the result columns)"
+            raise ValueError(msg)
+        if sink == "memory" and not query_name:
+            msg = "a memory sink needs query_name= (the table the predictions appear in)"
+            raise ValueError(msg)
+        if isinstance(sink, str) and sink in ("parquet", "json", "csv", "orc", "text") and not (
+            path or (options or {}).get("path")
+        ):
+            msg = f"a {sink} sink needs path= (the directory the predictions are written to)"
+            raise ValueError(msg)
+        location, owned = checkpoint_dir(checkpoint_location)
+        preds = self.inference(stream_df, feed_timeout, schema=schema, batch_rows=batch_rows)
+        writer = apply_writer_options(sink_writer(preds, sink, path, output_mode), query_name=query_name,
+                                      trigger=trigger, checkpoint=location, options=options)
+        feed = StreamingFeed(self, "inference", 0, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        feed._start(writer)
+        self._streams.append(feed)
+        return feed
+
+    @property
+    def streams(self) -> tuple[StreamingFeed, ...]:
+        """The streaming feeds still running on this cluster."""
+        return tuple(self._streams)
+
+    def request_stop(self) -> None:
+        """End the streaming feeds from anywhere in the driver (TensorFlowOnSpark's
+        ``reservation.Client(...).request_stop()``).
+
+        Every streaming feed stops after the micro-batch in flight; a blocked
+        ``train(stream_df)`` returns, and ``shutdown()`` goes on to wait for the nodes.
+        """
+        self._stop_streams(None)
+
+    def stop_streams(self) -> None:
+        """Stop every streaming feed of this cluster (the micro-batches in flight are fed first).
+
+        A training stream's epoch ends with it: nodes iterating ``as_dataset()`` see
+        the end of their data, their ``model.fit`` returns, and ``train(stream_df)``
+        or a ``%%tfos_cluster --data STREAM`` cell goes on to wait for the nodes.
+        """
+        self._stop_streams(None)
+
+    def _feed_micro_batch(self, batch_df: Any, gen: int, batch_id: int, feed_timeout: float,
+                          batch_rows: int) -> list[dict[str, int]]:
+        """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
+        self._require_alive()
+        fn = make_arrow_feeder(self._meta, gen, feed_timeout, batch_rows)
+
+        def action() -> list:
+            return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
+
+        job = SparkJob(self.sc, f"tfos-{self.cluster_id}-feed-{gen}",
+                       f"tfos_nb {self.name}: stream micro-batch {batch_id}", action)
+        return self._watch(job, f"feeding micro-batch {batch_id}")
+
+    def _require_no_training_stream(self) -> None:
+        for feed in [f for f in self._streams if f.kind == "train"]:
+            if feed.is_active:
+                msg = "a training stream feeds this cluster: stop it (feed.stop()) before feeding other data"
+                raise RuntimeError(msg)
+            feed.stop()  # its query ended by itself (availableNow trigger, error): close its epoch
+
+    def _stream_ended(self, feed: StreamingFeed) -> None:
+        if feed in self._streams:
+            self._streams.remove(feed)
+
+    def _stop_streams(self, ssc: Any) -> None:
+        """Stop what feeds the cluster before the cluster: streaming feeds, a query or StreamingContext."""
+        for feed in list(self._streams):
+            feed.stop()
+        if ssc is None:
+            return
+        if isinstance(ssc, StreamingFeed):
+            ssc.stop()
+        elif hasattr(ssc, "awaitTermination") and hasattr(ssc, "isActive"):  # a StreamingQuery
+            try:
+                ssc.stop()
+            except Exception:  # noqa: BLE001 - the session may be stopping already
+                pass
+        elif hasattr(ssc, "stop"):  # a DStream StreamingContext (TensorFlowOnSpark's shutdown(ssc))
+            try:
+                ssc.stop(stopSparkContext=False, stopGraceFully=True)
+            except Exception:  # noqa: BLE001
+                pass
+

@@ -1,0 +1,351 @@
+"""What runs inside Spark's feeding tasks: send a partition to the node the driver picks.
+
+A training partition ends in one of three ways:
+
+* the node took every row (its answer ``A`` says how many it took and skipped);
+* the node stops reading — its function called ``terminate()`` or returned —
+  before or while the partition arrives: the partition is *skipped*, never an
+  error (TensorFlowOnSpark's contract).  The node may answer ``A`` itself, or its
+  process may already be gone (refused or broken connection): then the feeder
+  asks the driver what became of the node (:class:`~.messages.FeedCheck`) and
+  waits for its verdict, which the node's supervisor gives within a heartbeat;
+* the node failed: the feeder fails, and the driver reports that node's error.
+
+Inference partitions need answers, so a node that stopped reading is an error
+there, raised at once.  A feeding task that stops early (``rdd.take(n)``, a
+failed downstream stage) releases its node, so a re-run of the partition is
+served right away.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from . import columns as C
+from . import dataplane as dp
+from . import messages as m
+from . import results as R
+from .launch import executor_id
+from .reservation import ControlClient
+
+_CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
+
+
+class _NodeAnswer(dp.DataPlaneError):
+    """The node answered a partition with an error (``X``)."""
+
+    def __init__(self, error: str, node_failed: bool) -> None:
+        super().__init__(error)
+        self.node_failed = node_failed
+
+
+def _recv_answer(sock: socket.socket) -> dict[str, Any]:
+    kind, payload = dp.recv_frame(sock)
+    if kind == b"X":
+        body = dp.parse_json(payload)
+        raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
+    if kind != b"A":
+        raise dp.DataPlaneError(f"unexpected frame {kind!r}")
+    return dp.parse_json(payload)
+
+
+class _Feeder:
+    def __init__(self, meta: dict[str, Any], partition: int, gen: int, mode: str, timeout: float) -> None:
+        self.meta = meta
+        self.secret = bytes.fromhex(meta["secret"])
+        self.codec = m.Codec(self.secret, meta["cluster_id"], f"feeder-p{partition}")
+        self.client = ControlClient(self.codec, (meta["control"][0], int(meta["control"][1])), timeout=30)
+        self.partition = partition
+        self.gen = gen
+        self.mode = mode
+        self.timeout = timeout
+        self.node: dict[str, Any] = {}
+        self.released = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.node.get('label', '?')} at {self.node.get('host', '?')}"
+
+    def assign(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.02
+        while True:
+            reply = self.client.request(
+                m.FeedAssign(
+                    partition=self.partition,
+                    gen=self.gen,
+                    host=socket.gethostname(),
+                    executor_id=executor_id(),
+                    mode=self.mode,
+                )
+            )
+            if reply.ok:
+                self.node = reply.body
+                return reply.body
+            if reply.error:
+                raise RuntimeError(reply.error)
+            if time.monotonic() > deadline:
+                msg = f"Timeout while feeding partition {self.partition}: no node took it in {self.timeout:.0f} s"
+                raise TimeoutError(msg)
+            time.sleep(delay)  # a busy node is polled, with back-off
+            delay = min(delay * 2, 0.5)
+
+    def release(self, rows: int, skipped: int, error: str | None) -> str | None:
+        if self.released:
+            return None
+        self.released = True
+        try:
+            reply = self.client.request(
+                m.FeedRelease(
+                    partition=self.partition,
+                    gen=self.gen,
+                    node=int(self.node.get("node", -1)),
+                    rows=rows,
+                    skipped=skipped,
+                    error=error,
+                )
+            )
+            return reply.body.get("cluster_error")
+        except (OSError, m.ProtocolError):
+            return None
+        finally:
+            self.client.close()
+
+    def connect(self) -> Any:
+        header = {"partition": self.partition, "gen": self.gen, "mode": self.mode}
+        return dp.client_connect(self.node["host"], int(self.node["port"]), self.secret, header, self.timeout)
+
+    def verdict(self, exc: BaseException) -> tuple[str, str | None]:
+        """What became of the node after the connection to it failed with ``exc``: (verdict, error).
+
+        A broken connection usually means the node's process ended; its supervisor
+        tells the driver within a heartbeat (or the driver notices the missing
+        heartbeats), so the question is repeated until the driver knows.  A timeout
+        or an error the node answered is asked about once.
+        """
+        node_failed = isinstance(exc, _NodeAnswer) and exc.node_failed
+        if isinstance(exc, _NodeAnswer) and not node_failed:
+            return "error", None
+        patient = node_failed or not (isinstance(exc, TimeoutError) or "timed out" in str(exc))
+        deadline = time.monotonic() + float(self.meta.get("driver_timeout", 10.0)) + _CHECK_GRACE_S
+        delay = 0.05
+        while True:
+            try:
+                reply = self.client.request(m.FeedCheck(partition=self.partition, node=int(self.node.get("node", -1))))
+            except (OSError, m.ProtocolError):
+                return "error", None  # the driver is gone: nothing more to learn
+            verdict = str(reply.body.get("verdict", "reading")) if reply.ok else "error"
+            if verdict != "reading" or not patient or time.monotonic() > deadline:
+                return verdict, reply.body.get("error")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def fail(self, exc: BaseException, rows: int, verdict: str = "error", cluster_error: str | None = None) -> RuntimeError:
+        released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}")
+        cluster_error = cluster_error or released_error
+        if isinstance(exc, _NodeAnswer) and exc.node_failed:
+            msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"  # the node's own error
+        elif verdict == "failed":
+            msg = f"feeding partition {self.partition} to {self.where} failed: {self.node.get('label', 'the node')} failed"
+        elif verdict == "stopped":
+            msg = f"feeding partition {self.partition} to {self.where} stopped: the cluster is shutting down"
+        elif isinstance(exc, TimeoutError) or "timed out" in str(exc):
+            msg = (
+                f"Timeout while feeding partition {self.partition} to {self.where}: the node took no data "
+                f"for {self.timeout:.0f} s"
+            )
+        else:
+            msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"
+        if cluster_error:
+            msg += f"\n{cluster_error}"
+        return RuntimeError(msg)
+
+
+def _count(batches: Iterator[Any]) -> int:
+    return sum(b.num_rows for b in batches)
+
+
+def feed_train(meta: dict[str, Any], partition: int, gen: int, batches: Iterable[Any], timeout: float) -> dict:
+    """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them)."""
+    feeder = _Feeder(meta, partition, gen, "train", timeout)
+    try:
+        node = feeder.assign()
+    except BaseException:
+        feeder.client.close()
+        raise
+    batches = iter(batches)
+    if node.get("skip"):  # no node reads data any more
+        skipped = _count(batches)
+        feeder.release(0, skipped, None)
+        return {"partition": partition, "rows": 0, "skipped": skipped}
+    sent = 0
+    try:
+        sock = feeder.connect()
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
+                    dp.send_frame(sock, b"D", C.encode_ipc(batch))
+            dp.send_frame(sock, b"E")
+            done = _recv_answer(sock)
+        finally:
+            sock.close()
+    except C.FeedDataError as exc:
+        feeder.release(sent, 0, str(exc))
+        raise
+    except (OSError, dp.DataPlaneError) as exc:
+        verdict, error = feeder.verdict(exc)
+        if verdict != "done":
+            raise feeder.fail(exc, sent, verdict, error) from None
+        # The node stopped reading: nothing of this partition is known to be taken.
+        skipped = sent + _count(batches)
+        feeder.release(0, skipped, None)
+        return {"partition": partition, "rows": 0, "skipped": skipped}
+    rows, skipped = int(done.get("rows", sent)), int(done.get("skipped", 0))
+    feeder.release(rows, skipped, None)
+    return {"partition": partition, "rows": rows, "skipped": skipped}
+
+
+def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
+    verdict, error = feeder.verdict(exc)
+    if verdict == "done":
+        msg = (
+            f"partition {feeder.partition}: {feeder.where} stopped reading (its function returned or called "
+            "terminate()) before answering every row; inference needs nodes that answer until the feed ends"
+        )
+        feeder.release(sent, 0, None)
+        return RuntimeError(msg)
+    return feeder.fail(exc, sent, verdict, error)
+
+
+def feed_infer(meta: dict[str, Any], partition: int, batches: Iterable[Any], timeout: float,
+               convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
+    """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
+    feeder = _Feeder(meta, partition, 0, "infer", timeout)
+    try:
+        feeder.assign()
+    except BaseException:
+        feeder.client.close()
+        raise
+    try:
+        sock = feeder.connect()
+    except (OSError, dp.DataPlaneError) as exc:
+        raise _infer_lost(feeder, exc, 0) from None
+    errors: list[BaseException] = []
+    sent = [0]
+
+    def write() -> None:
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    dp.send_frame(sock, b"D", C.encode_ipc(batch))
+                    sent[0] += batch.num_rows
+            dp.send_frame(sock, b"E")
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side
+            errors.append(exc)
+
+    writer = threading.Thread(target=write, name="tfos-feed-writer", daemon=True)
+    writer.start()
+    received = 0
+    try:
+        while True:
+            kind, payload = dp.recv_frame(sock)
+            if kind == b"R":
+                batch = C.decode_ipc(payload)
+                received += batch.num_rows
+                yield batch if convert is None else convert(batch, feeder.node.get("label", "?"))
+            elif kind == b"A":
+                break
+            elif kind == b"X":
+                body = dp.parse_json(payload)
+                raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
+            else:
+                raise dp.DataPlaneError(f"unexpected frame {kind!r}")
+        writer.join()
+        if errors:
+            raise errors[0]
+    except C.FeedDataError as exc:
+        feeder.release(sent[0], 0, str(exc))
+        raise
+    except (OSError, dp.DataPlaneError) as exc:
+        cause = errors[0] if errors and not isinstance(exc, dp.DataPlaneError) else exc
+        if isinstance(cause, C.FeedDataError):
+            feeder.release(sent[0], 0, str(cause))
+            raise cause from None
+        raise _infer_lost(feeder, cause, sent[0]) from None
+    finally:
+        sock.close()
+        writer.join(timeout=5)
+        # Also when the consumer stopped early (rdd.take(n), a failed downstream task): free the node.
+        feeder.release(sent[0], 0, None)
+    if received != sent[0]:
+        msg = f"partition {partition}: fed {sent[0]} rows but got {received} results back"
+        raise RuntimeError(msg)
+
+
+def _batches_from_rows(rows: Iterable[Any], batch_rows: int) -> Iterator[Any]:
+    buf: list[Any] = []
+    for row in rows:
+        buf.append(row)
+        if len(buf) >= batch_rows:
+            yield C.rows_to_batch(buf)
+            buf = []
+    if buf:
+        yield C.rows_to_batch(buf)
+
+
+def _rechunk(batches: Iterable[Any], batch_rows: int) -> Iterator[Any]:
+    for b in batches:
+        for off in range(0, b.num_rows, batch_rows):
+            yield b.slice(off, batch_rows)
+
+
+def make_rdd_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: int) -> Callable:
+    def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
+        yield json.dumps(feed_train(meta, partition, gen, _batches_from_rows(rows, batch_rows), timeout))
+
+    return feed
+
+
+def make_arrow_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: int) -> Callable:
+    def feed(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        stats = feed_train(meta, partition, gen, _rechunk(batches, batch_rows), timeout)
+        yield pa.RecordBatch.from_pydict(
+            {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
+            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64())]),
+        )
+
+    return feed
+
+
+def make_rdd_inferer(meta: dict[str, Any], timeout: float, batch_rows: int) -> Callable:
+    def infer(partition: int, rows: Iterable[Any]) -> Iterator[Any]:
+        for rows_out in feed_infer(meta, partition, _batches_from_rows(rows, batch_rows), timeout,
+                                   lambda batch, _: R.result_rows(batch)):
+            yield from rows_out
+
+    return infer
+
+
+def make_arrow_inferer(meta: dict[str, Any], timeout: float, batch_rows: int, schema: Any) -> Callable:
+    """``mapInArrow`` body: the nodes' results mapped onto ``schema`` (a StructType)."""
+
+    def infer(batches: Iterable[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        target = to_arrow_schema(schema)
+        partition = TaskContext.get().partitionId()
+        yield from feed_infer(meta, partition, _rechunk(batches, batch_rows), timeout,
+                              lambda batch, node: R.to_schema(batch, target, node))
+
+    return infer
