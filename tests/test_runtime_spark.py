@@ -394,6 +394,11 @@ def test_start_waits_for_the_executors_the_configuration_promises(monkeypatch):
     monkeypatch.setattr(start, "available_slots", lambda sc: (1 + (now[0] >= 8) + (now[0] >= 20),) * 2)
     start._wait_for_slots(SimpleNamespace(master="local-cluster[3,1,1024]"), 3, 120)
     assert now[0] >= 20
+    # promised too few: the answer comes once they are all up, naming them all
+    now[0] = 0.0
+    with pytest.raises(RuntimeError, match=r"asked for 4 nodes, 3 task slot\(s\) available on 3 executor"):
+        start._wait_for_slots(SimpleNamespace(master="local-cluster[3,1,1024]"), 4, 120)
+    assert 20 <= now[0] < 21
     # a master that does not say its size: give up once the count stopped changing
     now[0] = 0.0
     unsized = SimpleNamespace(master="spark://h:7077", getConf=lambda: {})

@@ -79,11 +79,10 @@ def _wait_for_slots(sc: Any, needed: int, timeout: float) -> None:
     """Return when ``needed`` tasks can run at once; fail fast when they never will.
 
     Executors register one by one, seconds apart on a busy machine: when the configuration
-    says that enough will come, wait for them (up to ``timeout``); otherwise give up once
-    their number has stopped changing for a few seconds.
+    says how many slots will come, wait for all of them (up to ``timeout``) before deciding;
+    otherwise give up once their number has stopped changing for a few seconds.
     """
     expected = expected_slots(sc)
-    coming = expected is not None and expected >= needed
     deadline = time.monotonic() + timeout
     last = None
     stable_since = time.monotonic()
@@ -94,7 +93,10 @@ def _wait_for_slots(sc: Any, needed: int, timeout: float) -> None:
         if (slots, executors) != last:
             last, stable_since = (slots, executors), time.monotonic()
         now = time.monotonic()
-        settled = not coming and executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
+        if expected is not None:
+            settled = slots >= expected  # every promised executor is up, and they are too few
+        else:
+            settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
         if settled or now > deadline:
             msg = (
                 f"not enough executors: asked for {needed} nodes, {slots} task slot(s) available "
