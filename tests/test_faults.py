@@ -333,12 +333,31 @@ def quick_reader(args, ctx):
     ctx.report(rows=n)
 
 
+def live_descendants(pid: int) -> list[str]:
+    """Command lines of the running descendants of ``pid``, less PySpark's pool of Python workers.
+
+    PySpark's daemon forks a worker per concurrent task and ends idle ones after a minute, so
+    how many there are follows the timing of Spark's tasks on a busy machine, not tfos_nb.
+    Whatever tfos_nb starts (supervisors, nodes, TensorBoard) lives below them and is counted;
+    an exited process its parent has not reaped yet (a zombie) is gone.
+    """
+    live = []
+    for c in psutil.Process(pid).children(recursive=True):
+        try:
+            cmd = " ".join(c.cmdline())
+            if c.status() != psutil.STATUS_ZOMBIE and "pyspark.daemon" not in cmd:
+                live.append(cmd)
+        except psutil.Error:
+            continue
+    return live
+
+
 def resources() -> dict[str, int]:
     me = psutil.Process()
     return {
         "threads": threading.active_count(),
         "fds": me.num_fds(),
-        "children": len(me.children(recursive=True)),
+        "children": len(live_descendants(me.pid)),
         "listening ports": len(listening_ports()),
     }
 
@@ -363,7 +382,7 @@ def test_soak_twenty_cycles_leak_nothing(spark, sc, no_leaks):
         cycle()
     took = time.monotonic() - t0
     assert wait_until(lambda: not runtime_processes(), 15)
-    assert wait_until(lambda: resources() == before, 15), (before, resources())
+    assert wait_until(lambda: resources() == before, 15), (before, resources(), live_descendants(os.getpid()))
     figure("20 × start → train → shutdown, one driver",
            "threads, fds, child processes, listening ports unchanged " + str(before), f"{took / 20:.1f} s per cycle")
 
@@ -389,13 +408,7 @@ ctx.report(attempt=ctx.attempt)
 def kernel_resources(pid: int) -> dict[str, int]:
     p = psutil.Process(pid)
     ports = {c.laddr.port for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-    live = []
-    for c in p.children(recursive=True):
-        try:
-            if c.status() != psutil.STATUS_ZOMBIE:  # an exited task process Spark's worker has not reaped yet
-                live.append(" ".join(c.cmdline()))
-        except psutil.Error:
-            continue
+    live = live_descendants(pid)
     tfos = [c for c in live if "tfos_nb.runtime" in c]
     return {"threads": p.num_threads(), "fds": p.num_fds(), "children": len(live),
             "runtime processes": len(tfos), "listening ports": len(ports)}
@@ -440,7 +453,7 @@ def test_soak_through_the_magic_in_one_kernel(kernel_specs):
             execute(MAGIC_CYCLE)
             execute(check)
         took = time.monotonic() - t0
-        assert wait_until(lambda: kernel_resources(pid) == before, 15), (before, kernel_resources(pid))
+        assert wait_until(lambda: kernel_resources(pid) == before, 15), (before, kernel_resources(pid), live_descendants(pid))
         figure("20 × %%tfos_cluster cells in one kernel", "kernel threads, fds, children, ports unchanged "
                + str(before), f"{took / 20:.1f} s per cell")
 

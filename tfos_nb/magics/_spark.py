@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from ..runtime.start import expected_slots
 
 __all__ = ["LOOPBACK", "SparkUnusable", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
            "job_groups", "job_progress", "spark_session", "start_embedded"]
@@ -135,24 +136,6 @@ def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,10
 def embedded_notice(master: str) -> str:
     return (f"tfos_nb: no Spark session in this kernel; starting an embedded one ({master}, listening on "
             f"{embedded_host()} only, executors run {sys.executable})")
-
-
-def expected_slots(sc: Any) -> int | None:
-    """Task slots this application will have once its executors are up, if the configuration says."""
-    master = str(getattr(sc, "master", ""))
-    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
-    if match:
-        return int(match.group(1)) * int(match.group(2))
-    match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
-    if match:
-        return int(match.group(1))
-    if master == "local":
-        return 1
-    conf = sc.getConf()
-    instances, cores = conf.get("spark.executor.instances", None), conf.get("spark.executor.cores", None)
-    if instances and cores and str(instances).isdigit() and str(cores).isdigit():
-        return int(instances) * int(cores) // max(1, int(conf.get("spark.task.cpus", "1") or 1))
-    return None
 
 
 def job_groups(job_group: str, feed_gen: int) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -55,8 +56,33 @@ def available_slots(sc: Any) -> tuple[int, int]:
     return slots, executors
 
 
+def expected_slots(sc: Any) -> int | None:
+    """Task slots this application will have once its executors are up, if the configuration says."""
+    master = str(getattr(sc, "master", ""))
+    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if match:
+        return int(match.group(1)) * int(match.group(2))
+    match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
+    if match:
+        return int(match.group(1))
+    if master == "local":
+        return 1
+    conf = sc.getConf()
+    instances, cores = conf.get("spark.executor.instances", None), conf.get("spark.executor.cores", None)
+    if instances and cores and str(instances).isdigit() and str(cores).isdigit():
+        return int(instances) * int(cores) // max(1, int(conf.get("spark.task.cpus", "1") or 1))
+    return None
+
+
+
 def _wait_for_slots(sc: Any, needed: int, timeout: float) -> None:
-    """Return when ``needed`` tasks can run at once; fail fast when they never will."""
+    """Return when ``needed`` tasks can run at once; fail fast when they never will.
+
+    Executors register one by one, seconds apart on a busy machine: when the configuration
+    says how many slots will come, wait for all of them (up to ``timeout``) before deciding;
+    otherwise give up once their number has stopped changing for a few seconds.
+    """
+    expected = expected_slots(sc)
     deadline = time.monotonic() + timeout
     last = None
     stable_since = time.monotonic()
@@ -67,7 +93,10 @@ def _wait_for_slots(sc: Any, needed: int, timeout: float) -> None:
         if (slots, executors) != last:
             last, stable_since = (slots, executors), time.monotonic()
         now = time.monotonic()
-        settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
+        if expected is not None:
+            settled = slots >= expected  # every promised executor is up, and they are too few
+        else:
+            settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
         if settled or now > deadline:
             msg = (
                 f"not enough executors: asked for {needed} nodes, {slots} task slot(s) available "
