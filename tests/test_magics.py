@@ -284,6 +284,30 @@ def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
 
 
 @pytest.mark.slow
+def test_cell_that_terminates_early_over_three_epochs(ip, magic_spark, capsys):
+    """TensorFlowOnSpark's pattern in a cell: read a little through TFNode.DataFeed, terminate(), return —
+    with --epochs 3 the rest of every epoch is skipped and the cell ends normally (it failed in epoch 2)."""
+    ip.user_ns["early_rdd"] = magic_spark.sparkContext.parallelize([(i, float(i)) for i in range(400)], 8)
+    cell = textwrap.dedent(
+        """
+        from tfos_nb import TFNode
+        tf_feed = TFNode.DataFeed(ctx.mgr, False)
+        got = 0
+        while got < 30 and not tf_feed.should_stop():
+            got += len(tf_feed.next_batch(10))
+        tf_feed.terminate()
+        print("read", got)
+        """
+    )
+    ip.run_cell_magic("tfos_cluster", "--workers 2 --data early_rdd --epochs 3 --name early", cell)
+    assert "[chief:0] read 30" in capsys.readouterr().out
+    result = ip.user_ns["early"].result
+    assert result["state"] == "finished"
+    feed = result["last_feed"]
+    assert feed["rows"] + feed["skipped"] == 3 * 400 and feed["skipped"] > 0, feed
+
+
+@pytest.mark.slow
 def test_node_error_ends_the_cell_with_the_nodes_message(ip, magic_spark, capsys):
     cell = "if ctx.job_name == 'worker':\n    raise ValueError('boom on purpose')\nimport time\ntime.sleep(600)\n"
     t0 = time.monotonic()
