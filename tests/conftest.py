@@ -91,6 +91,15 @@ def listening_ports() -> set[int]:
     return ports
 
 
+def kernel_execute(kc, code: str, timeout: float = 300) -> str:
+    """Run ``code`` in a real kernel (a jupyter_client ``kc``), assert it succeeded, return its printed output."""
+    out: list[str] = []
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append(
+        str(m["content"].get("text", m["content"].get("evalue", "")))))
+    assert reply["content"]["status"] == "ok", (reply["content"], "".join(out)[-2000:])
+    return "".join(out)
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -21,7 +21,7 @@ import sys
 import psutil
 import pytest
 
-from tests.conftest import KERNEL, NODE_ENV, wait_until
+from tests.conftest import KERNEL, NODE_ENV, kernel_execute, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -109,11 +109,7 @@ def test_embedded_spark_and_cluster_listen_on_loopback_only(kernel_specs, tmp_pa
     kc.start_channels()
 
     def execute(code: str, timeout: float = 300) -> str:
-        out: list[str] = []
-        reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append(
-            str(m["content"].get("text", m["content"].get("evalue", "")))))
-        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out)[-2000:])
-        return "".join(out)
+        return kernel_execute(kc, code, timeout)
 
     try:
         kc.wait_for_ready(timeout=120)

@@ -20,7 +20,7 @@ import cloudpickle
 import psutil
 import pytest
 
-from tests.conftest import NODE_ENV, listening_ports, runtime_processes, spark_session, wait_until
+from tests.conftest import NODE_ENV, kernel_execute, listening_ports, runtime_processes, spark_session, wait_until
 from tfos_nb import TFCluster
 
 pytestmark = pytest.mark.slow
@@ -425,11 +425,7 @@ def test_soak_through_the_magic_in_one_kernel(kernel_specs):
     kc.start_channels()
 
     def execute(code: str, timeout: float = 240) -> str:
-        out: list[str] = []
-        reply = kc.execute_interactive(code, timeout=timeout, output_hook=lambda m: out.append(
-            str(m["content"].get("text", m["content"].get("evalue", "")))))
-        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out)[-2000:])
-        return "".join(out)
+        return kernel_execute(kc, code, timeout)
 
     try:
         kc.wait_for_ready(timeout=120)
