@@ -12,9 +12,9 @@ import pytest
 
 from tfos_nb import tensorboard as tb
 from tfos_nb.magics._quiet import is_native_noise, quiet_lines
-from tfos_nb.runtime.context import NodeContext, Reporter
-from tfos_nb.runtime.node import plain_value
-from tfos_nb.runtime.state import CURVE_POINTS, ClusterState, window_rate
+from tfos_nb.runtime.driver.state import CURVE_POINTS, ClusterState, window_rate
+from tfos_nb.runtime.executor.context import NodeContext, Reporter
+from tfos_nb.runtime.executor.node import plain_value
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -405,8 +405,8 @@ def test_a_node_error_shows_its_traceback_without_native_noise():
 def test_heartbeats_feed_the_history_once_per_report():
     """Through the controller: a cluster node's heartbeat carries every report since the last; a parallel run's
     supervisor sends only its latest report, again with every heartbeat (recorded once)."""
-    from tfos_nb.runtime import messages as m
-    from tfos_nb.runtime.controller import Controller
+    from tfos_nb.runtime.driver.controller import Controller
+    from tfos_nb.runtime.protocol import messages as m
 
     st = ClusterState("c1", "t", [("chief", 0), ("run", 0)])
     ctl = Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=60)

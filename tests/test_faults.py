@@ -202,7 +202,7 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
 
 
 def _slots(sc) -> int:
-    from tfos_nb.runtime.start import available_slots
+    from tfos_nb.runtime.driver.start import available_slots
 
     return available_slots(sc)[0]
 

@@ -5,9 +5,9 @@ import threading
 import pytest
 
 from tfos_nb.runtime import columns as C
-from tfos_nb.runtime import dataplane as dp
 from tfos_nb.runtime import results as R
-from tfos_nb.runtime.feed import DataFeed, DataServer, FeedHub
+from tfos_nb.runtime.executor.feed import DataFeed, DataServer, FeedHub
+from tfos_nb.runtime.protocol import dataplane as dp
 
 SECRET = b"k" * 32
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tfos_nb.runtime import messages as m
-from tfos_nb.runtime import state as S
-from tfos_nb.runtime.controller import Controller
+from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.protocol import messages as m
 
 
 def cluster():

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfos_nb.runtime import messages as m
-from tfos_nb.runtime.reservation import ControlClient, ControlServer
+from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
 SECRET = b"s" * 32
 
@@ -145,7 +145,7 @@ def test_server_survives_random_input(server, data):
 # node.py / parallel_task.py: the function blob from the owner's stdin pipe (it came in Spark's task closure);
 # parallel.py: a run's return value inside a Spark task result, the channel PySpark's own collect() unpickles;
 # _cellfn / pipeline: notebook cells and saved pipeline stages (trusted directories). Never our sockets.
-ALLOWED_UNPICKLING = {"runtime/node.py", "runtime/parallel_task.py", "runtime/parallel.py", "magics/_cellfn.py",
+ALLOWED_UNPICKLING = {"runtime/executor/node.py", "runtime/executor/parallel_task.py", "runtime/driver/parallel.py", "magics/_cellfn.py",
                       "pipeline/_params.py", "pipeline/_models.py"}
 
 
@@ -169,8 +169,8 @@ def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others
     take longer than the heartbeat timeout): every poll is a sign of life; silence is not."""
     from types import SimpleNamespace
 
-    from tfos_nb.runtime import controller as ctl
-    from tfos_nb.runtime import state as S
+    from tfos_nb.runtime.driver import controller as ctl
+    from tfos_nb.runtime.driver import state as S
 
     now = [1000.0]
     monkeypatch.setattr(ctl, "time", SimpleNamespace(monotonic=lambda: now[0]))

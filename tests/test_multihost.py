@@ -42,9 +42,9 @@ from tests.netns_cluster import TAG_ENV, NamespacesUnavailable, NetnsCluster, ki
 from tfos_nb import TFCluster
 from tfos_nb import tensorboard as tb
 from tfos_nb.examples import digits
-from tfos_nb.runtime import messages as m
 from tfos_nb.runtime import net
-from tfos_nb.runtime.reservation import ControlServer
+from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol.channel import ControlServer
 
 pytestmark = pytest.mark.slow
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -403,8 +403,9 @@ def test_shutdown_leaves_nothing_behind(trained: dict, netns: NetnsCluster) -> N
 # --------------------------------------------------------------------------- IPv6
 IPV6_CLIENT = """
 import os, sys
-from tfos_nb.runtime import messages as m, net
-from tfos_nb.runtime.reservation import ControlClient
+from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime import net
+from tfos_nb.runtime.protocol.channel import ControlClient
 host, port = sys.argv[1], int(sys.argv[2])
 me = net.local_ip_towards(host, port)           # what a supervisor registers as its address
 client = ControlClient(m.Codec(bytes.fromhex(os.environ["SECRET"]), "ipv6test", "node0"), (host, port), timeout=10)

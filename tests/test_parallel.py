@@ -26,8 +26,8 @@ from IPython.testing.globalipapp import start_ipython
 from tests.conftest import KERNEL, NODE_ENV, runtime_processes, spark_session, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
-from tfos_nb.runtime.parallel import ParallelView, best_index, default_metric, default_mode
-from tfos_nb.runtime.state import NodeView
+from tfos_nb.runtime.driver.parallel import ParallelView, best_index, default_metric, default_mode
+from tfos_nb.runtime.driver.state import NodeView
 from tfos_nb.widgets import panel_html, panel_model, text_line
 
 # Run functions defined here travel by value (executors cannot import this test module).
@@ -107,7 +107,7 @@ def test_spark_connect_is_refused():
 
 def test_importing_tfparallel_stays_light():
     code = (
-        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.parallel_task\n"
+        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.executor.parallel_task\n"
         "bad = [m for m in ('tensorflow', 'pyspark', 'IPython', 'ipywidgets') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

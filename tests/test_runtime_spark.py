@@ -385,7 +385,7 @@ def test_start_waits_for_the_executors_the_configuration_promises(monkeypatch):
     """Executors register seconds apart on a busy machine: a local-cluster[3,…] with one up waits for the others."""
     from types import SimpleNamespace
 
-    from tfos_nb.runtime import start
+    from tfos_nb.runtime.driver import start
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))

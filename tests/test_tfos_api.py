@@ -315,7 +315,7 @@ def test_to_and_from_tf_example_and_infer_schema():
 
 
 def test_node_context_has_tensorflowonspark_methods_and_fields():
-    from tfos_nb.runtime.context import NodeContext
+    from tfos_nb.runtime.executor.context import NodeContext
 
     info = {"job_name": "worker", "task_index": 1, "node": 2, "executor_id": "7",
             "cluster_spec": {"chief": ["h:1"], "worker": ["h:2", "h:3"]}, "default_fs": "hdfs://nn:8020"}

@@ -1,7 +1,7 @@
 """``from tfos_nb import TFCluster`` — TensorFlowOnSpark's module, from the bundled runtime."""
 
-from .runtime.cluster import InputMode, TFCluster, TFClusterError
-from .runtime.retry import RunOutcome, run_job
-from .runtime.start import run
+from .runtime.driver.cluster import InputMode, TFCluster, TFClusterError
+from .runtime.driver.retry import RunOutcome, run_job
+from .runtime.driver.start import run
 
 __all__ = ["InputMode", "RunOutcome", "TFCluster", "TFClusterError", "run", "run_job"]

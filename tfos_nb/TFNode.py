@@ -1,5 +1,5 @@
 """``from tfos_nb import TFNode`` — TensorFlowOnSpark's module, from the bundled runtime."""
 
-from .runtime.TFNode import DataFeed, batch_results, hdfs_path, next_batch, start_cluster_server, terminate
+from .runtime.executor.tfnode import DataFeed, batch_results, hdfs_path, next_batch, start_cluster_server, terminate
 
 __all__ = ["DataFeed", "batch_results", "hdfs_path", "next_batch", "start_cluster_server", "terminate"]

@@ -10,7 +10,7 @@ dicts, one per run.  ``start`` returns the
 :class:`ParallelRuns` at once (``wait()``, ``stop()``, ``status()``).
 """
 
-from .runtime.parallel import (
+from .runtime.driver.parallel import (
     ParallelRuns,
     ParallelView,
     RunResult,
@@ -19,6 +19,6 @@ from .runtime.parallel import (
     run,
     start,
 )
-from .runtime.parallel_task import RunContext
+from .runtime.executor.parallel_task import RunContext
 
 __all__ = ["ParallelRuns", "ParallelView", "RunContext", "RunResult", "TFParallelError", "best_index", "run", "start"]

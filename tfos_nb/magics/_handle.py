@@ -16,9 +16,9 @@ import time
 from collections import deque
 from typing import Any
 
-from ..runtime import state as S
-from ..runtime.cluster import InputMode, TFCluster, TFClusterError
-from ..runtime.start import run
+from ..runtime.driver import state as S
+from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
+from ..runtime.driver.start import run
 from ._quiet import quiet_lines
 
 __all__ = ["ClusterFailed", "ClusterHandle"]

@@ -17,9 +17,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
-from ..runtime import state as S
 from ..runtime.args import Namespace
-from ..runtime.start import add_start_listener, remove_start_listener
+from ..runtime.driver import state as S
+from ..runtime.driver.start import add_start_listener, remove_start_listener
 from ..widgets import JobProgress
 from . import _parallel, _render
 from ._cellfn import CellError, build
@@ -301,7 +301,7 @@ class TFOSMagics(Magics):
         return Namespace(values)  # args.epochs and args["epochs"], like the dict or namespace the user gave
 
     def _spark(self, nodes: int) -> Any:
-        from ..runtime.start import available_slots
+        from ..runtime.driver.start import available_slots
 
         try:
             sc = find_spark_context(self.shell.user_ns)

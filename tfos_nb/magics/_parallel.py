@@ -3,7 +3,7 @@
 The cell is the body of a function ``(args, ctx)``, shipped like a
 ``%%tfos_cluster`` cell (:mod:`._cellfn`); each run gets its own ``args`` from
 the ``--grid`` list of dicts and runs on an executor through
-:mod:`tfos_nb.runtime.parallel`.  The panel shows one row per run with its
+:mod:`tfos_nb.runtime.driver.parallel`.  The panel shows one row per run with its
 parameters and its result, the best run starred; the handle (``--name``) has
 ``.best``, ``.results``, ``.table()``.
 
@@ -30,9 +30,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from ..runtime import parallel as P
-from ..runtime import state as S
 from ..runtime.args import Namespace
+from ..runtime.driver import parallel as P
+from ..runtime.driver import state as S
 from ._cellfn import CellError, build
 from ._handle import marked_failed
 from ._spark import SparkUnusable, embedded_notice, find_spark_context, start_embedded
@@ -66,7 +66,7 @@ class ParallelHandle:
     """The runs of a ``%%tfos_parallel`` cell: watch them, wait for them, stop them, find the best.
 
     ``wait()`` blocks until every run ended and re-raises a run's error;
-    ``results`` lists each run's :class:`~tfos_nb.runtime.parallel.RunResult`
+    ``results`` lists each run's :class:`~tfos_nb.runtime.driver.parallel.RunResult`
     (``index``, ``args``, ``value`` — what the cell returned —, ``metrics``,
     ``host``) in grid order; ``best`` is the best one by ``metric``/``mode``;
     ``values`` what each run returned (or its metrics); ``table()`` a pandas

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..runtime.start import expected_slots
+from ..runtime.driver.start import expected_slots
 
 __all__ = ["LOOPBACK", "SparkUnusable", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
            "job_groups", "job_progress", "spark_session", "start_embedded"]

@@ -10,11 +10,11 @@ import sys
 if __name__ == "__main__":
     role = sys.argv[1] if len(sys.argv) > 1 else ""
     if role == "supervisor":
-        from tfos_nb.runtime.supervisor import main
+        from tfos_nb.runtime.executor.supervisor import main
     elif role == "node":
-        from tfos_nb.runtime.node import main
+        from tfos_nb.runtime.executor.node import main
     elif role == "run":
-        from tfos_nb.runtime.parallel_task import main
+        from tfos_nb.runtime.executor.parallel_task import main
     else:
         sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node|run\n")
         sys.exit(2)

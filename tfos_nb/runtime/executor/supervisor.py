@@ -25,11 +25,11 @@ import threading
 import time
 from typing import Any
 
+from .. import net, procs
+from ..protocol import messages as m
+from ..protocol.channel import ControlClient
 from . import gpus as gpu_mod
-from . import messages as m
-from . import net, procs
 from .node import read_blob, read_events, write_blob
-from .reservation import ControlClient
 
 LOG_BYTES_PER_BEAT = 64 * 1024
 REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats

@@ -159,7 +159,7 @@ class NodeContext:
 
     def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
         """``TFNode.start_cluster_server(ctx, ...)`` (TensorFlowOnSpark's ``ctx`` method)."""
-        from .TFNode import start_cluster_server
+        from .tfnode import start_cluster_server
 
         return start_cluster_server(self, num_gpus, rdma)
 
@@ -199,6 +199,6 @@ class NodeContext:
 
     def progress_callback(self, every_n_steps: int = 1) -> Any:
         """A Keras callback that reports the global step and the batch's logs."""
-        from ._keras import progress_callback
+        from .keras_progress import progress_callback
 
         return progress_callback(self, every_n_steps)

@@ -1,4 +1,4 @@
-"""The streaming half of :class:`~tfos_nb.runtime.cluster.TFCluster`: feeding it from Structured Streaming.
+"""The streaming half of :class:`~tfos_nb.runtime.driver.cluster.TFCluster`: feeding it from Structured Streaming.
 
 ``train_stream`` / ``inference_stream`` start a query that feeds the cluster
 (see :mod:`.streaming` for the :class:`StreamingFeed` that owns it);
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .feeder import make_arrow_feeder
+from ..executor.feeder import make_arrow_feeder
 from .sparkjob import SparkJob
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 

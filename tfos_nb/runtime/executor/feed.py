@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import columns as C
-from . import dataplane as dp
-from . import results as R
+from .. import columns as C
+from .. import results as R
+from ..protocol import dataplane as dp
 
 log = logging.getLogger(__name__)
 

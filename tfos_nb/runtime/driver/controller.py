@@ -12,10 +12,10 @@ import logging
 import time
 from typing import Any
 
-from . import messages as m
+from ..executor.gpus import assign as assign_gpus
+from ..net import hostport
+from ..protocol import messages as m
 from . import state as S
-from .gpus import assign as assign_gpus
-from .net import hostport
 
 log = logging.getLogger(__name__)
 

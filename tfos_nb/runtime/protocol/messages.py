@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, ClassVar
 
-from .net import recv_exact
+from ..net import recv_exact
 
 PROTOCOL_VERSION = 1
 MAC_SIZE = 32

@@ -39,13 +39,13 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .. import net, procs
+from ..protocol import messages as m
+from ..protocol.channel import ControlClient
 from . import gpus as gpu_mod
-from . import messages as m
-from . import net, procs
 from .context import NodeContext, Reporter
 from .launch import _child_env, executor_id
 from .node import read_blob, read_events, write_blob
-from .reservation import ControlClient
 
 TAIL_LINES = 100
 LOG_BYTES_PER_BEAT = 64 * 1024
@@ -362,7 +362,7 @@ def _watch_owner(fd: int) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-_OWN_MODULES = ("tfos_nb.runtime.parallel_task", "tfos_nb.magics._cellfn")
+_OWN_MODULES = ("tfos_nb.runtime.executor.parallel_task", "tfos_nb.magics._cellfn")
 
 
 def _print_user_traceback(exc: BaseException) -> None:

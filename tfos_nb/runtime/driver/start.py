@@ -1,6 +1,6 @@
 """Starting a cluster: ``run()`` — check the slots, start the control server, launch the nodes.
 
-``run`` returns a :class:`~tfos_nb.runtime.cluster.TFCluster` once every node runs
+``run`` returns a :class:`~tfos_nb.runtime.driver.cluster.TFCluster` once every node runs
 its function; any failure on the way tears down what was started and raises.
 """
 
@@ -14,12 +14,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import messages as m
+from ..executor.launch import make_launcher, start_supervisor
+from ..protocol import messages as m
+from ..protocol.channel import ControlServer
 from . import state as S
 from .cluster import InputMode, TFCluster, _error_for, _python_error_line
 from .controller import Controller
-from .launch import make_launcher, start_supervisor
-from .reservation import ControlServer
 from .sparkjob import SparkJob
 
 EXECUTOR_SETTLE_S = 5.0
@@ -108,7 +108,7 @@ def _wait_for_slots(sc: Any, needed: int, timeout: float) -> None:
 
 
 def _driver_host(sc: Any) -> str:
-    from .net import resolve
+    from ..net import resolve
 
     host = sc.getConf().get("spark.driver.host", None) or "127.0.0.1"
     return resolve(host)

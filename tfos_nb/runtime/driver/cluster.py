@@ -20,17 +20,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import state as S
-from .cluster_streams import ClusterStreams
-from .controller import FEEDABLE, Controller
-from .feeder import (
+from ..executor.feeder import (
     make_arrow_feeder,
     make_arrow_inferer,
     make_rdd_feeder,
     make_rdd_inferer,
 )
-from .procs import kill_tree
-from .reservation import ControlServer
+from ..procs import kill_tree
+from ..protocol.channel import ControlServer
+from . import state as S
+from .cluster_streams import ClusterStreams
+from .controller import FEEDABLE, Controller
 from .sparkjob import SparkJob
 from .streaming import StreamingFeed, is_streaming
 

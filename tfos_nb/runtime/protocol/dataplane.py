@@ -25,7 +25,7 @@ import socket
 import struct
 from typing import Any
 
-from .net import recv_exact
+from ..net import recv_exact
 
 FRAME = struct.Struct(">cQ")
 MAGIC = b"TFOSDATA1"

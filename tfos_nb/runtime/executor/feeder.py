@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from . import columns as C
-from . import dataplane as dp
-from . import messages as m
-from . import results as R
+from .. import columns as C
+from .. import results as R
+from ..protocol import dataplane as dp
+from ..protocol import messages as m
+from ..protocol.channel import ControlClient
 from .launch import executor_id
-from .reservation import ControlClient
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 

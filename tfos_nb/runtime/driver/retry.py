@@ -3,7 +3,7 @@
 TensorFlow's multi-worker training cannot take a replacement worker into a
 running cluster: a lost worker leaves the others blocked in collectives.  So the
 unit of recovery is the whole run.  With ``retries=N``, a node failure
-(:class:`~tfos_nb.runtime.cluster.TFClusterError`: a node raised, was killed,
+(:class:`~tfos_nb.runtime.driver.cluster.TFClusterError`: a node raised, was killed,
 lost its executor or its heartbeats) tears the cluster down and starts it
 again, up to N more times.  The node function resumes from its own checkpoints
 (Keras ``BackupAndRestore`` or a ``tf.train.CheckpointManager`` in a directory
@@ -54,7 +54,7 @@ def run_job(
 
     ``data`` (an RDD or DataFrame) is fed for ``num_epochs`` epochs with
     ``InputMode.SPARK``; without it the nodes read their own data.  Other
-    keyword arguments go to :func:`~tfos_nb.runtime.start.run`.  ``on_retry(attempt,
+    keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`.  ``on_retry(attempt,
     error)`` is called before attempt ``attempt`` (2, 3, …) starts; ``on_cluster(cluster)``
     with each attempt's running cluster.  Raises the last attempt's error when
     every attempt failed.

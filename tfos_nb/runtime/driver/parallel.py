@@ -29,7 +29,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import messages as m
+from ..executor.parallel_task import make_run_task
+from ..protocol import messages as m
+from ..protocol.channel import ControlServer
 from . import state as S
 from .cluster import TAIL_IN_ERRORS, TFClusterError, _python_error_line
 from .controller import Controller
@@ -44,8 +46,6 @@ from .parallel_results import (
     runs_view,
     scalars,
 )
-from .parallel_task import make_run_task
-from .reservation import ControlServer
 from .sparkjob import SparkJob
 from .start import _driver_host, _start_listeners, _wait_for_slots, available_slots
 

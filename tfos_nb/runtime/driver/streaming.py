@@ -60,7 +60,7 @@ class StreamingFeed:
     everything the source has now is fed; ``stop()`` stops the query; ``wait()``
     blocks until the query ends or the cluster does.  A node's error is raised
     by ``wait()`` / ``process_all_available()`` as the cluster's
-    :class:`~tfos_nb.runtime.cluster.TFClusterError`.
+    :class:`~tfos_nb.runtime.driver.cluster.TFClusterError`.
     """
 
     def __init__(self, cluster: TFCluster, kind: str, gen: int = 0, checkpoint: str | None = None, *,

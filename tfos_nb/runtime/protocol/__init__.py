@@ -1,0 +1,1 @@
+"""What crosses a process boundary: control messages, the signed control channel, data frames."""
