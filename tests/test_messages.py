@@ -146,7 +146,7 @@ def test_server_survives_random_input(server, data):
 # parallel.py: a run's return value inside a Spark task result, the channel PySpark's own collect() unpickles;
 # _cellfn / pipeline: notebook cells and saved pipeline stages (trusted directories). Never our sockets.
 ALLOWED_UNPICKLING = {"runtime/executor/node.py", "runtime/executor/parallel_task.py", "runtime/driver/parallel.py", "magics/_cellfn.py",
-                      "pipeline/_params.py", "pipeline/_models.py"}
+                      "pipeline/_params.py", "pipeline/_model_runners.py"}
 
 
 def test_no_module_unpickles_socket_data():

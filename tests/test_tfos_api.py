@@ -32,7 +32,7 @@ from tfos_nb.pipeline import (
     yield_batch,
 )
 from tfos_nb.pipeline._arrow import to_numpy
-from tfos_nb.pipeline._models import TensorInfo
+from tfos_nb.pipeline._model_runners import TensorInfo
 
 
 def _train(args, ctx):

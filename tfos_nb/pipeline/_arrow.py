@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._models import TensorInfo
+from ._model_runners import TensorInfo
 
 
 def spark_type(info: TensorInfo) -> Any:
@@ -23,7 +23,7 @@ def spark_type(info: TensorInfo) -> Any:
     if base is None:
         msg = f"output {info.name!r} has dtype {info.dtype}, which has no Spark column type"
         raise ValueError(msg)
-    t = base
+    t: T.DataType = base
     for _ in info.shape[1:]:
         t = T.ArrayType(t, containsNull=True)
     return t

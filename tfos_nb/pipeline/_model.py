@@ -10,7 +10,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
 from ..runtime.args import Namespace
-from . import _models as M
+from . import _model_runners as model_runners
 from ._arrow import spark_type, to_arrow, to_numpy
 from ._params import (
     HasBatchSize,
@@ -29,8 +29,8 @@ from ._params import (
 class _Scorer:
     """The Arrow UDF's body: model loaded once per Python worker, slices of ``batch_size`` rows."""
 
-    def __init__(self, ref: M.ModelRef, feeds: list[tuple[str, M.TensorInfo]],
-                 fetches: list[tuple[str, M.TensorInfo]], batch_size: int) -> None:
+    def __init__(self, ref: model_runners.ModelRef, feeds: list[tuple[str, model_runners.TensorInfo]],
+                 fetches: list[tuple[str, model_runners.TensorInfo]], batch_size: int) -> None:
         self.ref, self.feeds, self.fetches, self.batch_size = ref, feeds, fetches, batch_size
 
     def __call__(self, *cols: Any) -> Any:
@@ -42,7 +42,7 @@ class _Scorer:
             outs = [to_arrow(np.zeros((0, *[max(d, 0) for d in t.shape[1:]]), dtype=_empty_dtype(t)), 0)
                     for _, t in self.fetches]
         else:
-            run = M.runner(self.ref, [t.name for _, t in self.feeds], [t.name for _, t in self.fetches])
+            run = model_runners.runner(self.ref, [t.name for _, t in self.feeds], [t.name for _, t in self.fetches])
             tensors = {t.name: to_numpy(c, t, col) for c, (col, t) in zip(cols, self.feeds)}
             parts = [run({k: v[i:i + self.batch_size] for k, v in tensors.items()}) for i in range(0, n, self.batch_size)]
             outs = []
@@ -52,7 +52,7 @@ class _Scorer:
         return pa.StructArray.from_arrays(outs, names=[f"o{i}" for i in range(len(outs))])
 
 
-def _empty_dtype(t: M.TensorInfo) -> str:
+def _empty_dtype(t: model_runners.TensorInfo) -> str:
     return "object" if t.dtype == "string" else t.dtype
 
 
@@ -140,11 +140,11 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         return _CallablesReader(cls)
 
     # -- which model --------------------------------------------------------------------------
-    def _ref(self) -> M.ModelRef:
+    def _ref(self) -> model_runners.ModelRef:
         tags = tuple(t.strip() for t in self.getTagSet().split(",") if t.strip())
         if self.isDefined(self.exportDir):
             sig = self.getSignatureDefKey()
-            return M.ModelRef(M.SIGNATURE if sig else M.TENSORS, self.getExportDir(), tags, sig)
+            return model_runners.ModelRef(model_runners.SIGNATURE if sig else model_runners.TENSORS, self.getExportDir(), tags, sig)
         if self.isDefined(self.modelDir):
             if self._model_fn is None:
                 msg = ("TFModel with ModelDir but no ExportDir runs the latest checkpoint and needs model_fn "
@@ -152,14 +152,14 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
                 raise ValueError(msg)
             import cloudpickle
 
-            return M.ModelRef(M.CHECKPOINT, self.getModelDir(), tags, None, cloudpickle.dumps(self._model_fn))
+            return model_runners.ModelRef(model_runners.CHECKPOINT, self.getModelDir(), tags, None, cloudpickle.dumps(self._model_fn))
         msg = "TFModel needs ExportDir (a SavedModel) or ModelDir (checkpoints + model_fn)"
         raise ValueError(msg)
 
-    def _describe(self, ref: M.ModelRef) -> Any:
+    def _describe(self, ref: model_runners.ModelRef) -> Any:
         key = ref.key()
         if key not in self._described:
-            self._described[key] = M.describe(ref)
+            self._described[key] = model_runners.describe(ref)
         return self._described[key]
 
     # -- transform ------------------------------------------------------------------------------
@@ -171,8 +171,8 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
 
         ref = self._ref()
         ins, outs = self._describe(ref)
-        what = {M.SIGNATURE: f"signature {ref.signature!r} input aliases", M.CHECKPOINT: "model inputs",
-                M.TENSORS: "placeholders"}[ref.style]
+        what = {model_runners.SIGNATURE: f"signature {ref.signature!r} input aliases", model_runners.CHECKPOINT: "model inputs",
+                model_runners.TENSORS: "placeholders"}[ref.style]
         if not self.isDefined(self.inputMapping):
             msg = f"TFModel needs InputMapping (DataFrame column -> tensor); {what}: {_names(ins, ref)}"
             raise ValueError(msg)
@@ -185,24 +185,24 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
             if tensor not in ins:
                 msg = f"InputMapping maps column {col!r} to unknown tensor {tensor!r}; {what}: {_names(ins, ref)}"
                 raise ValueError(msg)
-        if ref.style != M.TENSORS:
+        if ref.style != model_runners.TENSORS:
             missing = sorted(set(ins) - set(in_map.values()))
             if missing:
                 msg = f"InputMapping feeds no column to {missing}; the model needs every one of {sorted(ins)}"
                 raise ValueError(msg)
         if self.isDefined(self.outputMapping):
             out_map = self.getOutputMapping()
-        elif ref.style == M.TENSORS:
+        elif ref.style == model_runners.TENSORS:
             msg = ("TFModel with SignatureDefKey=None needs OutputMapping (tensor name -> column), e.g. "
                    f"{_signature_tensors(ref)}")
             raise ValueError(msg)
         else:
             out_map = {k: k for k in sorted(outs)}
-        out_what = {M.SIGNATURE: f"signature {ref.signature!r} output aliases", M.CHECKPOINT: "model outputs",
-                    M.TENSORS: "tensors"}[ref.style]
+        out_what = {model_runners.SIGNATURE: f"signature {ref.signature!r} output aliases", model_runners.CHECKPOINT: "model outputs",
+                    model_runners.TENSORS: "tensors"}[ref.style]
         for tensor, col in out_map.items():
             if tensor not in outs:
-                names = _signature_tensors(ref) if ref.style == M.TENSORS else sorted(outs)
+                names = _signature_tensors(ref) if ref.style == model_runners.TENSORS else sorted(outs)
                 msg = f"OutputMapping names unknown tensor {tensor!r}; {out_what}: {names}"
                 raise ValueError(msg)
             if col in fields:
@@ -272,15 +272,15 @@ def _scalar_udf(scorer: _Scorer, rtype: Any) -> Any:
         return F.pandas_udf(tfmodel_predict_pandas, rtype, F.PandasUDFType.SCALAR)
 
 
-def _names(infos: dict[str, M.TensorInfo], ref: M.ModelRef) -> list[str]:
-    if ref.style != M.TENSORS:
+def _names(infos: dict[str, model_runners.TensorInfo], ref: model_runners.ModelRef) -> list[str]:
+    if ref.style != model_runners.TENSORS:
         return sorted(infos)
     return _signature_tensors(ref, inputs=True)
 
 
-def _signature_tensors(ref: M.ModelRef, inputs: bool = False) -> list[str]:
+def _signature_tensors(ref: model_runners.ModelRef, inputs: bool = False) -> list[str]:
     """Tensor names the SavedModel's signatures use (the useful subset of a graph's tensors)."""
-    mg = M._meta_graph(ref.path, ref.tags)
+    mg = model_runners._meta_graph(ref.path, ref.tags)
     names = set()
     for sig in mg.signature_def.values():
         for t in (sig.inputs if inputs else sig.outputs).values():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
@@ -91,17 +91,33 @@ class HasBatchSize(Params):
         super().__init__()
         self._setDefault(batchSize=100)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getBatchSize(self) -> int: ...
+        def setBatchSize(self, value: Any) -> Self: ...
+
 
 class HasClusterSize(Params):
     clusterSize = _param("clusterSize", "number of TensorFlow nodes", TypeConverters.toInt)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getClusterSize(self) -> int: ...
+        def setClusterSize(self, value: Any) -> Self: ...
 
 
 class HasEpochs(Params):
     epochs = _param("epochs", "passes over the DataFrame (InputMode.SPARK)", TypeConverters.toInt)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getEpochs(self) -> int: ...
+        def setEpochs(self, value: Any) -> Self: ...
+
 
 class HasGraceSecs(Params):
     graceSecs = _param("graceSecs", "seconds to wait after the nodes finish before teardown", TypeConverters.toFloat)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getGraceSecs(self) -> float: ...
+        def setGraceSecs(self, value: Any) -> Self: ...
 
 
 class HasInputMapping(Params):
@@ -109,53 +125,103 @@ class HasInputMapping(Params):
         "inputMapping", "DataFrame column -> input tensor name, signature alias or feature name", _to_mapping
     )
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getInputMapping(self) -> dict[str, str]: ...
+        def setInputMapping(self, value: Any) -> Self: ...
+
 
 class HasInputMode(Params):
     inputMode = _param("inputMode", "InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW", _to_input_mode)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getInputMode(self) -> int: ...
+        def setInputMode(self, value: Any) -> Self: ...
 
 
 class HasMasterNode(Params):
     masterNode = _param("masterNode", "role name of the first trainer ('chief'), or None", _to_opt_str)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getMasterNode(self) -> str | None: ...
+        def setMasterNode(self, value: Any) -> Self: ...
+
 
 class HasModelDir(Params):
     modelDir = _param("modelDir", "directory of the training checkpoints", TypeConverters.toString)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getModelDir(self) -> str: ...
+        def setModelDir(self, value: Any) -> Self: ...
 
 
 class HasNumPS(Params):
     numPS = _param("numPS", "number of parameter servers among the nodes", TypeConverters.toInt)
     driverPSNodes = _param("driverPSNodes", "run the parameter servers on the driver", TypeConverters.toBoolean)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getNumPS(self) -> int: ...
+        def setNumPS(self, value: Any) -> Self: ...
+        def getDriverPSNodes(self) -> bool: ...
+        def setDriverPSNodes(self, value: Any) -> Self: ...
+
 
 class HasOutputMapping(Params):
     outputMapping = _param("outputMapping", "output tensor name / signature alias -> output column", _to_mapping)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getOutputMapping(self) -> dict[str, str]: ...
+        def setOutputMapping(self, value: Any) -> Self: ...
 
 
 class HasProtocol(Params):
     protocol = _param("protocol", "collective implementation: grpc (AUTO), ring or nccl; TF2 has no RDMA verbs",
                       _to_protocol)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getProtocol(self) -> str: ...
+        def setProtocol(self, value: Any) -> Self: ...
+
 
 class HasReaders(Params):
     readers = _param("readers", "number of reader threads (passed to train_fn as args.readers)",
                      TypeConverters.toInt)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getReaders(self) -> int: ...
+        def setReaders(self, value: Any) -> Self: ...
+
 
 class HasSteps(Params):
     steps = _param("steps", "maximum training steps (passed to train_fn as args.steps)", TypeConverters.toInt)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getSteps(self) -> int: ...
+        def setSteps(self, value: Any) -> Self: ...
+
 
 class HasTensorboard(Params):
     tensorboard = _param("tensorboard", "start TensorBoard on the chief", TypeConverters.toBoolean)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getTensorboard(self) -> bool: ...
+        def setTensorboard(self, value: Any) -> Self: ...
 
 
 class HasTFRecordDir(Params):
     tfrecordDir = _param("tfrecordDir", "InputMode.TENSORFLOW: write the DataFrame's InputMapping columns here as "
                          "TFRecords before training (args.tfrecord_dir)", _to_opt_str)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getTFRecordDir(self) -> str | None: ...
+        def setTFRecordDir(self, value: Any) -> Self: ...
+
 
 class HasExportDir(Params):
     exportDir = _param("exportDir", "directory of the exported SavedModel", TypeConverters.toString)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getExportDir(self) -> str: ...
+        def setExportDir(self, value: Any) -> Self: ...
 
 
 class HasSignatureDefKey(Params):
@@ -163,9 +229,17 @@ class HasSignatureDefKey(Params):
         "signatureDefKey", "signature of the SavedModel to run; None runs the SavedModel's graph by tensor names",
         _to_opt_str)
 
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getSignatureDefKey(self) -> str | None: ...
+        def setSignatureDefKey(self, value: Any) -> Self: ...
+
 
 class HasTagSet(Params):
     tagSet = _param("tagSet", "comma-separated tags of the SavedModel's MetaGraph", TypeConverters.toString)
+
+    if TYPE_CHECKING:  # added by _accessors() below
+        def getTagSet(self) -> str: ...
+        def setTagSet(self, value: Any) -> Self: ...
 
 
 for _cls, _names in (
@@ -217,6 +291,13 @@ class TFParams(Params):
         return merged
 
 
+class _HasCallables(Protocol):
+    """A stage whose Python callables travel beside its Params (TFEstimator, TFModel)."""
+
+    def _callables(self) -> dict[str, Any]: ...
+    def _set_callables(self, fns: dict[str, Any]) -> None: ...
+
+
 class _CallablesWriter(DefaultParamsWriter):
     """Params as Spark ML JSON metadata, plus the stage's Python callables, cloudpickled."""
 
@@ -224,7 +305,7 @@ class _CallablesWriter(DefaultParamsWriter):
         super().saveImpl(path)
         import cloudpickle
 
-        blob = cloudpickle.dumps(self.instance._callables())
+        blob = cloudpickle.dumps(cast(_HasCallables, self.instance)._callables())
         # Through Spark, so that any Hadoop file system (HDFS, S3…) works like a local path.
         self.sparkSession.sparkContext.parallelize([blob], 1).saveAsPickleFile(os.path.join(path, _FNS_DIR))
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import types
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["Namespace", "as_namespace"]
 
@@ -75,6 +75,10 @@ class Namespace:
                    f" ({source!r:.80})")
             raise TypeError(msg)
         self.__dict__.update(values)
+
+    if TYPE_CHECKING:  # the user's arguments are attributes, as on argparse.Namespace
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     # -- the mapping protocol -----------------------------------------------------------
     def __getitem__(self, key: str) -> Any:
@@ -137,7 +141,7 @@ class Namespace:
             return self.argv == other
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment] - mutable
+    __hash__ = None  # type: ignore[assignment]  # mutable
 
     def __repr__(self) -> str:
         items = ", ".join(f"{k}={v!r}" for k, v in sorted(self.__dict__.items()))

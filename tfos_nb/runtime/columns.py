@@ -66,7 +66,7 @@ def _flat_lists(values: list[Any]) -> np.ndarray | None:
     return flat.reshape(len(values), len(first))
 
 
-def _column_to_arrow(name: str, values: list[Any]) -> tuple[pa.Array, dict[bytes, bytes]]:
+def _column_to_arrow(name: str, values: list[Any] | np.ndarray) -> tuple[pa.Array, dict[bytes, bytes]]:
     values = [v.toArray() if hasattr(v, "toArray") else v for v in values]
     arr = _flat_lists(values)
     if arr is None:

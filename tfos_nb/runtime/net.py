@@ -12,7 +12,7 @@ def resolve(host: str) -> str:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     try:
-        return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+        return str(socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0])
     except OSError:
         return host
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import columns as C
+from . import columns
 
 __all__ = ["ResultSchemaError"]
 
@@ -46,7 +46,7 @@ def num_rows(results: Any) -> int:
 
 
 def _with_kind(arrays: list[pa.Array], fields: list[pa.Field], kind: str) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata={C.KIND_KEY: kind.encode()}))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata={columns.KIND_KEY: kind.encode()}))
 
 
 def results_to_batch(results: Any) -> pa.RecordBatch:
@@ -56,7 +56,7 @@ def results_to_batch(results: Any) -> pa.RecordBatch:
     if isinstance(results, dict):  # columns by name
         arrays, fields = [], []
         for k, v in results.items():
-            arr, meta = C._column_to_arrow(str(k), v if isinstance(v, np.ndarray) else list(v))
+            arr, meta = columns._column_to_arrow(str(k), v if isinstance(v, np.ndarray) else list(v))
             arrays.append(arr)
             fields.append(pa.field(str(k), arr.type, metadata=meta or None))
         return _with_kind(arrays, fields, "dict")
@@ -64,12 +64,12 @@ def results_to_batch(results: Any) -> pa.RecordBatch:
         if results.ndim == 0:
             msg = "batch_results() got a 0-d array; pass one result per row of the last next_batch()"
             raise ValueError(msg)
-        arr, meta = C._column_to_arrow("result", results if results.dtype.kind in "biuf" else list(results))
+        arr, meta = columns._column_to_arrow("result", results if results.dtype.kind in "biuf" else list(results))
         return _with_kind([arr], [pa.field("result", arr.type, metadata=meta or None)], "ndarray")
     rows = list(results)
     if not rows:
         return _with_kind([pa.array([], pa.null())], [pa.field("result", pa.null())], "scalar")
-    return C.rows_to_batch(rows)  # per-row tuples, lists, dicts, Rows, numpy rows or scalars
+    return columns.rows_to_batch(rows)  # per-row tuples, lists, dicts, Rows, numpy rows or scalars
 
 
 # ---------------------------------------------------------------------------
@@ -78,16 +78,16 @@ def results_to_batch(results: Any) -> pa.RecordBatch:
 
 
 def _kind(batch: pa.RecordBatch) -> str:
-    return (batch.schema.metadata or {}).get(C.KIND_KEY, b"scalar").decode()
+    return (batch.schema.metadata or {}).get(columns.KIND_KEY, b"scalar").decode()
 
 
 def result_rows(batch: pa.RecordBatch) -> list[Any]:
     """The results as the node returned them, one per row (``inference(rdd)``)."""
     kind = _kind(batch)
     if kind == "ndarray":
-        col = C.column_to_numpy(batch, 0)
+        col = columns.column_to_numpy(batch, 0)
         return list(col)  # numpy scalars or numpy rows, as the node's array held them
-    return C.batch_to_rows(batch)
+    return columns.batch_to_rows(batch)
 
 
 def _is_list(t: pa.DataType) -> bool:
@@ -118,7 +118,7 @@ def to_schema(batch: pa.RecordBatch, target: pa.Schema, node: str) -> pa.RecordB
         cols = [batch.column(have.index(c)) for c in names]
     elif (batch.num_columns == 1 and _is_list(batch.schema.types[0])
           and not any(_is_list(f.type) for f in target) and kind in ("vector", "ndarray")):
-        arr = C.column_to_numpy(batch, 0)  # a 2-D array: its columns, one per field
+        arr = columns.column_to_numpy(batch, 0)  # a 2-D array: its columns, one per field
         width = int(np.prod(arr.shape[1:])) if arr.ndim > 1 else 1
         if width != len(names):
             msg = (f"{where} rows have {width} value(s) but the schema has {len(names)} column(s) ({desc}); "

@@ -11,9 +11,12 @@ kernel side shares :mod:`tfos_nb.tbproxy._records` with the server.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import __version__
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 __all__ = ["__version__", "_jupyter_server_extension_points", "_load_jupyter_server_extension"]
 
@@ -22,7 +25,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "tfos_nb.tbproxy"}]
 
 
-def _load_jupyter_server_extension(serverapp: Any) -> None:
+def _load_jupyter_server_extension(serverapp: ServerApp) -> None:
     from ._handlers import setup_handlers
 
     setup_handlers(serverapp)

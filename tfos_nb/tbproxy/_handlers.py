@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
@@ -33,6 +33,9 @@ from traitlets.config import Configurable
 
 from ._records import CLUSTER_ID_RE, Endpoint, read_record
 from ._urls import BadPath, upstream_url
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 ROUTE = "tfos_nb/tensorboard"
 
@@ -138,6 +141,8 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         """The registered endpoint and the (validated, still encoded) upstream path."""
         if not CLUSTER_ID_RE.match(cluster_id):
             raise web.HTTPError(404)
+        if self.serverapp is None:  # a handler outside a Jupyter server application
+            raise web.HTTPError(500)
         endpoint = read_record(self.serverapp.runtime_dir, cluster_id)
         if endpoint is None:
             raise web.HTTPError(404)
@@ -299,7 +304,7 @@ class StatusHandler(JupyterHandler):
     head = get
 
 
-def setup_handlers(serverapp: Any) -> None:
+def setup_handlers(serverapp: ServerApp) -> None:
     config = TensorBoardProxy(parent=serverapp)
     base = serverapp.web_app.settings["base_url"]
     # The id group is permissive on purpose: the handlers answer a malformed id with 404

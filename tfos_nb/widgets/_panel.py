@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    import ipywidgets as W
+    import ipywidgets
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     msg = 'the tfos_nb widget panel needs ipywidgets 8: pip install "ipywidgets>=8.1,<9" (or use %config TFOSMagics.renderer = "html")'
     raise ImportError(msg) from exc
@@ -49,7 +49,7 @@ def _html_output(html: str, text: str) -> dict[str, Any]:
     return {"output_type": "display_data", "data": {"text/html": html, "text/plain": text}, "metadata": {}}
 
 
-class ClusterPanel(W.VBox):  # type: ignore[misc]
+class ClusterPanel(ipywidgets.VBox):
     """A cluster's live panel; ``show(model)`` is its only input.
 
     Children: the Stop button and the node table; once the cluster's TensorBoard runs
@@ -67,14 +67,14 @@ class ClusterPanel(W.VBox):  # type: ignore[misc]
         self.tensorboard_link: Any = None
         self.tensorboard_frame: Any = None
         self.tabs: Any = None
-        self.table = W.HTML(value="")
-        self.stop_button = W.Button(
+        self.table = ipywidgets.HTML(value="")
+        self.stop_button = ipywidgets.Button(
             description="Stop",
             icon="stop",
             button_style="danger",
             disabled=on_stop is None,
             tooltip=stop_hint or ("Stop the cluster" if on_stop is not None else "Interrupt the kernel (■) to stop"),
-            layout=W.Layout(width="auto"),
+            layout=ipywidgets.Layout(width="auto"),
         )
         self.stop_button.on_click(self._clicked)
         super().__init__(children=[self.stop_button, self.table], **kwargs)
@@ -102,14 +102,15 @@ class ClusterPanel(W.VBox):  # type: ignore[misc]
         first = self.tensorboard_path is None and self.tabs is None
         self.tensorboard_path = path
         if first:
-            self.tensorboard_link = W.Output(layout=W.Layout(margin="0 0 0 12px"))
-            self.tensorboard_frame = W.Output()
+            self.tensorboard_link = ipywidgets.Output(layout=ipywidgets.Layout(margin="0 0 0 12px"))
+            self.tensorboard_frame = ipywidgets.Output()
         text = f"TensorBoard: <Jupyter base URL>/{path}"
         self.tensorboard_link.outputs = (_html_output(tensorboard_link(model), text),)
         self.tensorboard_frame.outputs = (_html_output(iframe_html(path, height=TENSORBOARD_HEIGHT), text),)
         if first:
-            self.tabs = W.Tab(children=[self.table, self.tensorboard_frame], titles=("Nodes", "TensorBoard"))
-            self.children = [W.HBox([self.stop_button, self.tensorboard_link], layout=W.Layout(align_items="center")), self.tabs]
+            self.tabs = ipywidgets.Tab(children=[self.table, self.tensorboard_frame], titles=("Nodes", "TensorBoard"))
+            top = ipywidgets.HBox([self.stop_button, self.tensorboard_link], layout=ipywidgets.Layout(align_items="center"))
+            self.children = [top, self.tabs]
 
     def _clicked(self, _button: Any) -> None:
         if self._on_stop is None or self.stop_button.disabled:

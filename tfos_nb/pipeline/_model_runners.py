@@ -128,10 +128,6 @@ def describe(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo
     return {SIGNATURE: _describe_signature, TENSORS: _describe_tensors, CHECKPOINT: _describe_checkpoint}[ref.style](ref)
 
 
-def signature_outputs(ref: ModelRef) -> list[str]:
-    return sorted(_describe_signature(ref)[1])
-
-
 # -- running (Python workers) ------------------------------------------------------------------
 
 
@@ -230,8 +226,3 @@ def runner(ref: ModelRef, inputs: list[str], outputs: list[str]) -> Callable[[di
                 _CACHE.pop(next(iter(_CACHE)))
             _CACHE[key] = hit
     return hit
-
-
-def cache_info() -> list[tuple]:
-    """Keys of the models loaded in this process (for tests and debugging)."""
-    return list(_CACHE)
