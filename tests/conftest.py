@@ -1,17 +1,26 @@
-"""Fixtures shared by the test modules: real Spark, leak checks.
+"""Fixtures shared by the test modules: real Spark, waiting on a condition, leak checks.
 
 Each module that needs Spark gets one ``local-cluster`` session (real master,
-workers and executor JVMs) through :func:`spark_session`, stopped at the end
-of the module.  TensorFlow gets one intra-op thread per node (``NODE_ENV``).
+workers and executor JVMs): ``spark = spark_fixture(2)`` at module level makes the
+module-scoped ``spark`` fixture (``sc`` is its SparkContext), stopped at the end of
+the module; :func:`spark_session` builds one directly.  TensorFlow gets one
+intra-op thread per node (``NODE_ENV``).  Tests wait on a condition with
+:func:`wait_until` (a deadline, never a bare sleep).
+
+Tiers (markers, pytest.ini): ``slow`` is everything that starts Spark, TensorFlow, a
+kernel or a server (``-m "not slow"`` is the fast tier); ``browser``, ``multihost`` and
+``faults`` pick the heaviest slow modules.  ``bash test.sh`` runs them all.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import psutil
 import pytest
@@ -44,7 +53,7 @@ def kernel_specs(tmp_path_factory):
     return KernelSpecManager(kernel_dirs=[str(kernels)])
 
 
-def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> object:
+def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -64,6 +73,33 @@ def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None, *,
+                  callback_server: bool = False) -> Any:
+    """A module-scoped ``spark`` fixture: ``spark = spark_fixture(2)`` at a test module's top level.
+
+    ``callback_server``: start PySpark's py4j callback server with the session (``foreachBatch``
+    starts it, one per SparkContext, stopped with it), so ``no_leaks`` counts its port as Spark's.
+    """
+
+    @pytest.fixture(scope="module")
+    def spark() -> Iterator[Any]:
+        session = spark_session(executors, memory_mb, conf)
+        if callback_server:
+            from pyspark.java_gateway import ensure_callback_server_started
+
+            ensure_callback_server_started(session.sparkContext._gateway)
+        yield session
+        session.stop()
+
+    return spark
+
+
+@pytest.fixture(scope="module")
+def sc(spark: Any) -> Any:
+    """The SparkContext of the module's ``spark`` fixture."""
+    return spark.sparkContext
 
 
 def runtime_processes() -> list[psutil.Process]:
@@ -100,13 +136,32 @@ def kernel_execute(kc, code: str, timeout: float = 300) -> str:
     return "".join(out)
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.1, *, what: str | None = None,
+               proc: subprocess.Popen | None = None, ignore: tuple[type[BaseException], ...] = ()) -> T:
+    """Poll ``predicate`` every ``interval`` s until it returns something truthy, and return that.
+
+    At the deadline: without ``what``, return the predicate's last (falsy) value, for the caller
+    to assert with its own message; with ``what``, raise ``AssertionError`` naming it.
+    ``proc``: a process the condition depends on; its exit ends the wait with an ``AssertionError``.
+    ``ignore``: exceptions of the predicate that mean "not yet" (e.g. ``OSError`` while a server starts).
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what or 'waiting'}: process exited with {proc.returncode}")
+        try:
+            value = predicate()
+        except ignore:
+            value = None  # "not yet"
+        if value or time.monotonic() > deadline:
+            break
         time.sleep(interval)
-    return predicate()
+    if not value and what is not None:
+        raise AssertionError(f"{what}: not ready after {timeout} s")
+    return value
 
 
 @pytest.fixture

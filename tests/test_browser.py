@@ -34,7 +34,7 @@ import pytest
 
 from tests.test_tbproxy import child_env, free_port, stop, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = REPO / "test-output"

@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import NODE_ENV, kernel_execute, listening_ports, runtime_processes, spark_session, wait_until
 from tfos_nb import TFCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 EXECUTORS = 3

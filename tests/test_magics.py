@@ -14,6 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
+from tests.conftest import spark_session, wait_until
 from tfos_nb.magics import ClusterFailed, ClusterHandle, _render
 from tfos_nb.magics._cellfn import build
 from tfos_nb.magics._spark import CONNECT_MSG
@@ -42,14 +43,6 @@ def ip():
     )
     yield shell
     shell.magics_manager.registry["TFOSMagics"].shutdown_all()
-
-
-def _poll(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 # -- bad input: one-line UsageErrors, exact messages --------------------------------------
@@ -218,17 +211,7 @@ def test_status_table_formatting():
 # -- real Spark, real TensorFlow ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def magic_spark(ip):
-    os.environ["PYSPARK_PYTHON"] = PYTHON
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .appName("tfos_nb-test-magics")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_session(2)
     ip.user_ns["spark"] = spark
     yield spark
     ip.magics_manager.registry["TFOSMagics"].shutdown_all()
@@ -337,9 +320,9 @@ def test_background_status_logs_rerun_and_shutdown(ip, magic_spark, capsys):
     ip.run_cell_magic("tfos_cluster", "--workers 1 --background --name bg", forever)
     handle = ip.user_ns["bg"]
     assert "bg runs in the background" in capsys.readouterr().out
-    _poll(lambda: handle.nodes and (handle.nodes[0].step or 0) >= 3, 90, "bg's chief to report steps")
+    wait_until(lambda: handle.nodes and (handle.nodes[0].step or 0) >= 3, 90, what="bg's chief to report steps")
     # output and progress reach the driver by different pipes: wait for the lines themselves
-    _poll(lambda: sum(line.startswith("[chief:0] tick ") for line in handle.output) >= 2, 90, "bg's chief's output")
+    wait_until(lambda: sum(line.startswith("[chief:0] tick ") for line in handle.output) >= 2, 90, what="bg's chief's output")
     assert handle.state == "running" and not handle.done
     ip.run_line_magic("tfos_status", "")
     status = capsys.readouterr().out
@@ -362,7 +345,7 @@ def test_background_status_logs_rerun_and_shutdown(ip, magic_spark, capsys):
 
     ip.run_cell_magic("tfos_cluster", "--workers 1 --background --name bg2", forever)
     bg2 = ip.user_ns["bg2"]
-    _poll(lambda: bg2.state == "running", 90, "bg2 to run")
+    wait_until(lambda: bg2.state == "running", 90, what="bg2 to run")
     ip.run_line_magic("tfos_shutdown", "--all")
     assert bg2.done and bg2.state == "stopped"
     assert "bg2: stopped" in capsys.readouterr().out
@@ -432,7 +415,7 @@ def test_tensorboard_of_a_running_cluster_and_after_it_ended(ip, magic_spark, tm
     ip.run_cell_magic("tfos_cluster", f"--workers 1 --background --tensorboard --logdir {tmp_path / 'logs'} --name tbc",
                       forever)
     handle = ip.user_ns["tbc"]
-    _poll(lambda: handle.tensorboard_url, 120, "tbc's TensorBoard")
+    wait_until(lambda: handle.tensorboard_url, 120, what="tbc's TensorBoard")
     capsys.readouterr()
     ip.run_line_magic("tfos_tensorboard", "tbc")
     cid = handle.status().cluster_id

@@ -9,7 +9,7 @@ import time
 import cloudpickle
 import pytest
 
-from tests.conftest import NODE_ENV, spark_session
+from tests.conftest import NODE_ENV, spark_fixture
 from tfos_nb import TFCluster
 
 pytestmark = pytest.mark.slow
@@ -18,11 +18,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROWS, DIM = 100_000, 32
 
 
-@pytest.fixture(scope="module")
-def sc():
-    spark = spark_session(5)
-    yield spark.sparkContext
-    spark.stop()
+spark = spark_fixture(5)
 
 
 def sharded_embedding_fun(args, ctx):

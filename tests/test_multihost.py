@@ -46,7 +46,7 @@ from tfos_nb.runtime import net
 from tfos_nb.runtime.protocol import messages as m
 from tfos_nb.runtime.protocol.channel import ControlServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]

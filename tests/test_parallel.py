@@ -23,7 +23,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
-from tests.conftest import KERNEL, NODE_ENV, runtime_processes, spark_session, wait_until
+from tests.conftest import KERNEL, NODE_ENV, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
 from tfos_nb.runtime.driver.parallel import ParallelView, best_index, default_metric, default_mode
@@ -40,16 +40,8 @@ LEARNING_RATES = [0.0003, 0.003, 0.03, 3.0]
 NOTEBOOK_LRS = [0.0003, 0.003, 0.03, 0.3]  # the grid of notebooks/parallel_runs.ipynb
 
 
-@pytest.fixture(scope="module")
-def spark():
-    s = spark_session(EXECUTORS)
-    yield s
-    s.stop()
+spark = spark_fixture(EXECUTORS)
 
-
-@pytest.fixture(scope="module")
-def sc(spark):
-    return spark.sparkContext
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, spark_session, wait_until
+from tests.conftest import NODE_ENV, spark_fixture, wait_until
 from tfos_nb.examples import digits
 from tfos_nb.pipeline import TFEstimator, TFModel, communication_options
 from tfos_nb.runtime.driver import start as runtime_start
@@ -198,11 +198,7 @@ def tensorboard_train_fn(args, ctx):
 # -- fixtures ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def spark():
-    s = spark_session(3)
-    yield s
-    s.stop()
+spark = spark_fixture(3)
 
 
 @pytest.fixture(scope="module")

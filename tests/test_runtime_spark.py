@@ -10,7 +10,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, runtime_processes, spark_session, wait_until
+from tests.conftest import NODE_ENV, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFCluster, dfutil
 from tfos_nb.examples import digits
 
@@ -21,16 +21,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 EXECUTORS = 4
 
 
-@pytest.fixture(scope="module")
-def spark():
-    s = spark_session(EXECUTORS)
-    yield s
-    s.stop()
+spark = spark_fixture(EXECUTORS)
 
-
-@pytest.fixture(scope="module")
-def sc(spark):
-    return spark.sparkContext
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 import cloudpickle
 import pytest
 
-from tests.conftest import NODE_ENV
+from tests.conftest import spark_session
 from tfos_nb import TFCluster
 
 pytestmark = pytest.mark.slow
@@ -18,24 +18,16 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     script = tmp_path_factory.mktemp("gpu") / "discover.sh"
     script.write_text('#!/bin/sh\necho \'{"name":"gpu","addresses":["0","1"]}\'\n')
     script.chmod(0o755)
-    builder = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.worker.resource.gpu.amount", "2")
-        .config("spark.worker.resource.gpu.discoveryScript", str(script))
-        .config("spark.executor.resource.gpu.amount", "1")
-        .config("spark.executor.resource.gpu.discoveryScript", str(script))
-        .config("spark.task.resource.gpu.amount", "1")
-    )
-    for key, value in NODE_ENV.items():
-        builder = builder.config(f"spark.executorEnv.{key}", value)
-    spark = builder.getOrCreate()
+    spark = spark_session(2, conf={
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(script),
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.executor.resource.gpu.discoveryScript": str(script),
+        "spark.task.resource.gpu.amount": "1",
+    })
     yield spark.sparkContext
     spark.stop()
 

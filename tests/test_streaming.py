@@ -10,7 +10,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, spark_session, wait_until
+from tests.conftest import NODE_ENV, spark_fixture, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.TFCluster import TFClusterError
 
@@ -20,16 +20,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 SCHEMA = "id long, x1 double, x2 double, y double"
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.java_gateway import ensure_callback_server_started
-
-    s = spark_session(2)
-    # foreachBatch starts PySpark's py4j callback server (one per SparkContext, stopped with it): start it
-    # here so that no_leaks counts it as Spark's, not as a port the runtime left open.
-    ensure_callback_server_started(s.sparkContext._gateway)
-    yield s
-    s.stop()
+# foreachBatch starts PySpark's py4j callback server (one per SparkContext, stopped with it): start it
+# with the session so that no_leaks counts it as Spark's, not as a port the runtime left open.
+spark = spark_fixture(2, callback_server=True)
 
 
 def run(sc, fn, args, n=2):

@@ -19,7 +19,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
@@ -28,6 +27,7 @@ from urllib.parse import urlencode
 
 import pytest
 
+from tests.conftest import wait_until
 from tfos_nb import tensorboard as tb
 from tfos_nb.runtime import net
 from tfos_nb.tbproxy import _records, _urls
@@ -45,19 +45,8 @@ def free_port() -> int:
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: process exited with {proc.returncode}")
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not ready after {timeout}s")
-        time.sleep(0.2)
+    """:func:`wait_until` for a server or TensorBoard starting up: a refused connection means "not yet"."""
+    return wait_until(predicate, timeout, 0.2, what=what, proc=proc, ignore=(OSError,))
 
 
 def stop(proc: subprocess.Popen) -> None:

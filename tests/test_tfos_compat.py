@@ -16,7 +16,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import spark_session
+from tests.conftest import spark_fixture
 
 # --- the only line that changes: `from tensorflowonspark import TFCluster` ---
 from tfos_nb import TFCluster
@@ -91,11 +91,7 @@ def inference_fun(args, ctx):
             tf_feed.batch_results([f"{lbl} {int(p)}" for lbl, p in zip(labels, preds)])
 
 
-@pytest.fixture(scope="module")
-def sc():
-    spark = spark_session(3)
-    yield spark.sparkContext
-    spark.stop()
+spark = spark_fixture(3)
 
 
 def test_tensorflowonspark_mnist_style_program_runs_unchanged(sc, tmp_path, no_leaks):

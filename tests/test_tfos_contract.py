@@ -16,7 +16,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, spark_session, wait_until
+from tests.conftest import NODE_ENV, spark_fixture, wait_until
 from tfos_nb import TFCluster, TFNode
 from tfos_nb.examples import digits
 
@@ -26,19 +26,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 SPARK = TFCluster.InputMode.SPARK
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.java_gateway import ensure_callback_server_started
-
-    s = spark_session(2)
-    ensure_callback_server_started(s.sparkContext._gateway)  # foreachBatch's py4j port is Spark's, not a leak
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def sc(spark):
-    return spark.sparkContext
+spark = spark_fixture(2, callback_server=True)  # foreachBatch's py4j port is Spark's, not a leak
 
 
 def run(sc, fn, args, n=2, **kw):

@@ -20,7 +20,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, spark_session
+from tests.conftest import NODE_ENV, spark_fixture
 
 # --- the only line that changes: `from tensorflowonspark import TFCluster, TFParallel, dfutil` ---
 from tfos_nb import TFCluster, TFParallel, dfutil
@@ -30,16 +30,8 @@ pytestmark = pytest.mark.slow
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def spark():
-    s = spark_session(2)
-    yield s
-    s.stop()
+spark = spark_fixture(2)
 
-
-@pytest.fixture(scope="module")
-def sc(spark):
-    return spark.sparkContext
 
 
 def _json_lines(path):
