@@ -201,6 +201,7 @@ def test_close_runs_the_teardown_once_whoever_calls_it():
     register_all(ctl, st)
     run_all(ctl, st)
     job.mark_up()
+    ctl.set_running()
     assert st.state == S.C_RUNNING
     threads = [threading.Thread(target=job.close) for _ in range(4)]
     for t in threads:

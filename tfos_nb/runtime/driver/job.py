@@ -142,11 +142,14 @@ class DriverJob:
             raise JobCancelled(msg)
 
     def mark_up(self) -> None:
-        """The start is over (every node runs): a later cancel() tears down instead of failing the start."""
+        """The start is over: a later cancel() tears down instead of failing the start.
+
+        (A cluster's owner then asks its controller to ``set_running()``; parallel runs are
+        running once the first one registers.)
+        """
         with self._lock:
             self.check_cancelled()
             self._up = True
-        self.controller.set_running()
 
     # -- stop --------------------------------------------------------------------
     @property

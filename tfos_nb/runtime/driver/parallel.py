@@ -98,14 +98,14 @@ class ParallelRuns:
         self._blob = cloudpickle.dumps((map_fun, args))
         self._launch = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
                             num_gpus=num_gpus)
-        self._job: SparkJob | None = None
+        self._spark_job: SparkJob | None = None
         self._stop_reason: str | None = None
         self._results: list[RunResult] | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> ParallelRuns:
         """Start the control server and the Spark job; returns at once (idempotent)."""
-        if self._job is not None:
+        if self._spark_job is not None:
             return self
         sc = self.sc
         try:
@@ -135,7 +135,7 @@ class ParallelRuns:
                 return (rdd.barrier() if barrier else rdd).mapPartitions(task).collect()
 
             # One job; named like a cluster's launch job so the panel's Spark progress finds it.
-            self._job = self.job.spark_job("launch", f"tfos_nb {self.name}: {n} parallel runs", action)
+            self._spark_job = self.job.spark_job("launch", f"tfos_nb {self.name}: {n} parallel runs", action)
             self.job.mark_up()
         except BaseException:
             self.close()
@@ -173,14 +173,14 @@ class ParallelRuns:
         """
         if self._results is not None:
             return self._results
-        if self._job is None:
+        if self._spark_job is None:
             self.start()
-        assert self._job is not None
+        assert self._spark_job is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
                 view = self.state.snapshot()
-                if view.state == S.C_FAILED or self._stop_reason is not None or self._job.done:
+                if view.state == S.C_FAILED or self._stop_reason is not None or self._spark_job.done:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     self.close()
@@ -194,7 +194,7 @@ class ParallelRuns:
             raise
 
     def _finish(self) -> list[RunResult]:
-        assert self._job is not None
+        assert self._spark_job is not None
         if self.state.snapshot().state == S.C_FAILED:
             self.close()
             raise self._error()
@@ -202,7 +202,7 @@ class ParallelRuns:
             self.close()
             msg = f"parallel runs {self.name} were stopped ({self._stop_reason})"
             raise RuntimeError(msg)
-        job = self._job
+        job = self._spark_job
         if job.error is not None:
             self.close()
             if self.state.snapshot().state == S.C_FAILED:

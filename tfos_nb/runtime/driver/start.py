@@ -129,6 +129,7 @@ def run(
         _await_running(state, spark_job, reservation_timeout)
         job.forget(spark_job)
         job.mark_up()
+        controller.set_running()
         return cluster
     except BaseException:
         job.close()
