@@ -150,7 +150,7 @@ class Heartbeat(Message):
     report: dict = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
     reports: list = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
     returned: dict = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
-    feed: dict = dataclasses.field(default_factory=dict)  # {"rows": n, "gen_done": g, "terminated": b}
+    feed: dict = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
     logs: list = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0
     exit_code: int | None = None
