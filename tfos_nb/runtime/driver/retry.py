@@ -71,39 +71,32 @@ def run_job(
     tf_args: Any,
     num_executors: int,
     *,
-    data: Any = None,
-    num_epochs: int = 1,
     retries: int = 0,
-    feed_timeout: float = 600,
-    shutdown_timeout: float = 259200,
-    grace_secs: float = 0,
-    batch_rows: int = 1024,
     on_retry: Callable[[int, TFClusterError], None] | None = None,
-    **run_kwargs: Any,
+    **kwargs: Any,
 ) -> RunOutcome:
     """Run ``map_fun`` on a cluster of ``num_executors`` nodes to the end, retrying node failures.
 
-    ``data`` (an RDD or DataFrame) is fed for ``num_epochs`` epochs with
-    ``InputMode.SPARK``; without it the nodes read their own data.  Other
-    keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`.  ``on_retry(attempt,
+    Each attempt is one :func:`run_once`: ``data`` (an RDD or DataFrame) is fed for
+    ``num_epochs`` epochs with ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``);
+    without it the nodes read their own data; then ``shutdown(grace_secs, shutdown_timeout)``.
+    Other keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`.  ``on_retry(attempt,
     error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Raises the last
     attempt's error when every attempt failed.
     """
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         msg = f"retries must be a non-negative integer, got {retries!r}"
         raise ValueError(msg)
-    if data is not None:
-        run_kwargs.setdefault("input_mode", InputMode.SPARK)
-    base_env = dict(run_kwargs.pop("env", None) or {})
+    if kwargs.get("data") is not None:
+        kwargs.setdefault("input_mode", InputMode.SPARK)
+    base_env = dict(kwargs.pop("env", None) or {})
     started = time.monotonic()
     failures: list[str] = []
     attempt = 1
     while True:
         env = dict(base_env, TFOS_ATTEMPT=str(attempt))
         try:
-            cluster = run_once(sc, map_fun, tf_args, num_executors, data=data, num_epochs=num_epochs,
-                               feed_timeout=feed_timeout, shutdown_timeout=shutdown_timeout, grace_secs=grace_secs,
-                               batch_rows=batch_rows, env=env, **run_kwargs)
+            cluster = run_once(sc, map_fun, tf_args, num_executors, env=env, **kwargs)
             return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started)
         except TFClusterError as exc:
             if attempt > retries:
