@@ -117,7 +117,7 @@ def test_sigkill_mid_training_is_detected(sc, feed_df, target, no_leaks):
 
     def kill_when_training():
         if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 120):
-            cluster._teardown()  # never reached: end train() so the test fails with the nodes' state, not a hang
+            cluster.close()  # never reached: end train() so the test fails with the nodes' state, not a hang
             return
         node = next(n for n in cluster.nodes if n.label == "worker:0")
         pid = node.child_pid if target == "node process" else node.pid
@@ -166,12 +166,12 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
 
     def kill_jvm():
         if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 120):
-            cluster._teardown()  # never reached: end train() so the test fails with the nodes' state, not a hang
+            cluster.close()  # never reached: end train() so the test fails with the nodes' state, not a hang
             return
         node = next(n for n in cluster.nodes if n.label == "worker:0")
         jvm = executor_jvm(sc, node.executor_id)
         if jvm is None:
-            cluster._teardown()  # the test then fails on `killed`, not a hang
+            cluster.close()  # the test then fails on `killed`, not a hang
             return
         killed.append((time.monotonic(), jvm.pid))
         jvm.kill()

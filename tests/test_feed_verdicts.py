@@ -20,19 +20,19 @@ def assign(ctl, mode="train"):
 
 
 def check(ctl, node):
-    return ctl.handle(m.FeedCheck(partition=0, node=node)).body
+    return m.FeedVerdict.from_dict(ctl.handle(m.FeedCheck(partition=0, node=node)).body)
 
 
 def test_a_node_that_terminated_gets_no_more_partitions_and_is_done_for_lost_feeders():
     st, ctl = cluster()
-    assert check(ctl, 0) == {"verdict": "reading"}
+    assert check(ctl, 0) == m.FeedVerdict("reading")
     ctl.handle(m.Heartbeat(node=0, state="running", feed={"closed": True}))  # chief:0 called terminate()
-    assert check(ctl, 0) == {"verdict": "done"}
+    assert check(ctl, 0) == m.FeedVerdict("done")
     for _ in range(3):
         assert assign(ctl).body["label"] == "worker:0"
     ctl.handle(m.Heartbeat(node=1, state="finished", exit_code=0))  # worker:0 returned
-    assert check(ctl, 1) == {"verdict": "done"}
-    assert assign(ctl).body == {"skip": True}  # nobody reads: the partition is skipped
+    assert check(ctl, 1) == m.FeedVerdict("done")
+    assert m.FeedAssignment.from_dict(assign(ctl).body) == m.FeedAssignment(skip=True)  # nobody reads: the partition is skipped
     reply = assign(ctl, "infer")
     assert not reply.ok and "no node is reading" in reply.error  # inference needs answers: an error at once
 
@@ -41,5 +41,5 @@ def test_a_failed_node_is_failed_for_lost_feeders():
     st, ctl = cluster()
     ctl.handle(m.Heartbeat(node=1, state="failed", error="ValueError: boom", exit_code=1))
     body = check(ctl, 1)
-    assert body["verdict"] == "failed" and "worker:0 failed" in body["error"]
-    assert check(ctl, 0)["verdict"] == "failed"  # the whole cluster is failing
+    assert body.verdict == "failed" and "worker:0 failed" in body.error
+    assert check(ctl, 0).verdict == "failed"  # the whole cluster is failing

@@ -53,9 +53,9 @@ def _signed(env: dict) -> bytes:
 
 
 def test_signed_but_malformed_messages_are_rejected():
-    base = {"v": 1, "cid": "cid", "from": "x", "seq": 1, "ts": __import__("time").time(), "type": "await_spec"}
+    base = {"v": m.PROTOCOL_VERSION, "cid": "cid", "from": "x", "seq": 1, "ts": __import__("time").time(), "type": "await_spec"}
     cases = [
-        ({**base, "v": 2, "body": {"node": 0}}, "protocol version"),
+        ({**base, "v": m.PROTOCOL_VERSION + 1, "body": {"node": 0}}, "protocol version mismatch"),
         ({**base, "cid": "other", "body": {"node": 0}}, "another cluster"),
         ({**base, "type": "nope", "body": {}}, "unknown message type"),
         ({**base, "body": {}}, "missing field 'node'"),
@@ -167,19 +167,17 @@ def test_no_module_unpickles_socket_data():
 def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others(monkeypatch):
     """A node that registered polls for the cluster spec while slower nodes start (a busy executor can
     take longer than the heartbeat timeout): every poll is a sign of life; silence is not."""
-    from types import SimpleNamespace
 
     from tfos_nb.runtime.driver import controller as ctl
     from tfos_nb.runtime.driver import state as S
 
     now = [1000.0]
-    monkeypatch.setattr(ctl, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    st = S.ClusterState("cid", "t", [("chief", 0), ("worker", 0)])
+    st = S.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
     c = ctl.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
     assert c.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
     for _ in range(30):  # worker:0 registers 30 s later; chief:0 asks every second meanwhile
         now[0] += 1.0
-        assert c.handle(m.AwaitSpec(node=0)).body == {"retry": 0.1}
+        assert m.Retry.from_dict(c.handle(m.AwaitSpec(node=0)).body) == m.Retry(0.1)
         c.tick()
     assert st.state == S.C_RESERVING and st.nodes[0].state == S.REGISTERED, st.nodes[0].error
     assert c.handle(m.Register(node=1, host="h", port=2, executor_id="1", pid=2)).ok

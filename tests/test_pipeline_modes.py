@@ -288,7 +288,7 @@ def test_input_mode_tensorflow_reads_tfrecords(spark, digits_data, tmp_path, sta
     view = state.snapshot()
     assert view.name == f"{est.uid}.fit"
     assert sorted(n.label for n in view.nodes) == ["chief:0", "worker:0"]
-    assert view.rows_fed == 0 and view.feed_gen == 0
+    assert view.rows_fed == 0 and view.feed_epoch == 0
     recs = _records(facts)
     assert sorted(r["role"] for r in recs) == ["chief", "worker"]
     assert not any(r["fed"] for r in recs), recs  # no data feed on the nodes in TENSORFLOW mode

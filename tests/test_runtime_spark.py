@@ -377,23 +377,23 @@ def test_start_waits_for_the_executors_the_configuration_promises(monkeypatch):
     """Executors register seconds apart on a busy machine: a local-cluster[3,…] with one up waits for the others."""
     from types import SimpleNamespace
 
-    from tfos_nb.runtime.driver import start
+    from tfos_nb.runtime.driver import slots
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
-    monkeypatch.setattr(start, "time", clock)
+    monkeypatch.setattr(slots, "time", clock)
     # one executor up at once, the second 8 s later, the third 20 s later
-    monkeypatch.setattr(start, "available_slots", lambda sc: (1 + (now[0] >= 8) + (now[0] >= 20),) * 2)
-    start._wait_for_slots(SimpleNamespace(master="local-cluster[3,1,1024]"), 3, 120)
+    monkeypatch.setattr(slots, "available_slots", lambda sc: (1 + (now[0] >= 8) + (now[0] >= 20),) * 2)
+    slots.wait_for_slots(SimpleNamespace(master="local-cluster[3,1,1024]"), 3, 120)
     assert now[0] >= 20
     # promised too few: the answer comes once they are all up, naming them all
     now[0] = 0.0
     with pytest.raises(RuntimeError, match=r"asked for 4 nodes, 3 task slot\(s\) available on 3 executor"):
-        start._wait_for_slots(SimpleNamespace(master="local-cluster[3,1,1024]"), 4, 120)
+        slots.wait_for_slots(SimpleNamespace(master="local-cluster[3,1,1024]"), 4, 120)
     assert 20 <= now[0] < 21
     # a master that does not say its size: give up once the count stopped changing
     now[0] = 0.0
     unsized = SimpleNamespace(master="spark://h:7077", getConf=lambda: {})
     with pytest.raises(RuntimeError, match=r"asked for 3 nodes, 1 task slot\(s\) available on 1 executor"):
-        start._wait_for_slots(unsized, 3, 120)
+        slots.wait_for_slots(unsized, 3, 120)
     assert now[0] < 8

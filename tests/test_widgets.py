@@ -499,6 +499,7 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     from IPython.core.displaypub import CapturingDisplayPublisher
 
     from tfos_nb.magics import ClusterHandle
+    from tfos_nb.runtime.driver.controller import Controller
     from tfos_nb.runtime.driver.state import ClusterState
 
     pub = CapturingDisplayPublisher()
@@ -513,8 +514,10 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     st = ClusterState("c9", "bgpanel", [("chief", 0)])
+    ctl = Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
     st.add_listener(handle._on_state)  # as runtime.start.run(on_state=...) does
-    st.set_cluster_state("running")
+    handle._on_start(ctl)  # as run(on_start=...) does: what the handle cancels a start through (.state, .cancel)
+    ctl.set_running()
     widget_view = "application/vnd.jupyter.widget-view+json"
     panel = ipywidgets.widgets.widget._instances[pub.outputs[0]["data"][widget_view]["model_id"]]
     assert ">running</span>" in panel.children[1].value

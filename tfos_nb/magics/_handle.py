@@ -118,6 +118,7 @@ class ClusterHandle:
         self._stopper: threading.Thread | None = None
         self._cluster: TFCluster | None = None
         self._cstate: S.ClusterState | None = None
+        self._starting: Any = None  # the start in progress (its cancel(reason)), from run()'s on_start
         self._stop_reason: str | None = None
         self._error: BaseException | None = None
         self._result: dict[str, Any] | None = None
@@ -151,7 +152,7 @@ class ClusterHandle:
                     if self._stop_reason is not None or self.attempt > self.retries:
                         raise
                     if cluster is not None:
-                        cluster._teardown()
+                        cluster.close()
                         cluster = None
                     first = (str(exc).splitlines() or [type(exc).__name__])[0]
                     self.failures.append(first)
@@ -162,11 +163,11 @@ class ClusterHandle:
                 self._error = exc
         finally:
             if cluster is not None:
-                cluster._teardown()
+                cluster.close()
             with self._lock:
                 stopper = self._stopper
             if stopper is not None:
-                # _teardown() returns at once while another thread is still tearing down
+                # close() returns at once while another thread is still tearing down
                 stopper.join(30)
             if self._stop_reason == "timeout":
                 self._error = TimeoutError(f"did not finish within {self.timeout:g} s and was torn down")
@@ -185,7 +186,7 @@ class ClusterHandle:
         with self._lock:
             self._cluster = None
         cluster = run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
-                      on_state=self._on_state, **kwargs)
+                      on_state=self._on_state, on_start=self._on_start, **kwargs)
         with self._lock:
             self._cluster = cluster
             stopping = self._stop_reason is not None
@@ -195,7 +196,7 @@ class ClusterHandle:
                     cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
                 cluster.shutdown(timeout=self.timeout or 259200)
         except BaseException:
-            cluster._teardown()
+            cluster.close()
             raise
         return cluster
 
@@ -204,8 +205,6 @@ class ClusterHandle:
             self._cstate = st
             with self._lock:
                 self._states.append((self.attempt, st))
-        if self._stop_reason is not None and self._cluster is None:
-            self._abort_start(st)
         self._tell_observers(final=False)
 
     def add_observer(self, fn: Any) -> None:
@@ -231,10 +230,13 @@ class ClusterHandle:
             except Exception:  # noqa: BLE001 - a UI bug must not break the run
                 pass
 
-    def _abort_start(self, st: S.ClusterState) -> None:
-        # run() has no cancel hook: a failed cluster state makes it tear down and return.
-        if st.state not in (S.C_FAILED, S.C_STOPPED, S.C_FINISHED):
-            st.set_cluster_state(S.C_FAILED, f"stopped ({self._stop_reason})")
+    def _on_start(self, job: Any) -> None:
+        """run()'s start hook: ``job.cancel(reason)`` stops a start in progress (from stop(), any thread)."""
+        with self._lock:
+            self._starting = job
+            reason = self._stop_reason
+        if reason is not None:
+            job.cancel(reason)
 
     def _on_log(self, label: str, lines: list[str]) -> None:
         tagged = [f"[{label}] {line}" for line in lines]
@@ -249,12 +251,12 @@ class ClusterHandle:
                 return
             if self._stop_reason is None:
                 self._stop_reason = reason
-            cluster, st = self._cluster, self._cstate
+            cluster, starting = self._cluster, self._starting
             if cluster is not None and self._stopper is None:
-                self._stopper = threading.Thread(target=cluster._teardown, name=f"tfos-stop-{self.name}", daemon=True)
+                self._stopper = threading.Thread(target=cluster.close, name=f"tfos-stop-{self.name}", daemon=True)
                 self._stopper.start()
-        if cluster is None and st is not None:
-            self._abort_start(st)
+        if cluster is None and starting is not None:
+            starting.cancel(self._stop_reason or reason)
 
     @property
     def done(self) -> bool:

@@ -94,8 +94,9 @@ class TFOSMagics(Magics):
         atexit.register(self.shutdown_all)
         add_start_listener(self._api_cluster_started)
 
-    def _api_cluster_started(self, st: S.ClusterState) -> None:
+    def _api_cluster_started(self, job: Any) -> None:
         """A panel for a cluster started by a Python call in a cell (not by %%tfos_cluster's own thread)."""
+        st: S.ClusterState = job.state
         if not self.api_panels or threading.current_thread() is not threading.main_thread():
             return
         from ..widgets import choose_renderer, make_renderer
@@ -381,7 +382,7 @@ class TFOSMagics(Magics):
             now = time.monotonic()
             if final or now >= next_progress:
                 next_progress = now + PROGRESS_INTERVAL_S
-                numbers = job_progress(handle.sc, job_groups(view.job_group, view.feed_gen))
+                numbers = job_progress(handle.sc, job_groups(view.job_group, view.feed_epoch))
                 if numbers is not None:
                     progress = JobProgress(*numbers)
             if final:

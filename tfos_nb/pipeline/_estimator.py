@@ -157,7 +157,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
 
-        from .. import TFCluster as tfc  # run() and InputMode, as users see them
+        from .. import TFCluster as tfc  # run_job() and InputMode, as users see them
 
         if self.train_fn is None:
             msg = "TFEstimator needs train_fn(args, ctx) (TFEstimator(train_fn, tf_args))"
@@ -189,18 +189,14 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
             args.tfrecord_dir = self._export_tfrecords(dataset)
         sc = dataset.sparkSession.sparkContext
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
-        cluster = tfc.run(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
-                          num_ps=num_ps, tensorboard=self.getOrDefault(self.tensorboard),
-                          input_mode=mode, master_node=master, env=self.env,
-                          driver_ps_nodes=self.getOrDefault(self.driverPSNodes),
-                          log_dir=args.get("model_dir"), name=f"{self.uid}.fit")
-        try:
-            if source is not None:
-                cluster.train(source, num_epochs=self.getOrDefault(self.epochs), batch_rows=self.getBatchSize())
-        except BaseException:
-            cluster._teardown()
-            raise
-        cluster.shutdown(grace_secs=self.getOrDefault(self.graceSecs))
+        # the one start → train → shutdown the runtime has (no retries: a failed fit raises)
+        tfc.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
+                    data=source, num_epochs=self.getOrDefault(self.epochs), batch_rows=self.getBatchSize(),
+                    grace_secs=self.getOrDefault(self.graceSecs),
+                    num_ps=num_ps, tensorboard=self.getOrDefault(self.tensorboard),
+                    input_mode=mode, master_node=master, env=self.env,
+                    driver_ps_nodes=self.getOrDefault(self.driverPSNodes),
+                    log_dir=args.get("model_dir"), name=f"{self.uid}.fit")
         return self._model_for(args)
 
     def _export_tfrecords(self, dataset: Any) -> str:

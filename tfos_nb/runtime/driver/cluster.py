@@ -10,14 +10,11 @@ RPC per row, and a teardown that leaves no process behind.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import numbers
-import re
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..executor.feeder import (
@@ -27,16 +24,17 @@ from ..executor.feeder import (
     make_rdd_inferer,
 )
 from ..procs import kill_tree
-from ..protocol.channel import ControlServer
 from . import state as S
 from .cluster_streams import ClusterStreams
 from .controller import FEEDABLE, Controller
-from .sparkjob import SparkJob
+from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
+from .job import DriverJob
 from .streaming import StreamingFeed, is_streaming
 
 log = logging.getLogger(__name__)
 
-TAIL_IN_ERRORS = 20
+__all__ = ["DEFAULT_EPOCHS", "TAIL_IN_ERRORS", "InputMode", "TFCluster", "TFClusterError", "awaited"]
+
 DEFAULT_EPOCHS = 10  # train(..., num_epochs=0): TensorFlowOnSpark feeds the data 10 times
 
 
@@ -47,38 +45,23 @@ class InputMode:
     SPARK = 1  #: the driver feeds RDD/DataFrame partitions with ``train()`` / ``inference()``
 
 
-class TFClusterError(RuntimeError):
-    """A node failed (or was lost); the cluster has been torn down.
+def awaited(nodes: Iterable[Any], node: Any) -> bool:
+    """Whether shutdown waits for ``node``'s function to return (``nodes``: the whole cluster).
 
-    ``node`` is the failed node's label (``worker:1``), with ``host``,
-    ``executor_id``, ``exit_code`` and ``tail`` (its last output lines).
+    With parameter servers and a chief, the chief coordinates and workers only
+    serve (``server.join()``): shutdown waits for the chief.  Otherwise it waits
+    for every chief/worker.  ps and evaluator nodes are stopped, never awaited.
     """
-
-    def __init__(self, message: str, node: S.NodeView | None = None) -> None:
-        super().__init__(message)
-        self.node = node.label if node else None
-        self.host = node.host if node else None
-        self.executor_id = node.executor_id if node else None
-        self.exit_code = node.exit_code if node else None
-        self.tail = list(node.tail) if node else []
+    roles = {n.job_name for n in nodes}
+    if "ps" in roles and roles & {"chief", "master"}:
+        return node.job_name in ("chief", "master")
+    return node.job_name in FEEDABLE
 
 
-def _error_for(view: S.ClusterView) -> TFClusterError:
-    failed = [n for n in view.nodes if n.state == S.FAILED]
-    # The first node that failed on its own is the cause; later ones followed it.
-    failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""), n.index))
-    if not failed:
-        return TFClusterError(f"cluster {view.name} failed: {view.error or 'unknown error'}")
-    n = failed[0]
-    where = f"on host {n.host or '?'} (executor {n.executor_id or '?'})"
-    msg = f"{n.label} failed {where}: {n.error or 'unknown error'}"
-    tail = [line for line in n.tail if line.strip()][-TAIL_IN_ERRORS:]
-    if tail:
-        msg += f"\n--- last {len(tail)} lines of {n.label}'s output ---\n" + "\n".join(tail)
-    others = [o.label for o in failed[1:]]
-    if others:
-        msg += f"\n(also failed or stopped after it: {', '.join(others)})"
-    return TFClusterError(msg, n)
+def trainers_finished(nodes: list[Any]) -> bool:
+    """A cluster ends FINISHED when every node shutdown waits for finished."""
+    trainers = [n for n in nodes if awaited(nodes, n)]
+    return bool(trainers) and all(n.state == S.FINISHED for n in trainers)
 
 
 def _refuse_dstream(data: Any, what: str) -> None:
@@ -101,39 +84,39 @@ def _refuse_dstream(data: Any, what: str) -> None:
         raise TypeError(msg)
 
 
-def _python_error_line(exc: BaseException) -> str:
-    """The last Python exception line inside a Py4J/Spark error, else its first line."""
-    text = str(exc)
-    hits = re.findall(r"^\s*((?:[\w.]+)(?:Error|Exception|Interrupt)): (.+)$", text, flags=re.M)
-    hits = [h for h in hits if not h[0].startswith(("org.", "java.", "py4j."))]
-    if hits:
-        name, msg = hits[-1]
-        return f"{name.rsplit('.', 1)[-1]}: {msg}"
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
 class TFCluster(ClusterStreams):
     """A running TensorFlow cluster on Spark executors (made by :func:`run`)."""
 
-    def __init__(self, sc: Any, state: S.ClusterState, controller: Controller, server: ControlServer,
-                 meta: dict[str, Any], input_mode: int, num_executors: int) -> None:
-        self.sc = sc
-        self.state = state
-        self._controller = controller
-        self._server = server
+    def __init__(self, job: DriverJob, meta: dict[str, Any], input_mode: int, num_executors: int) -> None:
+        self.job = job
+        self.sc = job.sc
+        self.state = job.state
+        self.controller: Controller = job.controller
         self._meta = meta
         self.input_mode = input_mode
         self.num_executors = num_executors
-        self.cluster_id = state.cluster_id
-        self.name = state.name
-        self._jobs: list[SparkJob] = []
-        self._local: list[Any] = []  # supervisors of driver-side ps nodes
-        self._closed = False
+        self.cluster_id = job.cluster_id
+        self.name = job.name
+        self.local_nodes: list[Any] = []  # supervisors of driver-side ps nodes
         self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
-        self._close_lock = threading.Lock()
         self.last_feed: dict[str, int] = {}
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
-        atexit.register(self._atexit)
+
+    @property
+    def closed(self) -> bool:
+        return self.job.closed
+
+    def close(self, wait: float | None = None) -> None:
+        """Tear the cluster down now: kill its nodes, cancel its Spark jobs (idempotent, thread-safe, never raises)."""
+        self.job.close(wait)
+
+    def cancel(self, reason: str) -> None:
+        """Stop the cluster from any thread: see :meth:`DriverJob.cancel`."""
+        self.job.cancel(reason)
+
+    def kill_local_nodes(self) -> None:
+        for proc in self.local_nodes:
+            kill_tree(proc, grace=1)
 
     # -- information -------------------------------------------------------------
     @property
@@ -195,31 +178,25 @@ class TFCluster(ClusterStreams):
         is_df = isinstance(dataRDD, DataFrame)
         total = {"rows": 0, "skipped": 0, "partitions": 0}
         for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
-            with self.state.lock:
-                self.state.feed_gen += 1
-                gen = self.state.feed_gen
+            epoch = self.controller.open_epoch()
             meta = self._meta
             if is_df:
-                fn = make_arrow_feeder(meta, gen, feed_timeout, batch_rows)
+                fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows)
 
                 def action(fn: Callable = fn) -> list:
                     return [r.asDict() for r in dataRDD.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
             else:
-                fn = make_rdd_feeder(meta, gen, feed_timeout, batch_rows)
+                fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows)
 
                 def action(fn: Callable = fn) -> list:
                     return [json.loads(s) for s in dataRDD.mapPartitionsWithIndex(fn).collect()]
 
-            job = SparkJob(self.sc, f"tfos-{self.cluster_id}-feed-{gen}", f"tfos_nb {self.name}: feed epoch {gen}",
-                           action)
-            stats = self._watch(job, "feeding")
+            stats = self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}", action, "feeding")
             for s in stats:
                 total["rows"] += s["rows"]
                 total["skipped"] += s["skipped"]
                 total["partitions"] += 1
-            with self.state.lock:
-                self.state.gen_done = gen
-            self.state.notify()
+            self.controller.end_epoch(epoch)
         self.last_feed = total
         if total["skipped"]:
             log.warning("tfos_nb: %d row(s) were not read: the nodes' functions returned first", total["skipped"])
@@ -257,19 +234,17 @@ class TFCluster(ClusterStreams):
         micro-batch in flight is fed), and so is ``ssc``: a ``StreamingQuery``,
         a :class:`StreamingFeed` or a DStream ``StreamingContext``.
         """
-        self._stop_streams(ssc)
-        if self._closed:
+        self.stop_feeds(ssc)
+        if self.closed:
             return
         try:
-            with self.state.lock:
-                self.state.stop_requested = True
-            self.state.notify()
+            self.controller.request_stop()
             deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
             while True:
                 view = self.state.snapshot()
                 if view.state == S.C_FAILED:
-                    raise _error_for(view)
-                trainers = [n for n in view.nodes if self._waits_for(n)]
+                    raise error_for(view)
+                trainers = [n for n in view.nodes if self.waits_for(n)]
                 if all(n.state in S.TERMINAL for n in trainers):
                     break
                 if deadline is not None and time.monotonic() > deadline:
@@ -283,12 +258,12 @@ class TFCluster(ClusterStreams):
                 while time.monotonic() < end and self.state.snapshot().state != S.C_FAILED:
                     with self.state.changed:
                         self.state.changed.wait(min(0.2, max(0.0, end - time.monotonic())))
-            self._teardown()
+            self.close()
             view = self.state.snapshot()
             if view.state == S.C_FAILED:
-                raise _error_for(view)
+                raise error_for(view)
         finally:
-            self._teardown()
+            self.close()
 
     def __enter__(self) -> TFCluster:
         return self
@@ -297,20 +272,12 @@ class TFCluster(ClusterStreams):
         if exc_type is None:
             self.shutdown()
         else:
-            self._teardown()
+            self.close()
 
     # -- internals ----------------------------------------------------------------
-    def _waits_for(self, node: Any) -> bool:
-        """Whether shutdown waits for ``node``'s function to return.
-
-        With parameter servers and a chief, the chief coordinates and workers only
-        serve (``server.join()``): shutdown waits for the chief.  Otherwise it waits
-        for every chief/worker.  ps and evaluator nodes are stopped, never awaited.
-        """
-        roles = {n.job_name for n in self.state.nodes}
-        if "ps" in roles and roles & {"chief", "master"}:
-            return node.job_name in ("chief", "master")
-        return node.job_name in FEEDABLE
+    def waits_for(self, node: Any) -> bool:
+        """Whether shutdown waits for ``node``'s function to return (see :func:`awaited`)."""
+        return awaited(self.state.nodes, node)
 
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
@@ -320,91 +287,48 @@ class TFCluster(ClusterStreams):
     def _require_alive(self) -> None:
         view = self.state.snapshot()
         if view.state == S.C_FAILED:
-            self._teardown()
-            raise _error_for(view)
-        if self._closed or view.state in (S.C_STOPPED, S.C_FINISHED):
+            self.close()
+            raise error_for(view)
+        if self.closed or view.state in (S.C_STOPPED, S.C_FINISHED):
             msg = f"cluster {self.name} is shut down"
             raise RuntimeError(msg)
 
-    def _watch(self, job: SparkJob, what: str) -> Any:
-        """Wait for a Spark job while watching the nodes; tear down on any failure."""
-        self._jobs.append(job)
-        self._controller.feed_errors.clear()
-        self._controller.lost_feeds = 0
-        job.start()
+    def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any:
+        """Run ``action`` as a Spark job while watching the nodes; tear down on any failure."""
+        ctl = self.controller
+        ctl.reset_feed_errors()
+        job = self.job.spark_job(suffix, description, action)
         try:
             while not job.wait(0.2):
-                if self.state.snapshot().state == S.C_FAILED or self._controller.feed_errors:
+                if self.state.snapshot().state == S.C_FAILED or ctl.feed_errors:
                     job.cancel(join_timeout=0)  # a node or a feeding task failed: retries would not help
                     break
             view = self.state.snapshot()
-            if view.state != S.C_FAILED and self._controller.lost_feeds:
+            if view.state != S.C_FAILED and ctl.lost_feeds:
                 # A feeding task lost its node before the node's supervisor said why: wait for its report (a dead
                 # node process is reported at once, a dead supervisor after the heartbeat timeout), so the error
                 # names the node and its cause rather than a broken connection.
-                deadline = time.monotonic() + self._controller.heartbeat_timeout + 2
+                deadline = time.monotonic() + ctl.heartbeat_timeout + 2
                 while view.state != S.C_FAILED and time.monotonic() < deadline:
                     with self.state.changed:
                         self.state.changed.wait(0.2)
                     view = self.state.snapshot()
             if view.state == S.C_FAILED:
-                self._teardown()
-                raise _error_for(view)
-            if job.error is not None or self._controller.feed_errors:
-                errors = self._controller.feed_errors
-                cause = errors[0] if errors else _python_error_line(job.error)  # type: ignore[arg-type]
-                self._teardown()
+                self.close()
+                raise error_for(view)
+            if job.error is not None or ctl.feed_errors:
+                errors = ctl.feed_errors
+                cause = errors[0] if errors else python_error_line(job.error)
+                self.close()
                 view = self.state.snapshot()
                 if view.state == S.C_FAILED and view.nodes and any(n.state == S.FAILED for n in view.nodes):
-                    raise _error_for(view) from None
+                    raise error_for(view) from None
                 msg = f"{what} failed: {cause}"
                 raise RuntimeError(msg) from None
             return job.result()
         except KeyboardInterrupt:
             job.cancel()
-            self._teardown()
+            self.close()
             raise
         finally:
-            if job in self._jobs and job.done:
-                self._jobs.remove(job)
-
-    def _teardown(self, wait: float = 10.0) -> None:
-        """Stop every node and the control server; idempotent; never raises."""
-        with self._close_lock:  # a second caller waits for the teardown in progress
-            if self._closed:
-                return
-            self._closed = True
-            self._teardown_locked(wait)
-
-    def _teardown_locked(self, wait: float) -> None:
-        try:
-            with self.state.lock:
-                self.state.kill_requested = True
-                self.state.stop_requested = True
-            for job in list(self._jobs):
-                job.cancel(join_timeout=0)
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                view = self.state.snapshot()
-                live = [n for n in view.nodes if n.state not in S.TERMINAL and n.state != S.PENDING]
-                if not live:
-                    break
-                with self.state.changed:
-                    self.state.changed.wait(0.1)
-            for proc in self._local:
-                kill_tree(proc, grace=1)
-            for job in list(self._jobs):
-                job.cancel(join_timeout=5)
-        finally:
-            self._server.stop()
-            with self.state.lock:
-                for n in self.state.nodes:
-                    if n.state not in S.TERMINAL:
-                        n.state = S.STOPPED
-                trainers = [n for n in self.state.nodes if self._waits_for(n)]
-                final = S.C_FINISHED if trainers and all(n.state == S.FINISHED for n in trainers) else S.C_STOPPED
-            self.state.set_cluster_state(final)
-            atexit.unregister(self._atexit)
-
-    def _atexit(self) -> None:
-        self._teardown(wait=5.0)
+            self.job.forget(job)

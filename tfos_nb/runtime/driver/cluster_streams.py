@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..executor.feeder import make_arrow_feeder
-from .sparkjob import SparkJob
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
 __all__ = ["ClusterStreams"]
@@ -26,11 +25,12 @@ class ClusterStreams:
     name: str
     sc: Any
     _meta: dict[str, Any]
+    controller: Any
 
     if TYPE_CHECKING:  # provided by TFCluster
         def _require_spark_mode(self, what: str) -> None: ...
         def _require_alive(self) -> None: ...
-        def _watch(self, job: SparkJob, what: str) -> Any: ...
+        def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any: ...
         def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,
                       schema: Any = None, batch_rows: int = 1024) -> Any: ...
 
@@ -53,11 +53,8 @@ class ClusterStreams:
         require_stream(stream_df, "train_stream")
         self._require_no_training_stream()
         location, owned = checkpoint_dir(checkpoint_location)
-        with self.state.lock:
-            self.state.feed_gen += 1
-            gen = self.state.feed_gen
-        self.state.notify()
-        feed = StreamingFeed(self, "train", gen, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        epoch = self.controller.open_epoch()
+        feed = StreamingFeed(self, "train", epoch, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
         writer = apply_writer_options(stream_df.writeStream.foreachBatch(feed._on_batch), query_name=query_name,
                                       trigger=trigger, checkpoint=location)
         feed._start(writer)
@@ -113,7 +110,7 @@ class ClusterStreams:
         Every streaming feed stops after the micro-batch in flight; a blocked
         ``train(stream_df)`` returns, and ``shutdown()`` goes on to wait for the nodes.
         """
-        self._stop_streams(None)
+        self.stop_feeds(None)
 
     def stop_streams(self) -> None:
         """Stop every streaming feed of this cluster (the micro-batches in flight are fed first).
@@ -122,20 +119,19 @@ class ClusterStreams:
         the end of their data, their ``model.fit`` returns, and ``train(stream_df)``
         or a ``%%tfos_cluster --data STREAM`` cell goes on to wait for the nodes.
         """
-        self._stop_streams(None)
+        self.stop_feeds(None)
 
-    def _feed_micro_batch(self, batch_df: Any, gen: int, batch_id: int, feed_timeout: float,
-                          batch_rows: int) -> list[dict[str, int]]:
+    def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
+                         batch_rows: int) -> list[dict[str, int]]:
         """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
         self._require_alive()
-        fn = make_arrow_feeder(self._meta, gen, feed_timeout, batch_rows)
+        fn = make_arrow_feeder(self._meta, epoch, feed_timeout, batch_rows)
 
         def action() -> list:
             return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
 
-        job = SparkJob(self.sc, f"tfos-{self.cluster_id}-feed-{gen}",
-                       f"tfos_nb {self.name}: stream micro-batch {batch_id}", action)
-        return self._watch(job, f"feeding micro-batch {batch_id}")
+        return self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: stream micro-batch {batch_id}", action,
+                           f"feeding micro-batch {batch_id}")
 
     def _require_no_training_stream(self) -> None:
         for feed in [f for f in self._streams if f.kind == "train"]:
@@ -144,11 +140,11 @@ class ClusterStreams:
                 raise RuntimeError(msg)
             feed.stop()  # its query ended by itself (availableNow trigger, error): close its epoch
 
-    def _stream_ended(self, feed: StreamingFeed) -> None:
+    def stream_ended(self, feed: StreamingFeed) -> None:
         if feed in self._streams:
             self._streams.remove(feed)
 
-    def _stop_streams(self, ssc: Any) -> None:
+    def stop_feeds(self, ssc: Any = None) -> None:
         """Stop what feeds the cluster before the cluster: streaming feeds, a query or StreamingContext."""
         for feed in list(self._streams):
             feed.stop()

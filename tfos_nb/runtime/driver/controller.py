@@ -1,16 +1,23 @@
-"""The driver's side of the control plane: what it does with each message.
+"""The driver's side of the control plane, and the one writer of a job's :class:`ClusterState`.
 
-Runs on the control server's thread.  It keeps :class:`ClusterState` current,
-forms the cluster once every node registered, hands feeding tasks to nodes
-(balanced, local first on ties), and notices dead nodes by their missing
-heartbeats.
+Its message handlers run on the control server's thread: they keep the state
+current, form the cluster once every node registered, hand feeding tasks to
+nodes (balanced, local first on ties), and notice dead nodes by their missing
+heartbeats (:meth:`Controller.tick`).  The job's owner (start, feeding,
+shutdown, streaming, parallel runs) never writes the state itself: it asks
+the controller (:meth:`~Controller.set_running`, :meth:`~Controller.request_stop`,
+:meth:`~Controller.request_kill`, :meth:`~Controller.cancel`,
+:meth:`~Controller.open_epoch`, :meth:`~Controller.end_epoch`,
+:meth:`~Controller.finish`).  Each such method takes the state's lock, so the
+writes stay serialised with the control thread's; this is simpler than a
+queue drained by the control thread, and as truthful: every write is here.
+Time comes from ``state.clock`` (injectable: tests run in milliseconds).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any
+from collections.abc import Callable
 
 from ..executor.gpus import assign as assign_gpus
 from ..net import hostport
@@ -22,10 +29,6 @@ log = logging.getLogger(__name__)
 FEEDABLE = ("chief", "master", "worker")
 
 
-# How a feeding task reports a connection to its node that broke (launch._Feeder.fail): the node (or its
-# supervisor) probably died, and its supervisor's report or missing heartbeats will say which.
-LOST_CONNECTION = ("ConnectionResetError", "BrokenPipeError", "ConnectionAbortedError", "ConnectionRefusedError",
-                   "DataPlaneError", "EOFError", "IncompleteRead")
 
 
 class Controller:
@@ -40,12 +43,13 @@ class Controller:
         heartbeat_timeout: float,
     ) -> None:
         self.state = state
+        self.clock = state.clock
         self.input_mode_spark = input_mode_spark
         self.tensorboard = tensorboard
         self.log_dir = log_dir
         self.num_gpus = num_gpus
         self.heartbeat_timeout = heartbeat_timeout
-        self._specs: dict[int, dict[str, Any]] | None = None
+        self._specs: dict[int, m.NodeSpec] | None = None
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self.feed_errors: list[str] = []
@@ -92,7 +96,7 @@ class Controller:
             node.working_dir = msg.working_dir
             node.gpus = list(msg.gpus)
             node._spark_gpus = list(msg.spark_gpus)  # type: ignore[attr-defined]
-            node.last_heartbeat = time.monotonic()
+            node.last_heartbeat = self.clock()
             if all(n.state == S.REGISTERED for n in st.nodes):
                 self._form_cluster()
         st.notify()
@@ -126,18 +130,18 @@ class Controller:
                 "chief" not in spec and "master" not in spec and n.job_name == "worker" and n.task_index == 0
             )
             log_dir = self.log_dir or f"{n.working_dir}/tensorboard_{n.index}"
-            self._specs[n.index] = {
-                "cluster_spec": spec,
-                "tf_config": {"cluster": tf_cluster, "task": {"type": n.job_name, "index": n.task_index}},
-                "gpus": gpus,
-                "host_has_gpus": host_has_gpus,
-                "feed": self.input_mode_spark and n.job_name in FEEDABLE,
-                "tensorboard": self.tensorboard and chief,
-                "log_dir": log_dir,
-            }
-            if n.job_name == "evaluator":
-                # An evaluator is not part of the training cluster TensorFlow sees.
-                self._specs[n.index]["tf_config"] = {"cluster": tf_cluster, "task": {"type": "evaluator", "index": 0}}
+            # An evaluator is not part of the training cluster TensorFlow sees (its task says so).
+            task = {"type": "evaluator", "index": 0} if n.job_name == "evaluator" else \
+                {"type": n.job_name, "index": n.task_index}
+            self._specs[n.index] = m.NodeSpec(
+                cluster_spec=spec,
+                tf_config={"cluster": tf_cluster, "task": task},
+                gpus=gpus,
+                host_has_gpus=host_has_gpus,
+                feed=self.input_mode_spark and n.job_name in FEEDABLE,
+                tensorboard=self.tensorboard and chief,
+                log_dir=log_dir,
+            )
             n.state = S.STARTING
 
     def _await_spec(self, msg: m.AwaitSpec) -> m.Reply:
@@ -148,13 +152,13 @@ class Controller:
             node = self._node(msg.node)
             if node is not None:
                 # asking is a sign of life: slower nodes may take longer than the heartbeat timeout to register
-                node.last_heartbeat = time.monotonic()
+                node.last_heartbeat = self.clock()
             if self._specs is None:
-                return m.Reply(ok=False, body={"retry": 0.1})
+                return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
             spec = self._specs.get(msg.node)
             if spec is None:
                 return m.Reply(ok=False, error=f"no node {msg.node}")
-            return m.Reply(ok=True, body=spec)
+            return m.Reply(ok=True, body=spec.to_dict())
 
     # -- liveness and progress ---------------------------------------------------
     def _heartbeat(self, msg: m.Heartbeat) -> m.Reply:
@@ -164,7 +168,7 @@ class Controller:
             node = self._node(msg.node)
             if node is None:
                 return m.Reply(ok=False, error=f"no node {msg.node}")
-            node.last_heartbeat = time.monotonic()
+            node.last_heartbeat = self.clock()
             node.child_pid = msg.child_pid
             if msg.data_port is not None:
                 node.data_port = msg.data_port
@@ -197,16 +201,82 @@ class Controller:
                         node.error = msg.error or "failed"
                         node.tail = list(msg.tail)
                         self._fail(f"{node.label} failed")
-            cmd = {"gen_done": st.gen_done, "stop": st.stop_requested}
-            if st.kill_requested or st.state == S.C_FAILED:
-                cmd["kill"] = True
-                cmd["grace"] = 2
+            cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
+                                kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0)
             if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
                 st.state = S.C_RUNNING
         if new_logs:
             st.emit_logs(node.label, new_logs)
         st.notify()
-        return m.Reply(ok=True, body=cmd)
+        return m.Reply(ok=True, body=cmd.to_dict())
+
+    # -- transitions the job's owner asks for (any thread) -------------------------
+    def set_running(self) -> None:
+        """Every node runs its function: the start is over."""
+        self._set_cluster_state(S.C_RUNNING)
+
+    def request_stop(self) -> None:
+        """Nodes are told (next heartbeat) to stop when their function allows: end of feeding."""
+        with self.state.lock:
+            self.state.stop_requested = True
+        self.state.notify()
+
+    def request_kill(self) -> None:
+        """Nodes are told (next heartbeat) to stop now: teardown."""
+        with self.state.lock:
+            self.state.stop_requested = True
+            self.state.kill_requested = True
+        self.state.notify()
+
+    def cancel(self, reason: str) -> None:
+        """Fail the job with ``stopped (reason)`` unless it ended; nodes are killed at their next beat (idempotent)."""
+        with self.state.lock:
+            self._fail(f"stopped ({reason})")
+        self.state.notify()
+
+    def open_epoch(self) -> int:
+        """A new feeding epoch; returns its number."""
+        with self.state.lock:
+            self.state.feed_epoch += 1
+            epoch = self.state.feed_epoch
+        self.state.notify()
+        return epoch
+
+    def end_epoch(self, epoch: int) -> None:
+        """Every row of ``epoch`` was taken: nodes reading with as_dataset() see its end."""
+        with self.state.lock:
+            self.state.epoch_done = max(self.state.epoch_done, epoch)
+        self.state.notify()
+
+    def reset_feed_errors(self) -> None:
+        with self.state.lock:
+            self.feed_errors.clear()
+            self.lost_feeds = 0
+
+    def finish(self, finished: Callable[[list[S._Node]], bool]) -> str:
+        """Teardown is over: nodes still live are STOPPED; the job ends FINISHED when ``finished(nodes)``, else STOPPED.
+
+        A failed job stays failed.  Returns the final state.
+        """
+        with self.state.lock:
+            for n in self.state.nodes:
+                if n.state not in S.TERMINAL:
+                    n.state = S.STOPPED
+            final = S.C_FINISHED if finished(self.state.nodes) else S.C_STOPPED
+        self._set_cluster_state(final)
+        return self.state.state
+
+    def _set_cluster_state(self, state: str, error: str | None = None) -> None:
+        st = self.state
+        with st.lock:
+            if st.ended:
+                return
+            st.state = state
+            if error and not st.error:
+                st.error = error
+            if st.ended:
+                st.ended_at = self.clock()
+        st.notify()
 
     def _fail(self, error: str) -> None:
         """Mark the cluster failed (lock held); every node is told to stop at its next beat."""
@@ -215,12 +285,12 @@ class Controller:
             st.state = S.C_FAILED
             st.error = st.error or error
             st.kill_requested = True
-            st.ended_at = time.monotonic()
+            st.ended_at = self.clock()
 
     def tick(self) -> None:
         """Called about once a second: find nodes whose heartbeats stopped."""
         st = self.state
-        now = time.monotonic()
+        now = self.clock()
         changed = False
         with st.lock:
             for n in st.nodes:
@@ -251,9 +321,9 @@ class Controller:
             if not live:
                 if feedable and all(n.state in S.TERMINAL or n.feed_closed for n in feedable):
                     if msg.mode == "train":
-                        return m.Reply(ok=True, body={"skip": True})
+                        return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
                     return m.Reply(ok=False, error="no node is reading data any more (all finished)")
-                return m.Reply(ok=False, body={"retry": 0.1})
+                return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
             # The least busy node takes the partition (a node serves several inference feeders at once, each
             # one's results routed back in order), so that a feeder that never released its node (its Python
             # worker was killed) cannot make a re-run of the partition wait.
@@ -264,10 +334,8 @@ class Controller:
             node = min(live, key=key)
             self._active[node.index] = self._active.get(node.index, 0) + 1
             self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
-            return m.Reply(
-                ok=True,
-                body={"node": node.index, "label": node.label, "host": node.host, "port": node.data_port},
-            )
+            target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port))
+            return m.Reply(ok=True, body=target.to_dict())
 
     def _feed_check(self, msg: m.FeedCheck) -> m.Reply:
         """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""
@@ -277,12 +345,14 @@ class Controller:
             if node is None:
                 return m.Reply(ok=False, error=f"no node {msg.node}")
             if node.state == S.FAILED or st.state == S.C_FAILED:
-                return m.Reply(ok=True, body={"verdict": "failed", "error": st.error or f"{node.label} failed"})
-            if node.state == S.FINISHED or node.feed_closed:
-                return m.Reply(ok=True, body={"verdict": "done"})
-            if node.state == S.STOPPED or st.kill_requested or st.state == S.C_STOPPED:
-                return m.Reply(ok=True, body={"verdict": "stopped"})
-            return m.Reply(ok=True, body={"verdict": "reading"})
+                verdict = m.FeedVerdict("failed", st.error or f"{node.label} failed")
+            elif node.state == S.FINISHED or node.feed_closed:
+                verdict = m.FeedVerdict("done")
+            elif node.state == S.STOPPED or st.kill_requested or st.state == S.C_STOPPED:
+                verdict = m.FeedVerdict("stopped")
+            else:
+                verdict = m.FeedVerdict("reading")
+            return m.Reply(ok=True, body=verdict.to_dict())
 
     def _feed_release(self, msg: m.FeedRelease) -> m.Reply:
         st = self.state
@@ -293,10 +363,10 @@ class Controller:
                 node.rows_fed += msg.rows
             if msg.error:
                 self.feed_errors.append(f"partition {msg.partition}: {msg.error}")
-                if node is not None and msg.error.startswith(LOST_CONNECTION):
+                if node is not None and msg.error_kind == m.ERROR_LOST_CONNECTION:
                     self.lost_feeds += 1
             cluster_error = None
             if st.state == S.C_FAILED:
                 cluster_error = st.error
         st.notify()
-        return m.Reply(ok=True, body={"cluster_error": cluster_error} if cluster_error else {})
+        return m.Reply(ok=True, body=m.FeedReleased(cluster_error).to_dict())

@@ -18,23 +18,18 @@ its arguments, host and last output lines.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
-import os
-import re
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..executor.parallel_task import make_run_task
-from ..protocol import messages as m
-from ..protocol.channel import ControlServer
 from . import state as S
-from .cluster import TAIL_IN_ERRORS, TFClusterError, _python_error_line
-from .controller import Controller
+from .errors import TFClusterError, failure_message, first_failure, python_error_line
+from .job import DriverJob
+from .parallel_control import RunController, can_gang_schedule, runs_args
 from .parallel_results import (
     ParallelView,
     RunResult,
@@ -46,8 +41,8 @@ from .parallel_results import (
     runs_view,
     scalars,
 )
+from .slots import available_slots, require_classic, require_keras
 from .sparkjob import SparkJob
-from .start import _driver_host, _start_listeners, _wait_for_slots, available_slots
 
 log = logging.getLogger(__name__)
 
@@ -71,93 +66,6 @@ class TFParallelError(TFClusterError):
         self.run_args = args
 
 
-# ---------------------------------------------------------------------------
-# Driver side
-# ---------------------------------------------------------------------------
-
-
-
-class _RunController(Controller):
-    """The cluster controller's heartbeat handling; registration without cluster formation."""
-
-    def _register(self, msg: m.Register) -> m.Reply:
-        st = self.state
-        reply = m.Reply(ok=True)
-        with st.lock:
-            node = self._node(msg.node)
-            if node is None:
-                return m.Reply(ok=False, error=f"no run {msg.node}")
-            if st.kill_requested or st.state in (S.C_FAILED, S.C_STOPPED, S.C_FINISHED):
-                return m.Reply(ok=False, error=f"runs {st.state}: {node.label} not started")
-            if node.state != S.PENDING:
-                error = f"{node.label} was started twice (Spark retried its task: executor lost?); runs are not retried"
-                self._fail(error)
-                reply = m.Reply(ok=False, error=error)
-            else:
-                node.state = S.STARTING
-                node.host, node.pid, node.executor_id = msg.host, msg.pid, msg.executor_id
-                node.working_dir = msg.working_dir
-                node.gpus = list(msg.gpus)
-                node.last_heartbeat = time.monotonic()
-                if st.state == S.C_RESERVING:
-                    st.state = S.C_RUNNING
-        st.notify()
-        return reply
-
-
-def _fixed_slots(sc: Any) -> int | None:
-    """Task slots of a master whose size is in its name (local-cluster[N,C,M], local[N])."""
-    master = str(getattr(sc, "master", ""))
-    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
-    if match:
-        return int(match.group(1)) * int(match.group(2))
-    match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
-    return int(match.group(1)) if match else None
-
-
-def _can_gang_schedule(sc: Any, n: int) -> bool:
-    """Whether a barrier stage of ``n`` tasks can start now (waits a little for executors to come up)."""
-    if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
-        return False  # Spark refuses barrier stages under dynamic allocation
-    slots, _ = available_slots(sc)
-    if slots >= n:
-        return True
-    fixed = _fixed_slots(sc)
-    if fixed is not None and fixed < n:
-        return False
-    try:
-        _wait_for_slots(sc, n, 60)
-    except RuntimeError:
-        return False
-    return True
-
-
-def _runs_args(tf_args: Any, num_executors: int | None, per_run: bool = False) -> tuple[list[Any], list[dict] | None]:
-    """(args of each run, the grid's dicts or None): a list of dicts is a grid, one dict per run."""
-    if per_run and not (isinstance(tf_args, (list, tuple)) and tf_args):
-        msg = f"per_run=True needs a non-empty list of run arguments, got {type(tf_args).__name__}"
-        raise ValueError(msg)
-    is_grid = isinstance(tf_args, (list, tuple)) and len(tf_args) > 0 and all(isinstance(a, Mapping) for a in tf_args)
-    is_grid = is_grid or per_run
-    if num_executors is not None and (
-        not isinstance(num_executors, int) or isinstance(num_executors, bool) or num_executors < 1
-    ):
-        msg = f"num_executors must be a positive integer (the number of runs), got {num_executors!r}"
-        raise ValueError(msg)
-    if is_grid:
-        if num_executors is not None and num_executors != len(tf_args):
-            msg = (
-                f"tf_args is a list of {len(tf_args)} dicts (one per run) but num_executors={num_executors}: "
-                "give one dict per run, or num_executors=None"
-            )
-            raise ValueError(msg)
-        return list(tf_args), [dict(a) for a in tf_args] if all(isinstance(a, Mapping) for a in tf_args) else None
-    if num_executors is None:
-        msg = "num_executors (the number of runs) is needed unless tf_args is a list of dicts, one per run"
-        raise ValueError(msg)
-    return [tf_args] * num_executors, None
-
-
 class ParallelRuns:
     """N independent runs on Spark executors (made by :func:`start`); owns their Spark job and control server.
 
@@ -167,15 +75,15 @@ class ParallelRuns:
     interpreter exit).  ``status()`` is a live :class:`ParallelView`.
     """
 
-    def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], runs_args: list[Any], params: list[dict] | None,
+    def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], args: list[Any], params: list[dict] | None,
                  *, name: str | None, env: dict[str, str] | None, keras: str, num_gpus: int,
                  use_barrier: bool | None, heartbeat_timeout: float, metric: str | None = None,
                  mode: str | None = None) -> None:
         import cloudpickle
 
         self.sc = sc
-        self.num_runs = len(runs_args)
-        self.runs_args = runs_args
+        self.num_runs = len(args)
+        self.runs_args = args
         self.params = params
         self.use_barrier = use_barrier
         self.barrier = False
@@ -183,59 +91,33 @@ class ParallelRuns:
         self.name = name or f"tfos-parallel-{self.cluster_id}"
         self.state = RunsState(self.cluster_id, self.name, self.num_runs, params, metric, mode)
         self.state.job_group = f"tfos-{self.cluster_id}"
-        self._controller = _RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
-                                          num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
-        secret = m.new_secret()
-        self._codec_args = (secret, self.cluster_id)
-        self._server: ControlServer | None = None
-        self._blob = cloudpickle.dumps((map_fun, runs_args))
-        self._meta: dict[str, Any] = {
-            "cluster_id": self.cluster_id,
-            "secret": secret.hex(),
-            "num_runs": self.num_runs,
-            "hb_interval": 0.5,
-            "driver_timeout": max(heartbeat_timeout, 10.0),
-            "env": dict(env or {}),
-            "keras": keras,
-            "num_gpus": num_gpus,
-        }
-        self._job: SparkJob | None = None
+        self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
+                                         num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
+        self.job = DriverJob(sc, self.state, self._controller, nodes_outlive_jobs=False, linger_s=STOP_WAIT_S,
+                             join_s=10.0)
+        self._blob = cloudpickle.dumps((map_fun, args))
+        self._launch = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
+                            num_gpus=num_gpus)
+        self._spark_job: SparkJob | None = None
         self._stop_reason: str | None = None
         self._results: list[RunResult] | None = None
-        self._closed = False
-        self._close_lock = threading.Lock()
-        atexit.register(self._atexit)
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> ParallelRuns:
         """Start the control server and the Spark job; returns at once (idempotent)."""
-        if self._job is not None:
+        if self._spark_job is not None:
             return self
         sc = self.sc
-        host = _driver_host(sc)
-        secret, cid = self._codec_args
-        server = ControlServer(m.Codec(secret, cid, "driver"), self._controller.handle, host,
-                               on_tick=self._controller.tick)
         try:
-            address = server.start()
-        except OSError:
-            server = ControlServer(m.Codec(secret, cid, "driver"), self._controller.handle, "0.0.0.0",
-                                   on_tick=self._controller.tick)
-            address = (host, server.start()[1])
-        self._server = server
-        try:
-            default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
-        except Exception:  # noqa: BLE001
-            default_fs = "file:///"
-        self._meta.update(control=[address[0], address[1]], default_fs=default_fs, driver_pid=os.getpid())
-        try:
+            address = self.job.open_control()
+            meta = self.job.launch_meta(address, **self._launch).to_dict()
             if self.use_barrier is None:  # auto (%%tfos_parallel): one barrier stage when it fits, else waves
-                self.barrier = _can_gang_schedule(sc, self.num_runs)
+                self.barrier = can_gang_schedule(sc, self.num_runs)
                 if not self.barrier:
                     log.info("tfos_nb: %d runs, fewer task slots: running them in waves, without a barrier stage",
                              self.num_runs)
             elif self.use_barrier:
-                if not _can_gang_schedule(sc, self.num_runs):
+                if not can_gang_schedule(sc, self.num_runs):
                     slots, executors = available_slots(sc)
                     msg = (f"use_barrier=True runs the {self.num_runs} runs as one barrier stage, which needs "
                            f"{self.num_runs} task slots; this Spark application has {slots} on {executors} "
@@ -244,7 +126,8 @@ class ParallelRuns:
                 self.barrier = True
             else:
                 self.barrier = False
-            task = make_run_task(self._meta, self._blob, self.barrier)
+            self.job.check_cancelled()
+            task = make_run_task(meta, self._blob, self.barrier)
             n, barrier = self.num_runs, self.barrier
 
             def action() -> list:
@@ -252,9 +135,8 @@ class ParallelRuns:
                 return (rdd.barrier() if barrier else rdd).mapPartitions(task).collect()
 
             # One job; named like a cluster's launch job so the panel's Spark progress finds it.
-            self._job = SparkJob(sc, f"{self.state.job_group}-launch", f"tfos_nb {self.name}: {n} parallel runs",
-                                 action)
-            self._job.start()
+            self._spark_job = self.job.spark_job("launch", f"tfos_nb {self.name}: {n} parallel runs", action)
+            self.job.mark_up()
         except BaseException:
             self.close()
             raise
@@ -267,44 +149,14 @@ class ParallelRuns:
                 self._stop_reason = reason
         self.state.notify()
 
+    def cancel(self, reason: str) -> None:
+        """Stop the runs now, from any thread (idempotent): see :meth:`DriverJob.cancel`."""
+        self.stop(reason)
+        self.job.cancel(reason)
+
     def close(self) -> None:
         """Stop every run, cancel the Spark job, stop the control server; idempotent, never raises."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                self._teardown()
-            finally:
-                atexit.unregister(self._atexit)
-
-    def _teardown(self) -> None:
-        st = self.state
-        try:
-            with st.lock:
-                st.kill_requested = True
-                st.stop_requested = True
-            job = self._job
-            if job is not None and not job.done:
-                deadline = time.monotonic() + STOP_WAIT_S
-                while time.monotonic() < deadline:  # runs get "kill" in their next heartbeat reply
-                    if not [n for n in st.snapshot().nodes if n.state in (S.STARTING, S.RUNNING, S.REGISTERED)]:
-                        break
-                    with st.changed:
-                        st.changed.wait(0.1)
-                job.cancel(join_timeout=10)  # also drops runs still waiting for a slot
-        finally:
-            if self._server is not None:
-                self._server.stop()
-            with st.lock:
-                for n in st.nodes:
-                    if n.state not in S.TERMINAL:
-                        n.state = S.STOPPED
-                final = S.C_FINISHED if all(n.state == S.FINISHED for n in st.nodes) else S.C_STOPPED
-            st.set_cluster_state(final)
-
-    def _atexit(self) -> None:
-        self.close()
+        self.job.close()
 
     def __enter__(self) -> ParallelRuns:
         return self
@@ -321,14 +173,14 @@ class ParallelRuns:
         """
         if self._results is not None:
             return self._results
-        if self._job is None:
+        if self._spark_job is None:
             self.start()
-        assert self._job is not None
+        assert self._spark_job is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
                 view = self.state.snapshot()
-                if view.state == S.C_FAILED or self._stop_reason is not None or self._job.done:
+                if view.state == S.C_FAILED or self._stop_reason is not None or self._spark_job.done:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     self.close()
@@ -342,7 +194,7 @@ class ParallelRuns:
             raise
 
     def _finish(self) -> list[RunResult]:
-        assert self._job is not None
+        assert self._spark_job is not None
         if self.state.snapshot().state == S.C_FAILED:
             self.close()
             raise self._error()
@@ -350,12 +202,12 @@ class ParallelRuns:
             self.close()
             msg = f"parallel runs {self.name} were stopped ({self._stop_reason})"
             raise RuntimeError(msg)
-        job = self._job
+        job = self._spark_job
         if job.error is not None:
             self.close()
             if self.state.snapshot().state == S.C_FAILED:
                 raise self._error()
-            msg = f"parallel runs {self.name} failed: {_python_error_line(job.error)}"
+            msg = f"parallel runs {self.name} failed: {python_error_line(job.error)}"
             raise RuntimeError(msg) from None
         import cloudpickle
 
@@ -363,34 +215,18 @@ class ParallelRuns:
         for index, status, value in job.result():
             outcomes[int(index)] = (json.loads(status), value)
         results: list[RunResult] = []
-        st = self.state
         failed = False
         for i in range(self.num_runs):
             status, blob = outcomes.get(i, ({"ok": False, "error": "no result came back"}, None))
-            node = st.nodes[i]
-            report = status.get("report") or {}
-            with st.lock:
-                node.host = node.host or status.get("host", "")
-                node.executor_id = node.executor_id or status.get("executor_id", "")
-                if report:
-                    st.update_progress(node, report)
-                if not status.get("ok"):
-                    failed = True
-                    if node.state != S.FAILED:
-                        node.state = S.FAILED
-                        node.error = node.error or status.get("error") or "failed"
-                        node.tail = node.tail or list(status.get("tail") or [])
-                    self._controller._fail(f"{node.label} failed")
-                    continue
+            if not status.get("ok"):
+                failed = True
+                self._controller.record_outcome(i, status, None)
+                continue
             value = cloudpickle.loads(blob) if blob is not None else None
-            metrics = dict(node.metrics)
-            metrics.update(scalars(value))
-            with st.lock:
-                node.metrics.update(scalars(value))
-                node.state = S.FINISHED
+            self._controller.record_outcome(i, status, scalars(value))
+            metrics = dict(self.state.nodes[i].metrics)  # its last reported metrics, updated with value's scalars
             results.append(RunResult(i, self.runs_args[i], value, metrics, status.get("host", ""),
                                      str(status.get("executor_id", "")), float(status.get("elapsed", 0.0))))
-        st.notify()
         if failed:
             self.close()
             raise self._error()
@@ -400,27 +236,16 @@ class ParallelRuns:
 
     def _error(self) -> TFParallelError:
         view = self.state.snapshot()
-        failed = [n for n in view.nodes if n.state == S.FAILED]
-        # The first run that failed on its own is the cause; lost runs come last.
-        failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""), n.index))
-        if not failed:
-            return TFParallelError(f"parallel runs {view.name} failed: {view.error or 'unknown error'}")
-        n = failed[0]
-        params = self.params[n.index] if self.params else None
+        n = first_failure(view)[0]
+        params = self.params[n.index] if self.params and n is not None else None
         given = f" ({describe_args(params)})" if params else ""
-        msg = f"{n.label}{given} failed on host {n.host or '?'} (executor {n.executor_id or '?'}): {n.error or 'unknown error'}"
-        tail = [line for line in n.tail if line.strip()][-TAIL_IN_ERRORS:]
-        if tail:
-            msg += f"\n--- last {len(tail)} lines of {n.label}'s output ---\n" + "\n".join(tail)
-        others = [o.label for o in failed[1:]]
-        if others:
-            msg += f"\n(also failed: {', '.join(others)})"
-        return TFParallelError(msg, n, self.runs_args[n.index])
+        msg = failure_message(view, f"parallel runs {view.name}", given=given)
+        return TFParallelError(msg, n, self.runs_args[n.index] if n is not None else None)
 
     # -- information -----------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self._closed
+        return self.job.closed
 
     @property
     def results(self) -> list[RunResult] | None:
@@ -456,6 +281,7 @@ def start(
     heartbeat_timeout: float = 10.0,
     log_callback: Callable[[str, list[str]], None] | None = None,
     on_state: Callable[[S.ClusterState], None] | None = None,
+    on_start: Callable[[DriverJob], None] | None = None,
     per_run: bool = False,
     params: Sequence[Mapping[str, Any]] | None = None,
     metric: str | None = None,
@@ -471,32 +297,17 @@ def start(
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"
         raise ValueError(msg)
-    if getattr(sc, "_jsc", None) is None:
-        msg = (
-            "tfos_nb needs a classic SparkContext (RDDs); this session has none (Spark Connect?). "
-            "Use a cluster with a full Spark driver."
-        )
-        raise TypeError(msg)
-    if keras not in ("tf_keras", "keras3"):
-        msg = f"keras must be 'tf_keras' or 'keras3', got {keras!r}"
-        raise ValueError(msg)
-    runs_args, grid = _runs_args(tf_args, num_executors, per_run)
+    require_classic(sc, "RDDs")
+    require_keras(keras)
+    args, grid = runs_args(tf_args, num_executors, per_run)
     if params is not None:
-        if len(params) != len(runs_args):
-            msg = f"params has {len(params)} entries for {len(runs_args)} runs"
+        if len(params) != len(args):
+            msg = f"params has {len(params)} entries for {len(args)} runs"
             raise ValueError(msg)
         grid = [dict(p) for p in params]
-    runs = ParallelRuns(sc, map_fun, runs_args, grid, name=name, env=env, keras=keras, num_gpus=num_gpus,
+    runs = ParallelRuns(sc, map_fun, args, grid, name=name, env=env, keras=keras, num_gpus=num_gpus,
                         use_barrier=use_barrier, heartbeat_timeout=heartbeat_timeout, metric=metric, mode=mode)
-    if log_callback is not None:
-        runs.state.add_log_listener(log_callback)
-    if on_state is not None:
-        runs.state.add_listener(on_state)
-    for listener in list(_start_listeners):  # e.g. the notebook's panel for runs started by a Python call
-        try:
-            listener(runs.state)
-        except Exception:  # noqa: BLE001 - a UI bug must not stop the runs from starting
-            pass
+    runs.job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
     return runs.start()
 
 

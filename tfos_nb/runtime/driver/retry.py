@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import state as S
-from .cluster import TFClusterError
+from .cluster import InputMode, TFCluster
+from .errors import TFClusterError
 from .start import run
 
 
@@ -35,7 +36,7 @@ class RunOutcome:
     seconds: float
 
 
-def run_job(
+def run_once(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
     tf_args: Any,
@@ -43,43 +44,59 @@ def run_job(
     *,
     data: Any = None,
     num_epochs: int = 1,
-    retries: int = 0,
     feed_timeout: float = 600,
     shutdown_timeout: float = 259200,
-    on_retry: Callable[[int, TFClusterError], None] | None = None,
-    on_cluster: Callable[[Any], None] | None = None,
+    grace_secs: float = 0,
+    batch_rows: int = 1024,
     **run_kwargs: Any,
+) -> TFCluster:
+    """One start → train (``data``, when given) → shutdown; the cluster is closed whatever happens.
+
+    Returns the shut-down cluster (its ``status()`` is the final view); raises what start,
+    train or shutdown raised.
+    """
+    cluster = run(sc, map_fun, tf_args, num_executors, **run_kwargs)
+    try:
+        if data is not None:
+            cluster.train(data, num_epochs, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        cluster.shutdown(grace_secs=grace_secs, timeout=shutdown_timeout)
+        return cluster
+    finally:
+        cluster.close()
+
+
+def run_job(
+    sc: Any,
+    map_fun: Callable[[Any, Any], Any],
+    tf_args: Any,
+    num_executors: int,
+    *,
+    retries: int = 0,
+    on_retry: Callable[[int, TFClusterError], None] | None = None,
+    **kwargs: Any,
 ) -> RunOutcome:
     """Run ``map_fun`` on a cluster of ``num_executors`` nodes to the end, retrying node failures.
 
-    ``data`` (an RDD or DataFrame) is fed for ``num_epochs`` epochs with
-    ``InputMode.SPARK``; without it the nodes read their own data.  Other
-    keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`.  ``on_retry(attempt,
-    error)`` is called before attempt ``attempt`` (2, 3, …) starts; ``on_cluster(cluster)``
-    with each attempt's running cluster.  Raises the last attempt's error when
-    every attempt failed.
+    Each attempt is one :func:`run_once`: ``data`` (an RDD or DataFrame) is fed for
+    ``num_epochs`` epochs with ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``);
+    without it the nodes read their own data; then ``shutdown(grace_secs, shutdown_timeout)``.
+    Other keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`.  ``on_retry(attempt,
+    error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Raises the last
+    attempt's error when every attempt failed.
     """
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         msg = f"retries must be a non-negative integer, got {retries!r}"
         raise ValueError(msg)
-    if data is not None:
-        from .cluster import InputMode
-
-        run_kwargs.setdefault("input_mode", InputMode.SPARK)
-    base_env = dict(run_kwargs.pop("env", None) or {})
+    if kwargs.get("data") is not None:
+        kwargs.setdefault("input_mode", InputMode.SPARK)
+    base_env = dict(kwargs.pop("env", None) or {})
     started = time.monotonic()
     failures: list[str] = []
     attempt = 1
     while True:
         env = dict(base_env, TFOS_ATTEMPT=str(attempt))
-        cluster = None
         try:
-            cluster = run(sc, map_fun, tf_args, num_executors, env=env, **run_kwargs)
-            if on_cluster is not None:
-                on_cluster(cluster)
-            if data is not None:
-                cluster.train(data, num_epochs, feed_timeout=feed_timeout)
-            cluster.shutdown(timeout=shutdown_timeout)
+            cluster = run_once(sc, map_fun, tf_args, num_executors, env=env, **kwargs)
             return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started)
         except TFClusterError as exc:
             if attempt > retries:
@@ -90,6 +107,3 @@ def run_job(
             attempt += 1
             if on_retry is not None:
                 on_retry(attempt, exc)
-        finally:
-            if cluster is not None:
-                cluster._teardown()

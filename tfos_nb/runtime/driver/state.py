@@ -1,8 +1,15 @@
 """The observable state of a cluster: what the driver knows about every node.
 
-The control server's thread writes it, everybody else reads immutable
-snapshots.  The notebook layer (magics, panel) only ever sees snapshots and
-change notifications; it never touches Spark or sockets.
+One writer: the cluster's :class:`~.controller.Controller`.  Its message
+handlers run on the control server's thread; the few transitions the job's
+owner asks for (start done, stop, kill, cancel, a new epoch, the final state)
+are Controller methods too, each taking the state's lock, so every write to a
+ClusterState is code in ``controller.py`` (and its parallel-runs subclass).
+Everybody else reads immutable snapshots.  The notebook layer (magics, panel)
+only ever sees snapshots and change notifications; it never touches Spark or sockets.
+
+``clock`` (default ``time.monotonic``) is injectable so tests can drive
+heartbeat ages and elapsed times without sleeping.
 """
 
 from __future__ import annotations
@@ -105,7 +112,7 @@ class ClusterView:
     error: str | None = None
     tensorboard: str | None = None
     rows_fed: int = 0
-    feed_gen: int = 0
+    feed_epoch: int = 0
     job_group: str = ""
 
 
@@ -202,7 +209,9 @@ class _Node:
 class ClusterState:
     """Thread-safe model of a cluster.  Listeners get ``(ClusterState)`` on change."""
 
-    def __init__(self, cluster_id: str, name: str, roles: list[tuple[str, int]]) -> None:
+    def __init__(self, cluster_id: str, name: str, roles: list[tuple[str, int]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.cluster_id = cluster_id
         self.name = name
         self.lock = threading.RLock()
@@ -211,10 +220,10 @@ class ClusterState:
         self.state = C_RESERVING
         self.error: str | None = None
         self.started_at = time.time()
-        self._t0 = time.monotonic()
+        self._t0 = clock()
         self.ended_at: float | None = None
-        self.feed_gen = 0
-        self.gen_done = 0
+        self.feed_epoch = 0  # the last epoch opened for feeding
+        self.epoch_done = 0  # the last epoch fed in full (nodes see its end)
         self.stop_requested = False
         self.kill_requested = False
         self.job_group = ""
@@ -261,8 +270,12 @@ class ClusterState:
                 pass
 
     # -- queries -----------------------------------------------------------
+    @property
+    def ended(self) -> bool:
+        return self.state in (C_FAILED, C_STOPPED, C_FINISHED)
+
     def snapshot(self) -> ClusterView:
-        now = time.monotonic()
+        now = self.clock()
         with self.lock:
             end = self.ended_at if self.ended_at is not None else now
             tb = next((n.tensorboard for n in self.nodes if n.tensorboard), None)
@@ -276,22 +289,9 @@ class ClusterState:
                 error=self.error,
                 tensorboard=tb,
                 rows_fed=sum(n.rows_fed for n in self.nodes),
-                feed_gen=self.feed_gen,
+                feed_epoch=self.feed_epoch,
                 job_group=self.job_group,
             )
-
-    def set_cluster_state(self, state: str, error: str | None = None) -> None:
-        with self.lock:
-            if self.state in (C_FAILED, C_STOPPED, C_FINISHED) and state != C_FAILED:
-                return
-            if self.state == C_FAILED:
-                return
-            self.state = state
-            if error and not self.error:
-                self.error = error
-            if state in (C_FAILED, C_STOPPED, C_FINISHED):
-                self.ended_at = time.monotonic()
-        self.notify()
 
     def logs(self, index: int, tail: int | None = None) -> list[str]:
         with self.lock:

@@ -25,16 +25,30 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import state as S
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .cluster import TFCluster
+from .errors import error_for, python_error_line
 
 __all__ = ["StreamingFeed"]
 
 _POLL_S = 0.5
+
+
+class FeedOwner(Protocol):
+    """What a StreamingFeed needs of its cluster (TFCluster; a protocol so this module does not import it)."""
+
+    state: S.ClusterState
+    controller: Any
+
+    @property
+    def closed(self) -> bool: ...
+    def waits_for(self, node: Any) -> bool: ...
+    def close(self, wait: float | None = None) -> None: ...
+    def stop_feeds(self, ssc: Any = None) -> None: ...
+    def stream_ended(self, feed: StreamingFeed) -> None: ...
+    def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
+                         batch_rows: int) -> list[dict[str, int]]: ...
 
 
 def is_streaming(data: Any) -> bool:
@@ -63,10 +77,10 @@ class StreamingFeed:
     :class:`~tfos_nb.runtime.driver.cluster.TFClusterError`.
     """
 
-    def __init__(self, cluster: TFCluster, kind: str, gen: int = 0, checkpoint: str | None = None, *,
+    def __init__(self, cluster: FeedOwner, kind: str, epoch: int = 0, checkpoint: str | None = None, *,
                  feed_timeout: float = 600, batch_rows: int = 1024) -> None:
         self.kind = kind  # "train" or "inference"
-        self.gen = gen
+        self.epoch = epoch  # a training stream is one unbounded epoch
         self.query: Any = None
         self.rows = 0
         self.skipped = 0
@@ -91,8 +105,8 @@ class StreamingFeed:
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
         """foreachBatch body (Spark's micro-batch thread): feed one micro-batch, return when it was taken."""
         try:
-            stats = self._cluster._feed_micro_batch(batch_df, self.gen, batch_id, self._feed_timeout,
-                                                    self._batch_rows)
+            stats = self._cluster.feed_micro_batch(batch_df, self.epoch, batch_id, self._feed_timeout,
+                                                   self._batch_rows)
         except BaseException as exc:
             with self._lock:
                 self.error = self.error or exc
@@ -158,9 +172,9 @@ class StreamingFeed:
                 view = state.snapshot()
                 if view.state == S.C_FAILED:
                     break
-                if cluster._closed or view.state in (S.C_STOPPED, S.C_FINISHED):
+                if cluster.closed or view.state in (S.C_STOPPED, S.C_FINISHED):
                     break
-                trainers = [n for n in view.nodes if cluster._waits_for(n)]
+                trainers = [n for n in view.nodes if cluster.waits_for(n)]
                 if trainers and all(n.state in S.TERMINAL for n in trainers):
                     break
                 if not self.is_active:
@@ -171,7 +185,7 @@ class StreamingFeed:
                     state.changed.wait(_POLL_S)
         except KeyboardInterrupt:
             self.stop()
-            cluster._teardown()
+            cluster.close()
             raise
         self.stop()
         self._raise_cluster_error()
@@ -199,12 +213,9 @@ class StreamingFeed:
         except Exception:  # noqa: BLE001 - the Spark session may be stopping already
             pass
         finally:
-            if self.kind == "train":
-                st = self._cluster.state
-                with st.lock:  # nodes reading with as_dataset() see the end of this epoch
-                    st.gen_done = max(st.gen_done, self.gen)
-                st.notify()
-            self._cluster._stream_ended(self)
+            if self.kind == "train":  # nodes reading with as_dataset() see the end of this epoch
+                self._cluster.controller.end_epoch(self.epoch)
+            self._cluster.stream_ended(self)
             self._cleanup()
 
     def _cleanup(self) -> None:
@@ -214,13 +225,11 @@ class StreamingFeed:
 
     # -- internals ---------------------------------------------------------------------------
     def _raise_cluster_error(self) -> None:
-        from .cluster import _error_for
-
         view = self._cluster.state.snapshot()
         if view.state == S.C_FAILED:
-            self._cluster._stop_streams(None)  # this feed and every other one on the failed cluster
-            self._cluster._teardown()
-            raise _error_for(view)
+            self._cluster.stop_feeds()  # this feed and every other one on the failed cluster
+            self._cluster.close()
+            raise error_for(view)
 
     def _query_exception(self) -> str | None:
         try:
@@ -235,9 +244,7 @@ class StreamingFeed:
 
 
 def _first_line(exc: BaseException) -> str:
-    from .cluster import _python_error_line
-
-    return _python_error_line(exc)
+    return python_error_line(exc)
 
 
 def checkpoint_dir(given: str | None) -> tuple[str, str | None]:

@@ -85,8 +85,8 @@ class _Feeder:
                 )
             )
             if reply.ok:
-                self.node = reply.body
-                return reply.body
+                self.node = m.FeedAssignment.from_dict(reply.body).to_dict()
+                return self.node
             if reply.error:
                 raise RuntimeError(reply.error)
             if time.monotonic() > deadline:
@@ -95,7 +95,7 @@ class _Feeder:
             time.sleep(delay)  # a busy node is polled, with back-off
             delay = min(delay * 2, 0.5)
 
-    def release(self, rows: int, skipped: int, error: str | None) -> str | None:
+    def release(self, rows: int, skipped: int, error: str | None, error_kind: str | None = None) -> str | None:
         if self.released:
             return None
         self.released = True
@@ -108,9 +108,10 @@ class _Feeder:
                     rows=rows,
                     skipped=skipped,
                     error=error,
+                    error_kind=error_kind,
                 )
             )
-            return reply.body.get("cluster_error")
+            return m.FeedReleased.from_dict(reply.body).cluster_error
         except (OSError, m.ProtocolError):
             return None
         finally:
@@ -139,14 +140,14 @@ class _Feeder:
                 reply = self.client.request(m.FeedCheck(partition=self.partition, node=int(self.node.get("node", -1))))
             except (OSError, m.ProtocolError):
                 return "error", None  # the driver is gone: nothing more to learn
-            verdict = str(reply.body.get("verdict", "reading")) if reply.ok else "error"
-            if verdict != "reading" or not patient or time.monotonic() > deadline:
-                return verdict, reply.body.get("error")
+            answer = m.FeedVerdict.from_dict(reply.body) if reply.ok else m.FeedVerdict("error")
+            if answer.verdict != "reading" or not patient or time.monotonic() > deadline:
+                return answer.verdict, answer.error
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
     def fail(self, exc: BaseException, rows: int, verdict: str = "error", cluster_error: str | None = None) -> RuntimeError:
-        released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}")
+        released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}", m.error_kind(exc))
         cluster_error = cluster_error or released_error
         if isinstance(exc, _NodeAnswer) and exc.node_failed:
             msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"  # the node's own error

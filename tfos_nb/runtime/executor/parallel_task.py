@@ -291,8 +291,9 @@ class _RunTask:
                         self.error = f"the driver stopped answering for {self.driver_timeout:.0f} s"
                     return "failed", code
                 reply = None
-            if reply is not None and reply.body.get("kill"):
-                code = procs.kill_tree(self.child, grace=float(reply.body.get("grace", 2)))
+            cmd = m.BeatCommand.from_dict(reply.body) if reply is not None else None
+            if cmd is not None and cmd.kill:
+                code = procs.kill_tree(self.child, grace=cmd.grace)
                 with self.lock:
                     done = self.finished and self.error is None
                 return ("finished" if done else "stopped"), code

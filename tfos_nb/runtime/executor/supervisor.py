@@ -101,10 +101,10 @@ class Supervisor:
         while time.monotonic() < deadline:
             reply = self.client.request(m.AwaitSpec(node=self.index))
             if reply.ok:
-                return reply.body
+                return m.NodeSpec.from_dict(reply.body).to_dict()
             if reply.error:
                 raise RuntimeError(reply.error)
-            self.wake.wait(float(reply.body.get("retry", 0.1)))
+            self.wake.wait(m.Retry.from_dict(reply.body).retry)
         raise TimeoutError("timed out waiting for the cluster spec")
 
     # -- the node process -------------------------------------------------------
@@ -318,16 +318,16 @@ class Supervisor:
                     self.wake.wait(self.hb_interval)
                     self.wake.clear()
                     continue
-                body = reply.body
-                gen = int(body.get("gen_done", 0))
+                cmd = m.BeatCommand.from_dict(reply.body)
+                gen = cmd.epoch_done
                 if gen > sent_gen:
                     sent_gen = gen
                     self.send_control({"op": "gen_done", "gen": gen})
-                if body.get("stop") and not sent_stop:
+                if cmd.stop and not sent_stop:
                     sent_stop = True
                     self.send_control({"op": "stop"})
-                if body.get("kill"):
-                    procs.kill_tree(self.child, grace=float(body.get("grace", 2)))
+                if cmd.kill:
+                    procs.kill_tree(self.child, grace=cmd.grace)
                     code = self.child.returncode
                     with self.lock:
                         done = self.finished and self.error is None

@@ -1,4 +1,4 @@
-"""Every control-plane message of the runtime, and its wire codec.
+"""Every control-plane message of the runtime, the typed bodies of the driver's replies, and the wire codec.
 
 A frame on the wire is ``len (4 bytes, big endian) | mac (32 bytes) | body``
 where ``body`` is UTF-8 JSON and ``mac`` is HMAC-SHA256 over the body with the
@@ -10,6 +10,12 @@ must carry the right protocol version and cluster id, a sender's sequence
 numbers must grow (replays are refused) and every message type is a frozen
 dataclass whose required fields are type-checked.  Unknown keys are ignored,
 so a newer peer can add fields.  Nothing here ever unpickles.
+
+A :class:`Reply` carries one typed body per request (:class:`NodeSpec`,
+:class:`BeatCommand`, :class:`FeedAssignment`, :class:`FeedVerdict`,
+:class:`FeedReleased`, :class:`Retry`): the driver builds them, peers read them
+with ``Body.from_dict(reply.body)``.  :class:`LaunchMeta` is what the driver
+hands every Spark task that starts a node or a run.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any, ClassVar
 
 from ..net import recv_exact
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: typed reply bodies, epoch (was gen) in heartbeat commands, FeedRelease.error_kind
 MAC_SIZE = 32
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20  # control messages are small; logs are capped per heartbeat
@@ -144,7 +150,7 @@ class Heartbeat(Message):
     report: dict = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
     reports: list = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
     returned: dict = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
-    feed: dict = dataclasses.field(default_factory=dict)  # {"rows": n, "gen_done": g, "terminated": b}
+    feed: dict = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
     logs: list = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0
     exit_code: int | None = None
@@ -175,6 +181,7 @@ class FeedRelease(Message):
     rows: int
     skipped: int = 0
     error: str | None = None
+    error_kind: str | None = None  # ERROR_LOST_CONNECTION: the connection to the node broke (see error_kind())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +209,120 @@ class Reply(Message):
     ok: bool
     body: dict = dataclasses.field(default_factory=dict)
     error: str | None = None
+
+
+# Kinds of feeding errors (FeedRelease.error_kind).
+ERROR_LOST_CONNECTION = "lost_connection"  # the node (or its supervisor) probably died
+ERROR_OTHER = "other"
+_LOST_CONNECTION = ("ConnectionResetError", "BrokenPipeError", "ConnectionAbortedError", "ConnectionRefusedError",
+                    "DataPlaneError", "EOFError", "IncompleteRead")
+
+
+def error_kind(exc: BaseException) -> str:
+    """What a feeding task's error says about its node: ``ERROR_LOST_CONNECTION`` or ``ERROR_OTHER``."""
+    names = {t.__name__ for t in type(exc).__mro__}
+    return ERROR_LOST_CONNECTION if names & set(_LOST_CONNECTION) else ERROR_OTHER
+
+
+# --------------------------------------------------------------------------
+# Reply bodies (driver -> peer) and the launch metadata
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """A typed body: ``to_dict()`` for the wire, ``from_dict()`` checks the types (ProtocolError)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{cls.__name__}: body is not an object")
+        return _from_dict(cls, data)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry(Body):
+    """Not yet: ask again in ``retry`` seconds (AwaitSpec before the cluster formed, FeedAssign with no free node)."""
+
+    retry: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec(Body):
+    """AwaitSpec's answer once every node registered: the node's part in the cluster."""
+
+    cluster_spec: dict
+    tf_config: dict
+    gpus: list
+    host_has_gpus: bool
+    feed: bool
+    tensorboard: bool
+    log_dir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatCommand(Body):
+    """A heartbeat's answer: the last epoch fed in full, and whether to stop (gracefully) or be killed."""
+
+    epoch_done: int = 0
+    stop: bool = False
+    kill: bool = False
+    grace: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedAssignment(Body):
+    """FeedAssign's answer: the node that takes the partition, or ``skip`` (no node reads data any more)."""
+
+    node: int = -1
+    label: str = ""
+    host: str = ""
+    port: int = 0
+    skip: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedVerdict(Body):
+    """FeedCheck's answer: ``done`` | ``failed`` (with ``error``) | ``stopped`` | ``reading``."""
+
+    verdict: str = "reading"
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedReleased(Body):
+    """FeedRelease's answer: the cluster's error when it failed meanwhile."""
+
+    cluster_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchMeta(Body):
+    """What the driver gives every Spark task that starts a cluster node or a parallel run.
+
+    It travels inside the task's closure (with the secret, which never crosses our sockets).
+    Cluster launches use ``roles``/``first_node``/``reservation_timeout``/``release_port``,
+    parallel runs ``num_runs``/``num_gpus``.
+    """
+
+    cluster_id: str
+    secret: str  # hex
+    control: list  # [host, port]
+    hb_interval: float
+    driver_timeout: float
+    env: dict
+    keras: str
+    default_fs: str
+    driver_pid: int
+    roles: list = dataclasses.field(default_factory=list)  # [[job_name, task_index], ...]
+    first_node: int = 0
+    reservation_timeout: float = 600.0
+    release_port: bool = True
+    num_runs: int = 0
+    num_gpus: int = 1
 
 
 # --------------------------------------------------------------------------
@@ -261,7 +382,9 @@ class Codec:
         if not isinstance(env, dict):
             raise ProtocolError("envelope is not an object")
         if env.get("v") != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version {env.get('v')!r} != {PROTOCOL_VERSION}")
+            msg = (f"protocol version mismatch: the peer speaks version {env.get('v')!r}, this side "
+                   f"{PROTOCOL_VERSION} (the driver and the executors run different tfos_nb versions)")
+            raise ProtocolError(msg)
         if env.get("cid") != self.cluster_id:
             raise ProtocolError("message for another cluster")
         sender, seq, ts = env.get("from"), env.get("seq"), env.get("ts")

@@ -1,0 +1,229 @@
+"""The driver's control logic with an injected clock: no Spark, no sockets, milliseconds.
+
+Feed-assignment policy, node and cluster state transitions, heartbeat loss,
+cancelling a start from another thread, and a teardown that runs once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.cluster import trainers_finished
+from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.errors import TFClusterError
+from tfos_nb.runtime.driver.job import DriverJob, JobCancelled
+from tfos_nb.runtime.driver.start import _await_running
+from tfos_nb.runtime.protocol import messages as m
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(roles=(("chief", 0), ("worker", 0), ("worker", 1)), *, spark=True, clock=None):
+    clock = clock or Clock()
+    st = S.ClusterState("cid", "t", list(roles), clock=clock)
+    ctl = Controller(st, input_mode_spark=spark, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    return st, ctl, clock
+
+
+def register_all(ctl, st, executors=None):
+    for i, _ in enumerate(st.nodes):
+        reply = ctl.handle(m.Register(node=i, host="h", port=5000 + i, executor_id=(executors or {}).get(i, str(i)),
+                                      pid=100 + i))
+        assert reply.ok, reply.error
+
+
+def run_all(ctl, st):
+    for i, _ in enumerate(st.nodes):
+        assert ctl.handle(m.Heartbeat(node=i, state="running", data_port=6000 + i)).ok
+
+
+def assign(ctl, executor_id="", mode="train"):
+    return ctl.handle(m.FeedAssign(partition=0, gen=1, host="h", executor_id=executor_id, mode=mode))
+
+
+def test_states_go_pending_registered_starting_running_then_finish():
+    st, ctl, _ = make()
+    assert [n.state for n in st.nodes] == [S.PENDING] * 3 and st.state == S.C_RESERVING
+    assert ctl.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
+    assert st.nodes[0].state == S.REGISTERED
+    assert not ctl.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok  # twice: refused
+    assert not ctl.handle(m.AwaitSpec(node=0)).ok  # the cluster is not complete yet: retry
+    ctl.handle(m.Register(node=1, host="h", port=2, executor_id="1", pid=2))
+    ctl.handle(m.Register(node=2, host="h", port=3, executor_id="2", pid=3))
+    assert [n.state for n in st.nodes] == [S.STARTING] * 3  # every node registered: the cluster formed
+    spec = m.NodeSpec.from_dict(ctl.handle(m.AwaitSpec(node=1)).body)
+    assert spec.tf_config["task"] == {"type": "worker", "index": 0} and spec.feed
+    assert spec.cluster_spec["worker"] == ["h:2", "h:3"]
+    run_all(ctl, st)
+    assert st.state == S.C_RUNNING and all(n.state == S.RUNNING for n in st.nodes)
+    ctl.request_stop()
+    cmd = m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body)
+    assert cmd.stop and not cmd.kill
+    for i in range(3):
+        ctl.handle(m.Heartbeat(node=i, state="finished", exit_code=0))
+    assert ctl.finish(trainers_finished) == S.C_FINISHED
+    assert st.snapshot().state == S.C_FINISHED
+    ctl.cancel("late")  # an ended job stays as it ended
+    assert st.state == S.C_FINISHED and st.error is None
+
+
+def test_a_stopped_cluster_with_a_live_node_ends_stopped():
+    st, ctl, _ = make(roles=(("chief", 0), ("ps", 0)))
+    register_all(ctl, st)
+    run_all(ctl, st)
+    ctl.handle(m.Heartbeat(node=0, state="finished", exit_code=0))
+    ctl.request_kill()
+    assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=1, state="running")).body).kill
+    assert ctl.finish(lambda nodes: all(n.state == S.FINISHED for n in nodes)) == S.C_STOPPED
+    assert st.nodes[1].state == S.STOPPED  # the ps never finishes: it is stopped
+    st2, ctl2, _ = make(roles=(("chief", 0), ("ps", 0)))
+    register_all(ctl2, st2)
+    run_all(ctl2, st2)
+    ctl2.handle(m.Heartbeat(node=0, state="finished", exit_code=0))
+    assert ctl2.finish(trainers_finished) == S.C_FINISHED  # ps nodes are not awaited
+
+
+def test_feed_assignment_balances_prefers_the_local_node_and_skips_when_nobody_reads():
+    st, ctl, _ = make()
+    register_all(ctl, st, {0: "e0", 1: "e1", 2: "e2"})
+    assert m.Retry.from_dict(assign(ctl).body) == m.Retry(0.1)  # registered, not running: ask again
+    run_all(ctl, st)
+    # all idle and equally used: the node on the feeding task's own executor wins the tie
+    first = m.FeedAssignment.from_dict(assign(ctl, "e1").body)
+    assert (first.node, first.label, first.port) == (1, "worker:0", 6001)
+    # busy nodes lose: the next two go to the two idle ones, whatever executor asks
+    got = {m.FeedAssignment.from_dict(assign(ctl, "e1").body).node for _ in range(2)}
+    assert got == {0, 2}
+    # node 2 releases: it is the least busy now
+    ctl.handle(m.FeedRelease(partition=0, gen=1, node=2, rows=10))
+    assert m.FeedAssignment.from_dict(assign(ctl, "e0").body).node == 2
+    assert st.nodes[2].rows_fed == 10
+    # a node that stopped reading gets nothing more; nobody reading: train skips, inference fails
+    for i in range(3):
+        ctl.handle(m.Heartbeat(node=i, state="running", feed={"closed": True}))
+    assert m.FeedAssignment.from_dict(assign(ctl).body).skip
+    reply = assign(ctl, mode="infer")
+    assert not reply.ok and "no node is reading" in (reply.error or "")
+
+
+def test_a_lost_connection_is_an_explicit_error_kind():
+    st, ctl, _ = make()
+    register_all(ctl, st)
+    run_all(ctl, st)
+    assign(ctl)
+    ctl.handle(m.FeedRelease(partition=0, gen=1, node=0, rows=0, error="OSError: whatever",
+                             error_kind=m.error_kind(BrokenPipeError())))
+    assert ctl.lost_feeds == 1
+    ctl.handle(m.FeedRelease(partition=1, gen=1, node=0, rows=0, error="ConnectionResetError: looks lost",
+                             error_kind=m.error_kind(ValueError())))  # the kind decides, not the text
+    assert ctl.lost_feeds == 1 and len(ctl.feed_errors) == 2
+    assert m.error_kind(ConnectionResetError()) == m.ERROR_LOST_CONNECTION
+    assert m.error_kind(TimeoutError()) == m.ERROR_OTHER
+
+
+def test_heartbeat_loss_fails_the_node_and_the_cluster_on_the_clock():
+    st, ctl, clock = make()
+    register_all(ctl, st)
+    run_all(ctl, st)
+    clock.t += 9.0
+    for i in (0, 2):
+        ctl.handle(m.Heartbeat(node=i, state="running"))
+    ctl.tick()
+    assert st.state == S.C_RUNNING  # 9 s without a beat: still within the 10 s timeout
+    assert st.snapshot().nodes[1].last_heartbeat_age == pytest.approx(9.0)
+    clock.t += 1.5
+    ctl.tick()
+    view = st.snapshot()
+    assert view.nodes[1].state == S.FAILED and view.nodes[1].error.startswith("no heartbeat for 10 s")
+    assert view.nodes[0].state == S.RUNNING and view.state == S.C_FAILED and view.error == "worker:0 lost"
+    # everyone else is told to stop at once
+    assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).kill
+
+
+def test_epochs_open_and_end_through_the_controller():
+    st, ctl, _ = make()
+    assert (ctl.open_epoch(), ctl.open_epoch()) == (1, 2)
+    ctl.end_epoch(2)
+    ctl.end_epoch(1)  # never goes back
+    assert st.snapshot().feed_epoch == 2 and st.epoch_done == 2
+    register_all(ctl, st)
+    assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).epoch_done == 2
+
+
+class _PendingSparkJob:
+    """A launch job that has not returned (the nodes are still starting)."""
+
+    done = False
+    error = None
+
+
+def test_cancel_from_another_thread_ends_a_start_in_progress():
+    st, ctl, _ = make()
+    job = DriverJob(None, st, ctl, nodes_outlive_jobs=True, linger_s=0.0, join_s=0.0)
+    try:
+        errors: list[BaseException] = []
+
+        def starting() -> None:
+            try:
+                _await_running(st, _PendingSparkJob(), timeout=30)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        t = threading.Thread(target=starting)
+        t.start()
+        job.cancel("stopped from the panel")
+        job.cancel("twice")  # idempotent: the first reason stays
+        t.join(5)
+        assert not t.is_alive()
+        assert isinstance(errors[0], TFClusterError) and "stopped (stopped from the panel)" in str(errors[0])
+        assert st.state == S.C_FAILED and st.error == "stopped (stopped from the panel)" and st.kill_requested
+        with pytest.raises(JobCancelled, match="stopped from the panel"):
+            job.mark_up()  # a start that gets this far still does not come up
+    finally:
+        job.close()
+    assert job.closed and st.state == S.C_FAILED
+
+
+def test_close_runs_the_teardown_once_whoever_calls_it():
+    st, ctl, _ = make()
+    calls: list[str] = []
+    job = DriverJob(None, st, ctl, nodes_outlive_jobs=True, linger_s=0.0, join_s=0.0,
+                    on_teardown=lambda: calls.append(threading.current_thread().name))
+    register_all(ctl, st)
+    run_all(ctl, st)
+    job.mark_up()
+    ctl.set_running()
+    assert st.state == S.C_RUNNING
+    threads = [threading.Thread(target=job.close) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    job.close()
+    job.cancel("after the end")  # up and closed: nothing more happens
+    assert len(calls) == 1 and job.closed
+    assert st.state == S.C_STOPPED and all(n.state == S.STOPPED for n in st.nodes) and st.kill_requested
+
+
+def test_a_newer_protocol_version_is_a_clear_error():
+    secret = m.new_secret()
+    a, b = m.Codec(secret, "cid", "a"), m.Codec(secret, "cid", "b")
+    assert isinstance(b.decode(a.encode(m.AwaitSpec(node=0))[4:]), m.AwaitSpec)
+    body = a.encode(m.AwaitSpec(node=0))[4 + m.MAC_SIZE:].replace(
+        f'"v":{m.PROTOCOL_VERSION}'.encode(), f'"v":{m.PROTOCOL_VERSION + 1}'.encode())
+    with pytest.raises(m.ProtocolError, match="protocol version mismatch"):
+        b.decode(m.sign(secret, body) + body)
+    with pytest.raises(m.ProtocolError, match="BeatCommand.kill: expected bool"):
+        m.BeatCommand.from_dict({"kill": "yes"})
+    meta = m.LaunchMeta(cluster_id="c", secret="00", control=["h", 1], hb_interval=0.5, driver_timeout=10.0,
+                        env={}, keras="tf_keras", default_fs="file:///", driver_pid=1, roles=[["chief", 0]])
+    assert m.LaunchMeta.from_dict(meta.to_dict()) == meta

@@ -1,0 +1,213 @@
+"""One job on the driver, whatever it runs: a TensorFlow cluster or N parallel runs.
+
+The lifecycle is the same for both: announce the job (its state to the start
+listeners, e.g. the notebook's panel), make the secret, start the signed
+control server (on the driver's host, else on every interface), build the
+:class:`~..protocol.messages.LaunchMeta` that every task gets, run Spark jobs,
+and tear everything down once.  :meth:`DriverJob.cancel` and
+:meth:`DriverJob.close` are public, idempotent and thread-safe; the job's
+state is written by its :class:`~.controller.Controller` only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..protocol import messages as m
+from ..protocol.channel import ControlServer
+from . import state as S
+from .controller import Controller
+from .slots import driver_host
+from .sparkjob import SparkJob
+
+LIVE = (S.REGISTERED, S.STARTING, S.RUNNING)
+
+_start_listeners: list[Callable[[DriverJob], None]] = []
+
+
+def add_start_listener(fn: Callable[[DriverJob], None]) -> None:
+    """Call ``fn(job)`` whenever a cluster or parallel runs start, on the starting thread, before anything launches.
+
+    ``job.state`` is the :class:`~.state.ClusterState` (``fn`` may ``add_listener`` to it),
+    ``job.cancel(reason)`` stops the job.  How the notebook layer shows a panel for jobs
+    started by plain Python calls without the runtime knowing about notebooks; ``fn``'s
+    errors are ignored.
+    """
+    if fn not in _start_listeners:
+        _start_listeners.append(fn)
+
+
+def remove_start_listener(fn: Callable[[DriverJob], None]) -> None:
+    if fn in _start_listeners:
+        _start_listeners.remove(fn)
+
+
+class JobCancelled(RuntimeError):
+    """The job was cancelled (``DriverJob.cancel``) before it was up."""
+
+
+class DriverJob:
+    """The control server, Spark jobs and teardown of one cluster or set of parallel runs.
+
+    ``nodes_outlive_jobs``: cluster nodes are processes of their own that outlive the
+    launch job (teardown cancels the feeding jobs first, then waits for the nodes to
+    stop); parallel runs are the Spark job's tasks (teardown lets them report the kill
+    first, then cancels the job).  ``finished(nodes)`` says whether the job ends
+    FINISHED rather than STOPPED.
+    """
+
+    def __init__(self, sc: Any, state: S.ClusterState, controller: Controller, *,
+                 nodes_outlive_jobs: bool, linger_s: float, join_s: float,
+                 finished: Callable[[list[Any]], bool] | None = None,
+                 on_teardown: Callable[[], None] | None = None) -> None:
+        self.sc = sc
+        self.state = state
+        self.controller = controller
+        self.cluster_id = state.cluster_id
+        self.name = state.name
+        self.secret = m.new_secret()
+        self.nodes_outlive_jobs = nodes_outlive_jobs
+        self.linger_s = linger_s
+        self.join_s = join_s
+        self._finished = finished or (lambda nodes: all(n.state == S.FINISHED for n in nodes))
+        self.on_teardown = on_teardown
+        self._server: ControlServer | None = None
+        self.jobs: list[SparkJob] = []
+        self._lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._up = False
+        self._closed = False
+        self.cancel_reason: str | None = None
+        atexit.register(self._atexit)
+
+    # -- start -----------------------------------------------------------------
+    def announce(self, *, log_callback: Callable[[str, list[str]], None] | None = None,
+                 on_state: Callable[[S.ClusterState], None] | None = None,
+                 on_start: Callable[[DriverJob], None] | None = None) -> None:
+        """Attach the caller's listeners, then tell ``on_start`` and every start listener (errors ignored)."""
+        if log_callback is not None:
+            self.state.add_log_listener(log_callback)
+        if on_state is not None:
+            self.state.add_listener(on_state)
+        for fn in ([on_start] if on_start is not None else []) + list(_start_listeners):
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a UI bug must not stop a job from starting
+                pass
+
+    def open_control(self) -> tuple[str, int]:
+        """Start the control server; returns the address tasks reach it at."""
+        host = driver_host(self.sc)
+
+        def server(bind: str) -> ControlServer:
+            return ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), self.controller.handle, bind,
+                                 on_tick=self.controller.tick)
+
+        self._server = server(host)
+        try:
+            return self._server.start()
+        except OSError:  # the name resolves to an address this host cannot bind: listen everywhere
+            self._server = server("0.0.0.0")
+            return host, self._server.start()[1]
+
+    def launch_meta(self, address: tuple[str, int], *, heartbeat_timeout: float, env: dict[str, str] | None,
+                    keras: str, **kind: Any) -> m.LaunchMeta:
+        try:
+            default_fs = self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+        except Exception:  # noqa: BLE001
+            default_fs = "file:///"
+        return m.LaunchMeta(cluster_id=self.cluster_id, secret=self.secret.hex(), control=[address[0], address[1]],
+                            hb_interval=0.5, driver_timeout=max(heartbeat_timeout, 10.0), env=dict(env or {}),
+                            keras=keras, default_fs=default_fs, driver_pid=os.getpid(), **kind)
+
+    def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> SparkJob:
+        """Start ``action`` as a Spark job of this job's group; teardown cancels it."""
+        job = SparkJob(self.sc, f"{self.state.job_group}-{suffix}", description, action)
+        self.jobs.append(job)
+        job.start()
+        return job
+
+    def forget(self, job: SparkJob) -> None:
+        if job in self.jobs and job.done:
+            self.jobs.remove(job)
+
+    def check_cancelled(self) -> None:
+        if self.cancel_reason is not None:
+            msg = f"{self.name} was cancelled ({self.cancel_reason})"
+            raise JobCancelled(msg)
+
+    def mark_up(self) -> None:
+        """The start is over: a later cancel() tears down instead of failing the start.
+
+        (A cluster's owner then asks its controller to ``set_running()``; parallel runs are
+        running once the first one registers.)
+        """
+        with self._lock:
+            self.check_cancelled()
+            self._up = True
+
+    # -- stop --------------------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_reason is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def cancel(self, reason: str) -> None:
+        """Stop the job, from any thread (idempotent).
+
+        While it starts, the start fails with ``stopped (reason)`` and tears down on its
+        own thread; once it is up, this tears down now (blocking, like :meth:`close`).
+        """
+        with self._lock:
+            if self.cancel_reason is None:
+                self.cancel_reason = reason
+            up = self._up
+        if up:
+            self.close()
+        else:
+            self.controller.cancel(self.cancel_reason or reason)
+
+    def close(self, wait: float | None = None) -> None:
+        """Stop every node, cancel the Spark jobs, stop the control server; idempotent, never raises.
+
+        A second caller waits for the teardown in progress.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._teardown(self.linger_s if wait is None else wait)
+
+    def _teardown(self, wait: float) -> None:
+        try:
+            self.controller.request_kill()
+            if self.nodes_outlive_jobs:
+                for job in list(self.jobs):
+                    job.cancel(join_timeout=0)
+            if self.nodes_outlive_jobs or any(not j.done for j in self.jobs):
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline:  # nodes get "kill" in their next heartbeat reply
+                    if not [n for n in self.state.snapshot().nodes if n.state in LIVE]:
+                        break
+                    with self.state.changed:
+                        self.state.changed.wait(0.1)
+            if self.on_teardown is not None:
+                self.on_teardown()
+            for job in list(self.jobs):
+                job.cancel(join_timeout=self.join_s)  # also drops tasks still waiting for a slot
+        finally:
+            if self._server is not None:
+                self._server.stop()
+            self.controller.finish(self._finished)
+            atexit.unregister(self._atexit)
+
+    def _atexit(self) -> None:
+        self.close(wait=5.0)

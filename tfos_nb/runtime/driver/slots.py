@@ -1,0 +1,103 @@
+"""How many Spark task slots the application has, will have, and waiting for enough of them."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+EXECUTOR_SETTLE_S = 5.0
+
+
+def available_slots(sc: Any) -> tuple[int, int]:
+    """(task slots, executors) the application has right now."""
+    jsc = sc._jsc.sc()
+    try:
+        slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # noqa: BLE001 - older or newer Spark: fall back to the core count
+        slots = int(sc.defaultParallelism)
+    executors = max(0, len(jsc.statusTracker().getExecutorInfos()) - 1)  # the JVM's: pyspark < 4 has no Python one
+    if sc.master.startswith("local") and not sc.master.startswith("local-cluster"):
+        executors = 1
+    return slots, executors
+
+
+def fixed_slots(sc: Any) -> int | None:
+    """Task slots of a master whose size is in its name (local-cluster[N,C,M], local[N], local)."""
+    master = str(getattr(sc, "master", ""))
+    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if match:
+        return int(match.group(1)) * int(match.group(2))
+    match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
+    if match:
+        return int(match.group(1))
+    return 1 if master == "local" else None
+
+
+def expected_slots(sc: Any) -> int | None:
+    """Task slots this application will have once its executors are up, if the configuration says."""
+    fixed = fixed_slots(sc)
+    if fixed is not None:
+        return fixed
+    conf = sc.getConf()
+    instances, cores = conf.get("spark.executor.instances", None), conf.get("spark.executor.cores", None)
+    if instances and cores and str(instances).isdigit() and str(cores).isdigit():
+        return int(instances) * int(cores) // max(1, int(conf.get("spark.task.cpus", "1") or 1))
+    return None
+
+
+def wait_for_slots(sc: Any, needed: int, timeout: float, cancelled: Callable[[], bool] = lambda: False) -> None:
+    """Return when ``needed`` tasks can run at once; fail fast when they never will.
+
+    Executors register one by one, seconds apart on a busy machine: when the configuration
+    says how many slots will come, wait for all of them (up to ``timeout``) before deciding;
+    otherwise give up once their number has stopped changing for a few seconds.  Returns
+    early when ``cancelled()`` (the caller then sees its job cancelled).
+    """
+    expected = expected_slots(sc)
+    deadline = time.monotonic() + timeout
+    last = None
+    stable_since = time.monotonic()
+    while not cancelled():
+        slots, executors = available_slots(sc)
+        if slots >= needed:
+            return
+        if (slots, executors) != last:
+            last, stable_since = (slots, executors), time.monotonic()
+        now = time.monotonic()
+        if expected is not None:
+            settled = slots >= expected  # every promised executor is up, and they are too few
+        else:
+            settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
+        if settled or now > deadline:
+            msg = (
+                f"not enough executors: asked for {needed} nodes, {slots} task slot(s) available "
+                f"on {executors} executor(s). Start Spark with at least {needed} executor slots "
+                "(e.g. --num-executors/--total-executor-cores, or master local-cluster[N,1,MB])."
+            )
+            raise RuntimeError(msg)
+        time.sleep(0.2)
+
+
+def driver_host(sc: Any) -> str:
+    from ..net import resolve
+
+    host = sc.getConf().get("spark.driver.host", None) or "127.0.0.1"
+    return resolve(host)
+
+
+def require_classic(sc: Any, needs: str) -> None:
+    """tfos_nb runs on a classic SparkContext, not on Spark Connect."""
+    if getattr(sc, "_jsc", None) is None:
+        msg = (
+            f"tfos_nb needs a classic SparkContext ({needs}); this session has none "
+            "(Spark Connect?). Use a cluster with a full Spark driver."
+        )
+        raise TypeError(msg)
+
+
+def require_keras(keras: str) -> None:
+    if keras not in ("tf_keras", "keras3"):
+        msg = f"keras must be 'tf_keras' or 'keras3', got {keras!r}"
+        raise ValueError(msg)
