@@ -145,7 +145,7 @@ def test_epochs_end_dataset_iterations(node):
 
     def driver():  # as the driver does: the epoch's job is done, tell the nodes
         t1.join(10)
-        hub.end_gen(1)
+        hub.end_epoch(1)
 
     threading.Thread(target=driver).start()
     epoch = [0]

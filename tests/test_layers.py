@@ -36,10 +36,6 @@ KNOWN_LARGE = {
 #: dependency cycles known today (issue 13) that an import inside a function hides from Python's
 #: import machinery; each a frozenset of modules; remove each once broken
 KNOWN_CYCLES = {
-    # cluster.py imports cluster_streams.py and streaming.py; streaming.py imports cluster.py's
-    # _error_for inside functions (issue 13's driver work removes it)
-    frozenset({"tfos_nb.runtime.driver.cluster", "tfos_nb.runtime.driver.cluster_streams",
-               "tfos_nb.runtime.driver.streaming"}),
     # tfnode.py (TFNode's face) imports context.py; context.py imports tfnode.py inside a function
     frozenset({"tfos_nb.runtime.executor.context", "tfos_nb.runtime.executor.tfnode"}),
 }

@@ -99,7 +99,7 @@ def test_spark_connect_is_refused():
 
 def test_importing_tfparallel_stays_light():
     code = (
-        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.executor.parallel_task\n"
+        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.executor.run_task\n"
         "bad = [m for m in ('tensorflow', 'pyspark', 'IPython', 'ipywidgets') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -385,7 +385,8 @@ def test_magic_sweep_panel_best_and_errors(ip, spark, capsys, no_leaks):
     assert "TFParallelError: run:1 (x=2) failed" in shown
     # the run's traceback starts in the cell: no frames of the magic or the runtime
     assert 'File "<%%tfos_parallel failing>", line 2' in shown
-    assert "_magics.py" not in shown and "parallel_task.py" not in shown and "_cellfn.py" not in shown
+    assert "_magics.py" not in shown and "run_task.py" not in shown and "child_main.py" not in shown \
+        and "_cellfn.py" not in shown
 
 
 @pytest.mark.slow

@@ -19,6 +19,6 @@ from .runtime.driver.parallel import (
     run,
     start,
 )
-from .runtime.executor.parallel_task import RunContext
+from .runtime.executor.run_task import RunContext
 
 __all__ = ["ParallelRuns", "ParallelView", "RunContext", "RunResult", "TFParallelError", "best_index", "run", "start"]

@@ -14,7 +14,7 @@ if __name__ == "__main__":
     elif role == "node":
         from tfos_nb.runtime.executor.node import main
     elif role == "run":
-        from tfos_nb.runtime.executor.parallel_task import main
+        from tfos_nb.runtime.executor.run_task import main
     else:
         sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node|run\n")
         sys.exit(2)

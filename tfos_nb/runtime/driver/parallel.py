@@ -1,7 +1,7 @@
 """Independent parallel runs: TensorFlowOnSpark's ``TFParallel`` — N single-node TensorFlow runs.
 
 No cluster is formed between the runs: each is ``map_fun(args, ctx)`` in a
-fresh process on an executor (see :mod:`.parallel_task` for why a process),
+fresh process on an executor (see :mod:`..executor.run_task` for why a process),
 for hyper-parameter sweeps and embarrassingly parallel inference.  All runs
 are one Spark job, one task per run: a barrier stage when asked for and the
 application has a slot per run (the runs start together), else a plain stage
@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..executor.parallel_task import make_run_task
+from ..executor.run_task import make_run_task
 from . import state as S
 from .errors import TFClusterError, failure_message, first_failure, python_error_line
 from .job import DriverJob

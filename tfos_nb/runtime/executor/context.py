@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import math
 import os
 import threading
@@ -11,6 +10,8 @@ import time
 from collections import deque
 from typing import Any
 
+from ..protocol import pipes
+from ..protocol.pipes import jsonable as _jsonable
 from .feed import DataFeed, FeedHub
 
 HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://",
@@ -42,7 +43,7 @@ def hdfs_path(ctx: Any, path: str) -> str:
 
 
 class Reporter:
-    """Sends progress and events to the node's supervisor (JSON lines on a pipe).
+    """Sends progress and events to the process's owner (frames of :mod:`..protocol.pipes` on the report pipe).
 
     Progress reports are batched: at most ``max_rate`` writes per second, each
     the latest report plus every report since the previous write (``batch``:
@@ -60,8 +61,8 @@ class Reporter:
         self._pending: dict[str, Any] | None = None
         self._batch: deque[dict[str, Any]] = deque(maxlen=self.BATCH_KEPT)
 
-    def event(self, obj: dict[str, Any]) -> None:
-        line = json.dumps(obj, default=_jsonable) + "\n"
+    def send(self, msg: pipes.Frame) -> None:
+        line = pipes.encode(msg).decode()
         with self._lock:
             try:
                 self._stream.write(line)
@@ -85,15 +86,7 @@ class Reporter:
             batch = list(self._batch)
             self._batch.clear()
         if report is not None:
-            self.event({"t": "report", **report, "batch": batch})
-
-
-def _jsonable(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    return str(x)
+            self.send(pipes.Report(report=report, batch=batch))
 
 
 class NodeContext:

@@ -84,7 +84,7 @@ class FeedHub:
         self._carry: tuple[_Conn, int, pa.RecordBatch] | None = None
         self.stopped = False  # the driver asked the cluster to stop
         self.closed = False  # terminate() or the user's function returned: discard new data
-        self.gen_done = 0
+        self.epoch_done = 0
         self.rows = 0
         self.skipped = 0
         self._pending: collections.deque[tuple[_Conn, int]] = collections.deque()
@@ -127,11 +127,11 @@ class FeedHub:
             self._conns.discard(conn)
         conn.finish(error)
 
-    def end_gen(self, gen: int) -> None:
+    def end_epoch(self, epoch: int) -> None:
         with self._cond:
-            if gen > self.gen_done:
-                self.gen_done = gen
-                self._q.append(("eog", None, gen))
+            if epoch > self.epoch_done:
+                self.epoch_done = epoch
+                self._q.append(("eog", None, epoch))
                 self._cond.notify_all()
 
     def stop(self) -> None:
@@ -211,7 +211,7 @@ class FeedHub:
                 else:
                     if self.stopped or self.closed:
                         break
-                    if epoch is not None and epoch[0] and self.gen_done >= epoch[0]:
+                    if epoch is not None and epoch[0] and self.epoch_done >= epoch[0]:
                         break  # this epoch's data is all taken and the driver said it is complete
                     self._cond.wait(0.5)
                     continue

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .node import write_blob
+from ..protocol import pipes
 
 LAUNCH_WAIT_S = 120
 
@@ -60,8 +60,8 @@ def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[
         )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        write_blob(proc.stdin, json.dumps(meta).encode())
-        write_blob(proc.stdin, blob)
+        pipes.write(proc.stdin, pipes.Launch(meta=meta))
+        pipes.write_blob(proc.stdin, blob)
         proc.stdin.close()
     except OSError:
         pass
@@ -69,9 +69,11 @@ def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[
     line = proc.stdout.readline() if ready else b""
     proc.stdout.close()
     try:
-        status = json.loads(line) if line else None
-    except ValueError:
-        status = None
+        launched = pipes.decode(line) if line else None
+    except pipes.PipeProtocolError as exc:
+        sys.stderr.write(f"tfos_nb: the node supervisor's answer: {exc}\n")
+        launched = None
+    status = launched.status() if isinstance(launched, pipes.Launched) else None
     if not status:
         if proc.poll() is None:
             proc.kill()

@@ -1,147 +1,77 @@
 """The TensorFlow process of a node: runs the user's ``main_fun(args, ctx)``.
 
-Started by the node's supervisor, which owns it.  Inputs arrive on stdin (the
+Started by the node's supervisor, which owns it (:mod:`.child_main` is the
+skeleton shared with a parallel run's process).  Inputs arrive on stdin (the
 pickled function — it came from the driver inside Spark's task closure and
-then over our own pipes, never from a socket — then JSON control lines);
-events go back as JSON lines on the report pipe; stdout/stderr are captured by
-the supervisor and streamed to the driver.
+then over our own pipes, never from a socket — then the owner's commands);
+events go back on the report pipe; stdout/stderr are captured by the
+supervisor and streamed to the driver.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import struct
 import sys
-import threading
-import traceback
-from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
-LEN = struct.Struct(">Q")
-
-
-def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    parts, got = [], 0
-    while got < n:
-        chunk = stream.read(n - got)
-        if not chunk:
-            raise EOFError("truncated payload on stdin")
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
+from ..protocol import pipes
+from . import child_main
+from .context import NodeContext, Reporter
 
 
-def read_blob(stream: BinaryIO) -> bytes:
-    (n,) = LEN.unpack(_read_exact(stream, LEN.size))
-    return _read_exact(stream, n)
+class NodeRole(child_main.ChildRole):
+    """A cluster node: its data feed (fed nodes), the supervisor's epoch and stop commands, its value."""
 
+    what = "the node function"
 
-def read_events(fd: int) -> Iterator[tuple[str | None, dict[str, Any]]]:
-    """The events a :class:`Reporter` wrote to pipe ``fd``, as ``(kind, fields)``; unparsable lines are skipped."""
-    with os.fdopen(fd, "rb") as stream:
-        for raw in stream:
-            try:
-                ev = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(ev, dict):
-                yield ev.pop("t", None), ev
+    def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
+        from .feed import DataServer, FeedHub
 
+        super().__init__(info, reporter)
+        self.hub = self.server = None
+        if info.get("feed"):
+            self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()))
+            self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"]).start()
+        self.ctx: NodeContext | None = None
 
-def write_blob(stream: BinaryIO, data: bytes) -> None:
-    stream.write(LEN.pack(len(data)))
-    stream.write(data)
+    def on_command(self, cmd: pipes.Frame) -> None:
+        if self.hub is not None and isinstance(cmd, pipes.EpochDone):
+            self.hub.end_epoch(int(cmd.epoch))
+        elif self.hub is not None and isinstance(cmd, pipes.Stop):
+            self.hub.stop()
 
+    def context(self) -> NodeContext:
+        port_fd = self.info.get("port_fd")
+        tmp_socket = None if port_fd is None else socket.socket(fileno=port_fd)
+        self.ctx = NodeContext(self.info, self.hub, self.reporter, tmp_socket=tmp_socket)
+        if self.info.get("release_port", True):
+            self.ctx.release_port()  # TFCluster.run(release_port=False): the function calls ctx.release_port() itself
+        self.reporter.send(pipes.Ready(data_port=self.server.port if self.server else None))
+        return self.ctx
 
-def _lines(fd: int) -> Any:
-    """JSON lines from a raw fd (no buffered reader: its lock would stall interpreter exit)."""
-    buf = b""
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        yield from lines
+    def call(self, fn: Any, args: Any, ctx: Any) -> Any:
+        if isinstance(args, list):
+            sys.argv = list(args)  # TensorFlowOnSpark: an argv list is also the node's sys.argv
+        return fn(args, ctx)
 
+    def on_error(self, error: str) -> None:
+        if self.hub is not None:  # feeders connected now learn of the failure, not of data skipped
+            self.hub.close(error=f"{self.info['job_name']}:{self.info['task_index']} failed: {error}")
 
-def _control_loop(fd: int, hub: Any) -> None:
-    """Commands from the supervisor; EOF means the supervisor is gone: so are we."""
-    for raw in _lines(fd):
-        try:
-            cmd = json.loads(raw)
-        except ValueError:
-            continue
-        op = cmd.get("op")
-        if hub is not None and op == "gen_done":
-            hub.end_gen(int(cmd.get("gen", 0)))
-        elif hub is not None and op == "stop":
-            hub.stop()
-    # The supervisor died (or closed our stdin to stop us): nobody owns us any more.
-    os.kill(os.getpid(), signal.SIGKILL)
+    def cleanup(self) -> None:
+        if self.hub is not None:
+            # Data still arriving is skipped (the server keeps accepting until the
+            # process exits), so feeders return instead of waiting.
+            self.hub.close()
+
+    def finish(self, value: Any) -> int:
+        self.reporter.send(pipes.Finished(value=plain_value(value, self.ctx)))
+        return 0
 
 
 def main() -> int:
-    import cloudpickle
-
-    from .context import NodeContext, Reporter
-    from .feed import DataServer, FeedHub
-
-    stdin = os.fdopen(os.dup(0), "rb", buffering=0)
-    blob = read_blob(stdin)
-    info = json.loads(read_blob(stdin))
-    stdin.close()
-    sys.stdin = open(os.devnull)  # noqa: SIM115 - user code must not read our control pipe
-    report_stream = os.fdopen(int(os.environ["TFOS_REPORT_FD"]), "w", buffering=1)
-    reporter = Reporter(report_stream)
-
-    hub = server = None
-    if info.get("feed"):
-        hub = FeedHub(on_close=lambda: reporter.event({"t": "feed_closed"}))
-        server = DataServer(hub, bytes.fromhex(info["secret"]), info["host"]).start()
-    threading.Thread(target=_control_loop, args=(0, hub), name="tfos-node-control", daemon=True).start()
-
-    try:
-        fn, tf_args = cloudpickle.loads(blob)
-    except Exception as exc:  # noqa: BLE001 - reported to the driver as the node's error
-        traceback.print_exc()
-        reporter.event({"t": "error", "error": f"cannot load the node function: {type(exc).__name__}: {exc}"})
-        return 1
-    port_fd = info.get("port_fd")
-    ctx = NodeContext(info, hub, reporter, tmp_socket=None if port_fd is None else socket.socket(fileno=port_fd))
-    if info.get("release_port", True):
-        ctx.release_port()  # TFCluster.run(release_port=False): the function calls ctx.release_port() itself
-    reporter.event({"t": "ready", "data_port": server.port if server else None})
-    if isinstance(tf_args, list):
-        sys.argv = list(tf_args)  # TensorFlowOnSpark: an argv list is also the node's sys.argv
-    value = None
-    try:
-        value = fn(tf_args, ctx)
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from user code is an error too
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            pass
-        else:
-            traceback.print_exc()
-            sys.stderr.flush()
-            first = str(exc).strip().splitlines()
-            error = f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
-            reporter.event({"t": "error", "error": error})
-            if hub is not None:  # feeders connected now learn of the failure, not of data skipped
-                hub.close(error=f"{info['job_name']}:{info['task_index']} failed: {error}")
-            return 1
-    finally:
-        reporter.flush()
-        if hub is not None:
-            # Data still arriving is skipped (the server keeps accepting until the
-            # process exits), so feeders return instead of waiting.
-            hub.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    reporter.event({"t": "finished", "value": plain_value(value, ctx)})
-    return 0
+    return child_main.main(NodeRole)
 
 
 VALUE_MAX_BYTES = 256 * 1024

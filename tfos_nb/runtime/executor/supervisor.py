@@ -16,66 +16,55 @@ freeing the executor's slot for feeding tasks).  It
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 from .. import net, procs
 from ..protocol import messages as m
+from ..protocol import pipes
 from ..protocol.channel import ControlClient
 from . import gpus as gpu_mod
-from .node import read_blob, read_events, write_blob
-
-LOG_BYTES_PER_BEAT = 64 * 1024
-REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats
-REPORTS_KEPT = 20000
-TAIL_LINES = 100
+from .owner import REPORT_BYTES_PER_BEAT, ChildOwner, tf_env
 
 
-class Supervisor:
+class Supervisor(ChildOwner):
+    """Owns a node's TensorFlow process: registers it, starts it with the cluster spec, relays commands."""
+
+    process_name = "the node process"
+    keep_history = True
+    echo_output = True  # the supervisor's stderr is the node's log file
+
     def __init__(self, meta: dict[str, Any], blob: bytes) -> None:
-        self.meta = meta
-        self.blob = blob
         # run(env=...) applies to the whole node, GPU discovery (PATH to nvidia-smi) included.
         os.environ.update({k: str(v) for k, v in meta.get("env", {}).items()})
-        self.index: int = meta["node"]
-        self.job_name, self.task_index = meta["roles"][self.index]
-        self.label = f"{self.job_name}:{self.task_index}"
+        index: int = meta["node"]
         secret = bytes.fromhex(meta["secret"])
-        self.secret = secret
         control = (meta["control"][0], int(meta["control"][1]))
-        self.client = ControlClient(m.Codec(secret, meta["cluster_id"], f"node{self.index}"), control, timeout=10)
+        client = ControlClient(m.Codec(secret, meta["cluster_id"], f"node{index}"), control, timeout=10)
+        job_name, task_index = meta["roles"][index]
+        super().__init__(
+            client, index, f"{job_name}:{task_index}",
+            hb_interval=float(meta.get("hb_interval", 0.5)),
+            driver_timeout=float(meta.get("driver_timeout", 15.0)),
+            executor_id=str(meta.get("executor_id")),
+            jvm_pid=procs.executor_jvm_pid() if meta.get("watch_jvm", True) else None,
+        )
+        self.meta = meta
+        self.blob = blob
+        self.job_name, self.task_index = job_name, task_index
         self.host = net.local_ip_towards(*control)
         self.port = net.free_port(self.host)
         # Held until the node's function runs (TensorFlowOnSpark's ctx.tmp_socket / release_port).
         self.port_socket = net.reserve_port(self.port)
-        self.hb_interval = float(meta.get("hb_interval", 0.5))
-        self.driver_timeout = float(meta.get("driver_timeout", 15.0))
-        self.jvm_pid = procs.executor_jvm_pid() if meta.get("watch_jvm", True) else None
-        self.child: subprocess.Popen | None = None
         self.tensorboard: subprocess.Popen | None = None
         self.tb_url: str | None = None
-        self.wake = threading.Event()
-        self.lock = threading.Lock()
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.pending_logs: collections.deque[str] = collections.deque()
-        self.pending_bytes = 0
-        self.dropped = 0
-        self.report: dict[str, Any] = {}
-        self.reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=REPORTS_KEPT)  # not sent yet
-        self.value: Any = None
-        self.data_port: int | None = None
-        self.error: str | None = None
-        self.running = False
-        self.finished = False
-        self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.gpus: list[dict] = []
-        self._output_thread: threading.Thread | None = None
+        self._sent_epoch = 0
+        self._sent_stop = False
 
     # -- registration ---------------------------------------------------------
     def register(self) -> None:
@@ -109,18 +98,10 @@ class Supervisor:
 
     # -- the node process -------------------------------------------------------
     def start_child(self, spec: dict[str, Any]) -> None:
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in self.meta.get("env", {}).items()})
-        env["TF_CONFIG"] = json.dumps(spec["tf_config"])
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        env["PYTHONUNBUFFERED"] = "1"
-        if self.meta.get("keras", "tf_keras") == "tf_keras":
-            env["TF_USE_LEGACY_KERAS"] = "1"
         self.gpus = spec.get("gpus", [])
-        if self.meta.get("spark_gpus") or self.gpus or spec.get("host_has_gpus"):
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g["index"]) for g in self.gpus)
-        read_fd, write_fd = os.pipe()
-        env["TFOS_REPORT_FD"] = str(write_fd)
+        pin = bool(self.meta.get("spark_gpus") or self.gpus or spec.get("host_has_gpus"))
+        env = tf_env(dict(os.environ), self.meta, self.gpus, pin)
+        env["TF_CONFIG"] = json.dumps(spec["tf_config"])
         info = {
             "node": self.index,
             "job_name": self.job_name,
@@ -137,32 +118,15 @@ class Supervisor:
             "cluster_id": self.meta["cluster_id"],
             "release_port": bool(self.meta.get("release_port", True)),
         }
-        fds = (write_fd,)
+        fds: tuple[int, ...] = ()
         if self.port_socket is not None:
             info["port_fd"] = self.port_socket.fileno()
-            fds += (info["port_fd"],)
-        self.child = subprocess.Popen(
-            [sys.executable, "-m", "tfos_nb.runtime", "node", self.meta["cluster_id"]],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=fds,
-            env=env,
-            cwd=self.meta.get("working_dir") or None,
-            start_new_session=True,
-        )
-        os.close(write_fd)
+            fds = (info["port_fd"],)
+        self.start("node", self.meta["cluster_id"], env, self.blob, info, pass_fds=fds,
+                   cwd=self.meta.get("working_dir") or None)
         if self.port_socket is not None:  # the node process holds the reservation now
             self.port_socket.close()
             self.port_socket = None
-        assert self.child.stdin is not None
-        write_blob(self.child.stdin, self.blob)
-        write_blob(self.child.stdin, json.dumps(info).encode())
-        self.child.stdin.flush()
-        self._output_thread = threading.Thread(target=self._read_output, name="tfos-sup-output", daemon=True)
-        self._output_thread.start()
-        threading.Thread(target=self._read_reports, args=(read_fd,), name="tfos-sup-reports", daemon=True).start()
-        threading.Thread(target=self._wait_child, name="tfos-sup-wait", daemon=True).start()
 
     def start_tensorboard(self, logdir: str) -> None:
         port = net.free_port(self.host)
@@ -175,91 +139,21 @@ class Supervisor:
         )
         self.tb_url = f"http://{net.hostport(self.host, port)}"
 
-    def _read_output(self) -> None:
-        assert self.child is not None and self.child.stdout is not None
-        for raw in self.child.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")[:4000]
-            sys.stderr.write(f"[{self.label}] {line}\n")
-            with self.lock:
-                self.tail.append(line)
-                if self.pending_bytes + len(line) > 4 * LOG_BYTES_PER_BEAT:
-                    self.dropped += 1
-                else:
-                    self.pending_logs.append(line)
-                    self.pending_bytes += len(line)
-
-    def _read_reports(self, fd: int) -> None:
-        for kind, ev in read_events(fd):
-            with self.lock:
-                if kind == "ready":
-                    self.data_port = ev.get("data_port")
-                    self.running = True
-                elif kind == "report":
-                    batch = ev.pop("batch", None)
-                    self.report = ev
-                    self.reports.extend(batch if isinstance(batch, list) else [ev])
-                elif kind == "error":
-                    self.error = str(ev.get("error"))[:2000]
-                elif kind == "finished":
-                    self.finished = True
-                    self.value = ev.get("value")
-                elif kind == "feed_closed":
-                    self.feed_closed = True
-            self.wake.set()
-
-    def _wait_child(self) -> None:
-        assert self.child is not None
-        self.child.wait()
-        self.wake.set()
-
-    def send_control(self, obj: dict[str, Any]) -> None:
-        if self.child is None or self.child.stdin is None:
-            return
-        try:
-            self.child.stdin.write((json.dumps(obj) + "\n").encode())
-            self.child.stdin.flush()
-        except (OSError, ValueError):
-            pass
-
     # -- heartbeats -----------------------------------------------------------
-    def _heartbeat(self, state: str, exit_code: int | None = None, final: bool = False) -> m.Reply:
+    def beat_fields(self, final: bool) -> dict[str, Any]:
         with self.lock:
-            logs, size = [], 0
-            while self.pending_logs and size < LOG_BYTES_PER_BEAT:
-                line = self.pending_logs.popleft()
-                size += len(line)
-                logs.append(line)
-            self.pending_bytes -= size
-            dropped, self.dropped = self.dropped, 0
             report = dict(self.report)
             reports, size = [], 0
             while self.reports and size < REPORT_BYTES_PER_BEAT:
                 reports.append(self.reports.popleft())
                 size += len(json.dumps(reports[-1]))
-            error = self.error
             # A node whose function failed is not "done reading": feeders that lost it wait for its failure.
-            feed = {"closed": True} if self.feed_closed and error is None else {}
-            tail = list(self.tail) if (final and state == "failed") else []
+            feed = {"closed": True} if self.feed_closed and self.error is None else {}
+            value = self.value
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
-        return self.client.request(
-            m.Heartbeat(
-                node=self.index,
-                state=state,
-                child_pid=self.child.pid if self.child else None,
-                data_port=self.data_port,
-                tensorboard=self.tb_url,
-                report=report,
-                reports=reports,
-                returned={"value": self.value} if final and self.value is not None else {},
-                feed=feed,
-                logs=logs,
-                logs_dropped=dropped,
-                exit_code=exit_code,
-                error=error if state == "failed" else None,
-                tail=tail,
-            )
-        )
+        return {"data_port": self.data_port, "tensorboard": self.tb_url, "report": report, "reports": reports,
+                "returned": {"value": value} if final and value is not None else {}, "feed": feed}
 
     _gpu_checked = 0.0
 
@@ -272,99 +166,47 @@ class Supervisor:
                 self.gpus = fresh
         return self.gpus
 
+    def on_reply(self, cmd: m.BeatCommand) -> None:
+        """Relay the driver's commands to the node process: the end of an epoch, stop."""
+        if cmd.epoch_done > self._sent_epoch:
+            self._sent_epoch = cmd.epoch_done
+            self.send(pipes.EpochDone(epoch=cmd.epoch_done))
+        if cmd.stop and not self._sent_stop:
+            self._sent_stop = True
+            self.send(pipes.Stop())
+
     def run(self) -> int:
         spec = self.await_spec()
         if spec.get("tensorboard"):
             self.start_tensorboard(spec["log_dir"])
-        self.start_child(spec)
-        assert self.child is not None
-        last_ok = time.monotonic()
-        sent_gen, sent_stop = 0, False
-        finished_at: float | None = None
-        outcome = "running"
-        code: int | None = None
         try:
-            while True:
-                code = self.child.poll()
-                with self.lock:
-                    running, finished, error = self.running, self.finished, self.error
-                if finished and code is None:
-                    # The function returned but the process lingers (TensorFlow's
-                    # threads at exit): give it a moment, then end it.
-                    finished_at = finished_at or time.monotonic()
-                    if time.monotonic() - finished_at > 10:
-                        procs.kill_tree(self.child, grace=1)
-                        code = self.child.returncode
-                if code is not None:
-                    outcome = "finished" if (finished and error is None) else "failed"
-                    if outcome == "failed" and error is None:
-                        with self.lock:
-                            self.error = f"the node process {procs.describe_exit(code)}"
-                    break
-                if self.jvm_pid and not procs.pid_alive(self.jvm_pid):
-                    with self.lock:
-                        self.error = f"executor {self.meta.get('executor_id')} (JVM pid {self.jvm_pid}) died"
-                    procs.kill_tree(self.child, grace=1)
-                    code = self.child.returncode
-                    outcome = "failed"
-                    break
-                try:
-                    reply = self._heartbeat("running" if running else "starting")
-                    last_ok = time.monotonic()
-                except (OSError, m.ProtocolError):
-                    if time.monotonic() - last_ok > self.driver_timeout:
-                        procs.kill_tree(self.child, grace=1)
-                        return 2  # the driver is gone; nobody to report to
-                    self.wake.wait(self.hb_interval)
-                    self.wake.clear()
-                    continue
-                cmd = m.BeatCommand.from_dict(reply.body)
-                gen = cmd.epoch_done
-                if gen > sent_gen:
-                    sent_gen = gen
-                    self.send_control({"op": "gen_done", "gen": gen})
-                if cmd.stop and not sent_stop:
-                    sent_stop = True
-                    self.send_control({"op": "stop"})
-                if cmd.kill:
-                    procs.kill_tree(self.child, grace=cmd.grace)
-                    code = self.child.returncode
-                    with self.lock:
-                        done = self.finished and self.error is None
-                    outcome = "finished" if done else "stopped"
-                    break
-                self.wake.wait(self.hb_interval)
-                self.wake.clear()
+            self.start_child(spec)
+            outcome, code = self.supervise()
         finally:
-            if self.child.poll() is None:
-                procs.kill_tree(self.child, grace=1)
+            self.kill(grace=1)
             if self.tensorboard is not None:
                 procs.kill_tree(self.tensorboard, grace=1)
-        # The final report carries the last lines: let the reader reach EOF first.
-        if self._output_thread is not None:
-            self._output_thread.join(timeout=2)
-        for _ in range(3):
-            try:
-                self._heartbeat(outcome, exit_code=code, final=True)
-                break
-            except (OSError, m.ProtocolError):
-                self.wake.wait(0.2)
+        if outcome == "lost":
+            return 2  # the driver is gone; nobody to report to
+        self.join_readers()
+        self.final_heartbeat(outcome, code)
         return 0
 
 
 def main() -> int:
     stdin = sys.stdin.buffer
-    meta = json.loads(read_blob(stdin))
-    blob = read_blob(stdin)
-    out = sys.stdout
+    launch = pipes.read(stdin, pipes.Launch)
+    assert isinstance(launch, pipes.Launch)
+    blob = pipes.read_blob(stdin)
+    out = sys.stdout.buffer
     try:
-        sup = Supervisor(meta, blob)
+        sup = Supervisor(launch.meta, blob)
         sup.register()
     except Exception as exc:  # noqa: BLE001 - reported to the launch task
-        out.write(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        pipes.write(out, pipes.Launched(ok=False, error=f"{type(exc).__name__}: {exc}"))
         out.flush()
         return 1
-    out.write(json.dumps({"ok": True, "pid": os.getpid(), "host": sup.host, "port": sup.port}) + "\n")
+    pipes.write(out, pipes.Launched(ok=True, pid=os.getpid(), host=sup.host, port=sup.port))
     out.flush()
     # The launch task stops listening now; keep nothing pointing at its pipe.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -377,9 +219,8 @@ def main() -> int:
         with sup.lock:
             sup.error = sup.error or f"supervisor: {type(exc).__name__}: {exc}"
         try:
-            sup._heartbeat("failed", final=True)
+            sup.heartbeat("failed", final=True)
         except (OSError, m.ProtocolError):
             pass
-        if sup.child is not None and sup.child.poll() is None:
-            procs.kill_tree(sup.child, grace=1)
+        sup.kill(grace=1)
         return 1

@@ -1,0 +1,169 @@
+"""The executor's child-process owner with real processes (a parallel run's process) and a real control
+server standing in for the driver; no Spark, no TensorFlow."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+
+import cloudpickle
+import pytest
+
+from tfos_nb.runtime.executor.launch import _child_env
+from tfos_nb.runtime.executor.owner import ChildOwner
+from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
+
+from .conftest import wait_until
+
+SECRET = b"k" * 32
+
+# The runs' functions, by value (their module is not importable in the child).
+SOURCE = '''
+import os, subprocess, sys, threading, time
+
+def lingers(args, ctx):
+    print("hello from the run", flush=True)
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with open(args["pidfile"], "w") as f:
+        f.write(str(grandchild.pid))
+    threading.Thread(target=time.sleep, args=(60,)).start()  # keeps the process alive after main returns
+    return {"value": 42}
+
+def exits(args, ctx):
+    print("about to fail", flush=True)
+    os._exit(3)
+
+def sleeps(args, ctx):
+    ctx.report(step=1, loss=0.5)
+    print("sleeping", flush=True)
+    time.sleep(60)
+'''
+FUNCS: dict = {"__name__": "tfos_test_run_functions"}
+exec(compile(SOURCE, "<runs>", "exec"), FUNCS)  # noqa: S102 - test functions pickled by value
+
+
+class Driver:
+    """A control server that records heartbeats and answers them as told."""
+
+    def __init__(self) -> None:
+        self.beats: list[m.Heartbeat] = []
+        self.kill_after_report = False
+        self.lock = threading.Lock()
+        self.server = ControlServer(m.Codec(SECRET, "c1", "driver"), self.handle, "127.0.0.1")
+        self.server.start()
+
+    def handle(self, msg: m.Message) -> m.Reply:
+        assert isinstance(msg, m.Heartbeat)
+        with self.lock:
+            self.beats.append(msg)
+        if self.kill_after_report and msg.report.get("step") == 1:
+            return m.Reply(ok=True, body={"kill": True, "grace": 0.5})
+        return m.Reply(ok=True, body={})
+
+    def states(self) -> list[str]:
+        with self.lock:
+            return [b.state for b in self.beats]
+
+    def logs(self) -> list[str]:
+        with self.lock:
+            return [line for b in self.beats for line in b.logs]
+
+
+@pytest.fixture
+def driver():
+    d = Driver()
+    yield d
+    d.server.stop()
+
+
+def _owner(driver: Driver, fn_name: str, args: dict, tmp_path, driver_timeout: float = 5.0) -> ChildOwner:
+    assert driver.server.address is not None
+    client = ControlClient(m.Codec(SECRET, "c1", "run0"), driver.server.address, timeout=2)
+    owner = ChildOwner(client, 0, "run:0", hb_interval=0.05, driver_timeout=driver_timeout)
+    info = {"index": 0, "num_runs": 1, "cluster_id": "c1", "result_path": str(tmp_path / "result.pkl")}
+    blob = cloudpickle.dumps((FUNCS[fn_name], [args]))
+    owner.start("run", "c1", _child_env({"cluster_id": "c1"}), blob, info)
+    return owner
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie no one reaped yet is dead
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_that_lingers_after_returning_is_ended_with_its_process_group(driver, tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    owner = _owner(driver, "lingers", {"pidfile": str(pidfile)}, tmp_path)
+    owner.linger_s = 0.5
+    try:
+        t0 = time.monotonic()
+        outcome, code = owner.supervise()
+        elapsed = time.monotonic() - t0
+        owner.join_readers()
+        owner.final_heartbeat(outcome, code)
+    finally:
+        owner.kill()
+    assert outcome == "finished" and code is not None and code < 0  # killed, yet its function had finished
+    assert elapsed < 30
+    assert owner.error is None and owner.finished
+    with open(tmp_path / "result.pkl", "rb") as f:
+        assert pickle.load(f) == {"value": 42}
+    assert wait_until(lambda: _gone(int(pidfile.read_text())), timeout=10)
+    assert "hello from the run" in driver.logs()
+    assert driver.states()[-1] == "finished" and "running" in driver.states()
+
+
+def test_a_child_that_dies_fails_with_its_exit_and_last_lines(driver, tmp_path):
+    owner = _owner(driver, "exits", {}, tmp_path)
+    try:
+        outcome, code = owner.supervise()
+        owner.join_readers()
+        owner.final_heartbeat(outcome, code)
+    finally:
+        owner.kill()
+    assert (outcome, code) == ("failed", 3)
+    last = driver.beats[-1]
+    assert last.state == "failed" and last.exit_code == 3
+    assert last.error == "the child process exited with code 3"
+    assert "about to fail" in last.tail
+
+
+def test_the_driver_kills_a_running_child(driver, tmp_path):
+    driver.kill_after_report = True
+    owner = _owner(driver, "sleeps", {}, tmp_path)
+    try:
+        outcome, code = owner.supervise()
+    finally:
+        owner.kill()
+    assert outcome == "stopped" and code is not None and code < 0
+    assert owner.report["step"] == 1 and owner.report["metrics"] == {"loss": 0.5}
+
+
+def test_a_child_whose_driver_is_gone_is_killed(driver, tmp_path):
+    owner = _owner(driver, "sleeps", {}, tmp_path, driver_timeout=0.5)
+    try:
+        assert wait_until(lambda: owner.running, timeout=30)
+        driver.server.stop()
+        outcome, code = owner.supervise()
+    finally:
+        owner.kill()
+    assert outcome == "lost" and code is not None and code < 0
+    assert str(owner.error).startswith("the driver stopped answering for ")
+
+
+def test_a_child_whose_owner_is_gone_kills_its_own_group(driver, tmp_path):
+    owner = _owner(driver, "sleeps", {}, tmp_path)
+    assert owner.child is not None and owner.child.stdin is not None
+    try:
+        assert wait_until(lambda: owner.running, timeout=30)
+        owner.child.stdin.close()  # what the owner's death looks like from the child
+        assert owner.child.wait(timeout=10) == -9
+    finally:
+        owner.kill()
+    assert not os.path.exists(tmp_path / "result.pkl")

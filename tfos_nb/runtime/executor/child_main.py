@@ -1,0 +1,114 @@
+"""The one ``main`` of the processes a :class:`~.owner.ChildOwner` starts (a node's, a parallel run's).
+
+It reads the function blob and :class:`~..protocol.pipes.Start` from stdin, watches
+the owner (stdin closing: the owner is gone, so is this process group), opens the
+report pipe, calls the user's function, prints the user's traceback (from the
+user's frame down), reports how it ended, and gives the exit code.  What differs
+between a node and a run is a :class:`ChildRole`: what it does before the function
+(context, data feed), with the owner's commands, with an error, and with the value.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+from ..protocol import pipes
+from .context import Reporter
+
+# Frames of these modules above the user's function only hide the cause: not printed.
+OWN_MODULES = (__name__, "tfos_nb.runtime.executor.node", "tfos_nb.runtime.executor.run_task",
+               "tfos_nb.magics._cellfn")
+
+
+class ChildRole:
+    """A child process's part: subclassed by the node and the parallel run."""
+
+    what = "the function"  # in "cannot load <what>"
+
+    def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
+        self.info = info
+        self.reporter = reporter
+
+    def on_command(self, cmd: pipes.Frame) -> None:
+        """A command from the owner (its stdin)."""
+
+    def context(self) -> Any:
+        """The function's ``ctx``; sends :class:`~..protocol.pipes.Ready` when the function is about to run."""
+        raise NotImplementedError
+
+    def call(self, fn: Any, args: Any, ctx: Any) -> Any:
+        return fn(args, ctx)
+
+    def on_error(self, error: str) -> None:
+        """The function raised ``error`` (after it was reported)."""
+
+    def cleanup(self) -> None:
+        """After the function, however it ended."""
+
+    def finish(self, value: Any) -> int:
+        """The function returned ``value``: send :class:`~..protocol.pipes.Finished`; the exit code."""
+        self.reporter.send(pipes.Finished())
+        return 0
+
+
+def print_user_traceback(exc: BaseException) -> None:
+    """The traceback from the user's function down: our own calling frames only hide the cause."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_globals.get("__name__") in OWN_MODULES:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def error_line(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
+
+
+def _watch_owner(fd: int, role: ChildRole) -> None:
+    """The owner's commands; EOF means the owner is gone (or closed our stdin to stop us): so is this group."""
+    for cmd in pipes.messages(fd, lambda exc: print(f"tfos_nb: skipped a command: {exc}", file=sys.stderr)):
+        role.on_command(cmd)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def main(role_cls: type[ChildRole]) -> int:
+    import cloudpickle
+
+    stdin = os.fdopen(os.dup(0), "rb", buffering=0)  # unbuffered: the commands after Start stay in the pipe
+    blob = pipes.read_blob(stdin)
+    start = pipes.read(stdin, pipes.Start)
+    assert isinstance(start, pipes.Start)
+    stdin.close()
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - user code must not read the owner's pipe
+    reporter = Reporter(os.fdopen(int(os.environ["TFOS_REPORT_FD"]), "w", buffering=1))
+    role = role_cls(start.info, reporter)
+    threading.Thread(target=_watch_owner, args=(0, role), name="tfos-owner", daemon=True).start()
+    try:
+        fn, args = cloudpickle.loads(blob)
+    except Exception as exc:  # noqa: BLE001 - reported to the driver as the child's error
+        traceback.print_exc()
+        reporter.send(pipes.Failed(error=f"cannot load {role.what}: {type(exc).__name__}: {exc}"))
+        return 1
+    ctx = role.context()
+    value = None
+    try:
+        value = role.call(fn, args, ctx)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from user code is an error too
+        if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+            print_user_traceback(exc)
+            sys.stderr.flush()
+            error = error_line(exc)
+            reporter.send(pipes.Failed(error=error))
+            role.on_error(error)
+            return 1
+    finally:
+        reporter.flush()
+        role.cleanup()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return role.finish(value)

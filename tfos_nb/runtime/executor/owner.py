@@ -1,0 +1,264 @@
+"""The owner of one child process on an executor: a node's TensorFlow process or a parallel run's process.
+
+A :class:`ChildOwner` starts the child (``python -m tfos_nb.runtime node|run``) in a
+session of its own with the function blob and a :class:`~..protocol.pipes.Start` on
+its stdin, captures its output (a tail for errors, batches of lines for heartbeats),
+reads its report pipe, heartbeats the driver until the child ends, is killed, or the
+driver is gone, waits out a process that lingers after its function returned, and
+kills the child's whole process group.  :class:`~.supervisor.Supervisor` (a cluster
+node) and :class:`~.run_task.RunOwner` (a parallel run) are thin specialisations:
+what goes into the child's environment and into a heartbeat, and what a reply asks.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from .. import procs
+from ..protocol import messages as m
+from ..protocol import pipes
+from ..protocol.channel import ControlClient
+
+LOG_BYTES_PER_BEAT = 64 * 1024
+REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats
+REPORTS_KEPT = 20000
+TAIL_LINES = 100
+# A child whose function returned but whose process lingers (TensorFlow's threads at exit) is
+# ended after this long.  The longer of the two values the node and run paths had (10 s, 5 s):
+# no process that used to end on its own is killed now, and no test waits on a lingering one.
+LINGER_S = 10.0
+
+
+def tf_env(env: dict[str, str], meta: dict[str, Any], gpus: list[dict], pin_gpus: bool) -> dict[str, str]:
+    """``env`` plus what every TensorFlow child gets: the cell's env, quiet C++ logs, unbuffered output,
+    the Keras flavour, and its GPUs (``pin_gpus``: CUDA_VISIBLE_DEVICES, empty for none)."""
+    env.update({k: str(v) for k, v in meta.get("env", {}).items()})
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if meta.get("keras", "tf_keras") == "tf_keras":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    if pin_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g["index"]) for g in gpus)
+    return env
+
+
+class ChildOwner:
+    """Owns one child process: its output, its report pipe, the heartbeats about it, its end."""
+
+    process_name = "the child process"  # in errors: "<process_name> exited with code 1"
+    linger_s = LINGER_S
+    keep_history = False  # keep every report of a batch (a cluster's metric history) or only the latest
+    echo_output = False  # copy the child's lines to this process's stderr, tagged with the label
+
+    def __init__(self, client: ControlClient, index: int, label: str, hb_interval: float,
+                 driver_timeout: float, executor_id: str = "", jvm_pid: int | None = None) -> None:
+        self.client = client
+        self.index = index
+        self.label = label
+        self.hb_interval = hb_interval
+        self.driver_timeout = driver_timeout
+        self.executor_id = executor_id
+        self.jvm_pid = jvm_pid  # watched when set: the child dies with its executor
+        self.child: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.pending_logs: collections.deque[str] = collections.deque()
+        self.pending_bytes = 0
+        self.dropped = 0
+        self.report: dict[str, Any] = {}
+        self.reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=REPORTS_KEPT)  # not sent yet
+        self.value: Any = None
+        self.data_port: int | None = None
+        self.error: str | None = None
+        self.running = False
+        self.finished = False
+        self.feed_closed = False  # the function stopped reading data (terminate() or returned)
+        self._readers: list[threading.Thread] = []
+
+    # -- the process ----------------------------------------------------------------------------
+    def start(self, role: str, cluster_id: str, env: dict[str, str], blob: bytes, info: dict[str, Any],
+              pass_fds: tuple[int, ...] = (), cwd: str | None = None) -> None:
+        """Start ``python -m tfos_nb.runtime <role>`` with the blob and ``info`` on its stdin, and read it."""
+        read_fd, write_fd = os.pipe()
+        env["TFOS_REPORT_FD"] = str(write_fd)
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "tfos_nb.runtime", role, cluster_id],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd, *pass_fds),
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        assert self.child.stdin is not None
+        pipes.write_blob(self.child.stdin, blob)
+        pipes.write(self.child.stdin, pipes.Start(info=info))
+        self.child.stdin.flush()  # kept open: its end is the child's signal that its owner is gone
+        for name, target, args in (("output", self._read_output, ()), ("reports", self._read_reports, (read_fd,)),
+                                   ("wait", self._wait_child, ())):
+            t = threading.Thread(target=target, args=args, name=f"tfos-{self.label}-{name}", daemon=True)
+            t.start()
+            self._readers.append(t)
+
+    def send(self, command: pipes.Frame) -> None:
+        """A command to the child (its stdin); lost if the child is gone."""
+        if self.child is None or self.child.stdin is None:
+            return
+        try:
+            pipes.write(self.child.stdin, command)
+            self.child.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+    def kill(self, grace: float = 1) -> int | None:
+        """End the child and its process group (stragglers too, when it exited already); its exit code."""
+        return None if self.child is None else procs.kill_tree(self.child, grace=grace)
+
+    def join_readers(self, timeout: float = 2) -> None:
+        """Let the readers reach EOF (the child is gone): the final heartbeat carries the last lines."""
+        for t in self._readers:
+            t.join(timeout=timeout)
+
+    def _read_output(self) -> None:
+        assert self.child is not None and self.child.stdout is not None
+        for raw in self.child.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")[:4000]
+            if self.echo_output:
+                sys.stderr.write(f"[{self.label}] {line}\n")
+            with self.lock:
+                self.tail.append(line)
+                if self.pending_bytes + len(line) > 4 * LOG_BYTES_PER_BEAT:
+                    self.dropped += 1
+                else:
+                    self.pending_logs.append(line)
+                    self.pending_bytes += len(line)
+        self.child.stdout.close()
+        self.wake.set()
+
+    def _read_reports(self, fd: int) -> None:
+        try:
+            for msg in pipes.messages(fd, self._bad_frame):
+                with self.lock:
+                    if isinstance(msg, pipes.Ready):
+                        self.data_port = msg.data_port
+                        self.running = True
+                    elif isinstance(msg, pipes.Report):
+                        self.report = dict(msg.report)
+                        if self.keep_history:
+                            self.reports.extend(msg.batch or [self.report])
+                    elif isinstance(msg, pipes.Failed):
+                        self.error = str(msg.error)[:2000]
+                    elif isinstance(msg, pipes.Finished):
+                        self.finished = True
+                        self.value = msg.value
+                    elif isinstance(msg, pipes.FeedClosed):
+                        self.feed_closed = True
+                self.wake.set()
+        finally:
+            os.close(fd)
+
+    def _bad_frame(self, exc: pipes.PipeProtocolError) -> None:
+        sys.stderr.write(f"tfos_nb: {self.label}: skipped a frame on the report pipe: {exc}\n")
+
+    def _wait_child(self) -> None:
+        assert self.child is not None
+        self.child.wait()
+        self.wake.set()
+
+    # -- heartbeats -----------------------------------------------------------------------------
+    def beat_fields(self, final: bool) -> dict[str, Any]:
+        """What a specialisation adds to a heartbeat (fields of :class:`~..protocol.messages.Heartbeat`)."""
+        with self.lock:
+            return {"report": dict(self.report)}
+
+    def heartbeat(self, state: str, exit_code: int | None = None, final: bool = False) -> m.Reply:
+        with self.lock:
+            logs, size = [], 0
+            while self.pending_logs and size < LOG_BYTES_PER_BEAT:
+                line = self.pending_logs.popleft()
+                size += len(line)
+                logs.append(line)
+            self.pending_bytes -= size
+            dropped, self.dropped = self.dropped, 0
+            failed = final and state == "failed"
+            error = self.error if state == "failed" else None
+            tail = list(self.tail) if failed else []
+        return self.client.request(
+            m.Heartbeat(node=self.index, state=state, child_pid=self.child.pid if self.child else None,
+                        logs=logs, logs_dropped=dropped, exit_code=exit_code, error=error, tail=tail,
+                        **self.beat_fields(final))
+        )
+
+    def final_heartbeat(self, outcome: str, code: int | None) -> None:
+        for _ in range(3):
+            try:
+                self.heartbeat(outcome, exit_code=code, final=True)
+                return
+            except (OSError, m.ProtocolError):
+                self.wake.wait(0.2)
+
+    def on_reply(self, cmd: m.BeatCommand) -> None:
+        """What a specialisation does with a heartbeat's reply besides ``kill`` (e.g. relay commands)."""
+
+    # -- the loop -------------------------------------------------------------------------------
+    def supervise(self) -> tuple[str, int | None]:
+        """Heartbeat until the child ends, the driver kills it, its executor dies or the driver is gone.
+
+        The outcome: ``finished``, ``failed``, ``stopped`` (killed by the driver before it finished) or
+        ``lost`` (the driver stopped answering; the child is killed, there is nobody to tell).
+        """
+        assert self.child is not None
+        last_ok = time.monotonic()
+        finished_at: float | None = None
+        while True:
+            code = self.child.poll()
+            with self.lock:
+                running, finished, error = self.running, self.finished, self.error
+            if finished and code is None:
+                finished_at = finished_at or time.monotonic()
+                if time.monotonic() - finished_at > self.linger_s:
+                    code = self.kill(grace=1)
+            if code is not None:
+                if finished and error is None:
+                    return "finished", code
+                with self.lock:
+                    self.error = self.error or f"{self.process_name} {procs.describe_exit(code)}"
+                return "failed", code
+            if self.jvm_pid and not procs.pid_alive(self.jvm_pid):
+                with self.lock:
+                    self.error = f"executor {self.executor_id} (JVM pid {self.jvm_pid}) died"
+                return "failed", self.kill(grace=1)
+            try:
+                reply = self.heartbeat("running" if running else "starting")
+                last_ok = time.monotonic()
+            except (OSError, m.ProtocolError):
+                if time.monotonic() - last_ok > self.driver_timeout:
+                    code = self.kill(grace=1)
+                    with self.lock:
+                        self.error = f"the driver stopped answering for {self.driver_timeout:.0f} s"
+                    return "lost", code
+                reply = None
+            if reply is not None:
+                cmd = m.BeatCommand.from_dict(reply.body)
+                self.on_reply(cmd)
+                if cmd.kill:
+                    code = self.kill(grace=cmd.grace)
+                    with self.lock:
+                        done = self.finished and self.error is None
+                    return ("finished" if done else "stopped"), code
+            self.wake.wait(self.hb_interval)
+            self.wake.clear()
