@@ -1,9 +1,10 @@
 """The handle a ``%%tfos_cluster`` cell leaves in the notebook (a :class:`~._run_handle.RunHandle`).
 
 Its thread starts the cluster, feeds the data, waits for the end and starts
-the cluster again after a node failure (``--retries``).  Every call into the
-driver's cluster is in ``_start_cluster``, ``_cancel_start``, ``_stop_job``
-and ``_teardown``.  Nothing here imports IPython.
+the cluster again after a node failure (``--retries``).  Every call that
+starts, cancels, stops or closes the driver's cluster is in ``_start_job``,
+``_cancel_start``, ``_stop_job`` and ``_close_cluster`` (the seams to the
+driver's job API).  Nothing here imports IPython.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class ClusterHandle(RunHandle):
         self._states: list[tuple[int, S.ClusterState]] = []  # (attempt, its cluster state), for history
 
     # -- the job: every call into the driver's cluster ------------------------------------
-    def _start_cluster(self) -> TFCluster:
+    def _start_job(self) -> TFCluster:
         kwargs = dict(self._run_kwargs)
         kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt))
         return self._run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
@@ -114,20 +115,20 @@ class ClusterHandle(RunHandle):
         with self._lock:
             cluster = self._cluster
             if cluster is not None and self._stopper is None:
-                self._stopper = threading.Thread(target=self._teardown, args=(cluster,),
+                self._stopper = threading.Thread(target=self._close_cluster, args=(cluster,),
                                                  name=f"tfos-stop-{self.name}", daemon=True)
                 self._stopper.start()
         if cluster is None:
             self._cancel_start(reason)
 
     @staticmethod
-    def _teardown(cluster: TFCluster) -> None:
+    def _close_cluster(cluster: TFCluster) -> None:
         """Kill the cluster's nodes and close its server (returns at once while another thread does it)."""
         cluster._teardown()
 
     def _close_job(self) -> None:
         if self._live is not None:
-            self._teardown(self._live)
+            self._close_cluster(self._live)
         with self._lock:
             stopper = self._stopper
         if stopper is not None:
@@ -147,7 +148,7 @@ class ClusterHandle(RunHandle):
                 if self._stop_reason is not None or self.attempt > self.retries:
                     raise
                 if self._live is not None:
-                    self._teardown(self._live)
+                    self._close_cluster(self._live)
                     self._live = None
                 self.failures.append(first_line(exc))
                 self.attempt += 1
@@ -158,7 +159,7 @@ class ClusterHandle(RunHandle):
         """One start → train → shutdown; the cluster is kept in ``_cluster`` for stop()."""
         with self._lock:
             self._cluster = None
-        cluster = self._start_cluster()
+        cluster = self._start_job()
         with self._lock:
             self._cluster = cluster
             stopping = self._stop_reason is not None
@@ -168,7 +169,7 @@ class ClusterHandle(RunHandle):
                     cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
                 cluster.shutdown(timeout=self.timeout or 259200)
         except BaseException:
-            self._teardown(cluster)
+            self._close_cluster(cluster)
             raise
         return cluster
 

@@ -193,8 +193,8 @@ class TFOSMagics(Magics):
             return
         try:
             handle.wait()
-        except ClusterFailed as exc:
-            cause = exc.__cause__
+        except ClusterFailed:
+            cause = handle.error  # wait() raises the wrapper ``from None``: its __cause__ is gone
             if isinstance(cause, RuntimeError) and str(cause).startswith("not enough executors"):
                 raise usage(str(cause)) from None
             raise

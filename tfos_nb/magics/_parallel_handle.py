@@ -2,7 +2,7 @@
 
 Its thread starts the runs (:mod:`tfos_nb.runtime.driver.parallel`) and waits
 for them; ``best``, ``results``, ``values`` and ``table()`` read their results.
-Every call into the driver's ``ParallelRuns`` is in ``_start_runs``,
+Every call into the driver's ``ParallelRuns`` is in ``_start_job``,
 ``_stop_job`` and ``_close_job``.  Nothing here imports IPython.
 """
 
@@ -60,7 +60,7 @@ class ParallelHandle(RunHandle):
         self._runs: P.ParallelRuns | None = None
 
     # -- the job: every call into the driver's ParallelRuns ---------------------------------
-    def _start_runs(self) -> P.ParallelRuns:
+    def _start_job(self) -> P.ParallelRuns:
         return self._start(self._sc, self._fn, self._runs_args, len(self._runs_args), self._use_barrier,
                            name=self.name, env=self._env, log_callback=self._on_log, on_state=self._on_state,
                            per_run=True, params=self.params, metric=self.metric, mode=self.mode)
@@ -75,7 +75,7 @@ class ParallelHandle(RunHandle):
             self._runs.close()
 
     def _run_job(self) -> None:
-        runs = self._start_runs()
+        runs = self._start_job()
         with self._lock:
             self._runs = runs
             stop = self._stop_reason

@@ -9,10 +9,11 @@ printed); a ``--background`` cell just returns the handle.
 cluster (:mod:`._cluster_handle`) and the runs of a ``%%tfos_parallel`` cell
 (:mod:`._parallel_handle`): the thread, stop/shutdown/wait/join, the
 observers (a --background panel), the nodes' output, the snapshot queries.
-A subclass supplies the job: ``_run_job()`` (start it and wait for its end, in
-the handle's thread), ``_stop_job(reason)`` (stop it from any thread),
-``_close_job()`` (tear it down), ``status()`` and ``_node_logs()``.  Every
-call into the driver's job object is in those methods of the subclass.
+A subclass supplies the job: ``_run_job()`` (start it with ``_start_job()`` and
+wait for its end, in the handle's thread), ``_stop_job(reason)`` (stop it from
+any thread; a cluster still starting is cancelled), ``_close_job()`` (tear it
+down), ``status()`` and ``_node_logs()``.  Every call that starts, cancels,
+stops or closes the driver's job is in those few methods of the subclass.
 
 ``RunFailed`` is the magics' error family: a job's error shown as the node's
 error alone (role:index, host, the tail of its output), without the frames of
