@@ -119,7 +119,6 @@ def main() -> int:
         if t >= opts.seconds:
             break
         renderer.update(view(t, opts.rate, opts.nodes, opts.seconds), JobProgress(int(t), int(opts.seconds)))
-        renderer.tick()
         calls += 1
         if opts.real:
             time.sleep(1 / reports)

@@ -6,7 +6,8 @@ import pytest
 
 from tfos_nb.runtime import columns as C
 from tfos_nb.runtime import results as R
-from tfos_nb.runtime.executor.feed import DataFeed, DataServer, FeedHub
+from tfos_nb.runtime.executor.feed import DataFeed
+from tfos_nb.runtime.executor.feed_hub import DataServer, FeedHub
 from tfos_nb.runtime.protocol import dataplane as dp
 
 SECRET = b"k" * 32

@@ -1,5 +1,5 @@
 from tests import fake_nvidia_smi
-from tfos_nb.runtime.executor import gpus
+from tfos_nb.runtime import gpus
 
 
 def test_query_parses_csv_with_long_model_names(tmp_path, monkeypatch):

@@ -21,24 +21,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "tfos_nb"
 
 MAX_LINES = 400
-#: modules over MAX_LINES today (issue 13): the redesign splits them; remove each entry as it is split
-KNOWN_LARGE = {
-    "tfos_nb/magics/_handle.py",
-    "tfos_nb/magics/_magics.py",
-    "tfos_nb/magics/_parallel.py",
-    "tfos_nb/runtime/driver/cluster.py",
-    "tfos_nb/runtime/driver/parallel.py",
-    "tfos_nb/runtime/executor/feed.py",
-    "tfos_nb/runtime/executor/parallel_task.py",
-    "tfos_nb/tensorboard.py",
-}
+#: modules allowed over MAX_LINES (none since issue 13's redesign: split a module before it grows past it)
+KNOWN_LARGE: set[str] = set()
 
-#: dependency cycles known today (issue 13) that an import inside a function hides from Python's
-#: import machinery; each a frozenset of modules; remove each once broken
-KNOWN_CYCLES = {
-    # tfnode.py (TFNode's face) imports context.py; context.py imports tfnode.py inside a function
-    frozenset({"tfos_nb.runtime.executor.context", "tfos_nb.runtime.executor.tfnode"}),
-}
+#: dependency cycles allowed (none since issue 13), including ones an import inside a function hides
+#: from Python's import machinery; each a frozenset of modules
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 @dataclass(frozen=True)
@@ -172,7 +160,7 @@ RUNTIME = "tfos_nb.runtime"
 DRIVER = "tfos_nb.runtime.driver"
 EXECUTOR = "tfos_nb.runtime.executor"
 PROTOCOL = "tfos_nb.runtime.protocol"
-SHARED = tuple(f"tfos_nb.runtime.{m}" for m in ("args", "columns", "net", "procs", "results", "util"))
+SHARED = tuple(f"tfos_nb.runtime.{m}" for m in ("args", "columns", "gpus", "net", "procs", "results", "util"))
 
 
 # -- the scanner itself -------------------------------------------------------------------------
@@ -223,12 +211,8 @@ def test_protocol_imports_neither_side():
     assert violations(IMPORTS, (PROTOCOL,), (DRIVER, EXECUTOR)) == []
 
 
-#: shared runtime modules that import a side today (issue 13): remove each once fixed
-KNOWN_SHARED_TO_SIDE = {
-    # TensorFlowOnSpark's util.single_node_env picks GPUs with executor/gpus.py: gpus is host-level
-    # and belongs with the shared modules (or util with the executor)
-    "tfos_nb.runtime.util:10 imports tfos_nb.runtime.executor.gpus",
-}
+#: shared runtime modules allowed to import a side (none since issue 13)
+KNOWN_SHARED_TO_SIDE: set[str] = set()
 
 
 def test_shared_runtime_modules_import_neither_side():

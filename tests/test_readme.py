@@ -90,11 +90,10 @@ def _table_row(magic: str) -> str:
 
 def test_magics_table_lists_every_option_and_every_setting():
     from tfos_nb.magics._magics import TFOSMagics
-    from tfos_nb.magics._parallel import tfos_parallel
     from tfos_nb.tbproxy._handlers import TensorBoardProxy
 
     magics = {
-        "%%tfos_cluster": TFOSMagics.tfos_cluster, "%%tfos_parallel": tfos_parallel, "%tfos_logs": TFOSMagics.tfos_logs,
+        "%%tfos_cluster": TFOSMagics.tfos_cluster, "%%tfos_parallel": TFOSMagics.tfos_parallel, "%tfos_logs": TFOSMagics.tfos_logs,
         "%tfos_shutdown": TFOSMagics.tfos_shutdown, "%tfos_tensorboard": TFOSMagics.tfos_tensorboard,
     }
     for magic, func in magics.items():

@@ -104,9 +104,9 @@ def test_namespace_copies_and_pickles_as_a_value():
 
 def test_magic_args_are_built_with_the_shared_namespace():
     """%%tfos_cluster's --args/--epochs and %%tfos_parallel's grid use this one class (end to end: test_magics)."""
-    from tfos_nb.magics import _magics, _parallel
+    from tfos_nb.magics import _cell_options, _magics
 
-    assert _magics.Namespace is Namespace and _parallel.Namespace is Namespace
+    assert _magics.Namespace is Namespace and _cell_options.Namespace is Namespace
 
 
 # -- pipeline: TensorFlowOnSpark's public names, TFParams, constructor forms, every Param -------------

@@ -146,10 +146,10 @@ def test_renderer_throttles_coalesces_and_always_flushes_the_final_state():
         clock.t = i / 1000
         r.update(cluster(node(step=i)))
     assert len(rec.shown) == 2  # t=0 and t=0.5
-    assert rec.shown[-1]["rows"][0]["step"] == "500"
+    assert rec.shown[-1]["rows"][0]["step"] == "500"  # step 999 waits (coalesced), not pushed before its time
     clock.t = 1.2
-    r.tick()  # the coalesced latest snapshot goes out once its time has come
-    assert rec.shown[-1]["rows"][0]["step"] == "999"
+    r.update(cluster(node(step=999)))  # the next snapshot after the interval goes out at once
+    assert len(rec.shown) == 3 and rec.shown[-1]["rows"][0]["step"] == "999"
     r.update(cluster(node(step=1000)))
     r.finish(cluster(node("finished", step=1000), state="finished"))
     r.finish(cluster(node("failed"), state="failed"))  # idempotent
@@ -320,7 +320,6 @@ def test_widget_throttling_bound_at_1000_steps_per_second(test_comm):
             cluster(node(step=i, total_steps=seconds * rate, steps_per_sec=float(rate), metrics={"loss": 1 / (i + 1)})),
             JobProgress(i // 1000, 10),
         )
-        r.tick()
     live = list(test_comm.sent)
     per_second = [sum(1 for t, _ in live if int(t) == s) for s in range(seconds)]
     assert all(n <= 2 for n in per_second), per_second
@@ -358,13 +357,18 @@ def test_widget_stop_button_calls_the_magics_callback(test_comm):
     assert blocking.disabled and "■" in blocking.tooltip
 
 
-def test_make_renderer_kinds():
+def test_make_renderer_kinds(test_comm):
     assert make_renderer("none") is None
     assert isinstance(make_renderer("text").backend, TextBackend)
     assert isinstance(make_renderer("html").backend, HtmlBackend)
     with pytest.raises(ValueError):
         make_renderer("auto")
-    assert WidgetBackend  # imported lazily by make_renderer("widget")
+    widget = make_renderer("widget", display=FakeDisplay())  # WidgetBackend: imported lazily by make_renderer
+    assert isinstance(widget.backend, WidgetBackend)
+    widget.start("digits")
+    widget.update(cluster(node(step=7, total_steps=30)))
+    table = widget.backend.panel.table.value  # the panel's table shows the view given
+    assert "chief:0" in table and ">running</span>" in table and "7/30" in table
 
 
 def test_dataclass_views_are_frozen():
@@ -385,7 +389,7 @@ def ip():
 
 
 class FakeHandle:
-    """What ``_follow`` reads of a ClusterHandle: a run that goes reserving → running → finished."""
+    """What ``_cell_panel.follow`` reads of a ClusterHandle: a run that goes reserving → running → finished."""
 
     name = "digits"
     lines = None
@@ -415,6 +419,7 @@ def _run_follow(ip, renderer, views, monkeypatch):
     from IPython.core.displaypub import CapturingDisplayPublisher
 
     import tfos_nb.widgets
+    from tfos_nb.magics import _cell_panel
 
     pub = CapturingDisplayPublisher()
     monkeypatch.setattr(ip, "display_pub", pub)
@@ -423,7 +428,7 @@ def _run_follow(ip, renderer, views, monkeypatch):
     monkeypatch.setattr(tfos_nb.widgets, "make_renderer", lambda kind, **kw: real_make_renderer(kind, clock=clock, **kw))
     ip.run_line_magic("config", f'TFOSMagics.renderer = "{renderer}"')
     try:
-        ip.magics_manager.registry["TFOSMagics"]._follow(FakeHandle(views, clock))
+        _cell_panel.follow(ip.magics_manager.registry["TFOSMagics"], FakeHandle(views, clock))
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     return pub.outputs

@@ -9,15 +9,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["ClusterFailed", "ClusterHandle", "ParallelFailed", "ParallelHandle", "TFOSMagics", "load_ipython_extension",
-           "spark_session", "unload_ipython_extension"]
+__all__ = ["ClusterFailed", "ClusterHandle", "ParallelFailed", "ParallelHandle", "RunFailed", "RunHandle", "TFOSMagics",
+           "load_ipython_extension", "spark_session", "unload_ipython_extension"]
 
 _LAZY = {
     "TFOSMagics": "._magics",
-    "ClusterHandle": "._handle",
-    "ClusterFailed": "._handle",
-    "ParallelHandle": "._parallel",
-    "ParallelFailed": "._parallel",
+    "ClusterHandle": "._cluster_handle",
+    "ClusterFailed": "._cluster_handle",
+    "ParallelHandle": "._parallel_handle",
+    "ParallelFailed": "._parallel_handle",
+    "RunHandle": "._run_handle",
+    "RunFailed": "._run_handle",
     "spark_session": "._spark",
 }
 

@@ -1,57 +1,34 @@
-"""``%%tfos_cluster``, ``%tfos_status``, ``%tfos_shutdown``, ``%tfos_logs``."""
+"""The magics: ``%%tfos_cluster``, ``%%tfos_parallel``, ``%tfos_status``, ``%tfos_shutdown``, ``%tfos_logs``,
+``%tfos_tensorboard`` (the options and their checks; the handles run the jobs, :mod:`._cell_panel` shows them)."""
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import keyword
 import os
-import sys
-import threading
-import time
-import types
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Enum, Float, Integer, Unicode
 
-from ..runtime.args import Namespace
-from ..runtime.driver import state as S
+from ..runtime.driver import parallel as P
 from ..runtime.driver.start import add_start_listener, remove_start_listener
-from ..widgets import JobProgress
-from . import _parallel, _render
+from . import _cell_panel, _render
+from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, usage
 from ._cellfn import CellError, build
-from ._handle import ClusterFailed, ClusterHandle
-from ._quiet import quiet_lines
-from ._spark import (
-    CONNECT_MSG,
-    SparkUnusable,
-    embedded_notice,
-    expected_slots,
-    find_spark_context,
-    job_groups,
-    job_progress,
-    start_embedded,
-)
+from ._cluster_handle import ClusterFailed, ClusterHandle
+from ._parallel_handle import ParallelHandle
+from ._run_handle import RunHandle
+from ._spark import spark_for_cell
 
-PROGRESS_INTERVAL_S = 1.0  # Spark job progress is polled (py4j calls) at most once a second
-BLOCKING_STOP_HINT = "This cell is running: interrupt the kernel (■) to stop the cluster"
-INTERRUPT_GRACE_S = 15.0
-
-
-def _usage(msg: str) -> UsageError:
-    return UsageError(msg)
+DEFAULT_PARALLEL_NAME = "_tfos_parallel"
 
 
 @magics_class
 class TFOSMagics(Magics):
     """Run a notebook cell as a distributed TensorFlow cluster on Spark executors."""
 
-    default_workers = Integer(2, help="Training nodes (chief + workers) when a cell gives no --workers.").tag(
-        config=True
-    )
+    default_workers = Integer(2, help="Training nodes (chief + workers) when a cell gives no --workers.").tag(config=True)
     renderer = Enum(
         ["auto", "widget", "html", "text", "none"],
         "auto",
@@ -89,37 +66,14 @@ class TFOSMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self.handles: dict[str, ClusterHandle] = {}
+        self.handles: dict[str, RunHandle] = {}
         self._local_tensorboards: dict[str, Any] = {}
         atexit.register(self.shutdown_all)
         add_start_listener(self._api_cluster_started)
 
     def _api_cluster_started(self, job: Any) -> None:
         """A panel for a cluster started by a Python call in a cell (not by %%tfos_cluster's own thread)."""
-        st: S.ClusterState = job.state
-        if not self.api_panels or threading.current_thread() is not threading.main_thread():
-            return
-        from ..widgets import choose_renderer, make_renderer
-
-        kind = choose_renderer(self.renderer, self.shell)
-        if kind not in ("widget", "html"):
-            return  # text lines from listener threads would land in whatever cell runs then
-        try:
-            renderer = make_renderer(kind)
-        except ImportError:
-            renderer = make_renderer("html")
-        assert renderer is not None
-        renderer.start(st.name)
-
-        def on_change(state: S.ClusterState) -> None:
-            view = state.snapshot()
-            if view.state in (S.C_FINISHED, S.C_FAILED, S.C_STOPPED):
-                state.remove_listener(on_change)
-                renderer.finish(view)
-            else:
-                renderer.update(view)
-
-        st.add_listener(on_change)
+        _cell_panel.api_cluster_panel(self, job.state)
 
     def detach(self) -> None:
         """Stop showing panels for API-started clusters (``%unload_ext``)."""
@@ -189,247 +143,170 @@ class TFOSMagics(Magics):
         ns = self.shell.user_ns
         workers = self.default_workers if opts.workers is None else opts.workers
         if workers < 1:
-            raise _usage(f"--workers must be at least 1, got {workers}")
+            raise usage(f"--workers must be at least 1, got {workers}")
         if opts.ps < 0:
-            raise _usage(f"--ps must be 0 or more, got {opts.ps}")
+            raise usage(f"--ps must be 0 or more, got {opts.ps}")
         if opts.retries < 0:
-            raise _usage(f"--retries must be 0 or more, got {opts.retries}")
+            raise usage(f"--retries must be 0 or more, got {opts.retries}")
         timeout = self.timeout if opts.timeout is None else opts.timeout
-        if timeout is not None and timeout <= 0:
-            raise _usage(f"--timeout must be more than 0 seconds, got {timeout:g}")
+        check_timeout(timeout)
         name = opts.name
-        if not name.isidentifier() or keyword.iskeyword(name):
-            raise _usage(f"--name {name}: not a valid Python variable name")
-        if name in ns and not isinstance(ns[name], ClusterHandle):
-            raise _usage(
-                f"--name {name}: `{name}` is already defined in the notebook (type {type(ns[name]).__name__}); "
-                "choose another --name"
-            )
+        check_name(name, ns, self.handles.get(name))
         mode = opts.input_mode or ("spark" if opts.data else "tensorflow")
         data = None
         if mode == "spark":
             if not opts.data:
-                raise _usage("--input-mode spark needs --data VAR (a DataFrame or RDD to feed)")
-            data = self._data(opts.data)
+                raise usage("--input-mode spark needs --data VAR (a DataFrame or RDD to feed)")
+            data = data_var(ns, opts.data)
             if getattr(data, "isStreaming", False) and opts.epochs is not None:
-                raise _usage(f"--epochs does not apply to a streaming --data {opts.data}: a stream is one "
+                raise usage(f"--epochs does not apply to a streaming --data {opts.data}: a stream is one "
                              "unbounded epoch, fed until the query ends or the cluster is stopped")
         elif opts.data:
-            raise _usage("--data is fed only with --input-mode spark")
-        args = self._args(opts.args, opts.epochs)
+            raise usage("--data is fed only with --input-mode spark")
+        values = cell_args(opts.args, ns)
+        if opts.epochs is not None:
+            values["epochs"] = opts.epochs
+        values.setdefault("epochs", 1)
+        args = Namespace(values)  # args.epochs and args["epochs"], like the dict or namespace the user gave
         epochs = args.epochs
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-            raise _usage(f"--epochs must be at least 1, got {epochs!r}")
+            raise usage(f"--epochs must be at least 1, got {epochs!r}")
         nodes = workers + opts.ps + (1 if opts.evaluator else 0)
         try:
             fn, _ = build(cell, ns, name)
         except CellError as exc:
-            raise _usage(str(exc)) from None
+            raise usage(str(exc)) from None
 
-        old = self.handles.get(name)
-        if old is not None and not old.done:
-            print(f"tfos_nb: stopping the running cluster {name} first")
-            old.shutdown()
-        sc = self._spark(nodes)
-        env = self._env()
+        self._stop_running(name, f"cluster {name}")
+        sc = spark_for_cell(ns, self.spark_master_local, nodes)
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps,
                                evaluator=opts.evaluator, data=data, epochs=epochs, tensorboard=opts.tensorboard,
-                               log_dir=opts.logdir, env=env, timeout=timeout, background=opts.background,
+                               log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
                                retries=opts.retries)
-        self.handles[name] = handle
-        ns[name] = handle
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
             from .. import tensorboard as tb
 
             handle.add_observer(tb.ClusterRoute())
-        if opts.background:
-            self._panel_in_background(handle)
-        handle.start()
-        if opts.background:
-            print(f"tfos_nb: {name} runs in the background ({nodes} nodes); {name}.wait() waits for it, "
-                  f"%tfos_status shows it, %tfos_shutdown {name} stops it")
+        if self._launch(handle, f"({nodes} nodes); {name}.wait() waits for it, %tfos_status shows it, "
+                        f"%tfos_shutdown {name} stops it"):
             return
-        self._follow(handle)
         try:
             handle.wait()
-        except ClusterFailed as exc:
-            cause = exc.__cause__
+        except ClusterFailed:
+            cause = handle.error  # wait() raises the wrapper ``from None``: its __cause__ is gone
             if isinstance(cause, RuntimeError) and str(cause).startswith("not enough executors"):
-                raise _usage(str(cause)) from None
+                raise usage(str(cause)) from None
             raise
 
-    # %%tfos_parallel: N independent runs (a sweep); see _parallel.py
-    tfos_parallel = cell_magic(_parallel.tfos_parallel)
+    # -- %%tfos_parallel: N independent runs (a sweep) -------------------------------------
+    @no_var_expand
+    @magic_arguments()
+    @argument("--runs", type=int, default=None, metavar="N", help="number of runs (default: one per --grid entry)")
+    @argument("--grid", metavar="VAR", help="a list of dicts in the notebook: run i gets entry i as `args`")
+    @argument("--args", metavar="EXPR",
+              help="a dict or namespace (a Python expression, quoted if it has spaces) every run gets; grid entries "
+              "override its keys")
+    @argument("--metric", metavar="NAME",
+              help="rank the runs by this metric (default: val_accuracy, accuracy, val_loss or loss, the first reported)")
+    @argument("--mode", choices=["max", "min"], default=None,
+              help="whether the best run has the largest or smallest --metric (default: min for losses/errors, else max)")
+    @argument("--name", default=DEFAULT_PARALLEL_NAME,
+              help=f"notebook variable for the runs' handle (default {DEFAULT_PARALLEL_NAME})")
+    @argument("--no-barrier", action="store_true",
+              help="never gang-schedule the runs (by default they start together when there is a slot per run)")
+    @argument("--background", action="store_true", help="return at once; the handle's wait() waits")
+    @argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop the runs if they take longer")
+    @cell_magic
+    def tfos_parallel(self, line: str, cell: str) -> None:
+        """Run this cell as N independent TensorFlow runs on Spark executors (a hyper-parameter sweep).
 
-    # -- helpers of %%tfos_cluster ----------------------------------------------------
-    def _data(self, var: str) -> Any:
+        The cell is the body of a function ``(args, ctx)``; run ``i`` gets entry
+        ``i`` of the ``--grid`` list of dicts as ``args`` (``args.learning_rate``
+        or ``args["learning_rate"]``), merged over ``--args``.  There is no cluster
+        between the runs: each is a fresh single-node TensorFlow process.  A run
+        reports metrics with ``ctx.report(**metrics)`` or
+        ``ctx.progress_callback()``, and may ``return`` a dict of results.
+        ``ctx.worker_num`` is the run's index, ``ctx.num_workers`` the number of runs.
+
+        The panel shows one row per run (its parameters, state, metrics), the best
+        finished run by ``--metric``/``--mode`` starred.  A run's error stops the
+        others and ends the cell with that run's message; ■ (interrupt) stops them
+        all.  The handle (``--name``, default ``_tfos_parallel``) has ``best``,
+        ``results`` (grid order), ``values``, ``table()``, ``wait()``,
+        ``shutdown()``, ``logs()``.  With fewer Spark task slots than runs the
+        runs go in waves.
+
+        Example::
+
+            grid = [{"learning_rate": lr} for lr in (0.001, 0.003, 0.01, 0.03)]
+
+            %%tfos_parallel --grid grid --metric val_accuracy --name sweep
+            model = build_model(args.learning_rate)
+            hist = model.fit(x, y, validation_split=0.2, epochs=5, callbacks=[ctx.progress_callback()])
+            return {"val_accuracy": hist.history["val_accuracy"][-1]}
+        """
+        opts = parse_argstring(self.tfos_parallel, line)
         ns = self.shell.user_ns
-        if var not in ns:
-            raise _usage(f"--data {var}: no such variable in the notebook")
-        value = ns[var]
-        if type(value).__module__.startswith("pyspark.sql.connect"):
-            raise _usage(f"--data {var}: {CONNECT_MSG}")
+        params = grid(opts.grid, ns) if opts.grid else None
+        if opts.runs is not None and opts.runs < 1:
+            raise usage(f"--runs must be at least 1, got {opts.runs}")
+        if params is None and opts.runs is None:
+            raise usage("give --runs N, or --grid VAR (a list of dicts, one per run)")
+        if params is not None and opts.runs is not None and opts.runs != len(params):
+            raise usage(f"--runs {opts.runs} but --grid {opts.grid} has {len(params)} entries; give one, or make them agree")
+        n = len(params) if params is not None else opts.runs
+        check_timeout(opts.timeout)
+        if opts.metric is not None and not opts.metric.strip():
+            raise usage("--metric needs a metric name")
+        name = opts.name
+        check_name(name, ns, self.handles.get(name))
+        base = cell_args(opts.args, ns)
+        runs_args = [Namespace({**base, **(params[i] if params else {})}) for i in range(n)]
         try:
-            from pyspark import RDD
-            from pyspark.sql import DataFrame
-        except ImportError:  # pragma: no cover - pyspark is a dependency
-            raise _usage("--data needs pyspark installed") from None
-        if not isinstance(value, (DataFrame, RDD)):
-            raise _usage(f"--data {var}: expected a Spark DataFrame or RDD, got {type(value).__name__}")
-        return value
+            fn, _ = build(cell, ns, name, magic="tfos_parallel")
+        except CellError as exc:
+            raise usage(str(exc)) from None
 
-    def _args(self, expr: str | None, epochs: int | None) -> Namespace:
-        values: dict[str, Any] = {}
-        if expr and len(expr) >= 2 and expr[0] == expr[-1] and expr[0] in "'\"":
-            expr = expr[1:-1]  # IPython's argument splitter keeps the quotes
-        if expr:
-            try:
-                given = eval(expr, self.shell.user_ns)  # noqa: S307 - the user's own notebook expression
-            except Exception as exc:  # noqa: BLE001
-                raise _usage(f"--args {expr}: {type(exc).__name__}: {exc}") from None
-            if isinstance(given, dict):
-                values = dict(given)
-            elif isinstance(given, (types.SimpleNamespace, argparse.Namespace, Namespace)):
-                values = dict(vars(given))
-            else:
-                raise _usage(f"--args must be a dict or a namespace, got {type(given).__name__}")
-            bad = [k for k in values if not isinstance(k, str) or not k.isidentifier()]
-            if bad:
-                raise _usage(f"--args keys must be names usable as attributes, got {bad[0]!r}")
-        if epochs is not None:
-            values["epochs"] = epochs
-        values.setdefault("epochs", 1)
-        return Namespace(values)  # args.epochs and args["epochs"], like the dict or namespace the user gave
-
-    def _spark(self, nodes: int) -> Any:
-        from ..runtime.driver.start import available_slots
-
-        try:
-            sc = find_spark_context(self.shell.user_ns)
-            if sc is None:
-                print(embedded_notice(self.spark_master_local.format(n=nodes)))
-                spark = start_embedded(nodes, self.spark_master_local)
-                self.shell.user_ns.setdefault("spark", spark)
-                return spark.sparkContext
-        except SparkUnusable as exc:
-            raise _usage(str(exc)) from None
-        slots, executors = available_slots(sc)
-        if slots < nodes:
-            expected = expected_slots(sc)
-            if expected is not None and expected < nodes:
-                raise _usage(
-                    f"{nodes} nodes need {nodes} Spark task slots; this Spark application has {expected} "
-                    f"({sc.master}): lower --workers/--ps, or give Spark more executors"
-                )
-        return sc
-
-    def _env(self) -> dict[str, str]:
-        env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
-        if self.tf_threads > 0:
-            env.update(
-                TF_NUM_INTRAOP_THREADS=str(self.tf_threads),
-                TF_NUM_INTEROP_THREADS=str(self.tf_threads + 1),
-                OMP_NUM_THREADS=str(self.tf_threads),
-            )
-        return env
-
-    def _renderer(self, background: bool, on_stop: Any = None) -> Any:
-        from ..widgets import choose_renderer, make_renderer
-
-        kind = choose_renderer(self.renderer, self.shell)
-        if background and kind == "text":
-            return None  # lines printed from another thread would land in whatever cell runs then
-        try:
-            # a blocking cell's final table is a new output at its end (its own thread), shown by every front-end
-            return make_renderer(kind, on_stop=on_stop, stop_hint="" if background else BLOCKING_STOP_HINT,
-                                 new_final_output=not background)
-        except ImportError as exc:
-            if self.renderer == "widget":
-                raise _usage(str(exc)) from None
-            return make_renderer("html", new_final_output=not background)
-
-    def _panel_in_background(self, handle: ClusterHandle) -> None:
-        """A --background cell's panel: fed by the handle's observer (no Spark progress: no poller thread)."""
-        renderer = self._renderer(True, on_stop=lambda: handle.stop("stopped from the panel"))
-        if renderer is None:
+        self._stop_running(name, name)
+        sc = spark_for_cell(ns, self.spark_master_local, 0, embedded_slots=max(1, min(n, os.cpu_count() or 1)))
+        handle = ParallelHandle(name, sc=sc, fn=fn, runs_args=runs_args, params=params, env=node_env(self.tf_threads),
+                                metric=opts.metric, mode=opts.mode, use_barrier=False if opts.no_barrier else None,
+                                timeout=opts.timeout, background=opts.background)
+        if self._launch(handle, f"({n} runs); {name}.wait() waits for them, %tfos_status shows them, "
+                        f"%tfos_shutdown {name} stops them"):
             return
-        renderer.start(handle.name)
+        handle.wait()
+        best = handle.best
+        if best is not None:
+            metric = handle.metric or P.default_metric([r.metrics for r in handle.results])
+            given = P.describe_args(params[best.index]) if params else ""
+            print(f"tfos_nb: best of {n} runs: {best.label}" + (f" ({given})" if given else "")
+                  + f": {metric} {best.metrics.get(metric)}; {name}.best, {name}.table()")
+        else:
+            print(f"tfos_nb: {n} runs finished; {name}.results, {name}.values")
 
-        def observe(view: Any, final: bool) -> None:
-            if final:
-                renderer.finish(view)
-            else:
-                renderer.update(view)
+    # -- what both cell magics share ----------------------------------------------------
+    def _stop_running(self, name: str, what: str) -> None:
+        old = self.handles.get(name)
+        if old is not None and not old.done:
+            print(f"tfos_nb: stopping the running {what} first")
+            old.shutdown()
 
-        handle.add_observer(observe)
+    def _launch(self, handle: RunHandle, in_background: str) -> bool:
+        """Start the cell's handle; True for a --background cell (it has returned), else the run has ended."""
+        self.handles[handle.name] = handle
+        self.shell.user_ns[handle.name] = handle
+        if handle.background:
+            self._panel_in_background(handle)
+        handle.start()
+        if handle.background:
+            print(f"tfos_nb: {handle.name} runs in the background {in_background}")
+            return True
+        _cell_panel.follow(self, handle)
+        return False
 
-    def _follow(self, handle: ClusterHandle) -> None:
-        """Watch a blocking cell's run from the main thread: print output, render the panel, take ■."""
-        renderer = self._renderer(False)
-        if renderer is not None:
-            renderer.start(handle.name)
-        progress = None
-        next_progress = 0.0
-        tensorboard = None
-
-        def render(final: bool = False) -> None:
-            nonlocal progress, next_progress
-            if renderer is None:
-                return
-            view = handle.final_status() if final else handle.status()
-            if view is None:
-                return
-            now = time.monotonic()
-            if final or now >= next_progress:
-                next_progress = now + PROGRESS_INTERVAL_S
-                numbers = job_progress(handle.sc, job_groups(view.job_group, view.feed_epoch))
-                if numbers is not None:
-                    progress = JobProgress(*numbers)
-            if final:
-                renderer.finish(view, progress)
-            else:
-                renderer.update(view, progress)
-
-        try:
-            while not handle.join(0.1):
-                self._drain(handle)
-                if tensorboard is None and handle.tensorboard_url and handle.status() is not None:
-                    from .. import tensorboard as tb
-
-                    tensorboard = handle.tensorboard_url  # the node's own address: seldom reachable from a browser
-                    where = tb.proxy_url_from_env(tensorboard) or \
-                        f"<Jupyter base URL>/{tb.proxy_path(handle.status().cluster_id)}"
-                    print(f"tfos_nb: TensorBoard of {handle.name}: {where} (on the chief at {tensorboard})")
-                render()
-        except KeyboardInterrupt:
-            print(f"tfos_nb: interrupted; stopping cluster {handle.name}", file=sys.stderr)
-            handle.stop("interrupted")
-            deadline = time.monotonic() + INTERRUPT_GRACE_S
-            while not handle.done and time.monotonic() < deadline:
-                try:
-                    handle.join(0.1)
-                except KeyboardInterrupt:
-                    continue  # a second ■ must not cut the teardown short
-            self._drain(handle)
-            render(final=True)
-            raise
-        self._drain(handle)
-        render(final=True)
-
-    def _drain(self, handle: ClusterHandle) -> None:
-        if handle.lines is None:
-            return
-        out = []
-        while True:
-            try:
-                out += handle.lines.get_nowait()
-            except Exception:  # noqa: BLE001 - queue.Empty
-                break
-        if not self.show_native_logs:
-            out = quiet_lines(out)
-        if out and self.log_lines:
-            sys.stdout.write("\n".join(out) + "\n")
-            sys.stdout.flush()
+    def _panel_in_background(self, handle: RunHandle) -> None:
+        _cell_panel.panel_in_background(self, handle)
 
     # -- the other magics -------------------------------------------------------------
     @line_magic
@@ -452,7 +329,7 @@ class TFOSMagics(Magics):
         """Stop a cluster now (like the ■ button for a --background cluster): ``%tfos_shutdown NAME|--all``."""
         opts = parse_argstring(self.tfos_shutdown, line)
         if opts.all == bool(opts.name):
-            raise _usage("give a cluster name or --all")
+            raise usage("give a cluster name or --all")
         names = list(self.handles) if opts.all else [self._known(opts.name)]
         for name in names:
             h = self.handles[name]
@@ -469,11 +346,11 @@ class TFOSMagics(Magics):
         opts = parse_argstring(self.tfos_logs, line)
         h = self.handles[self._known(opts.name)]
         if opts.tail < 0:
-            raise _usage(f"--tail must be 0 or more, got {opts.tail}")
+            raise usage(f"--tail must be 0 or more, got {opts.tail}")
         try:
             logs = h.logs(opts.node, opts.tail)
         except KeyError as exc:
-            raise _usage(str(exc.args[0])) from None
+            raise usage(str(exc.args[0])) from None
         for label, lines in logs.items():
             for text in lines:
                 print(f"[{label}] {text}")
@@ -497,41 +374,12 @@ class TFOSMagics(Magics):
         proxy, e.g. ``/proxy/%PORT%/``) the frame uses it, as TensorBoard's
         ``%tensorboard`` does; terminal IPython prints the URLs.
         """
-        from IPython.display import HTML, display
-
-        from .. import tensorboard as tb
-
-        opts = parse_argstring(self.tfos_tensorboard, line)
-        if bool(opts.name) == bool(opts.logdir):
-            raise _usage("give a cluster name (its cell ran with --tensorboard) or --logdir DIR, not both")
-        if opts.height <= 0:
-            raise _usage(f"--height must be positive, got {opts.height}")
-        if opts.logdir:
-            outcome = tb.start_local(opts.logdir) if os.path.isdir(opts.logdir) else None
-            if outcome is None:
-                raise _usage(f"--logdir {opts.logdir}: no such directory")
-            if not isinstance(outcome, tb.LocalTensorBoard):
-                raise _usage(f"TensorBoard did not start for {opts.logdir}: {outcome}")
-            self._local_tensorboards[outcome.cluster_id] = outcome
-            path, node_url = outcome.path, outcome.url
-        else:
-            h = self.handles[self._known(opts.name)]
-            if h.done:
-                raise _usage(f"{opts.name} has ended and its TensorBoard with it: use --logdir DIR")
-            view, url = h.status(), h.tensorboard_url
-            if view is None or not url:
-                raise _usage(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
-            path, node_url = tb.register(view.cluster_id, url), url
-            h.add_observer(lambda view, final, cid=view.cluster_id: final and tb.withdraw(cid))
-        frame, text = tb.frontend_output(tb.frontend(self.shell), path, node_url, height=opts.height)
-        if frame:
-            display(HTML(frame))
-        print(text)
+        _cell_panel.show_tensorboard(self, parse_argstring(self.tfos_tensorboard, line))
 
     def _known(self, name: str) -> str:
         if name not in self.handles:
             known = ", ".join(self.handles) or "none"
-            raise _usage(f"no cluster named {name}; clusters: {known}")
+            raise usage(f"no cluster named {name}; clusters: {known}")
         return name
 
     def shutdown_all(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["format_metrics", "node_line", "status_line", "status_table"]
+__all__ = ["format_metrics", "node_line", "status_table"]
 
 
 def format_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
@@ -25,12 +25,6 @@ def node_line(node: Any) -> str:
         text += f" step {node.step}" + (f"/{node.total_steps}" if node.total_steps else "")
     metrics = format_metrics({k: v for k, v in node.metrics.items() if k != "epoch"})
     return f"{text} {metrics}".rstrip()
-
-
-def status_line(view: Any) -> str:
-    """One line for a whole cluster: ``digits: running 12.3 s | chief:0 … | worker:0 …``"""
-    head = f"{view.name}: {view.state} {view.elapsed:.1f} s"
-    return " | ".join([head, *(node_line(n) for n in view.nodes)])
 
 
 def status_table(rows: Iterable[tuple[str, str, int, float | None, str]]) -> str:

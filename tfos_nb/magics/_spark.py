@@ -10,7 +10,7 @@ from typing import Any
 from ..runtime.driver.start import expected_slots
 
 __all__ = ["LOOPBACK", "SparkUnusable", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
-           "job_groups", "job_progress", "spark_session", "start_embedded"]
+           "job_groups", "job_progress", "spark_for_cell", "spark_session", "start_embedded"]
 
 
 class SparkUnusable(ValueError):
@@ -138,11 +138,11 @@ def embedded_notice(master: str) -> str:
             f"{embedded_host()} only, executors run {sys.executable})")
 
 
-def job_groups(job_group: str, feed_gen: int) -> list[str]:
+def job_groups(job_group: str, feed_epochs: int) -> list[str]:
     """The Spark job groups a cluster's runtime uses: its launch job and one feeding job per generation."""
     if not job_group:
         return []
-    return [f"{job_group}-launch", *(f"{job_group}-feed-{gen}" for gen in range(1, feed_gen + 1))]
+    return [f"{job_group}-launch", *(f"{job_group}-feed-{gen}" for gen in range(1, feed_epochs + 1))]
 
 
 def job_progress(sc: Any, groups: list[str]) -> tuple[int, int, int] | None:
@@ -173,3 +173,35 @@ def job_progress(sc: Any, groups: list[str]) -> tuple[int, int, int] | None:
     except Exception:  # noqa: BLE001 - progress is decoration; a stopping SparkContext must not break the cell
         return None
     return done, total, failed
+
+
+def spark_for_cell(ns: dict[str, Any], master_template: str, nodes: int, embedded_slots: int | None = None) -> Any:
+    """A cell magic's SparkContext: the notebook's, or an embedded local-cluster (its session left as ``spark``).
+
+    ``nodes`` task slots are checked against what the notebook's Spark application
+    will have (0: no check); an embedded Spark gets ``embedded_slots`` (default ``nodes``).
+    """
+    from IPython.core.error import UsageError
+
+    from ..runtime.driver.start import available_slots
+
+    try:
+        sc = find_spark_context(ns)
+        if sc is None:
+            n = nodes if embedded_slots is None else embedded_slots
+            print(embedded_notice(master_template.format(n=n)))
+            spark = start_embedded(n, master_template)
+            ns.setdefault("spark", spark)
+            return spark.sparkContext
+    except SparkUnusable as exc:
+        raise UsageError(str(exc)) from None
+    if nodes:
+        slots, _executors = available_slots(sc)
+        if slots < nodes:
+            expected = expected_slots(sc)
+            if expected is not None and expected < nodes:
+                raise UsageError(
+                    f"{nodes} nodes need {nodes} Spark task slots; this Spark application has {expected} "
+                    f"({sc.master}): lower --workers/--ps, or give Spark more executors"
+                )
+    return sc

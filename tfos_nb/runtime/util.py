@@ -7,7 +7,7 @@ import socket
 import subprocess
 from typing import Any
 
-from .executor import gpus as gpu_mod
+from . import gpus as gpu_mod
 from .net import local_ip_towards
 
 __all__ = ["find_in_path", "get_ip_address", "read_executor_id", "single_node_env", "write_executor_id"]

@@ -4,9 +4,9 @@ Whoever owns a run (the blocking cell's main thread, or the handle's listener
 for a ``--background`` cell) calls ``update(view, progress)`` as often as it
 likes — on every runtime change if need be.  The renderer keeps only the
 latest snapshot (coalescing) and pushes it to its back-end when
-``interval`` has passed since the last push; ``tick()`` pushes a waiting
-snapshot once its time has come, and ``finish()`` always pushes the final
-state.  The renderer owns no thread and no timer: that is the caller's job.
+``interval`` has passed since the last push (a snapshot that came too soon
+goes out with the next update or at ``finish()``, which always pushes the final
+state).  The renderer owns no thread and no timer: that is the caller's job.
 
 Back-ends: ``WidgetBackend`` (an ipywidgets panel: one trait set per push, so
 one comm message), ``HtmlBackend`` (a display handle updated in place: nbconvert,
@@ -178,12 +178,6 @@ class Renderer:
                 return
             self._pending = (view, progress)
             self._maybe_push()
-
-    def tick(self) -> None:
-        """Push a coalesced snapshot whose time has come (call it from the owner's poll loop)."""
-        with self._lock:
-            if not self._finished and self._pending is not None:
-                self._maybe_push()
 
     def finish(self, view: Any = None, progress: JobProgress | None = None) -> None:
         """Push the final state, whatever the throttle says; later calls do nothing."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..executor.gpus import assign as assign_gpus
+from ..gpus import assign as assign_gpus
 from ..net import hostport
 from ..protocol import messages as m
 from . import state as S

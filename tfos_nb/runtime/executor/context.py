@@ -12,7 +12,8 @@ from typing import Any
 
 from ..protocol import pipes
 from ..protocol.pipes import jsonable as _jsonable
-from .feed import DataFeed, FeedHub
+from .feed import DataFeed
+from .feed_hub import FeedHub
 
 HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://",
                   "wasb://", "gs://", "abfs://", "abfss://")
@@ -152,8 +153,6 @@ class NodeContext:
 
     def start_cluster_server(self, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
         """``TFNode.start_cluster_server(ctx, ...)`` (TensorFlowOnSpark's ``ctx`` method)."""
-        from .tfnode import start_cluster_server
-
         return start_cluster_server(self, num_gpus, rdma)
 
     def get_data_feed(
@@ -195,3 +194,15 @@ class NodeContext:
         from .keras_progress import progress_callback
 
         return progress_callback(self, every_n_steps)
+
+
+def start_cluster_server(ctx: NodeContext, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
+    """Start this node's ``tf.distribute.Server`` (TensorFlow 1 style programs)."""
+    import tensorflow as tf
+
+    if rdma:
+        msg = "TensorFlow 2 has no RDMA verbs transport; use protocol 'grpc'"
+        raise ValueError(msg)
+    cluster = tf.train.ClusterSpec({k: v for k, v in ctx.cluster_spec.items() if k != "evaluator"})
+    server = tf.distribute.Server(cluster, job_name=ctx.job_name, task_index=ctx.task_index, start=True)
+    return cluster, server

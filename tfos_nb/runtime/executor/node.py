@@ -26,7 +26,7 @@ class NodeRole(child_main.ChildRole):
     what = "the node function"
 
     def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
-        from .feed import DataServer, FeedHub
+        from .feed_hub import DataServer, FeedHub
 
         super().__init__(info, reporter)
         self.hub = self.server = None

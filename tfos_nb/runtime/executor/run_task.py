@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .. import gpus as gpu_mod
 from .. import net
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
 from . import child_main
-from . import gpus as gpu_mod
 from .context import NodeContext, Reporter
 from .launch import _child_env, executor_id
 from .owner import ChildOwner, tf_env

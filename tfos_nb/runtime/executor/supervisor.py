@@ -23,11 +23,11 @@ import sys
 import time
 from typing import Any
 
+from .. import gpus as gpu_mod
 from .. import net, procs
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
-from . import gpus as gpu_mod
 from .owner import REPORT_BYTES_PER_BEAT, ChildOwner, tf_env
 
 

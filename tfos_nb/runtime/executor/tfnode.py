@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import NodeContext
 from .context import hdfs_path as _hdfs_path
+from .context import start_cluster_server
 from .feed import DataFeed as _DataFeed
-from .feed import FeedHub
+from .feed_hub import FeedHub
 
 __all__ = ["DataFeed", "batch_results", "hdfs_path", "next_batch", "start_cluster_server", "terminate"]
 
@@ -35,18 +35,6 @@ def DataFeed(  # noqa: N802 - TensorFlowOnSpark's name
 def hdfs_path(ctx: Any, path: str) -> str:
     """``path`` made absolute on ``ctx.defaultFS`` (any object with ``defaultFS`` and ``working_dir``)."""
     return _hdfs_path(ctx, path)
-
-
-def start_cluster_server(ctx: NodeContext, num_gpus: int = 1, rdma: bool = False) -> tuple[Any, Any]:
-    """Start this node's ``tf.distribute.Server`` (TensorFlow 1 style programs)."""
-    import tensorflow as tf
-
-    if rdma:
-        msg = "TensorFlow 2 has no RDMA verbs transport; use protocol 'grpc'"
-        raise ValueError(msg)
-    cluster = tf.train.ClusterSpec({k: v for k, v in ctx.cluster_spec.items() if k != "evaluator"})
-    server = tf.distribute.Server(cluster, job_name=ctx.job_name, task_index=ctx.task_index, start=True)
-    return cluster, server
 
 
 def next_batch(mgr: FeedHub, batch_size: int, qname: str = "input") -> Any:

@@ -1,4 +1,4 @@
-"""Every control-plane message of the runtime, the typed bodies of the driver's replies, and the wire codec.
+"""Every control-plane message of the runtime and the wire codec (reply bodies: ``bodies.py``).
 
 A frame on the wire is ``len (4 bytes, big endian) | mac (32 bytes) | body``
 where ``body`` is UTF-8 JSON and ``mac`` is HMAC-SHA256 over the body with the
@@ -31,16 +31,27 @@ import time
 from typing import Any, ClassVar
 
 from ..net import recv_exact
+from .bodies import (  # re-exported: every wire type is reachable as messages.X
+    ERROR_LOST_CONNECTION,
+    ERROR_OTHER,
+    BeatCommand,
+    Body,
+    FeedAssignment,
+    FeedReleased,
+    FeedVerdict,
+    LaunchMeta,
+    NodeSpec,
+    Retry,
+    error_kind,
+)
+from .fields import ProtocolError
+from .fields import from_dict as _from_dict
 
 PROTOCOL_VERSION = 2  # 2: typed reply bodies, epoch (was gen) in heartbeat commands, FeedRelease.error_kind
 MAC_SIZE = 32
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20  # control messages are small; logs are capped per heartbeat
 MAX_CLOCK_SKEW_S = 600.0
-
-
-class ProtocolError(Exception):
-    """A frame that must be rejected: bad MAC, bad JSON, wrong version, replay..."""
 
 
 def new_secret() -> bytes:
@@ -69,45 +80,6 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _check(cls: type, name: str, value: Any, typ: Any) -> Any:
-    """Type-check one decoded JSON value against a (simple) annotation."""
-    ok: bool
-    if typ in ("int", int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif typ in ("float", float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif typ in ("str", str):
-        ok = isinstance(value, str)
-    elif typ in ("bool", bool):
-        ok = isinstance(value, bool)
-    elif str(typ).startswith("list"):
-        ok = isinstance(value, list)
-    elif str(typ).startswith("dict"):
-        ok = isinstance(value, dict)
-    elif str(typ).startswith("int | None"):
-        ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
-    elif str(typ).startswith("str | None"):
-        ok = value is None or isinstance(value, str)
-    elif str(typ).startswith("float | None"):
-        ok = value is None or isinstance(value, (int, float))
-    else:  # pragma: no cover - a field type this codec does not know is a bug
-        raise TypeError(f"{cls.__name__}.{name}: unsupported field type {typ!r}")
-    if not ok:
-        raise ProtocolError(f"{cls.__name__}.{name}: expected {typ}, got {type(value).__name__}")
-    return value
-
-
-def _from_dict(cls: type[Message], data: dict[str, Any]) -> Message:
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _check(cls, f.name, data[f.name], f.type)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{cls.__name__}: missing field {f.name!r}")
-    return cls(**kwargs)
 
 
 # Node -> driver -------------------------------------------------------------
@@ -211,120 +183,6 @@ class Reply(Message):
     error: str | None = None
 
 
-# Kinds of feeding errors (FeedRelease.error_kind).
-ERROR_LOST_CONNECTION = "lost_connection"  # the node (or its supervisor) probably died
-ERROR_OTHER = "other"
-_LOST_CONNECTION = ("ConnectionResetError", "BrokenPipeError", "ConnectionAbortedError", "ConnectionRefusedError",
-                    "DataPlaneError", "EOFError", "IncompleteRead")
-
-
-def error_kind(exc: BaseException) -> str:
-    """What a feeding task's error says about its node: ``ERROR_LOST_CONNECTION`` or ``ERROR_OTHER``."""
-    names = {t.__name__ for t in type(exc).__mro__}
-    return ERROR_LOST_CONNECTION if names & set(_LOST_CONNECTION) else ERROR_OTHER
-
-
-# --------------------------------------------------------------------------
-# Reply bodies (driver -> peer) and the launch metadata
-# --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Body:
-    """A typed body: ``to_dict()`` for the wire, ``from_dict()`` checks the types (ProtocolError)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise ProtocolError(f"{cls.__name__}: body is not an object")
-        return _from_dict(cls, data)  # type: ignore[arg-type]
-
-
-@dataclasses.dataclass(frozen=True)
-class Retry(Body):
-    """Not yet: ask again in ``retry`` seconds (AwaitSpec before the cluster formed, FeedAssign with no free node)."""
-
-    retry: float = 0.1
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeSpec(Body):
-    """AwaitSpec's answer once every node registered: the node's part in the cluster."""
-
-    cluster_spec: dict
-    tf_config: dict
-    gpus: list
-    host_has_gpus: bool
-    feed: bool
-    tensorboard: bool
-    log_dir: str
-
-
-@dataclasses.dataclass(frozen=True)
-class BeatCommand(Body):
-    """A heartbeat's answer: the last epoch fed in full, and whether to stop (gracefully) or be killed."""
-
-    epoch_done: int = 0
-    stop: bool = False
-    kill: bool = False
-    grace: float = 2.0
-
-
-@dataclasses.dataclass(frozen=True)
-class FeedAssignment(Body):
-    """FeedAssign's answer: the node that takes the partition, or ``skip`` (no node reads data any more)."""
-
-    node: int = -1
-    label: str = ""
-    host: str = ""
-    port: int = 0
-    skip: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class FeedVerdict(Body):
-    """FeedCheck's answer: ``done`` | ``failed`` (with ``error``) | ``stopped`` | ``reading``."""
-
-    verdict: str = "reading"
-    error: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class FeedReleased(Body):
-    """FeedRelease's answer: the cluster's error when it failed meanwhile."""
-
-    cluster_error: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchMeta(Body):
-    """What the driver gives every Spark task that starts a cluster node or a parallel run.
-
-    It travels inside the task's closure (with the secret, which never crosses our sockets).
-    Cluster launches use ``roles``/``first_node``/``reservation_timeout``/``release_port``,
-    parallel runs ``num_runs``/``num_gpus``.
-    """
-
-    cluster_id: str
-    secret: str  # hex
-    control: list  # [host, port]
-    hb_interval: float
-    driver_timeout: float
-    env: dict
-    keras: str
-    default_fs: str
-    driver_pid: int
-    roles: list = dataclasses.field(default_factory=list)  # [[job_name, task_index], ...]
-    first_node: int = 0
-    reservation_timeout: float = 600.0
-    release_port: bool = True
-    num_runs: int = 0
-    num_gpus: int = 1
-
-
 # --------------------------------------------------------------------------
 # Envelope codec
 # --------------------------------------------------------------------------
@@ -412,3 +270,9 @@ def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
         raise ProtocolError(f"frame of {n} bytes exceeds {max_frame}")
     return bytes(recv_exact(sock, n))
 
+
+__all__ = [
+    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "Body", "Codec", "FeedAssign", "FeedAssignment",
+    "FeedCheck", "FeedRelease", "FeedReleased", "FeedVerdict", "Heartbeat", "LaunchMeta", "Message", "NodeSpec",
+    "ProtocolError", "Register", "Reply", "Retry", "error_kind", "new_secret", "read_frame", "sign",
+]

@@ -1,0 +1,122 @@
+"""The checks both cell magics make on their options: one parser for ``--args``, ``--grid``, ``--name``.
+
+Each raises IPython's ``UsageError`` with a one-line message (no traceback in
+the cell).  ``--args`` is read the same way by ``%%tfos_cluster`` and
+``%%tfos_parallel``: a Python expression evaluated in the notebook, a mapping
+or a namespace (``types.SimpleNamespace``, ``argparse.Namespace``, the
+runtime's ``Namespace``), quoted if it has spaces, whose keys are names usable
+as ``args.NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from ..runtime.args import Namespace
+from ._run_handle import RunHandle
+from ._spark import CONNECT_MSG
+
+__all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "usage"]
+
+
+def usage(msg: str) -> UsageError:
+    return UsageError(msg)
+
+
+def _attribute_keys(values: Mapping[Any, Any], what: str) -> None:
+    # keywords (``class``) pass: ``args["class"]`` reads them, as %%tfos_cluster always allowed
+    bad = [k for k in values if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise usage(f"{what} keys must be names usable as attributes (args.NAME), got {bad[0]!r}")
+
+
+def cell_args(expr: str | None, ns: Mapping[str, Any]) -> dict[str, Any]:
+    """``--args EXPR``: a dict of what every node or run gets as ``args`` ({} without --args)."""
+    if expr and len(expr) >= 2 and expr[0] == expr[-1] and expr[0] in "'\"":
+        expr = expr[1:-1]  # IPython's argument splitter keeps the quotes
+    if not expr:
+        return {}
+    try:
+        given = eval(expr, dict(ns))  # noqa: S307 - the user's own notebook expression
+    except Exception as exc:  # noqa: BLE001
+        raise usage(f"--args {expr}: {type(exc).__name__}: {exc}") from None
+    if isinstance(given, Mapping):
+        values = dict(given)
+    elif isinstance(given, (types.SimpleNamespace, argparse.Namespace, Namespace)):
+        values = dict(vars(given))
+    else:
+        raise usage(f"--args must be a dict or a namespace, got {type(given).__name__}")
+    _attribute_keys(values, "--args")
+    return values
+
+
+def grid(var: str, ns: Mapping[str, Any]) -> list[dict]:
+    """``--grid VAR``: the notebook's list of dicts, one per run."""
+    if var not in ns:
+        raise usage(f"--grid {var}: no such variable in the notebook")
+    value = ns[var]
+    if isinstance(value, Mapping):
+        raise usage(
+            f"--grid {var}: expected a list of dicts (one per run), got a dict; for every combination of a dict "
+            "of lists: [dict(zip(d, v)) for v in itertools.product(*d.values())]"
+        )
+    if not isinstance(value, (list, tuple)):
+        raise usage(f"--grid {var}: expected a list of dicts (one per run), got {type(value).__name__}")
+    if not value:
+        raise usage(f"--grid {var}: the list is empty")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, Mapping):
+            raise usage(f"--grid {var}: entry {i} is a {type(entry).__name__}, not a dict")
+        _attribute_keys(entry, f"--grid {var}: entry {i}:")
+    return [dict(entry) for entry in value]
+
+
+def check_name(name: str, ns: Mapping[str, Any], current: Any) -> None:
+    """``--name``: a variable name that is free, or holds a handle (``current``: the magics' own under it)."""
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise usage(f"--name {name}: not a valid Python variable name")
+    if name in ns and not (isinstance(ns[name], RunHandle) or ns[name] is current):
+        raise usage(
+            f"--name {name}: `{name}` is already defined in the notebook (type {type(ns[name]).__name__}); "
+            "choose another --name"
+        )
+
+
+def check_timeout(timeout: float | None) -> None:
+    if timeout is not None and timeout <= 0:
+        raise usage(f"--timeout must be more than 0 seconds, got {timeout:g}")
+
+
+def data_var(ns: Mapping[str, Any], var: str) -> Any:
+    """``--data VAR``: the notebook's Spark DataFrame (batch or streaming) or RDD."""
+    if var not in ns:
+        raise usage(f"--data {var}: no such variable in the notebook")
+    value = ns[var]
+    if type(value).__module__.startswith("pyspark.sql.connect"):
+        raise usage(f"--data {var}: {CONNECT_MSG}")
+    try:
+        from pyspark import RDD
+        from pyspark.sql import DataFrame
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        raise usage("--data needs pyspark installed") from None
+    if not isinstance(value, (DataFrame, RDD)):
+        raise usage(f"--data {var}: expected a Spark DataFrame or RDD, got {type(value).__name__}")
+    return value
+
+
+def node_env(tf_threads: int) -> dict[str, str]:
+    """Environment of every node or run: quiet TensorFlow, ``tf_threads`` threads (TFOSMagics.tf_threads)."""
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    if tf_threads > 0:
+        env.update(
+            TF_NUM_INTRAOP_THREADS=str(tf_threads),
+            TF_NUM_INTEROP_THREADS=str(tf_threads + 1),
+            OMP_NUM_THREADS=str(tf_threads),
+        )
+    return env

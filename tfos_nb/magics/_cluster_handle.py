@@ -1,0 +1,288 @@
+"""The handle a ``%%tfos_cluster`` cell leaves in the notebook (a :class:`~._run_handle.RunHandle`).
+
+Its thread starts the cluster, feeds the data, waits for the end and starts
+the cluster again after a node failure (``--retries``).  Every call that
+starts, cancels, stops or closes the driver's cluster is in ``_start_job``,
+``_cancel_start``, ``_stop_job`` and ``_close_cluster`` (the seams to the
+driver's job API).  Nothing here imports IPython.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..runtime.driver import state as S
+from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
+from ..runtime.driver.start import run
+from ._run_handle import RunFailed, RunHandle, first_line
+
+__all__ = ["ClusterFailed", "ClusterHandle"]
+
+
+class ClusterFailed(RunFailed):
+    """A cell's cluster failed and was torn down.
+
+    IPython shows it as the node's error alone (role:index, host, the tail of its
+    output), without the frames of the magic and the runtime, which would only
+    bury the one part the user can act on.
+    """
+
+    wraps = TFClusterError
+    shown_as = "TFClusterError"
+    prefix = "cluster {name}"
+
+
+class ClusterHandle(RunHandle):
+    """A cluster started by ``%%tfos_cluster``: watch it, wait for it, stop it.
+
+    ``wait()`` blocks until the run ends and re-raises a node's error;
+    ``shutdown()`` stops the cluster now; ``result`` is a dict (state, metrics
+    and step per node, ``last_feed``, elapsed seconds, error, the chief's
+    ``value``); ``value`` is what the chief's function returned, ``history``
+    every reported metric (a pandas DataFrame); ``nodes``,
+    ``metrics``, ``tensorboard_url`` and ``state`` show it live; ``logs()``
+    (per node) and ``output`` (all nodes, interleaved) give the nodes' output.
+    """
+
+    error_type = ClusterFailed
+    _STILL = "cluster {name} is still {state} after {timeout:g} s"
+    _REPR = "<tfos_nb cluster {name!r}: {state}, {n} node(s){extra}>"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        sc: Any,
+        fn: Any,
+        args: Any,
+        workers: int,
+        ps: int = 0,
+        evaluator: bool = False,
+        data: Any = None,
+        epochs: int = 1,
+        tensorboard: bool = False,
+        log_dir: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        background: bool = False,
+        retries: int = 0,
+        start_cluster: Callable[..., Any] = run,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
+                         background=background, clock=clock)
+        self.retries = retries
+        self.attempt = 1  # 2, 3, … after a node failure started the cluster again (--retries)
+        self.failures: list[str] = []  # first line of each failed attempt's error
+        self._run_kwargs = dict(
+            num_ps=ps,
+            tensorboard=tensorboard,
+            input_mode=InputMode.SPARK if data is not None else InputMode.TENSORFLOW,
+            log_dir=log_dir,
+            master_node="chief",
+            eval_node=evaluator,
+            reservation_timeout=min(timeout, 600) if timeout else 600,
+            name=name,
+            env=env,
+        )
+        self._run = start_cluster  # tfos_nb.runtime.driver.start.run, or a test's fake
+        self._fn, self._args, self._data, self._epochs = fn, args, data, epochs
+        self._timer: threading.Timer | None = None
+        self._stopper: threading.Thread | None = None
+        self._cluster: TFCluster | None = None
+        self._live: TFCluster | None = None  # the attempt's cluster until the handle's thread tore it down
+        self._cstate: S.ClusterState | None = None
+        self._starting: Any = None  # the start in progress (run()'s on_start), cancellable from any thread
+        self._states: list[tuple[int, S.ClusterState]] = []  # (attempt, its cluster state), for history
+
+    # -- the job: every call into the driver's cluster ------------------------------------
+    def _start_job(self) -> TFCluster:
+        kwargs = dict(self._run_kwargs)
+        kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt))
+        return self._run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
+                         on_state=self._on_state, on_start=self._on_start, **kwargs)
+
+    def _on_start(self, job: Any) -> None:
+        """run()'s start hook: the start in progress, which ``job.cancel(reason)`` stops from any thread."""
+        with self._lock:
+            self._starting = job
+            reason = self._stop_reason
+        if reason is not None:
+            job.cancel(reason)
+
+    def _cancel_start(self, reason: str) -> None:
+        """Stop a cluster whose start has not returned yet (idempotent; a start not begun yet is
+        cancelled by ``_on_start`` as it begins)."""
+        with self._lock:
+            job = self._starting
+        if job is not None:
+            job.cancel(reason)
+
+    def _stop_job(self, reason: str) -> None:
+        with self._lock:
+            cluster = self._cluster
+            if cluster is not None and self._stopper is None:
+                self._stopper = threading.Thread(target=self._close_cluster, args=(cluster,),
+                                                 name=f"tfos-stop-{self.name}", daemon=True)
+                self._stopper.start()
+        if cluster is None:
+            self._cancel_start(reason)
+
+    @staticmethod
+    def _close_cluster(cluster: TFCluster) -> None:
+        """Kill the cluster's nodes and close its server (returns at once while another thread does it)."""
+        cluster.close()
+
+    def _close_job(self) -> None:
+        if self._live is not None:
+            self._close_cluster(self._live)
+        with self._lock:
+            stopper = self._stopper
+        if stopper is not None:
+            stopper.join(30)  # close() returns at once while another thread is still tearing down
+
+    # -- the handle's thread --------------------------------------------------------------
+    def _run_job(self) -> None:
+        if self.timeout:
+            self._timer = threading.Timer(self.timeout, self.stop, args=("timeout",))
+            self._timer.daemon = True
+            self._timer.start()
+        while self._stop_reason is None:
+            try:
+                self._live = self._attempt()
+                return
+            except TFClusterError as exc:
+                if self._stop_reason is not None or self.attempt > self.retries:
+                    raise
+                if self._live is not None:
+                    self._close_cluster(self._live)
+                    self._live = None
+                self.failures.append(first_line(exc))
+                self.attempt += 1
+                self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {self.attempt} of "
+                                      f"{self.retries + 1})"])
+
+    def _attempt(self) -> TFCluster:
+        """One start → train → shutdown; the cluster is kept in ``_cluster`` for stop()."""
+        with self._lock:
+            self._cluster = None
+        cluster = self._start_job()
+        with self._lock:
+            self._cluster = cluster
+            stopping = self._stop_reason is not None
+        try:
+            if not stopping:
+                if self._data is not None:
+                    cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
+                cluster.shutdown(timeout=self.timeout or 259200)
+        except BaseException:
+            self._close_cluster(cluster)
+            raise
+        return cluster
+
+    def _finished(self) -> None:
+        if self._stop_reason == "timeout":
+            self._error = TimeoutError(f"did not finish within {self.timeout:g} s and was torn down")
+        if self._timer is not None:
+            self._timer.cancel()
+        self._result = self._make_result(ended=True)
+
+    def _on_state(self, st: S.ClusterState) -> None:
+        if self._cstate is None or (st is not self._cstate and self._cluster is None):
+            self._cstate = st
+            with self._lock:
+                self._states.append((self.attempt, st))
+        super()._on_state(st)
+
+    # -- information -------------------------------------------------------------
+    @property
+    def cluster(self) -> TFCluster | None:
+        """The runtime's TFCluster, once its nodes run."""
+        return self._cluster
+
+    def status(self) -> S.ClusterView | None:
+        st = self._cstate
+        return st.snapshot() if st is not None else None
+
+    def _node_logs(self, tail: int | None) -> dict[str, list[str]] | None:
+        st = self._cstate
+        return None if st is None else {n.label: st.logs(n.index, tail) for n in st.nodes}
+
+    def _no_node(self, node: str) -> str:
+        st = self._cstate
+        return f"no node {node!r} in {self.name}; nodes: {', '.join(n.label for n in st.nodes) if st else ''}"
+
+    @property
+    def tensorboard_url(self) -> str | None:
+        view = self.status()
+        return view.tensorboard if view is not None else None
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """state, per-node metrics and steps, last_feed, elapsed and error (final once the run ended)."""
+        return self._result if self._result is not None else self._make_result(ended=False)
+
+    @property
+    def history(self) -> Any:
+        """Every metric each node reported, one row per ``ctx.report`` (a pandas DataFrame).
+
+        Columns ``node`` (``role:index``), ``role``, ``index``, ``attempt``, ``step``,
+        ``time`` (seconds since the run started, by the node's clock), then one column
+        per metric (NaN where a report lacks it).  Like Ray Train's
+        ``Result.metrics_dataframe``; e.g. ``h.history.pivot_table(index="step",
+        columns="node", values="loss").plot()``.  Rows so far while the run goes on.
+        """
+        import pandas as pd
+
+        with self._lock:
+            states = list(self._states)
+        rows, metric_names = [], {}
+        for attempt, st in states:
+            for role, index, _node, t, step, metrics in st.history():
+                metric_names.update(dict.fromkeys(metrics))
+                rows.append({**metrics, "node": f"{role}:{index}", "role": role, "index": index, "attempt": attempt,
+                             "step": step, "time": None if t is None else t - self.started_at})
+        columns = ["node", "role", "index", "attempt", "step", "time",
+                   *(k for k in metric_names if k not in ("node", "role", "index", "attempt", "step", "time"))]
+        frame = pd.DataFrame(rows, columns=columns)
+        frame["step"] = frame["step"].astype("Int64")
+        return frame.sort_values(["attempt", "node", "time"], kind="stable", ignore_index=True)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """What each node's function returned, by ``role:index`` (plain data only; nodes that returned None left out)."""
+        st = self._cstate
+        return st.values() if st is not None else {}
+
+    @property
+    def value(self) -> Any:
+        """What the chief's function returned (the cell's ``return``), once it finished; None before or if nothing.
+
+        Only plain data comes back (numbers, strings, lists, dicts, numpy values, up to
+        256 KiB) — as TorchDistributor returns rank 0's value; save models to files.
+        """
+        st = self._cstate
+        if st is None:
+            return None
+        chief = next((n.label for n in st.nodes if n.job_name in ("chief", "master")), "worker:0")
+        return st.values().get(chief)
+
+    def _make_result(self, ended: bool) -> dict[str, Any]:
+        view = self.status()
+        nodes = view.nodes if view is not None else ()
+        return {
+            "name": self.name,
+            "state": self._state_now(ended),
+            "elapsed": view.elapsed if view is not None else self._clock() - self.started_at,
+            "metrics": {n.label: dict(n.metrics) for n in nodes},
+            "steps": {n.label: n.step for n in nodes},
+            "last_feed": dict(self._cluster.last_feed) if self._cluster is not None else {},
+            "stopped": self._stop_reason,
+            "attempts": self.attempt,
+            "failures": list(self.failures),
+            "error": None if self._error is None else str(self._error).splitlines()[0],
+            "value": self.value,
+        }
