@@ -77,7 +77,7 @@ class ClusterHandle(RunHandle):
         self.retries = retries
         self.attempt = 1  # 2, 3, … after a node failure started the cluster again (--retries)
         self.failures: list[str] = []  # first line of each failed attempt's error
-        self._run_kwargs = dict(
+        self._run_kwargs: dict[str, Any] = dict(
             num_ps=ps,
             tensorboard=tensorboard,
             input_mode=InputMode.SPARK if data is not None else InputMode.TENSORFLOW,

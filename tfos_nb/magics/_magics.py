@@ -75,6 +75,11 @@ class TFOSMagics(Magics):
         """A panel for a cluster started by a Python call in a cell (not by %%tfos_cluster's own thread)."""
         _cell_panel.api_cluster_panel(self, job.state)
 
+    @property
+    def _user_ns(self) -> dict[str, Any]:
+        assert self.shell is not None  # the kernel's namespace: magics are only registered on a shell
+        return self.shell.user_ns
+
     def detach(self) -> None:
         """Stop showing panels for API-started clusters (``%unload_ext``)."""
         remove_start_listener(self._api_cluster_started)
@@ -140,7 +145,7 @@ class TFOSMagics(Magics):
             model.fit(ds, epochs=args.epochs, callbacks=[ctx.progress_callback()])
         """
         opts = parse_argstring(self.tfos_cluster, line)
-        ns = self.shell.user_ns
+        ns = self._user_ns
         workers = self.default_workers if opts.workers is None else opts.workers
         if workers < 1:
             raise usage(f"--workers must be at least 1, got {workers}")
@@ -246,7 +251,7 @@ class TFOSMagics(Magics):
             return {"val_accuracy": hist.history["val_accuracy"][-1]}
         """
         opts = parse_argstring(self.tfos_parallel, line)
-        ns = self.shell.user_ns
+        ns = self._user_ns
         params = grid(opts.grid, ns) if opts.grid else None
         if opts.runs is not None and opts.runs < 1:
             raise usage(f"--runs must be at least 1, got {opts.runs}")
@@ -295,7 +300,7 @@ class TFOSMagics(Magics):
     def _launch(self, handle: RunHandle, in_background: str) -> bool:
         """Start the cell's handle; True for a --background cell (it has returned), else the run has ended."""
         self.handles[handle.name] = handle
-        self.shell.user_ns[handle.name] = handle
+        self._user_ns[handle.name] = handle
         if handle.background:
             self._panel_in_background(handle)
         handle.start()

@@ -334,7 +334,7 @@ class Controller:
             node = min(live, key=key)
             self._active[node.index] = self._active.get(node.index, 0) + 1
             self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
-            target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port))
+            target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
             return m.Reply(ok=True, body=target.to_dict())
 
     def _feed_check(self, msg: m.FeedCheck) -> m.Reply:

@@ -96,7 +96,7 @@ class ParallelRuns:
         self.job = DriverJob(sc, self.state, self._controller, nodes_outlive_jobs=False, linger_s=STOP_WAIT_S,
                              join_s=10.0)
         self._blob = cloudpickle.dumps((map_fun, args))
-        self._launch = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
+        self._launch: dict[str, Any] = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
                             num_gpus=num_gpus)
         self._spark_job: SparkJob | None = None
         self._stop_reason: str | None = None

@@ -321,7 +321,8 @@ class ClusterState:
                 continue
             step, t = r.get("step"), r.get("time")
             t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
-            metrics = r.get("metrics") if isinstance(r.get("metrics"), dict) else {}
+            raw = r.get("metrics")
+            metrics: dict[str, Any] = raw if isinstance(raw, dict) else {}
             node.history.append((t, step if isinstance(step, int) else None, metrics))
             if isinstance(step, int):
                 if node._rate_points and step < node._rate_points[-1][1]:

@@ -318,7 +318,9 @@ def make_arrow_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows
         import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
+        tctx = TaskContext.get()
+        assert tctx is not None  # this runs inside a Spark task
+        partition = tctx.partitionId()
         stats = feed_train(meta, partition, gen, _rechunk(batches, batch_rows), timeout)
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
@@ -345,7 +347,9 @@ def make_arrow_inferer(meta: dict[str, Any], timeout: float, batch_rows: int, sc
         from pyspark.sql.pandas.types import to_arrow_schema
 
         target = to_arrow_schema(schema)
-        partition = TaskContext.get().partitionId()
+        tctx = TaskContext.get()
+        assert tctx is not None  # this runs inside a Spark task
+        partition = tctx.partitionId()
         yield from feed_infer(meta, partition, _rechunk(batches, batch_rows), timeout,
                               lambda batch, node: R.to_schema(batch, target, node))
 

@@ -56,12 +56,13 @@ def make_run_task(meta: dict[str, Any], blob: bytes, barrier: bool) -> Callable[
         from pyspark import BarrierTaskContext, TaskContext
 
         tctx = BarrierTaskContext.get() if barrier else TaskContext.get()
+        assert tctx is not None  # this runs inside a Spark task
         index = tctx.partitionId()
         res = tctx.resources().get("gpu")
         spark_gpus = list(res.addresses) if res is not None else []
         peers: list[str] = []
         if barrier:
-            peers = [t.address.rsplit(":", 1)[0] for t in tctx.getTaskInfos()]
+            peers = [t.address.rsplit(":", 1)[0] for t in BarrierTaskContext.get().getTaskInfos()]
         run = RunOwner(meta, index, tctx.attemptNumber(), spark_gpus, peers)
         try:
             status, value = run.run(blob)

@@ -25,7 +25,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, ClassVar
+from typing import IO, Any, ClassVar
 
 VERSION = 1
 
@@ -199,11 +199,11 @@ def decode(line: bytes | str) -> Frame:
         raise PipeProtocolError(f"bad fields for {kind!r}: {exc}") from None
 
 
-def write(stream: BinaryIO, msg: Frame) -> None:
+def write(stream: IO[bytes], msg: Frame) -> None:
     stream.write(encode(msg))
 
 
-def read(stream: BinaryIO, expect: type[Frame] | None = None) -> Frame:
+def read(stream: IO[bytes], expect: type[Frame] | None = None) -> Frame:
     """The next frame of ``stream`` (``expect``: the kind it must be)."""
     line = stream.readline()
     if not line:
@@ -214,12 +214,12 @@ def read(stream: BinaryIO, expect: type[Frame] | None = None) -> Frame:
     return msg
 
 
-def write_blob(stream: BinaryIO, data: bytes) -> None:
+def write_blob(stream: IO[bytes], data: bytes) -> None:
     stream.write((json.dumps({"v": VERSION, "t": BLOB, "size": len(data)}) + "\n").encode())
     stream.write(data)
 
 
-def read_blob(stream: BinaryIO) -> bytes:
+def read_blob(stream: IO[bytes]) -> bytes:
     line = stream.readline()
     if not line:
         raise EOFError("the pipe closed before the blob")
