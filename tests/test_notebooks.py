@@ -12,7 +12,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from tests.conftest import KERNEL
+from tests.conftest import KERNEL, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # parallel_runs.ipynb runs (with more checks) in tests/test_parallel.py; every other notebook runs here
@@ -135,10 +135,10 @@ def test_interrupt_stops_the_cluster_and_the_kernel_lives(kernel_specs):
             reply = kc.get_shell_msg(timeout=30)
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        assert time.monotonic() - t0 < 15
-        deadline = t0 + 15
-        while [p for p in procs if _alive(p)] and time.monotonic() < deadline:
-            time.sleep(0.2)
+        # the interrupt ends the cell and tears the cluster down (not a hang, nothing left); the bound has
+        # room for a loaded machine: the teardown's own grace is 15 s (issue 18)
+        assert time.monotonic() - t0 < 60
+        wait_until(lambda: not [p for p in procs if _alive(p)], 60)
         assert not [p for p in procs if _alive(p)], [_describe(p) for p in procs if _alive(p)]
         assert not [p for p in _runtime_procs(kernel_pid) if _alive(p)]
 

@@ -106,7 +106,7 @@ def test_parallel_barrier_insufficient_resources_fails_at_once(sc, no_leaks):
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"use_barrier=True .* needs 3 task slots; this Spark application has 2"):
         TFParallel.run(sc, basic_map_fun, tf_args={"x": 1, "y": 2}, num_executors=3)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # refused up front: a barrier stage that cannot be scheduled would hang
     # waves are fine when no barrier is asked for
     assert TFParallel.run(sc, basic_map_fun, {"x": 1, "y": 2}, 3, use_barrier=False) == [3, 3, 3]
 
