@@ -244,11 +244,6 @@ class ClusterState:
         with self.lock:
             self._log_listeners.append(fn)
 
-    def remove_log_listener(self, fn: Callable[[str, list[str]], None]) -> None:
-        with self.lock:
-            if fn in self._log_listeners:
-                self._log_listeners.remove(fn)
-
     def notify(self) -> None:
         """Wake waiters and tell listeners; listener errors never break the runtime."""
         with self.lock:
