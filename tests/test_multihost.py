@@ -392,12 +392,15 @@ def test_shutdown_leaves_nothing_behind(trained: dict, netns: NetnsCluster) -> N
     print(f"\n[multihost] shutdown of the namespace-spanning cluster: {took:.1f} s")
     assert all(n.state == "finished" for n in cluster.nodes), [(n.label, n.state, n.error) for n in cluster.nodes]
     before = trained["procs_before"]
-    assert wait_until(lambda: not [p for p in runtime_processes() if p.pid not in before], 20), [
+    # shutdown() returns when every node reported its end; a node process may linger (TensorFlow's threads
+    # at exit) until its supervisor ends it (LINGER_S = 10 s), then the supervisor exits: on a loaded machine
+    # that took more than 20 s (issue 18), so the deadlines leave room; anything left at 60 s is a leak
+    assert wait_until(lambda: not [p for p in runtime_processes() if p.pid not in before], 60), [
         " ".join(p.cmdline()) for p in runtime_processes()
     ]
-    assert wait_until(lambda: not _tagged_runtime(netns), 20), _tagged_runtime(netns)
-    assert wait_until(lambda: not (listening_ports() - trained["ports_before"]), 10), listening_ports() - trained["ports_before"]
-    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 10), threading.enumerate()
+    assert wait_until(lambda: not _tagged_runtime(netns), 60), _tagged_runtime(netns)
+    assert wait_until(lambda: not (listening_ports() - trained["ports_before"]), 30), listening_ports() - trained["ports_before"]
+    assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 30), threading.enumerate()
 
 
 # --------------------------------------------------------------------------- IPv6
