@@ -208,11 +208,15 @@ def digits_data():
 
 @pytest.fixture
 def started():
-    """The ClusterState of each cluster started during the test (runtime start listeners)."""
+    """The ClusterState of each cluster started during the test (runtime start listeners get its job)."""
     states = []
-    runtime_start.add_start_listener(states.append)
+
+    def on_start(job):
+        states.append(job.state)
+
+    runtime_start.add_start_listener(on_start)
     yield states
-    runtime_start.remove_start_listener(states.append)
+    runtime_start.remove_start_listener(on_start)
 
 
 def _test_frame(spark, xte, yte, partitions=3):
