@@ -19,6 +19,7 @@ and node below them) carries ``TFOS_NETNS_TAG=<tag>`` in its environment, which 
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 import random
 import secrets
@@ -120,11 +121,12 @@ class NetnsCluster:
 
     @property
     def host_ip6(self) -> str:
-        """The root namespace's IPv6 (ULA) address on the bridge."""
-        return f"{self.prefix6}:1"
+        """The root namespace's IPv6 (ULA) address on the bridge, in canonical form (as resolvers print it:
+        a random group like ``0ec1`` is ``ec1``)."""
+        return str(ipaddress.IPv6Address(f"{self.prefix6}:1"))
 
     def worker_ip6(self, i: int) -> str:
-        return f"{self.prefix6}:{10 + i}"
+        return str(ipaddress.IPv6Address(f"{self.prefix6}:{10 + i}"))
 
     @property
     def worker_ips(self) -> list[str]:
