@@ -156,8 +156,13 @@ def batch_job(netns: NetnsCluster, tmp_path_factory: pytest.TempPathFactory) -> 
 def spark(netns: NetnsCluster, batch_job: Job) -> Iterator[object]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    # The py4j JVM keeps the confs of the session that launched it as system properties for every later
+    # session of this process: launch it without this module's driver address (the namespaces' bridge, gone
+    # after the module), so a module run after this one in the same process does not inherit it.
+    SparkContext._ensure_initialized(conf=SparkConf(loadDefaults=False))
     builder = SparkSession.builder.master(netns.master_url).appName("tfos_nb-multihost")
     for key, value in _spark_confs(netns).items():
         builder = builder.config(key, value)
