@@ -64,14 +64,14 @@ class _Feeder:
         self.gen = gen
         self.mode = mode
         self.timeout = timeout
-        self.node: dict[str, Any] = {}
+        self.node = m.FeedAssignment()  # until the driver assigns one
         self.released = False
 
     @property
     def where(self) -> str:
-        return f"{self.node.get('label', '?')} at {self.node.get('host', '?')}"
+        return f"{self.node.label or '?'} at {self.node.host or '?'}"
 
-    def assign(self) -> dict[str, Any]:
+    def assign(self) -> m.FeedAssignment:
         deadline = time.monotonic() + self.timeout
         delay = 0.02
         while True:
@@ -85,7 +85,7 @@ class _Feeder:
                 )
             )
             if reply.ok:
-                self.node = m.FeedAssignment.from_dict(reply.body).to_dict()
+                self.node = m.FeedAssignment.from_dict(reply.body)
                 return self.node
             if reply.error:
                 raise RuntimeError(reply.error)
@@ -104,7 +104,7 @@ class _Feeder:
                 m.FeedRelease(
                     partition=self.partition,
                     gen=self.gen,
-                    node=int(self.node.get("node", -1)),
+                    node=self.node.node,
                     rows=rows,
                     skipped=skipped,
                     error=error,
@@ -119,7 +119,7 @@ class _Feeder:
 
     def connect(self) -> Any:
         header = {"partition": self.partition, "gen": self.gen, "mode": self.mode}
-        return dp.client_connect(self.node["host"], int(self.node["port"]), self.secret, header, self.timeout)
+        return dp.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
 
     def verdict(self, exc: BaseException) -> tuple[str, str | None]:
         """What became of the node after the connection to it failed with ``exc``: (verdict, error).
@@ -137,7 +137,7 @@ class _Feeder:
         delay = 0.05
         while True:
             try:
-                reply = self.client.request(m.FeedCheck(partition=self.partition, node=int(self.node.get("node", -1))))
+                reply = self.client.request(m.FeedCheck(partition=self.partition, node=self.node.node))
             except (OSError, m.ProtocolError):
                 return "error", None  # the driver is gone: nothing more to learn
             answer = m.FeedVerdict.from_dict(reply.body) if reply.ok else m.FeedVerdict("error")
@@ -152,7 +152,7 @@ class _Feeder:
         if isinstance(exc, _NodeAnswer) and exc.node_failed:
             msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"  # the node's own error
         elif verdict == "failed":
-            msg = f"feeding partition {self.partition} to {self.where} failed: {self.node.get('label', 'the node')} failed"
+            msg = f"feeding partition {self.partition} to {self.where} failed: {self.node.label or 'the node'} failed"
         elif verdict == "stopped":
             msg = f"feeding partition {self.partition} to {self.where} stopped: the cluster is shutting down"
         elif isinstance(exc, TimeoutError) or "timed out" in str(exc):
@@ -180,7 +180,7 @@ def feed_train(meta: dict[str, Any], partition: int, gen: int, batches: Iterable
         feeder.client.close()
         raise
     batches = iter(batches)
-    if node.get("skip"):  # no node reads data any more
+    if node.skip:  # no node reads data any more
         skipped = _count(batches)
         feeder.release(0, skipped, None)
         return {"partition": partition, "rows": 0, "skipped": skipped}
@@ -259,7 +259,7 @@ def feed_infer(meta: dict[str, Any], partition: int, batches: Iterable[Any], tim
             if kind == b"R":
                 batch = C.decode_ipc(payload)
                 received += batch.num_rows
-                yield batch if convert is None else convert(batch, feeder.node.get("label", "?"))
+                yield batch if convert is None else convert(batch, feeder.node.label or "?")
             elif kind == b"A":
                 break
             elif kind == b"X":
@@ -313,14 +313,19 @@ def make_rdd_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: 
     return feed
 
 
+def _partition_id() -> int:
+    """The partition of the Spark task this runs in."""
+    from pyspark import TaskContext
+
+    tctx = TaskContext.get()
+    assert tctx is not None  # only ever called inside a Spark task
+    return tctx.partitionId()
+
+
 def make_arrow_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: int) -> Callable:
     def feed(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from pyspark import TaskContext
-
-        tctx = TaskContext.get()
-        assert tctx is not None  # this runs inside a Spark task
-        partition = tctx.partitionId()
+        partition = _partition_id()
         stats = feed_train(meta, partition, gen, _rechunk(batches, batch_rows), timeout)
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
@@ -343,13 +348,10 @@ def make_arrow_inferer(meta: dict[str, Any], timeout: float, batch_rows: int, sc
     """``mapInArrow`` body: the nodes' results mapped onto ``schema`` (a StructType)."""
 
     def infer(batches: Iterable[Any]) -> Iterator[Any]:
-        from pyspark import TaskContext
         from pyspark.sql.pandas.types import to_arrow_schema
 
         target = to_arrow_schema(schema)
-        tctx = TaskContext.get()
-        assert tctx is not None  # this runs inside a Spark task
-        partition = tctx.partitionId()
+        partition = _partition_id()
         yield from feed_infer(meta, partition, _rechunk(batches, batch_rows), timeout,
                               lambda batch, node: R.to_schema(batch, target, node))
 

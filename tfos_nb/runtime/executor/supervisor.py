@@ -85,34 +85,34 @@ class Supervisor(ChildOwner):
         if not reply.ok:
             raise RuntimeError(reply.error or "registration refused")
 
-    def await_spec(self) -> dict[str, Any]:
+    def await_spec(self) -> m.NodeSpec:
         deadline = time.monotonic() + float(self.meta.get("reservation_timeout", 600))
         while time.monotonic() < deadline:
             reply = self.client.request(m.AwaitSpec(node=self.index))
             if reply.ok:
-                return m.NodeSpec.from_dict(reply.body).to_dict()
+                return m.NodeSpec.from_dict(reply.body)
             if reply.error:
                 raise RuntimeError(reply.error)
             self.wake.wait(m.Retry.from_dict(reply.body).retry)
         raise TimeoutError("timed out waiting for the cluster spec")
 
     # -- the node process -------------------------------------------------------
-    def start_child(self, spec: dict[str, Any]) -> None:
-        self.gpus = spec.get("gpus", [])
-        pin = bool(self.meta.get("spark_gpus") or self.gpus or spec.get("host_has_gpus"))
+    def start_child(self, spec: m.NodeSpec) -> None:
+        self.gpus = spec.gpus
+        pin = bool(self.meta.get("spark_gpus") or self.gpus or spec.host_has_gpus)
         env = tf_env(dict(os.environ), self.meta, self.gpus, pin)
-        env["TF_CONFIG"] = json.dumps(spec["tf_config"])
+        env["TF_CONFIG"] = json.dumps(spec.tf_config)
         info = {
             "node": self.index,
             "job_name": self.job_name,
             "task_index": self.task_index,
-            "cluster_spec": spec["cluster_spec"],
+            "cluster_spec": spec.cluster_spec,
             "executor_id": self.meta.get("executor_id", ""),
             "default_fs": self.meta.get("default_fs", "file:///"),
             "working_dir": self.meta.get("working_dir", os.getcwd()),
-            "log_dir": spec.get("log_dir"),
+            "log_dir": spec.log_dir,
             "gpus": self.gpus,
-            "feed": bool(spec.get("feed")),
+            "feed": spec.feed,
             "secret": self.meta["secret"],
             "host": self.host,
             "cluster_id": self.meta["cluster_id"],
@@ -177,8 +177,8 @@ class Supervisor(ChildOwner):
 
     def run(self) -> int:
         spec = self.await_spec()
-        if spec.get("tensorboard"):
-            self.start_tensorboard(spec["log_dir"])
+        if spec.tensorboard:
+            self.start_tensorboard(spec.log_dir)
         try:
             self.start_child(spec)
             outcome, code = self.supervise()
