@@ -49,6 +49,7 @@ setup(
     ],
     extras_require={
         "notebook": NOTEBOOK,
+        "connect": ["pyspark[connect]>=3.5"],  # Spark Connect sessions (Databricks serverless, standard access)
         "examples": EXAMPLES,
         "all": NOTEBOOK + EXAMPLES,
     },

@@ -96,6 +96,34 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     return spark
 
 
+def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
+    """A real local Spark Connect server (standalone master, ``executors`` executor JVMs) and its client session."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(f"local-cluster[{executors},1,{memory_mb}]").appName("tfos_nb-connect-tests")
+    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": "4", "spark.task.maxFailures": "1"}
+    settings.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
+    """A module-scoped ``spark`` fixture on Spark Connect: ``spark = connect_fixture(2)`` at module level."""
+
+    @pytest.fixture(scope="module")
+    def spark() -> Iterator[Any]:
+        session = connect_session(executors, memory_mb, conf)
+        yield session
+        session.stop()
+
+    return spark
+
+
 @pytest.fixture(scope="module")
 def sc(spark: Any) -> Any:
     """The SparkContext of the module's ``spark`` fixture."""
