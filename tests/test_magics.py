@@ -17,7 +17,6 @@ from IPython.testing.globalipapp import start_ipython
 from tests.conftest import spark_session, wait_until
 from tfos_nb.magics import ClusterFailed, ClusterHandle, _render
 from tfos_nb.magics._cellfn import build
-from tfos_nb.magics._spark import CONNECT_MSG
 
 PYTHON = sys.executable
 
@@ -108,18 +107,6 @@ def test_usage_error_keeps_the_shell_alive(ip, capsys):
     assert not result.success
     assert "UsageError: --workers must be at least 1, got -1" in capsys.readouterr().err
     assert ip.run_cell("1 + 1").result == 2
-
-
-def test_spark_connect_session_is_refused(ip):
-    connect_cls = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
-    ip.user_ns["spark"] = connect_cls()
-    try:
-        with pytest.raises(UsageError) as info:
-            ip.run_cell_magic("tfos_cluster", "--name connect_run", "pass")
-        assert str(info.value) == CONNECT_MSG
-        assert "connect_run" not in ip.user_ns
-    finally:
-        del ip.user_ns["spark"]
 
 
 # -- the cell as a node function ------------------------------------------------------------

@@ -20,7 +20,6 @@ from IPython.core.error import UsageError
 
 from ..runtime.args import Namespace
 from ._run_handle import RunHandle
-from ._spark import CONNECT_MSG
 
 __all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "usage"]
 
@@ -98,8 +97,6 @@ def data_var(ns: Mapping[str, Any], var: str) -> Any:
     if var not in ns:
         raise usage(f"--data {var}: no such variable in the notebook")
     value = ns[var]
-    if type(value).__module__.startswith("pyspark.sql.connect"):
-        raise usage(f"--data {var}: {CONNECT_MSG}")
     try:
         from pyspark import RDD
         from pyspark.sql import DataFrame

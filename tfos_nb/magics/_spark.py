@@ -9,31 +9,23 @@ from typing import Any
 
 from ..runtime.driver.start import expected_slots
 
-__all__ = ["LOOPBACK", "SparkUnusable", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
-           "job_groups", "job_progress", "spark_for_cell", "spark_session", "start_embedded"]
+__all__ = ["CONNECT_ENV", "LOOPBACK", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
+           "is_connect", "job_groups", "job_progress", "spark_for_cell", "spark_session", "start_embedded"]
+
+CONNECT_ENV = "TFOS_NB_SPARK_CONNECT"  # "1": the embedded Spark is a local Spark Connect server (quickstart.sh --connect)
 
 
-class SparkUnusable(ValueError):
-    """The notebook's Spark cannot run a cluster (Spark Connect); the message says what is needed."""
-
-
-CONNECT_MSG = (
-    "this notebook's Spark session is a Spark Connect session (no SparkContext, no RDDs, as on "
-    "Databricks shared or serverless compute); tfos_nb needs classic compute with a Spark driver: "
-    "a single-user (dedicated) cluster, a standalone/YARN/Kubernetes cluster, or a local SparkSession"
-)
-
-
-def _is_connect(obj: Any) -> bool:
+def is_connect(obj: Any) -> bool:
+    """A Spark Connect session (Databricks serverless / standard access): no SparkContext, no RDDs."""
     return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
 def _context_of(obj: Any) -> Any:
-    """The SparkContext behind a session/context object, None if it is neither."""
+    """The SparkContext behind a classic session/context object, the session itself on Spark Connect, else None."""
     if obj is None:
         return None
-    if _is_connect(obj):
-        raise SparkUnusable(CONNECT_MSG)
+    if is_connect(obj):
+        return obj
     try:
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
@@ -46,14 +38,15 @@ def _context_of(obj: Any) -> Any:
     return None
 
 
-def find_spark_context(namespace: Mapping[str, Any]) -> Any:
-    """The notebook's SparkContext: ``spark``, ``sc``, the active session, or None.
+def _usable(sc: Any) -> bool:
+    return sc is not None and (is_connect(sc) or getattr(sc, "_jsc", None) is not None)
 
-    Raises ``SparkUnusable`` for a Spark Connect session.
-    """
+
+def find_spark_context(namespace: Mapping[str, Any]) -> Any:
+    """The notebook's SparkContext (``spark``, ``sc``, the active session), its Spark Connect session, or None."""
     for name in ("spark", "sc"):
         sc = _context_of(namespace.get(name))
-        if sc is not None and getattr(sc, "_jsc", None) is not None:
+        if _usable(sc):
             return sc
     if "pyspark" not in sys.modules:
         return None  # nobody started Spark in this process
@@ -65,7 +58,7 @@ def find_spark_context(namespace: Mapping[str, Any]) -> Any:
     except Exception:  # noqa: BLE001 - a half-configured Connect client
         active = None
     sc = _context_of(active)
-    if sc is not None and getattr(sc, "_jsc", None) is not None:
+    if _usable(sc):
         return sc
     sc = SparkContext._active_spark_context
     if sc is not None and getattr(sc, "_jsc", None) is not None:
@@ -81,8 +74,12 @@ def embedded_host() -> str:
     return os.environ.get("SPARK_LOCAL_IP") or LOOPBACK
 
 
-def start_embedded(nodes: int, master_template: str) -> Any:
+def start_embedded(nodes: int, master_template: str, connect: bool | None = None) -> Any:
     """A SparkSession on an embedded ``local-cluster`` with one executor slot per node.
+
+    ``connect`` (default: the ``TFOS_NB_SPARK_CONNECT`` environment variable is "1"): a local
+    Spark Connect server on that cluster and a Spark Connect session to it — what a hosted
+    notebook (Databricks serverless, standard access mode) gives — its gRPC port on loopback only.
 
     Everything it starts listens on loopback (``embedded_host()``): the driver
     (``spark.driver.host``/``bindAddress``), the local-cluster's master, workers and
@@ -90,8 +87,8 @@ def start_embedded(nodes: int, master_template: str) -> Any:
     and so tfos_nb's control server and the nodes' data servers and TensorBoard, which
     take the driver's address.  A notebook's own Spark session keeps its own settings.
     """
-    if os.environ.get("SPARK_REMOTE") or os.environ.get("SPARK_CONNECT_MODE_ENABLED"):
-        raise SparkUnusable(CONNECT_MSG)
+    if connect is None:
+        connect = os.environ.get(CONNECT_ENV) == "1"
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import TensorFlow from this environment
     from pyspark.sql import SparkSession
 
@@ -100,41 +97,52 @@ def start_embedded(nodes: int, master_template: str) -> Any:
     saved = os.environ.get("SPARK_LOCAL_IP")
     os.environ["SPARK_LOCAL_IP"] = host  # read by the JVM that getOrCreate launches, then put back
     try:
-        spark = (
-            SparkSession.builder.master(master)
-            .appName("tfos_nb")
+        builder = SparkSession.builder.remote(master) if connect else SparkSession.builder.master(master)
+        builder = (
+            builder.appName("tfos_nb")
             .config("spark.driver.host", host)
             .config("spark.driver.bindAddress", host)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
         )
+        if connect:
+            builder = builder.config("spark.connect.grpc.binding.address", host)
+        spark = builder.getOrCreate()
     finally:
         if saved is None:
             os.environ.pop("SPARK_LOCAL_IP", None)
         else:
             os.environ["SPARK_LOCAL_IP"] = saved
-    spark.sparkContext.setLogLevel("ERROR")
+    if not connect:
+        spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,1024]") -> Any:
+def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,1024]",
+                  connect: bool | None = None) -> Any:
     """The active SparkSession, or an embedded local one with ``nodes`` executor slots.
 
     This is what ``%%tfos_cluster`` does when no Spark session exists; call it
     first when the notebook needs Spark itself (to build the DataFrame to feed).
+    ``connect`` (default: ``TFOS_NB_SPARK_CONNECT=1`` in the environment) makes the embedded
+    one a local Spark Connect server and session (see :func:`start_embedded`).
     """
     sc = find_spark_context({})
     if sc is not None:
+        if is_connect(sc):
+            return sc
         from pyspark.sql import SparkSession
 
         return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()  # reuses sc
-    print(embedded_notice(master_template.format(n=max(1, nodes))))
-    return start_embedded(nodes, master_template)
+    print(embedded_notice(master_template.format(n=max(1, nodes)), connect))
+    return start_embedded(nodes, master_template, connect)
 
 
-def embedded_notice(master: str) -> str:
-    return (f"tfos_nb: no Spark session in this kernel; starting an embedded one ({master}, listening on "
+def embedded_notice(master: str, connect: bool | None = None) -> str:
+    if connect is None:
+        connect = os.environ.get(CONNECT_ENV) == "1"
+    kind = "a local Spark Connect server and session" if connect else "an embedded one"
+    return (f"tfos_nb: no Spark session in this kernel; starting {kind} ({master}, listening on "
             f"{embedded_host()} only, executors run {sys.executable})")
 
 
@@ -185,16 +193,15 @@ def spark_for_cell(ns: dict[str, Any], master_template: str, nodes: int, embedde
 
     from ..runtime.driver.start import available_slots
 
-    try:
-        sc = find_spark_context(ns)
-        if sc is None:
-            n = nodes if embedded_slots is None else embedded_slots
-            print(embedded_notice(master_template.format(n=n)))
-            spark = start_embedded(n, master_template)
-            ns.setdefault("spark", spark)
-            return spark.sparkContext
-    except SparkUnusable as exc:
-        raise UsageError(str(exc)) from None
+    sc = find_spark_context(ns)
+    if sc is None:
+        n = nodes if embedded_slots is None else embedded_slots
+        print(embedded_notice(master_template.format(n=n)))
+        spark = start_embedded(n, master_template)
+        ns.setdefault("spark", spark)
+        return spark if is_connect(spark) else spark.sparkContext
+    if is_connect(sc):
+        return sc  # the barrier launch itself fails at once, naming the slots, when there are too few
     if nodes:
         slots, _executors = available_slots(sc)
         if slots < nodes:
