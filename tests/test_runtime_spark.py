@@ -249,11 +249,12 @@ def test_wrongly_shaped_rows_name_the_column(spark, sc, no_leaks):
             cluster.shutdown()
 
 
-def test_cluster_is_context_manager_and_shutdown_idempotent(sc, no_leaks):
+@pytest.mark.parametrize("entry", ["sc", "spark"])
+def test_cluster_is_context_manager_and_shutdown_idempotent(entry, spark, sc, no_leaks):
     def noop(args, ctx):
         return None
 
-    with run(sc, noop, {}, 2) as cluster:
+    with run(sc if entry == "sc" else spark, noop, {}, 2) as cluster:  # TFoS passes sc; a SparkSession works too
         assert cluster.status().state in ("running", "finished")
     cluster.shutdown()
     cluster.shutdown()

@@ -87,6 +87,14 @@ def driver_host(sc: Any) -> str:
     return resolve(host)
 
 
+def spark_context(spark: Any) -> Any:
+    """The SparkContext of a classic SparkSession; anything else as it is."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return spark
+    inner = getattr(spark, "sparkContext", None)
+    return inner if inner is not None and getattr(spark, "parallelize", None) is None else spark
+
+
 def require_classic(sc: Any, needs: str) -> None:
     """tfos_nb runs on a classic SparkContext, not on Spark Connect."""
     if getattr(sc, "_jsc", None) is None:

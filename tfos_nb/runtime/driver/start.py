@@ -19,7 +19,7 @@ from .cluster import InputMode, TFCluster, trainers_finished
 from .controller import Controller
 from .errors import error_for, python_error_line
 from .job import DriverJob, add_start_listener, remove_start_listener
-from .slots import available_slots, expected_slots, require_classic, require_keras, wait_for_slots
+from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run"]
 
@@ -51,6 +51,8 @@ def run(
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
+    ``sc``: the SparkContext, as in TensorFlowOnSpark, or a SparkSession.
+
     Roles are assigned in order ps → chief (``master_node``) → workers →
     evaluator (``eval_node``).  Returns once every node runs its function.
     ``keras="tf_keras"`` (the default) sets ``TF_USE_LEGACY_KERAS=1`` on the
@@ -61,6 +63,7 @@ def run(
     """
     import cloudpickle
 
+    sc = spark_context(sc)
     require_classic(sc, "RDDs, barrier tasks")
     for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
