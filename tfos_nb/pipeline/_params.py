@@ -11,7 +11,8 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 
 from ..runtime.args import Namespace
 
-_FNS_DIR = "tfos_nb_callables"
+_FNS_DIR = "tfos_nb_callables"  # the older saveAsPickleFile format: read on classic sessions only
+_FNS_TABLE = "tfos_nb_fns"  # one-row parquet table, binary column ``fns``
 
 
 def _to_mapping(value: Any) -> dict[str, str]:
@@ -298,24 +299,61 @@ class _HasCallables(Protocol):
     def _set_callables(self, fns: dict[str, Any]) -> None: ...
 
 
+def _is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 class _CallablesWriter(DefaultParamsWriter):
-    """Params as Spark ML JSON metadata, plus the stage's Python callables, cloudpickled."""
+    """Params as Spark ML JSON metadata, plus the stage's Python callables, cloudpickled.
+
+    The callables are one ``binary`` cell of a one-row parquet table in ``<path>/tfos_nb_fns``,
+    written with the DataFrame API only, so that it works on a classic and on a Spark Connect
+    session alike and ``path`` can be anywhere Spark writes (local, HDFS, S3, ``dbfs:/``,
+    ``/Volumes/...``).  As with any Spark ML stage holding Python functions, loading it runs
+    code: load only what you (or someone you trust) saved.
+    """
+
+    def _handleOverwrite(self, path: str) -> None:
+        if _is_connect(self.sparkSession):  # the classic one reaches the JVM through py4j
+            from pyspark.ml.connect.readwrite import RemoteMLWriter
+
+            RemoteMLWriter.handleOverwrite(path, True)
+        else:
+            super()._handleOverwrite(path)
 
     def saveImpl(self, path: str) -> None:
         super().saveImpl(path)
         import cloudpickle
+        from pyspark.sql import types as T
 
         blob = cloudpickle.dumps(cast(_HasCallables, self.instance)._callables())
-        # Through Spark, so that any Hadoop file system (HDFS, S3…) works like a local path.
-        self.sparkSession.sparkContext.parallelize([blob], 1).saveAsPickleFile(os.path.join(path, _FNS_DIR))
+        schema = T.StructType([T.StructField("fns", T.BinaryType(), False)])
+        frame = self.sparkSession.createDataFrame([(blob,)], schema)
+        frame.coalesce(1).write.parquet(os.path.join(path, _FNS_TABLE))
 
 
 class _CallablesReader(DefaultParamsReader):
+    """Loads what :class:`_CallablesWriter` saved (and the ``saveAsPickleFile`` format before it, on classic)."""
+
     def load(self, path: str) -> Any:
         import cloudpickle
+        from pyspark.errors import AnalysisException
 
         instance = super().load(path)
-        blobs = self.sparkSession.sparkContext.pickleFile(os.path.join(path, _FNS_DIR)).collect()
-        if blobs:
-            instance._set_callables(cloudpickle.loads(blobs[0]))
+        spark = self.sparkSession
+        try:
+            rows = spark.read.parquet(os.path.join(path, _FNS_TABLE)).collect()
+        except AnalysisException:  # no table: saved by tfos_nb before the parquet format
+            old = os.path.join(path, _FNS_DIR)
+            if _is_connect(spark):
+                msg = (f"{path} has no {_FNS_TABLE} table: it was saved by an older tfos_nb (as a pickle file, "
+                       "which needs a SparkContext); load it once on a classic session and save it again")
+                raise ValueError(msg) from None
+            blobs = spark.sparkContext.pickleFile(old).collect()
+            if blobs:
+                instance._set_callables(cloudpickle.loads(blobs[0]))
+            return instance
+        if rows:
+            instance._set_callables(cloudpickle.loads(bytes(rows[0][0])))
         return instance
