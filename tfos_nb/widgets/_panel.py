@@ -98,7 +98,7 @@ class ClusterPanel(ipywidgets.VBox):
     def _show_tensorboard(self, model: dict[str, Any]) -> None:
         import html
 
-        from .._tb_html import ANSWER_DEADLINE_S, hosted_message, iframe_html
+        from ..tensorboard import ANSWER_DEADLINE_S, hosted_message, iframe_html
 
         path = model["tensorboard"]
         first = self.tensorboard_path is None and self.tabs is None
