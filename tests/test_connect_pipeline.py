@@ -97,3 +97,30 @@ def test_a_model_saved_in_the_old_format_names_the_way_out(spark, tmp_path):
     shutil.rmtree(path / "tfos_nb_fns")  # what an older tfos_nb left: metadata, and a pickle file needing a SparkContext
     with pytest.raises(ValueError, match="older tfos_nb .* load it once on a classic session and save it again"):
         TFModel.load(str(path))
+
+
+def test_tfrecords_round_trip_without_rdds(spark, tmp_path):
+    from pyspark.sql import types as T
+
+    from tfos_nb import dfutil
+
+    schema = T.StructType([T.StructField("label", T.LongType()), T.StructField("x", T.ArrayType(T.FloatType())),
+                           T.StructField("name", T.StringType()), T.StructField("blob", T.BinaryType())])
+    rows = [(i, [i + 0.5, i * 2.0], f"r{i}", bytes([i, 255])) for i in range(7)]
+    out = str(tmp_path / "tfr")
+    dfutil.saveAsTFRecords(spark.createDataFrame(rows, schema).repartition(3), out)
+    assert sorted(p.name for p in (tmp_path / "tfr").iterdir()) == ["part-r-00000", "part-r-00001", "part-r-00002"]
+    back = dfutil.loadTFRecords(spark, out, binary_features=["blob"])
+    assert dfutil.isLoadedDF(back) and back.columns == ["blob", "label", "name", "x"]
+    got = sorted((r.label, r.x, r.name, bytes(r.blob)) for r in back.collect())
+    assert got == [(i, [i + 0.5, i * 2.0], f"r{i}", bytes([i, 255])) for i in range(7)]
+
+
+def test_tfrecords_refuse_a_vector_column_naming_the_conversion(spark, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+
+    from tfos_nb import dfutil
+
+    df = VectorAssembler(inputCols=["a", "b"], outputCol="v").transform(spark.createDataFrame([(1.0, 2.0)], "a double, b double"))
+    with pytest.raises(TypeError, match=r"column .v.: an ML vector column cannot .*vector_to_array"):
+        dfutil.saveAsTFRecords(df, str(tmp_path / "v"))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 
+from .._connect import is_connect
 from ..runtime.args import Namespace
 
 _FNS_DIR = "tfos_nb_callables"  # the older saveAsPickleFile format: read on classic sessions only
@@ -299,9 +300,14 @@ class _HasCallables(Protocol):
     def _set_callables(self, fns: dict[str, Any]) -> None: ...
 
 
-def _is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
+def _check_connect_ml(spark: Any) -> None:
+    """Spark ML's own metadata reader/writer needs a SparkContext before pyspark 4.0: say so on Spark Connect."""
+    import pyspark
+
+    if is_connect(spark) and int(pyspark.__version__.split(".")[0]) < 4:
+        msg = (f"saving or loading a TFEstimator/TFModel on Spark Connect needs pyspark >= 4.0 (this is "
+               f"{pyspark.__version__}): pip install 'pyspark[connect]>=4.0', or use a classic session")
+        raise RuntimeError(msg)
 
 
 class _CallablesWriter(DefaultParamsWriter):
@@ -314,8 +320,12 @@ class _CallablesWriter(DefaultParamsWriter):
     code: load only what you (or someone you trust) saved.
     """
 
+    def save(self, path: str) -> None:
+        _check_connect_ml(self.sparkSession)
+        super().save(path)
+
     def _handleOverwrite(self, path: str) -> None:
-        if _is_connect(self.sparkSession):  # the classic one reaches the JVM through py4j
+        if is_connect(self.sparkSession):  # the classic one reaches the JVM through py4j
             from pyspark.ml.connect.readwrite import RemoteMLWriter
 
             RemoteMLWriter.handleOverwrite(path, True)
@@ -340,13 +350,17 @@ class _CallablesReader(DefaultParamsReader):
         import cloudpickle
         from pyspark.errors import AnalysisException
 
-        instance = super().load(path)
         spark = self.sparkSession
+        _check_connect_ml(spark)
+        instance = super().load(path)
         try:
             rows = spark.read.parquet(os.path.join(path, _FNS_TABLE)).collect()
-        except AnalysisException:  # no table: saved by tfos_nb before the parquet format
+        except AnalysisException as exc:
+            if "PATH_NOT_FOUND" not in str(exc):
+                raise
+            # no table: saved by tfos_nb before the parquet format
             old = os.path.join(path, _FNS_DIR)
-            if _is_connect(spark):
+            if is_connect(spark):
                 msg = (f"{path} has no {_FNS_TABLE} table: it was saved by an older tfos_nb (as a pickle file, "
                        "which needs a SparkContext); load it once on a classic session and save it again")
                 raise ValueError(msg) from None
