@@ -124,3 +124,23 @@ def test_tfrecords_refuse_a_vector_column_naming_the_conversion(spark, tmp_path)
     df = VectorAssembler(inputCols=["a", "b"], outputCol="v").transform(spark.createDataFrame([(1.0, 2.0)], "a double, b double"))
     with pytest.raises(TypeError, match=r"column .v.: an ML vector column cannot .*vector_to_array"):
         dfutil.saveAsTFRecords(df, str(tmp_path / "v"))
+
+
+def test_saved_and_loaded_model_transforms_on_spark_connect(spark, tmp_path):
+    """TFModel.transform is an Arrow UDF: no SparkContext needed; the model here is saved and loaded first."""
+    import tensorflow as tf
+
+    class Three(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+        def serve(self, x):
+            return {"total": tf.reduce_sum(x, axis=1), "twice": x * 2.0}
+
+    module = Three()
+    export = str(tmp_path / "three")
+    tf.saved_model.save(module, export, signatures={"serving_default": module.serve})
+    TFModel(exportDir=export, inputMapping={"v": "x"}, outputMapping={"total": "t", "twice": "w"}).save(
+        str(tmp_path / "m"))
+    model = TFModel.load(str(tmp_path / "m"))
+    df = spark.createDataFrame([([1.0, 5.0, 2.0], 0), ([3.0, 0.0, 1.0], 1)] * 3, "v array<float>, id int").repartition(2)
+    rows = sorted(model.transform(df).collect(), key=lambda r: (r.id, r.t))
+    assert len(rows) == 6 and (rows[0].t, rows[0].w) == (8.0, [2.0, 10.0, 4.0]) and rows[-1].t == 4.0
