@@ -176,6 +176,24 @@ def test_tensorboard_frontend_detection(monkeypatch):
     assert text == "TensorBoard: /proxy/6006/" and 'var direct = "/proxy/6006/"' in frame
 
 
+def test_tensorboard_on_databricks_is_a_message_not_a_frame(monkeypatch):
+    """A Databricks notebook's page has no Jupyter server behind it: never a frame that cannot load."""
+    import types
+
+    kernel_shell = types.SimpleNamespace(kernel=object())
+    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    assert tb.frontend(kernel_shell) == "jupyter" and tb.hosted_message() is None
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "client.1.13")
+    assert tb.frontend(kernel_shell) == "databricks"
+    frame, text = tb.frontend_output("databricks", "tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
+    assert frame is None and text == tb.hosted_message("http://10.0.0.5:6006")
+    assert text.startswith("TensorBoard listens at http://10.0.0.5:6006, but a Databricks notebook has no Jupyter server")
+    assert "`%tensorboard --logdir DIR`" in text and "/Volumes/" in text
+    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/driver-proxy/o/0/c/%PORT%/")  # a proxy of the user's: frame it
+    assert tb.frontend(kernel_shell) == "proxy" and tb.hosted_message() is None
+
+
 def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
     html = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006", height=300)

@@ -241,6 +241,24 @@ def test_empty_partitions_and_empty_dataframe(session, data, fitted):
     assert out.collect() == [] and out.columns == ["features", "label", "logits"]
 
 
+def test_estimator_functions_saved_as_a_parquet_table_and_the_old_pickle_file_still_loads(session, tmp_path):
+    import shutil
+
+    est = TFEstimator(train_fn, {"learning_rate": 0.5}, model_fn=build_model, env=NODE_ENV).setEpochs(3)
+    path = tmp_path / "est"
+    est.save(str(path))
+    assert (path / "tfos_nb_fns").is_dir() and not (path / "tfos_nb_callables").exists()
+    new = TFEstimator.load(str(path))
+    assert new.train_fn.__name__ == "train_fn" and new.tf_args == {"learning_rate": 0.5} and new.getEpochs() == 3
+    # what tfos_nb wrote before the parquet table: the cloudpickled functions in a Spark pickle file
+    shutil.rmtree(path / "tfos_nb_fns")
+    blob = cloudpickle.dumps(est._callables())
+    session.spark.sparkContext.parallelize([blob], 1).saveAsPickleFile(str(path / "tfos_nb_callables"))
+    old = TFEstimator.load(str(path))
+    assert old.train_fn.__name__ == "train_fn" and old.model_fn.__name__ == "build_model" and old.env == NODE_ENV
+    assert old.tf_args == {"learning_rate": 0.5} and old.getEpochs() == 3
+
+
 def test_pipeline_persists_and_loads_in_a_fresh_session(session, data, fitted, tmp_path):
     # No no_leaks here: the fresh session's Py4J gateway is a new listening port (no cluster is started).
     from pyspark.ml import Pipeline, PipelineModel

@@ -250,6 +250,28 @@ def test_hdfs_path_with_a_namenode_and_other_schemes():
     assert TFNode.hdfs_path(other, "x") == "s3a://bucket/x"
 
 
+def test_databricks_paths_are_local_paths_tensorflow_opens():
+    """dbfs:/x is mounted at /dbfs/x on Databricks nodes; /Volumes/... is a FUSE path: never under the default FS."""
+    from tfos_nb.runtime.executor.context import NodeContext
+
+    for default_fs in ("dbfs:/", "hdfs://nn:8020/", "file://", "abfss://c@a.dfs.core.windows.net/"):
+        ctx = types.SimpleNamespace(defaultFS=default_fs, working_dir="/w")
+        table = {
+            "dbfs:/models/m1": "/dbfs/models/m1",
+            "dbfs:///models/m1": "/dbfs/models/m1",
+            "dbfs:/": "/dbfs/",
+            "/dbfs/models/m1": "/dbfs/models/m1",
+            "/Volumes/main/default/vol/ckpt": "/Volumes/main/default/vol/ckpt",
+            "/Workspace/Users/me/run": "/Workspace/Users/me/run",
+        }
+        for path, expected in table.items():
+            assert TFNode.hdfs_path(ctx, path) == expected, (default_fs, path)
+    info = {"job_name": "chief", "task_index": 0, "node": 0, "cluster_spec": {"chief": ["h:1"]}, "default_fs": "dbfs:/"}
+    node = NodeContext(info, None, None)
+    assert node.absolute_path("dbfs:/export") == node.tf_path("dbfs:/export") == "/dbfs/export"
+    assert node.absolute_path("/Volumes/c/s/v/x") == "/Volumes/c/s/v/x"
+
+
 # -- util ----------------------------------------------------------------------------------------------
 def test_util_helpers(tmp_path, monkeypatch):
     (tmp_path / "bin").mkdir()

@@ -668,6 +668,30 @@ def test_widget_panel_tensorboard_link_and_tab(test_comm):
     assert "<iframe" not in tabs.children[1].outputs[0]["data"]["text/html"]
 
 
+def test_widget_panel_tensorboard_tab_is_never_a_blank_frame(test_comm, monkeypatch):
+    """Without the Jupyter server's tfos_nb route the tab's frame says why after a while; on Databricks (no
+    Jupyter server behind the page) the tab is the message, with no link or frame that could never load."""
+    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    tb = dict(cluster_id="0123abcd", tensorboard="http://10.9.9.9:6006")
+    r = make_renderer("widget", display=FakeDisplay(), interval=0.0)
+    r.update(cluster(node(step=2), **tb))
+    (frame,) = r.backend.panel.children[1].children[1].outputs
+    page = frame["data"]["text/html"]
+    assert page.index('<div id="tfos-tb-') < page.index("<iframe")  # the note above the frame
+    assert "1000 * 20.0" in page and "jupyter server extension enable tfos_nb.tbproxy" in page
+    assert "No Jupyter server answers at %URL%" in page
+
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    r = make_renderer("widget", display=FakeDisplay(), interval=0.0)
+    r.update(cluster(node(step=2), **tb))
+    panel = r.backend.panel
+    (frame,) = panel.children[1].children[1].outputs
+    assert "<iframe" not in frame["data"]["text/html"] and panel.tensorboard_link.outputs == ()
+    assert "Databricks notebook has no Jupyter server" in frame["data"]["text/plain"]
+    assert "%load_ext tensorboard" in frame["data"]["text/html"]
+
+
 def test_html_fallback_links_tensorboard_and_drops_the_link_at_the_end():
     disp = FakeDisplay()
     r = make_renderer("html", display=disp, interval=0.0)

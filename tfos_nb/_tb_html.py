@@ -126,30 +126,48 @@ def proxy_url_from_env(node_url: str, environ: Any = None) -> str | None:
     return template.replace("%PORT%", str(parts.port or "")).replace("%HOST%", parts.hostname or "")
 
 
+def hosted_message(node_url: str | None = None, environ: Any = None) -> str | None:
+    """What to show instead of a frame in a hosted notebook whose page has no Jupyter server behind it
+    (Databricks: ``DATABRICKS_RUNTIME_VERSION`` set, no ``TENSORBOARD_PROXY_URL``); None elsewhere."""
+    env = os.environ if environ is None else environ
+    if env.get("TENSORBOARD_PROXY_URL") or not env.get("DATABRICKS_RUNTIME_VERSION"):
+        return None
+    where = f"TensorBoard listens at {node_url}, but a" if node_url else "A"
+    return (f"{where} Databricks notebook has no Jupyter server to show it through: use Databricks' own "
+            "`%load_ext tensorboard` then `%tensorboard --logdir DIR` with the run's log directory (on /dbfs/... or "
+            "/Volumes/...), or set TENSORBOARD_PROXY_URL in the kernel's environment to a proxy that reaches the node "
+            "(%PORT% and %HOST% are filled in).")
+
+
 def frontend(shell: Any) -> str:
     """Where this kernel's output goes, as far as the kernel can tell: ``terminal`` (IPython without a
-    kernel), ``colab``, ``proxy`` (TENSORBOARD_PROXY_URL set), else ``jupyter`` (a Jupyter server's page,
-    which may or may not run the tfos_nb extension: the page's script finds out)."""
+    kernel), ``colab``, ``proxy`` (TENSORBOARD_PROXY_URL set), ``databricks`` (no Jupyter server behind
+    the page: :func:`hosted_message`), else ``jupyter`` (a Jupyter server's page, which may or may not run
+    the tfos_nb extension: the page's script finds out)."""
     if shell is None or getattr(shell, "kernel", None) is None:
         return "terminal"
     if "google.colab" in sys.modules:
         return "colab"
     if os.environ.get("TENSORBOARD_PROXY_URL"):
         return "proxy"
+    if hosted_message() is not None:
+        return "databricks"
     return "jupyter"
 
 
 def frontend_output(where: str, path: str, node_url: str, *, height: int = 800) -> tuple[str | None, str]:
     """What ``%tfos_tensorboard`` shows on a front-end (see :func:`frontend`): ``(frame HTML or None, text line)``.
 
-    A terminal gets the URLs (as TensorBoard's own ``%tensorboard`` prints one there); Colab, whose page has
-    no Jupyter server route, gets what to use instead; a page gets the frame and the URL it loads.
+    A terminal gets the URLs (as TensorBoard's own ``%tensorboard`` prints one there); Colab and Databricks,
+    whose pages have no Jupyter server route, get what to use instead; a page gets the frame and the URL it loads.
     """
     if where == "terminal":
         return None, f"TensorBoard: {node_url} (through a Jupyter server with the tfos_nb extension: <Jupyter base URL>/{path})"
     if where == "colab":
         return None, (f"TensorBoard listens at {node_url}, but Colab has no Jupyter server to proxy it: for a log "
                       "directory on this machine use TensorBoard's own `%load_ext tensorboard` then `%tensorboard --logdir DIR`")
+    if where == "databricks":
+        return None, hosted_message(node_url, {"DATABRICKS_RUNTIME_VERSION": "any"}) or ""
     proxied = proxy_url_from_env(node_url)
     return embed_html(path, node_url, height=height), f"TensorBoard: {proxied or '<Jupyter base URL>/' + path}"
 

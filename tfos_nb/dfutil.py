@@ -7,6 +7,9 @@ inferring the schema from the first record (as TensorFlowOnSpark does).
 ``toTFExample`` / ``fromTFExample`` / ``infer_schema`` are TensorFlowOnSpark's
 conversion helpers.  Paths are anything TensorFlow's
 file system layer can write: local paths, ``file://``, ``hdfs://``, ``gs://``…
+
+On a Spark Connect session (no RDDs) both run through ``mapInArrow`` instead:
+``saveAsTFRecords(df, dir)`` as it is, ``loadTFRecords(spark, dir)`` given the session.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
+
+from ._connect import is_connect
 
 __all__ = ["fromTFExample", "infer_schema", "isLoadedDF", "loadTFRecords", "loadedDF", "saveAsTFRecords",
            "toTFExample"]
@@ -45,12 +50,18 @@ def _feature(tf: Any, value: Any, dtype: Any) -> Any:
 def saveAsTFRecords(df: Any, output_dir: str) -> None:  # noqa: N802 - TensorFlowOnSpark's name
     """Write ``df`` as TFRecord files of ``tf.train.Example``, one file per partition."""
     schema = df.schema
+    connect = is_connect(df)
     for field in schema.fields:  # fail on the driver, before any task runs
         from pyspark.sql import types as T
 
         t = field.dataType.elementType if isinstance(field.dataType, T.ArrayType) else field.dataType
         ok = (T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.BooleanType, T.FloatType, T.DoubleType,
               T.DecimalType, T.BinaryType, T.StringType)
+        if type(t).__name__ == "VectorUDT" and connect:
+            msg = (f"column {field.name!r}: an ML vector column cannot be written to TFRecords on Spark Connect; "
+                   f"convert it first: df.withColumn({field.name!r}, pyspark.ml.functions.vector_to_array("
+                   f"{field.name!r}))")
+            raise TypeError(msg)
         if not isinstance(t, ok) and type(t).__name__ != "VectorUDT":
             msg = f"column {field.name!r}: cannot write type {field.dataType.simpleString()} to a TFRecord"
             raise TypeError(msg)
@@ -70,7 +81,20 @@ def saveAsTFRecords(df: Any, output_dir: str) -> None:  # noqa: N802 - TensorFlo
                 n += 1
         yield n
 
-    df.rdd.mapPartitionsWithIndex(write).collect()
+    if not connect:
+        df.rdd.mapPartitionsWithIndex(write).collect()
+        return
+
+    def write_batches(batches: Iterator[Any]) -> Iterator[Any]:  # Spark Connect: no RDDs, the same writer
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        rows = (row for batch in batches for row in batch.to_pylist())
+        task = TaskContext.get()
+        written = next(write(task.partitionId() if task is not None else 0, rows))
+        yield pa.RecordBatch.from_pydict({"records": [written]})
+
+    df.mapInArrow(write_batches, "records long").collect()
 
 
 def infer_schema(example: Any, binary_features: list[str] | None = None) -> Any:
@@ -189,6 +213,9 @@ def _record_files(input_dir: str) -> list[str]:
 def loadTFRecords(sc: Any, input_dir: str, binary_features: list[str] | None = None) -> Any:  # noqa: N802
     """Read the TFRecord files of ``tf.train.Example`` in ``input_dir`` into a DataFrame.
 
+    ``sc``: the SparkContext, as in TensorFlowOnSpark, or a SparkSession (on Spark Connect,
+    which has no SparkContext, the session: ``loadTFRecords(spark, dir)``).
+
     Every file of the directory is read (not only ``part-*``; Hadoop's hidden ``_*`` and
     ``.*`` files are skipped; a glob pattern works too); empty files are fine.  The
     schema is inferred from the first record (:func:`infer_schema`: floats are
@@ -233,10 +260,37 @@ def loadTFRecords(sc: Any, input_dir: str, binary_features: list[str] | None = N
                     row.append(value)
                 yield tuple(row)
 
-    spark = SparkSession.builder.getOrCreate()
-    df = spark.createDataFrame(sc.parallelize(files, len(files)).mapPartitions(read), schema)
+    if is_connect(sc):
+        df = _load_with_arrow(sc, files, schema, read)
+    else:
+        spark = sc if hasattr(sc, "createDataFrame") else SparkSession.builder.getOrCreate()
+        sc = spark.sparkContext
+        df = spark.createDataFrame(sc.parallelize(files, len(files)).mapPartitions(read), schema)
     loadedDF[df] = input_dir
     return df
+
+
+def _load_with_arrow(spark: Any, files: list[str], schema: Any, read: Any) -> Any:
+    """``loadTFRecords`` without RDDs (Spark Connect): one task per file, rows back as Arrow batches."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema)
+    names = schema.names
+
+    def read_batches(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                chunk: list[dict[str, Any]] = []
+                for row in read(iter([files[index]])):
+                    chunk.append(dict(zip(names, row)))
+                    if len(chunk) == 4096:
+                        yield pa.RecordBatch.from_pylist(chunk, schema=arrow_schema)
+                        chunk = []
+                yield pa.RecordBatch.from_pylist(chunk, schema=arrow_schema)
+
+    return spark.range(0, len(files), 1, len(files)).mapInArrow(read_batches, schema)
 
 
 def isLoadedDF(df: Any) -> bool:  # noqa: N802

@@ -25,9 +25,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._tb_html import (  # the HTML half, re-exported: tensorboard.iframe_html(...) etc.
+    ANSWER_DEADLINE_S,
     embed_html,
     frontend,
     frontend_output,
+    hosted_message,
     iframe_html,
     link_html,
     missing_messages,
@@ -36,7 +38,8 @@ from ._tb_html import (  # the HTML half, re-exported: tensorboard.iframe_html(.
 from .runtime.procs import pid_alive as _pid_alive
 from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
 
-__all__ = ["ClusterRoute", "LocalTensorBoard", "embed_html", "frontend", "frontend_output", "iframe_html", "link_html", "missing_messages",
+__all__ = ["ANSWER_DEADLINE_S", "ClusterRoute", "LocalTensorBoard", "embed_html", "frontend", "frontend_output", "hosted_message",
+           "iframe_html", "link_html", "missing_messages",
            "proxy_path", "proxy_url_from_env", "register", "start_local", "withdraw"]
 
 _lock = threading.Lock()

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 
+from .._connect import is_connect
 from ..runtime.args import Namespace
 
-_FNS_DIR = "tfos_nb_callables"
+_FNS_DIR = "tfos_nb_callables"  # the older saveAsPickleFile format: read on classic sessions only
+_FNS_TABLE = "tfos_nb_fns"  # one-row parquet table, binary column ``fns``
 
 
 def _to_mapping(value: Any) -> dict[str, str]:
@@ -298,24 +300,74 @@ class _HasCallables(Protocol):
     def _set_callables(self, fns: dict[str, Any]) -> None: ...
 
 
+def _check_connect_ml(spark: Any) -> None:
+    """Spark ML's own metadata reader/writer needs a SparkContext before pyspark 4.0: say so on Spark Connect."""
+    import pyspark
+
+    if is_connect(spark) and int(pyspark.__version__.split(".")[0]) < 4:
+        msg = (f"saving or loading a TFEstimator/TFModel on Spark Connect needs pyspark >= 4.0 (this is "
+               f"{pyspark.__version__}): pip install 'pyspark[connect]>=4.0', or use a classic session")
+        raise RuntimeError(msg)
+
+
 class _CallablesWriter(DefaultParamsWriter):
-    """Params as Spark ML JSON metadata, plus the stage's Python callables, cloudpickled."""
+    """Params as Spark ML JSON metadata, plus the stage's Python callables, cloudpickled.
+
+    The callables are one ``binary`` cell of a one-row parquet table in ``<path>/tfos_nb_fns``,
+    written with the DataFrame API only, so that it works on a classic and on a Spark Connect
+    session alike and ``path`` can be anywhere Spark writes (local, HDFS, S3, ``dbfs:/``,
+    ``/Volumes/...``).  As with any Spark ML stage holding Python functions, loading it runs
+    code: load only what you (or someone you trust) saved.
+    """
+
+    def save(self, path: str) -> None:
+        _check_connect_ml(self.sparkSession)
+        super().save(path)
+
+    def _handleOverwrite(self, path: str) -> None:
+        if is_connect(self.sparkSession):  # the classic one reaches the JVM through py4j
+            from pyspark.ml.connect.readwrite import RemoteMLWriter
+
+            RemoteMLWriter.handleOverwrite(path, True)
+        else:
+            super()._handleOverwrite(path)
 
     def saveImpl(self, path: str) -> None:
         super().saveImpl(path)
         import cloudpickle
+        from pyspark.sql import types as T
 
         blob = cloudpickle.dumps(cast(_HasCallables, self.instance)._callables())
-        # Through Spark, so that any Hadoop file system (HDFS, S3…) works like a local path.
-        self.sparkSession.sparkContext.parallelize([blob], 1).saveAsPickleFile(os.path.join(path, _FNS_DIR))
+        schema = T.StructType([T.StructField("fns", T.BinaryType(), False)])
+        frame = self.sparkSession.createDataFrame([(blob,)], schema)
+        frame.coalesce(1).write.parquet(os.path.join(path, _FNS_TABLE))
 
 
 class _CallablesReader(DefaultParamsReader):
+    """Loads what :class:`_CallablesWriter` saved (and the ``saveAsPickleFile`` format before it, on classic)."""
+
     def load(self, path: str) -> Any:
         import cloudpickle
+        from pyspark.errors import AnalysisException
 
+        spark = self.sparkSession
+        _check_connect_ml(spark)
         instance = super().load(path)
-        blobs = self.sparkSession.sparkContext.pickleFile(os.path.join(path, _FNS_DIR)).collect()
-        if blobs:
-            instance._set_callables(cloudpickle.loads(blobs[0]))
+        try:
+            rows = spark.read.parquet(os.path.join(path, _FNS_TABLE)).collect()
+        except AnalysisException as exc:
+            if "PATH_NOT_FOUND" not in str(exc):
+                raise
+            # no table: saved by tfos_nb before the parquet format
+            old = os.path.join(path, _FNS_DIR)
+            if is_connect(spark):
+                msg = (f"{path} has no {_FNS_TABLE} table: it was saved by an older tfos_nb (as a pickle file, "
+                       "which needs a SparkContext); load it once on a classic session and save it again")
+                raise ValueError(msg) from None
+            blobs = spark.sparkContext.pickleFile(old).collect()
+            if blobs:
+                instance._set_callables(cloudpickle.loads(blobs[0]))
+            return instance
+        if rows:
+            instance._set_callables(cloudpickle.loads(bytes(rows[0][0])))
         return instance

@@ -96,7 +96,9 @@ class ClusterPanel(ipywidgets.VBox):
                 self.stop_button.description = model["state"].capitalize()
 
     def _show_tensorboard(self, model: dict[str, Any]) -> None:
-        from ..tensorboard import iframe_html
+        import html
+
+        from ..tensorboard import ANSWER_DEADLINE_S, hosted_message, iframe_html
 
         path = model["tensorboard"]
         first = self.tensorboard_path is None and self.tabs is None
@@ -105,8 +107,14 @@ class ClusterPanel(ipywidgets.VBox):
             self.tensorboard_link = ipywidgets.Output(layout=ipywidgets.Layout(margin="0 0 0 12px"))
             self.tensorboard_frame = ipywidgets.Output()
         text = f"TensorBoard: <Jupyter base URL>/{path}"
-        self.tensorboard_link.outputs = (_html_output(tensorboard_link(model), text),)
-        self.tensorboard_frame.outputs = (_html_output(iframe_html(path, height=TENSORBOARD_HEIGHT), text),)
+        hosted = hosted_message()
+        if hosted:  # no Jupyter server behind the page: no link or frame that could never load, but what to do
+            self.tensorboard_link.outputs = ()
+            self.tensorboard_frame.outputs = (_html_output(f"<p>{html.escape(hosted)}</p>", hosted),)
+        else:  # the frame says why, after a while, when its route does not answer (no tfos_nb extension…)
+            frame = iframe_html(path, height=TENSORBOARD_HEIGHT, deadline=ANSWER_DEADLINE_S)
+            self.tensorboard_link.outputs = (_html_output(tensorboard_link(model), text),)
+            self.tensorboard_frame.outputs = (_html_output(frame, text),)
         if first:
             self.tabs = ipywidgets.Tab(children=[self.table, self.tensorboard_frame], titles=("Nodes", "TensorBoard"))
             top = ipywidgets.HBox([self.stop_button, self.tensorboard_link], layout=ipywidgets.Layout(align_items="center"))

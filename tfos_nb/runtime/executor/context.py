@@ -17,6 +17,8 @@ from .feed_hub import FeedHub
 
 HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://",
                   "wasb://", "gs://", "abfs://", "abfss://")
+#: Databricks' FUSE mounts on every node: local paths TensorFlow opens, never under the default FS
+DATABRICKS_LOCAL = ("/Volumes/", "/dbfs/", "/Workspace/")
 
 
 def hdfs_path(ctx: Any, path: str) -> str:
@@ -28,9 +30,15 @@ def hdfs_path(ctx: Any, path: str) -> str:
     a local file system.  One deliberate difference: on a local default file
     system (``file://...``) the result is a plain local path (``/foo/bar``, not
     ``file:///foo/bar``), which TensorFlow, Keras and Python's ``open`` all take.
+
+    Databricks paths: ``dbfs:/x`` becomes ``/dbfs/x`` (DBFS is mounted there on every
+    node; TensorFlow cannot open ``dbfs:`` URIs), and ``/Volumes/...``, ``/dbfs/...`` and
+    ``/Workspace/...`` (local FUSE mounts) are kept as they are on any default file system.
     """
     fs = str(ctx.defaultFS)
-    if path.startswith(HADOOP_SCHEMES):
+    if path.startswith("dbfs:"):
+        return "/dbfs/" + path[len("dbfs:"):].lstrip("/")
+    if path.startswith(HADOOP_SCHEMES) or path.startswith(DATABRICKS_LOCAL):
         return path
     base = fs[:-1] if fs.endswith("/") and not fs.endswith("://") else fs
     local = fs.startswith("file:")
