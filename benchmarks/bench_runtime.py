@@ -7,6 +7,10 @@ Compares, in ONE Spark application and alternating per repetition (after a warm-
 * tfos_nb -- ``tfos_nb.TFCluster`` (same API), with RDD input and with DataFrame input
 * the "ceiling" -- the same cached DataFrame through Spark's own ``df.mapInArrow`` into numpy
   batches, with no TensorFlow hop (B1 only)
+* tfos_nb through TensorFlowOnSpark's row API (``TFNode.DataFeed.next_batch(128)`` + ``np.asarray``
+  over the rows, as migrated programs do), with DataFrame and RDD input, and the "RDD ceiling" --
+  what Spark itself needs to hand the same cached, pickled RDD rows to Python and batch them into
+  numpy (``rdd.mapPartitions``, no TensorFlow hop); RDD variants are compared with the RDD ceiling
 
 and prints a markdown table (median, min-max, ratios, targets from shared BENCHMARKS.md).
 
@@ -82,6 +86,21 @@ def _ceiling_fn(it):
         yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
 
 
+def _rdd_ceiling_fn(it):
+    """mapPartitions function: the cached RDD's (features, label) rows -> float32 numpy (128, 784) batches."""
+    import numpy as np
+    n = 0
+    buf = []
+    for row in it:
+        buf.append(row)
+        if len(buf) == BATCH:
+            n += np.asarray([r[0] for r in buf], dtype=np.float32).shape[0]
+            buf = []
+    if buf:
+        n += np.asarray([r[0] for r in buf], dtype=np.float32).shape[0]
+    yield n
+
+
 def _write_count(count_dir, tag, n):
     if not count_dir:
         return
@@ -147,6 +166,22 @@ def tfos_nb_feed_fun(args, ctx):
         x = _cols_to_matrix(cols)
         if x is None:
             break
+        n += x.shape[0]
+    _write_count(args.get("count_dir"), "tfos_nb", n)
+
+
+def tfos_nb_rows_fun(args, ctx):
+    """tfos_nb map_fun through TensorFlowOnSpark's row API, written as for TFoS (``tfos_feed_fun``)."""
+    import numpy as np
+
+    from tfos_nb import TFNode
+    feed = TFNode.DataFeed(ctx.mgr, train_mode=True)
+    n = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(args["batch"])
+        if not batch:
+            break
+        x = np.asarray([r[0] for r in batch], dtype=np.float32)
         n += x.shape[0]
     _write_count(args.get("count_dir"), "tfos_nb", n)
 
@@ -270,7 +305,7 @@ class Bench:
                      n, rdd.getNumPartitions(), time.perf_counter() - t0)
 
     def want_rdd(self):
-        return "B1" in self.opts.bench and ({"tfos", "tfos_nb"} & set(self.opts.only))
+        return "B1" in self.opts.bench and ({"tfos", "tfos_nb", "ceiling"} & set(self.opts.only))
 
     def ensure_spark(self):
         """TFoS calls sc.stop() + sys.exit(1) on a node error: rebuild the session if that happened."""
@@ -339,12 +374,12 @@ class Bench:
         return {"rows/s": self.opts.rows / t_train, "train s": t_train, "start s": t_start,
                 "shutdown s": t_shut, "_seen": (seen, nodes)}
 
-    def _b1_tfos_nb(self, data):
+    def _b1_tfos_nb(self, data, fun=tfos_nb_feed_fun):
         from tfos_nb import TFCluster
         sc = self.spark.sparkContext
         self._reset_counts()
         t0 = time.perf_counter()
-        cluster = TFCluster.run(sc, tfos_nb_feed_fun, self._feed_args(), 2, num_ps=0, tensorboard=False,
+        cluster = TFCluster.run(sc, fun, self._feed_args(), 2, num_ps=0, tensorboard=False,
                                 input_mode=TFCluster.InputMode.SPARK, master_node="chief")
         t_start = time.perf_counter() - t0
         t_train = t_shut = None
@@ -368,6 +403,18 @@ class Bench:
 
     def b1_tfos_nb_df(self):
         return self._b1_tfos_nb(self.df)
+
+    def b1_tfos_nb_rdd_rows(self):
+        return self._b1_tfos_nb(self.rdd, tfos_nb_rows_fun)
+
+    def b1_tfos_nb_df_rows(self):
+        return self._b1_tfos_nb(self.df, tfos_nb_rows_fun)
+
+    def b1_rdd_ceiling(self):
+        t0 = time.perf_counter()
+        out = self.rdd.mapPartitions(_rdd_ceiling_fn).collect()
+        dt = time.perf_counter() - t0
+        return {"rows/s": self.opts.rows / dt, "train s": dt, "_seen": (sum(out), None)}
 
     def b1_ceiling(self):
         t0 = time.perf_counter()
@@ -406,10 +453,22 @@ VARIANTS = [
     ("b1_tfos", "B1", "TFoS 2.2.5 (RDD)", "tfos", "b1_tfos", "rows/s", ["start s", "shutdown s"]),
     ("b1_nb_rdd", "B1", "tfos_nb (RDD)", "tfos_nb", "b1_tfos_nb_rdd", "rows/s", ["start s", "shutdown s"]),
     ("b1_nb_df", "B1", "tfos_nb (DataFrame)", "tfos_nb", "b1_tfos_nb_df", "rows/s", ["start s", "shutdown s"]),
+    ("b1_nb_rdd_rows", "B1", "tfos_nb (RDD) rows: next_batch + np.asarray", "tfos_nb", "b1_tfos_nb_rdd_rows",
+     "rows/s", ["start s", "shutdown s"]),
+    ("b1_nb_df_rows", "B1", "tfos_nb (DataFrame) rows: next_batch + np.asarray", "tfos_nb", "b1_tfos_nb_df_rows",
+     "rows/s", ["start s", "shutdown s"]),
     ("b1_ceiling", "B1", "ceiling: df.mapInArrow -> numpy", "ceiling", "b1_ceiling", "rows/s", []),
+    ("b1_rdd_ceiling", "B1", "RDD ceiling: rdd.mapPartitions -> numpy batches", "ceiling", "b1_rdd_ceiling",
+     "rows/s", []),
     ("b4a_tfos", "B4a", "TFoS 2.2.5", "tfos", "b4a_tfos", "start+shutdown s", ["start s", "shutdown s"]),
     ("b4a_nb", "B4a", "tfos_nb", "tfos_nb", "b4a_tfos_nb", "start+shutdown s", ["start s", "shutdown s"]),
 ]
+
+
+# Which ceiling a B1 variant is compared with (default: b1_ceiling), and its own target where it differs.
+CEILING_OF = {"b1_nb_rdd_rows": "b1_rdd_ceiling", "b1_rdd_ceiling": None}
+TARGET_OF = {"b1_nb_rdd_rows": ("≥0.8× RDD ceiling", None, 0.8),
+             "b1_nb_df_rows": ("≥10× TFoS, ≥0.5× ceiling", 10, 0.5)}
 
 
 def one_line(e):
@@ -490,7 +549,7 @@ def build_table(bench, results, failures, selected):
                 if xs:
                     cell += " (after %d ok runs)" % len(xs)
                 rows.append("| %s | %s | %s | %s | | | | | %s |" % (bname, label, metric, cell,
-                                                                     target_text(bname, fw, metric)))
+                                                                     target_text(bname, fw, metric, key)))
                 continue
             if not xs:
                 if key in failures:
@@ -503,22 +562,25 @@ def build_table(bench, results, failures, selected):
             if key != ref_key:
                 ref = med(results, ref_key, metric)
                 r_ref = (m / ref) if ref else None
-            if bname == "B1" and metric == "rows/s" and key != "b1_ceiling":
-                c = med(results, "b1_ceiling", metric)
+            ceil_key = CEILING_OF.get(key, "b1_ceiling")
+            if bname == "B1" and metric == "rows/s" and ceil_key and key != ceil_key:
+                c = med(results, ceil_key, metric)
                 r_ceil = (m / c) if c else None
-            tgt = target_text(bname, fw, metric)
+            tgt = target_text(bname, fw, metric, key)
             verdict = ""
             if tgt and fw == "tfos_nb":
-                verdict = verdict_text(bname, metric, m, r_ref, r_ceil)
+                verdict = verdict_text(bname, metric, m, r_ref, r_ceil, key)
             rows.append("| %s | %s | %s | %s | %s | %d | %s | %s | %s%s |" % (
                 bname, label, metric, fmt(metric, m), rng, len(xs), fmt_ratio(r_ref),
                 fmt_ratio(r_ceil), tgt, verdict))
     return hdr + "\n" + "\n".join(rows)
 
 
-def target_text(bname, fw, metric):
+def target_text(bname, fw, metric, key=None):
     if fw != "tfos_nb":
         return ""
+    if key in TARGET_OF and metric == "rows/s":
+        return TARGET_OF[key][0]
     if bname == "B1" and metric == "rows/s":
         return "≥10× TFoS, ≥0.5× ceiling"
     if bname == "B4a" and metric == "start+shutdown s":
@@ -526,9 +588,14 @@ def target_text(bname, fw, metric):
     return ""
 
 
-def verdict_text(bname, metric, m, r_ref, r_ceil):
+def verdict_text(bname, metric, m, r_ref, r_ceil, key=None):
     """' — **met**' / ' — **not met**' / ' — (incomplete)' from the checks that can be evaluated."""
-    if bname == "B1" and metric == "rows/s":
+    if key in TARGET_OF and metric == "rows/s":
+        _, min_ref, min_ceil = TARGET_OF[key]
+        checks = [None if r_ceil is None else r_ceil >= min_ceil]
+        if min_ref is not None:
+            checks.append(None if r_ref is None else r_ref >= min_ref)
+    elif bname == "B1" and metric == "rows/s":
         checks = [None if r_ref is None else r_ref >= 10, None if r_ceil is None else r_ceil >= 0.5]
     elif bname == "B4a" and metric == "start+shutdown s":
         checks = [m <= 5.0, None if r_ref is None else r_ref <= 0.5]
@@ -657,7 +724,8 @@ def main(argv=None):
         lines += [
             "Ratios are median/median. B1 `rows/s` ratio > 1 means faster than the reference; for seconds "
             "(start, shutdown, start+shutdown) ratio < 1 means faster. `ratio vs ceiling` is the share of "
-            "Spark's own mapInArrow→numpy rate (no TensorFlow hop). rows/s = rows / wall time of `train()` "
+            "Spark's own mapInArrow→numpy rate (no TensorFlow hop); for the RDD row-API variant, of the RDD "
+            "ceiling (Spark handing the cached pickled rows to Python, batched into numpy). rows/s = rows / wall time of `train()` "
             "(or of the ceiling's `collect()`).",
         ]
         if interrupted:

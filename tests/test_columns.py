@@ -87,3 +87,55 @@ def test_dataframe_rows_arrive_as_pyspark_rows():
         assert isinstance(row, Row) and row.label == row["label"] == row[1] == 3
         assert row.asDict() == {"x": 1.5, "label": 3} and row == (1.5, 3)
     assert fed[1].x == 2.5
+
+
+def _list_batch(x, labels, fixed=False):
+    n, width = x.shape
+    flat = pa.array(x.ravel())
+    if fixed:
+        feats = pa.FixedSizeListArray.from_arrays(flat, width)
+    else:
+        feats = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32)), flat)
+    return pa.RecordBatch.from_arrays([feats, pa.array(labels)], names=["features", "label"])
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_numpy_array_rows_are_views_of_a_dataframes_batch(fixed):
+    from pyspark.sql import Row
+
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    batch = _list_batch(x, np.arange(10, dtype=np.int32), fixed).slice(3, 5)  # next_batch hands out slices
+    rows = C.batch_to_rows(batch, numpy_arrays=True)
+    assert len(rows) == 5 and all(isinstance(r, Row) for r in rows)
+    first = rows[0]
+    assert isinstance(first.features, np.ndarray) and first.features.dtype == np.float32
+    np.testing.assert_array_equal(first.features, x[3])
+    assert first[0] is not None and type(first.label) is int and first.label == first[1] == 3
+    feats, label = first  # tuple unpacking, len, names: still a Row
+    assert len(first) == 2 and label == 3 and feats.shape == (4,)
+    assert not feats.flags.writeable  # a read-only view of the received Arrow buffer
+    assert rows[0].features.base is rows[4].features.base is not None  # views of one array, no per-row copy
+    np.testing.assert_array_equal(np.array([r[0] for r in rows]), x[3:8])
+    np.testing.assert_array_equal(np.array([r.features for r in rows], dtype=np.float64), x[3:8])
+
+
+def test_numpy_array_rows_keep_shapes_and_the_row_kinds():
+    tuples = C.batch_to_rows(roundtrip([(np.ones((2, 3)) * i, i) for i in range(3)]), numpy_arrays=True)
+    assert type(tuples[2]) is tuple and tuples[2][0].shape == (2, 3) and tuples[2][0][1, 2] == 2.0
+    vectors = C.batch_to_rows(roundtrip([[1.0, 2.0], [3.0, 4.0]]), numpy_arrays=True)
+    np.testing.assert_array_equal(np.array(vectors), [[1.0, 2.0], [3.0, 4.0]])  # np.array(batch) of vector rows
+    dicts = C.batch_to_rows(roundtrip([{"a": 1, "b": [1.0, 2.0]}]), numpy_arrays=True)
+    assert dicts[0]["a"] == 1 and dicts[0]["b"].tolist() == [1.0, 2.0]
+    lists = C.batch_to_rows(roundtrip([[1, [1.0, 2.0]]]), numpy_arrays=True)
+    assert type(lists[0]) is list and lists[0][1].tolist() == [1.0, 2.0]
+
+
+def test_numpy_array_rows_leave_nulls_ragged_strings_and_scalars_as_python():
+    batch = pa.RecordBatch.from_pydict({
+        "nulls": [[1.0, None], [2.0, 3.0]], "ragged": [[1.0], [2.0, 3.0]], "missing": [[1, 2], None],
+        "s": ["x", "y"], "n": [1, None], "f": [0.5, 1.5],
+    })
+    rows = C.batch_to_rows(batch, numpy_arrays=True)
+    assert rows == C.batch_to_rows(batch)  # all Python values, as without numpy_arrays
+    assert rows[0] == ([1.0, None], [1.0], [1, 2], "x", 1, 0.5) and rows[1][2] is None and rows[1][4] is None
+    assert type(rows[1][5]) is float

@@ -79,10 +79,26 @@ def test_next_batch_returns_tensorflowonspark_rows(node):
     hub, server = node
     rows = [([1.0, 2.0], 7), ([3.0, 4.0], 8)]
     t, _ = feed_in_thread(server.port, rows)
-    feed = DataFeed(hub)
+    feed = DataFeed(hub, numpy_rows=False)
     got = feed.next_batch(2)
     t.join(10)
-    assert got == [([1.0, 2.0], 7), ([3.0, 4.0], 8)]
+    assert got == [([1.0, 2.0], 7), ([3.0, 4.0], 8)]  # TensorFlowOnSpark's Python lists
+
+
+def test_next_batch_rows_carry_numpy_arrays_by_default(node):
+    import numpy as np
+
+    hub, server = node
+    rows = [([float(i), float(i) + 0.5], i) for i in range(5)]
+    t, _ = feed_in_thread(server.port, rows)
+    feed = DataFeed(hub)
+    batch = feed.next_batch(3) + feed.next_batch(2)
+    t.join(10)
+    assert [type(r) for r in batch] == [tuple] * 5 and all(len(r) == 2 for r in batch)
+    x, y = batch[4]
+    assert isinstance(x, np.ndarray) and x.tolist() == [4.0, 4.5] and type(y) is int and y == 4
+    np.testing.assert_array_equal(np.array([r[0] for r in batch]), [r[0] for r in rows])
+    assert [int(r[1]) for r in batch] == list(range(5))
 
 
 def test_input_mapping_returns_dict_by_tensor_name(node):

@@ -91,6 +91,68 @@ def inference_fun(args, ctx):
             tf_feed.batch_results([f"{lbl} {int(p)}" for lbl, p in zip(labels, preds)])
 
 
+def rows_fun(args, ctx):
+    """TensorFlowOnSpark's usual row handling: next_batch, tuple unpacking, np.array over rows."""
+    import json
+    import os
+
+    import numpy as np
+
+    from tfos_nb import TFNode
+
+    tf_feed = TFNode.DataFeed(ctx.mgr, False)
+    facts = {"rows": 0, "x_sum": 0.0, "y_sum": 0, "kinds": [], "shapes": [], "named": 0}
+    while not tf_feed.should_stop():
+        batch = tf_feed.next_batch(args.batch_size)
+        if len(batch) > 0:
+            x = np.array([row[0] for row in batch]).astype(np.float32)
+            y = np.array([row[1] for row in batch])
+            for features, label in batch:  # unpacking, as the examples' loops do
+                assert len(features) == x.shape[1] and int(label) == label
+            if hasattr(batch[0], "features"):  # a DataFrame's rows are pyspark.sql.Rows
+                facts["named"] += sum(float(r.features[0]) == float(r[0][0]) for r in batch)
+            facts["rows"] += len(batch)
+            facts["x_sum"] += float(x.sum(dtype=np.float64))
+            facts["y_sum"] += int(y.sum())
+            kind = f"{type(batch[0]).__name__}/{type(batch[0][0]).__name__}/{type(batch[0][1]).__name__}"
+            facts["kinds"] = sorted(set(facts["kinds"]) | {kind})
+            facts["shapes"] = sorted(set(map(tuple, facts["shapes"])) | {x.shape[1:]})
+    with open(os.path.join(args.out_dir, f"{ctx.worker_num}.json"), "w") as f:
+        json.dump(facts, f)
+    tf_feed.terminate()
+
+
+def _node_facts(out_dir):
+    import json
+
+    facts = [json.loads(p.read_text()) for p in sorted(out_dir.iterdir())]
+    assert len(facts) == 2, facts
+    return facts
+
+
+def test_tensorflowonspark_rows_carry_numpy_arrays_from_dataframes_and_rdds(spark, sc, tmp_path, no_leaks):
+    rng = np.random.default_rng(7)
+    x = rng.random((300, 8), dtype=np.float32)
+    y = rng.integers(0, 10, 300).tolist()
+    expected_sum = float(x.astype(np.float64).sum())
+    df = spark.createDataFrame([(row.tolist(), label) for row, label in zip(x, y)], "features array<float>, label int")
+    rdd = sc.parallelize(list(zip(x.astype(np.float64).tolist(), y)), 4)  # TFoS's RDD of (list, label) tuples
+    for name, data, kind in (("df", df.repartition(3), "Row/ndarray/int"), ("rdd", rdd, "tuple/ndarray/int")):
+        out = tmp_path / name
+        out.mkdir()
+        args = argparse.Namespace(batch_size=32, out_dir=str(out))
+        cluster = TFCluster.run(sc, rows_fun, args, 2, num_ps=0, input_mode=TFCluster.InputMode.SPARK)
+        cluster.train(data, 1)
+        cluster.shutdown()
+        facts = _node_facts(out)
+        assert sum(f["rows"] for f in facts) == 300, (name, facts)
+        assert sum(f["y_sum"] for f in facts) == sum(y)
+        assert abs(sum(f["x_sum"] for f in facts) - expected_sum) < 1e-2
+        assert {k for f in facts for k in f["kinds"]} == {kind}
+        assert {tuple(s) for f in facts for s in f["shapes"]} == {(8,)}
+        assert sum(f["named"] for f in facts) == (300 if name == "df" else 0)
+
+
 spark = spark_fixture(3)
 
 

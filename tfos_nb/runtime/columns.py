@@ -186,19 +186,67 @@ def batch_to_columns(batch: pa.RecordBatch | pa.Table) -> list[np.ndarray]:
     return [column_to_numpy(batch, i) for i in range(batch.num_columns)]
 
 
-def batch_to_rows(batch: pa.RecordBatch | pa.Table) -> list[Any]:
+def _array_values(batch: pa.RecordBatch | pa.Table, i: int) -> list[Any] | None:
+    """A list column's values as one numpy array per row (views into one array), or None when it must stay Python.
+
+    Only numeric list columns (fixed-size or list, nested too) with no nulls, at
+    any depth, and one length per column take this path; the arrays share the
+    batch's buffers where Arrow allows it (no copy) and are then read-only.
+    """
+    col = batch.column(i)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t, inner = col.type, col
+    while _is_list_type(t):
+        if inner.null_count:
+            return None
+        inner = inner.flatten()
+        t = t.value_type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or inner.null_count:
+        return None
+    try:
+        arr = column_to_numpy(batch, i)
+    except FeedDataError:  # ragged: Python lists, as before
+        return None
+    return list(arr)
+
+
+def _pylist(col: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """``col.to_pylist()``; through numpy for numbers without nulls (same Python values, ~10x faster)."""
+    t = col.type
+    if not col.null_count and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        out: list[Any] = col.to_numpy(zero_copy_only=False).tolist()
+        return out
+    return col.to_pylist()
+
+
+def _is_list_type(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def batch_to_rows(batch: pa.RecordBatch | pa.Table, numpy_arrays: bool = False) -> list[Any]:
     """Rebuild the Python rows a batch came from (for TensorFlowOnSpark's ``next_batch``).
 
     A DataFrame's own Arrow batches carry no kind: their rows come back as
     ``pyspark.sql.Row`` (as ``df.rdd`` gives them), fields by name or position.
+    With ``numpy_arrays``, a numeric array column's values are numpy arrays
+    (read-only views into the batch) instead of Python lists; other columns
+    (scalars, strings, arrays with nulls or of different lengths) are unchanged.
     """
     meta = batch.schema.metadata or {}
     kind = meta.get(KIND_KEY, b"row").decode()
     if kind in ("scalar",):
         return batch.column(0).to_pylist()
     if kind in ("vector", "ndarray"):
-        return list(column_to_numpy(batch, 0)) if kind == "ndarray" else column_to_numpy(batch, 0).tolist()
-    cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+        if kind == "ndarray":
+            return list(column_to_numpy(batch, 0))
+        vals = _array_values(batch, 0) if numpy_arrays else None
+        return vals if vals is not None else column_to_numpy(batch, 0).tolist()
+    cols = [
+        (numpy_arrays and _is_list_type(batch.schema.field(i).type) and _array_values(batch, i))
+        or _pylist(batch.column(i))
+        for i in range(batch.num_columns)
+    ]
     if kind == "dict":
         names = batch.schema.names
         return [dict(zip(names, vals)) for vals in zip(*cols)]

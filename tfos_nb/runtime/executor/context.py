@@ -169,15 +169,17 @@ class NodeContext:
         qname_in: str = "input",
         qname_out: str = "output",
         input_mapping: dict[str, str] | list[str] | None = None,
+        *,
+        numpy_rows: bool = True,
     ) -> DataFeed:
-        """The feed of InputMode.SPARK data for this node."""
+        """The feed of InputMode.SPARK data for this node (``numpy_rows``: see ``DataFeed``)."""
         if self.mgr is None:
             msg = (
                 f"{self.job_name}:{self.task_index} has no data feed: only chief/worker nodes of a "
                 "cluster started with input_mode=InputMode.SPARK are fed"
             )
             raise RuntimeError(msg)
-        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping)
+        return DataFeed(self.mgr, train_mode, qname_in, qname_out, input_mapping, numpy_rows=numpy_rows)
 
     def report(self, step: int | None = None, total_steps: int | None = None, total_epochs: int | None = None,
                **metrics: Any) -> None:

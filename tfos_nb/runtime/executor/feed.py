@@ -34,6 +34,15 @@ class DataFeed:
     ``next_batch(n)`` returns a list of rows — or, with ``input_mapping``
     (column → tensor name), a dict of tensor name → array.  ``next_batch_arrays(n)``
     returns numpy columns without building Python rows (the fast path).
+
+    In rows, a numeric array column's value is a numpy array (``numpy_rows=True``,
+    the default): a read-only view into the received Arrow batch, so that
+    ``np.array([r[0] for r in batch])`` costs one copy and no Python float.  Rows
+    keep their type (tuples, lists, dicts, ``pyspark.sql.Row`` for DataFrames);
+    scalars, strings and arrays with nulls or of different lengths stay Python
+    values.  ``numpy_rows=False`` gives TensorFlowOnSpark's Python lists, for code
+    that relies on list behaviour (``row[0] + [1.0]`` concatenation, ``json.dumps(row)``,
+    ``row[0] == [...]``, writing into ``row[0]``).
     """
 
     def __init__(
@@ -44,6 +53,8 @@ class DataFeed:
         qname_out: str = "output",
         input_mapping: dict[str, str] | list[str] | None = None,
         reporter: Any = None,
+        *,
+        numpy_rows: bool = True,
     ) -> None:
         self._hub = hub
         self.train_mode = train_mode
@@ -53,6 +64,7 @@ class DataFeed:
             input_mapping = {c: c for c in input_mapping}
         self.input_mapping = dict(input_mapping) if input_mapping else None
         self._reporter = reporter
+        self.numpy_rows = numpy_rows
         self.done_feeding = False
         self._names: list[str] | None = None
 
@@ -63,7 +75,7 @@ class DataFeed:
             return self._mapped(pieces)
         rows: list[Any] = []
         for _, b in pieces:
-            rows.extend(C.batch_to_rows(b))
+            rows.extend(C.batch_to_rows(b, numpy_arrays=self.numpy_rows))
         return rows
 
     def should_stop(self) -> bool:

@@ -18,6 +18,8 @@ def DataFeed(  # noqa: N802 - TensorFlowOnSpark's name
     qname_in: str = "input",
     qname_out: str = "output",
     input_mapping: dict[str, str] | list[str] | None = None,
+    *,
+    numpy_rows: bool = True,
 ) -> _DataFeed:
     """The node's data feed: ``TFNode.DataFeed(ctx.mgr, train_mode)``.
 
@@ -25,11 +27,13 @@ def DataFeed(  # noqa: N802 - TensorFlowOnSpark's name
     InputMode.TENSORFLOW cluster: ``ctx.mgr`` is None) the feed is empty:
     ``should_stop()`` is True at once and ``next_batch`` returns ``[]``, as in
     TensorFlowOnSpark, whose examples create a feed on every node.
+    Array columns come as numpy arrays in rows; ``numpy_rows=False`` gives
+    Python lists (see ``feed.DataFeed``).
     """
     if mgr is None:
         mgr = FeedHub()
         mgr.stop()
-    return _DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping)
+    return _DataFeed(mgr, train_mode, qname_in, qname_out, input_mapping, numpy_rows=numpy_rows)
 
 
 def hdfs_path(ctx: Any, path: str) -> str:
