@@ -16,6 +16,7 @@ from typing import Any
 from ..executor.launch import make_launcher, start_supervisor
 from . import state as S
 from .cluster import InputMode, TFCluster, trainers_finished
+from .connect_jobs import is_connect
 from .controller import Controller
 from .errors import error_for, python_error_line
 from .job import DriverJob, add_start_listener, remove_start_listener
@@ -61,33 +62,22 @@ def run(
     """
     import cloudpickle
 
-    require_classic(sc, "RDDs, barrier tasks")
-    for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            msg = f"{label} must be a non-negative integer, got {value!r}"
+    roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
+    if is_connect(sc):
+        from .start_connect import run_connect
+
+        if driver_ps_nodes:
+            msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
             raise ValueError(msg)
-    if master_node not in (None, "chief", "master"):
-        msg = f"master_node must be None, 'chief' or 'master', got {master_node!r}"
-        raise ValueError(msg)
-    require_keras(keras)
-    n_train = num_executors - num_ps - (1 if eval_node else 0)
-    if n_train < 1:
-        msg = (
-            f"num_executors={num_executors} leaves no chief/worker node "
-            f"(num_ps={num_ps}, eval_node={eval_node})"
-        )
-        raise ValueError(msg)
+        return run_connect(sc, map_fun, tf_args, roles, num_executors, tensorboard=tensorboard,
+                           input_mode=input_mode, log_dir=log_dir, reservation_timeout=reservation_timeout,
+                           release_port=release_port, name=name, env=env, num_gpus=num_gpus, keras=keras,
+                           heartbeat_timeout=heartbeat_timeout, log_callback=log_callback, on_state=on_state,
+                           on_start=on_start)
+    require_classic(sc, "RDDs, barrier tasks")
     if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"
         raise ValueError(msg)
-
-    roles: list[tuple[str, int]] = [("ps", i) for i in range(num_ps)]
-    if master_node:
-        roles.append((master_node, 0))
-        n_train -= 1
-    roles += [("worker", i) for i in range(n_train)]
-    if eval_node:
-        roles.append(("evaluator", 0))
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
 
     cluster_id = uuid.uuid4().hex[:12]
@@ -134,6 +124,35 @@ def run(
     except BaseException:
         job.close()
         raise
+
+
+def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool,
+               keras: str) -> list[tuple[str, int]]:
+    """Check the cluster's shape; its roles in order ps → chief (``master_node``) → workers → evaluator."""
+    for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            msg = f"{label} must be a non-negative integer, got {value!r}"
+            raise ValueError(msg)
+    if master_node not in (None, "chief", "master"):
+        msg = f"master_node must be None, 'chief' or 'master', got {master_node!r}"
+        raise ValueError(msg)
+    require_keras(keras)
+    n_train = num_executors - num_ps - (1 if eval_node else 0)
+    if n_train < 1:
+        msg = (
+            f"num_executors={num_executors} leaves no chief/worker node "
+            f"(num_ps={num_ps}, eval_node={eval_node})"
+        )
+        raise ValueError(msg)
+
+    roles: list[tuple[str, int]] = [("ps", i) for i in range(num_ps)]
+    if master_node:
+        roles.append((master_node, 0))
+        n_train -= 1
+    roles += [("worker", i) for i in range(n_train)]
+    if eval_node:
+        roles.append(("evaluator", 0))
+    return roles
 
 
 def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict, Any]:
