@@ -15,6 +15,7 @@ kernel or a server (``-m "not slow"`` is the fast tier); ``browser``, ``multihos
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -96,20 +97,35 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     return spark
 
 
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
-    """A real local Spark Connect server (standalone master, ``executors`` executor JVMs) and its client session."""
+    """A real local Spark Connect server (standalone master, ``executors`` executor JVMs) and its client session.
+
+    What ``SparkSession.builder.remote("local-cluster[...]")`` does, but on a free loopback port (that
+    path always takes 15002, on every interface), so two test processes can each have one.
+    ``session.stop()`` stops the server and clears the environment it set, as for pyspark's own.
+    """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    builder = SparkSession.builder.remote(f"local-cluster[{executors},1,{memory_mb}]").appName("tfos_nb-connect-tests")
-    settings = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                "spark.sql.shuffle.partitions": "4", "spark.task.maxFailures": "1"}
+    port = free_port()
+    settings = {"spark.app.name": "tfos_nb-connect-tests", "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "4",
+                "spark.task.maxFailures": "1", "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.connect.grpc.binding.port": str(port)}
     settings.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
     settings.update(conf or {})
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    os.environ["SPARK_LOCAL_REMOTE"] = "1"  # pyspark's own markers of a local server (session.stop() removes them)
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    ConnectSession._start_connect_server(f"local-cluster[{executors},1,{memory_mb}]", dict(settings))
+    return ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate()  # (pyspark's builder: always 15002)
 
 
 def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
