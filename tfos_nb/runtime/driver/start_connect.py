@@ -16,6 +16,7 @@ from typing import Any
 
 from ..executor.launch_connect import make_connect_launcher
 from . import state as S
+from .awaiting import await_running
 from .cluster import InputMode, TFCluster, trainers_finished
 from .connect import ConnectDriverJob, RemoteController
 from .controller import Controller
@@ -90,9 +91,7 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
         if bad:
             lines = [f"{state.nodes[s['node']].label}: {s.get('error')}" for s in bad]
             raise RuntimeError("nodes did not start:\n" + "\n".join(lines))
-        from .start import _await_running
-
-        _await_running(state, launch_job, reservation_timeout)
+        await_running(state, launch_job, reservation_timeout)
         job.forget(launch_job)  # type: ignore[arg-type]
         job.mark_up()
         job.controller.set_running()
