@@ -77,3 +77,13 @@ def test_remote_messages_are_signed_codec_messages():
     assert msg == remote.Command(op="open_epoch")
     snap = server.decode(codec.encode(remote.Snapshot(logs=[1, 2], history=[0, 0]))[m.HEADER.size:])
     assert isinstance(snap, remote.Snapshot) and snap.logs == [1, 2]
+
+
+def test_is_connect_tells_connect_sessions_from_classic_ones():
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from tfos_nb.runtime.driver.connect_jobs import is_connect
+
+    assert is_connect(object.__new__(ConnectSession))
+    assert not is_connect(object.__new__(SparkSession)) and not is_connect(None)

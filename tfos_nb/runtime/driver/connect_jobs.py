@@ -22,12 +22,9 @@ from ..protocol import messages as m
 
 
 def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs)."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # pragma: no cover - PySpark without the Connect client
-        return False
-    return isinstance(spark, ConnectSession)
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, no RDDs); imports nothing (no gRPC on classic)."""
+    return any(c.__module__.startswith("pyspark.sql.connect.") and c.__name__ == "SparkSession"
+               for c in type(spark).__mro__)
 
 
 class ConnectSparkJob:
