@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from ._connect import is_connect
+from .runtime.sessions import is_connect
 
 __all__ = ["fromTFExample", "infer_schema", "isLoadedDF", "loadTFRecords", "loadedDF", "saveAsTFRecords",
            "toTFExample"]

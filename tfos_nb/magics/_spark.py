@@ -8,16 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..runtime.driver.start import expected_slots
+from ..runtime.sessions import is_connect
 
 __all__ = ["CONNECT_ENV", "LOOPBACK", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
            "is_connect", "job_groups", "job_progress", "spark_for_cell", "spark_session", "start_embedded"]
 
 CONNECT_ENV = "TFOS_NB_SPARK_CONNECT"  # "1": the embedded Spark is a local Spark Connect server (quickstart.sh --connect)
-
-
-def is_connect(obj: Any) -> bool:
-    """A Spark Connect session (Databricks serverless / standard access): no SparkContext, no RDDs."""
-    return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
 def _context_of(obj: Any) -> Any:

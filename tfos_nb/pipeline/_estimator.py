@@ -187,7 +187,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
             source = dataset.select(*cols)
         elif self.isDefined(self.tfrecordDir) and self.getOrDefault(self.tfrecordDir) and tf_args is args:
             args.tfrecord_dir = self._export_tfrecords(dataset)
-        sc = dataset.sparkSession.sparkContext
+        sc = dataset.sparkSession  # classic or Spark Connect: run() takes either
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
         # the one start → train → shutdown the runtime has (no retries: a failed fit raises)
         tfc.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 
-from .._connect import is_connect
 from ..runtime.args import Namespace
+from ..runtime.sessions import is_connect
 
 _FNS_DIR = "tfos_nb_callables"  # the older saveAsPickleFile format: read on classic sessions only
 _FNS_TABLE = "tfos_nb_fns"  # one-row parquet table, binary column ``fns``

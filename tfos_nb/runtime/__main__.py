@@ -3,6 +3,7 @@
 ``python -m tfos_nb.runtime supervisor``: a node's supervisor (started by the launch task).
 ``python -m tfos_nb.runtime node``: a node's TensorFlow process (started by its supervisor).
 ``python -m tfos_nb.runtime run``: one parallel run's process (started by its Spark task).
+``python -m tfos_nb.runtime coordinator``: a cluster's control server on an executor (Spark Connect).
 """
 
 import sys
@@ -15,7 +16,9 @@ if __name__ == "__main__":
         from tfos_nb.runtime.executor.node import main
     elif role == "run":
         from tfos_nb.runtime.executor.run_task import main
+    elif role == "coordinator":
+        from tfos_nb.runtime.driver.coordinator import main
     else:
-        sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node|run\n")
+        sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node|run|coordinator\n")
         sys.exit(2)
     sys.exit(main())

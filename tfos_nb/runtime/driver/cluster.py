@@ -24,6 +24,7 @@ from ..executor.feeder import (
     make_rdd_inferer,
 )
 from ..procs import kill_tree
+from ..sessions import is_connect
 from . import state as S
 from .cluster_streams import ClusterStreams
 from .controller import FEEDABLE, Controller
@@ -176,6 +177,8 @@ class TFCluster(ClusterStreams):
         from pyspark.sql import DataFrame
 
         is_df = isinstance(dataRDD, DataFrame)
+        if not is_df:
+            self._refuse_rdd_on_connect("train")
         total = {"rows": 0, "skipped": 0, "partitions": 0}
         for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
             epoch = self.controller.open_epoch()
@@ -213,6 +216,8 @@ class TFCluster(ClusterStreams):
         self._require_alive()
         from pyspark.sql import DataFrame
 
+        if not isinstance(dataRDD, DataFrame) or schema is None:
+            self._refuse_rdd_on_connect("inference")
         if isinstance(dataRDD, DataFrame):
             if schema is not None:
                 from pyspark.sql.types import StructType
@@ -282,6 +287,13 @@ class TFCluster(ClusterStreams):
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
             msg = f"{what}() needs a cluster started with input_mode=InputMode.SPARK"
+            raise ValueError(msg)
+
+    def _refuse_rdd_on_connect(self, what: str) -> None:
+        if is_connect(self.sc):
+            msg = (f"{what}() on Spark Connect takes a DataFrame"
+                   + (" and the result schema (inference(df, schema='...'))" if what == "inference" else "")
+                   + ": a Spark Connect session has no RDDs")
             raise ValueError(msg)
 
     def _require_alive(self) -> None:

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..sessions import is_connect
+
 EXECUTOR_SETTLE_S = 5.0
 
 
@@ -89,7 +91,7 @@ def driver_host(sc: Any) -> str:
 
 def spark_context(spark: Any) -> Any:
     """The SparkContext of a classic SparkSession; anything else as it is."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(spark):
         return spark
     inner = getattr(spark, "sparkContext", None)
     return inner if inner is not None and getattr(spark, "parallelize", None) is None else spark

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ..executor.launch import make_launcher, start_supervisor
+from ..sessions import is_connect
 from . import state as S
+from .awaiting import await_running as _await_running
 from .cluster import InputMode, TFCluster, trainers_finished
 from .controller import Controller
-from .errors import error_for, python_error_line
 from .job import DriverJob, add_start_listener, remove_start_listener
 from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
 
@@ -64,33 +64,22 @@ def run(
     import cloudpickle
 
     sc = spark_context(sc)
-    require_classic(sc, "RDDs, barrier tasks")
-    for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            msg = f"{label} must be a non-negative integer, got {value!r}"
+    roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
+    if is_connect(sc):
+        from .start_connect import run_connect
+
+        if driver_ps_nodes:
+            msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
             raise ValueError(msg)
-    if master_node not in (None, "chief", "master"):
-        msg = f"master_node must be None, 'chief' or 'master', got {master_node!r}"
-        raise ValueError(msg)
-    require_keras(keras)
-    n_train = num_executors - num_ps - (1 if eval_node else 0)
-    if n_train < 1:
-        msg = (
-            f"num_executors={num_executors} leaves no chief/worker node "
-            f"(num_ps={num_ps}, eval_node={eval_node})"
-        )
-        raise ValueError(msg)
+        return run_connect(sc, map_fun, tf_args, roles, num_executors, tensorboard=tensorboard,
+                           input_mode=input_mode, log_dir=log_dir, reservation_timeout=reservation_timeout,
+                           release_port=release_port, name=name, env=env, num_gpus=num_gpus, keras=keras,
+                           heartbeat_timeout=heartbeat_timeout, log_callback=log_callback, on_state=on_state,
+                           on_start=on_start)
+    require_classic(sc, "RDDs, barrier tasks")
     if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"
         raise ValueError(msg)
-
-    roles: list[tuple[str, int]] = [("ps", i) for i in range(num_ps)]
-    if master_node:
-        roles.append((master_node, 0))
-        n_train -= 1
-    roles += [("worker", i) for i in range(n_train)]
-    if eval_node:
-        roles.append(("evaluator", 0))
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
 
     cluster_id = uuid.uuid4().hex[:12]
@@ -139,41 +128,38 @@ def run(
         raise
 
 
+def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool,
+               keras: str) -> list[tuple[str, int]]:
+    """Check the cluster's shape; its roles in order ps → chief (``master_node``) → workers → evaluator."""
+    for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            msg = f"{label} must be a non-negative integer, got {value!r}"
+            raise ValueError(msg)
+    if master_node not in (None, "chief", "master"):
+        msg = f"master_node must be None, 'chief' or 'master', got {master_node!r}"
+        raise ValueError(msg)
+    require_keras(keras)
+    n_train = num_executors - num_ps - (1 if eval_node else 0)
+    if n_train < 1:
+        msg = (
+            f"num_executors={num_executors} leaves no chief/worker node "
+            f"(num_ps={num_ps}, eval_node={eval_node})"
+        )
+        raise ValueError(msg)
+
+    roles: list[tuple[str, int]] = [("ps", i) for i in range(num_ps)]
+    if master_node:
+        roles.append((master_node, 0))
+        n_train -= 1
+    roles += [("worker", i) for i in range(n_train)]
+    if eval_node:
+        roles.append(("evaluator", 0))
+    return roles
+
+
 def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict, Any]:
     """A ps node on the driver (TensorFlowOnSpark's ``driver_ps_nodes``)."""
     import tempfile
 
     log_path = os.path.join(tempfile.gettempdir(), f"tfos_nb-{cluster_id}-node{i}.log")
     return start_supervisor(meta, blob, log_path)
-
-
-def _await_running(state: S.ClusterState, job: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    statuses_checked = False
-    while True:
-        view = state.snapshot()
-        if view.state == S.C_FAILED:
-            raise error_for(view)
-        if job.done and not statuses_checked:
-            statuses_checked = True
-            if job.error is not None:
-                msg = f"starting the nodes failed: {python_error_line(job.error)}"
-                raise RuntimeError(msg)
-            bad = [s for s in job.result() if not s.get("ok")]
-            if bad:
-                roles = state.nodes
-                lines = [f"{roles[s['node']].label}: {s.get('error')}" for s in bad]
-                msg = "nodes did not start:\n" + "\n".join(lines)
-                raise RuntimeError(msg)
-        ready = all(n.state in (S.RUNNING, S.FINISHED, S.STOPPED) for n in view.nodes)
-        if ready and job.done:
-            return
-        if time.monotonic() > deadline:
-            missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (S.RUNNING, S.FINISHED)]
-            msg = (
-                f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}. "
-                "Are there enough free executors, and can executors reach the driver?"
-            )
-            raise TimeoutError(msg)
-        with state.changed:
-            state.changed.wait(0.1)

@@ -1,0 +1,134 @@
+"""TFCluster on a real local Spark Connect server: no SparkContext, a coordinator hosted on an executor."""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+
+from tests.conftest import NODE_ENV, connect_fixture, runtime_processes, wait_until
+from tfos_nb import TFCluster
+
+pytestmark = pytest.mark.slow
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+spark = connect_fixture(2)
+
+
+def run(spark, fn, args, n, **kw):
+    kw.setdefault("env", NODE_ENV)
+    return TFCluster.run(spark, fn, args, n, **kw)
+
+
+def coordinators():
+    return [p for p in runtime_processes() if "coordinator" in p.cmdline()]
+
+
+def nothing_left():
+    return wait_until(lambda: not runtime_processes(), 30) or [" ".join(p.cmdline()) for p in runtime_processes()]
+
+
+def test_tensorflow_mode_runs_to_completion(spark):
+    def fun(args, ctx):
+        for step in range(5):
+            ctx.report(step=step + 1, metrics={"loss": 1.0 / (step + 1)})
+        print(f"hello from {ctx.job_name}:{ctx.task_index}")
+        return ctx.task_index
+
+    cluster = run(spark, fun, {}, 2)
+    assert len(coordinators()) == 1
+    cluster.shutdown(timeout=120)
+    assert cluster.status().state == "finished"
+    assert [n.step for n in cluster.nodes] == [5, 5]
+    assert any("hello from worker:1" in line for line in cluster.logs("worker:1")["worker:1"])
+    assert cluster.state.values() == {"worker:0": 0, "worker:1": 1}
+    assert nothing_left() is True
+
+
+def test_spark_mode_train_and_inference(spark):
+    def fun(args, ctx):
+        feed = ctx.get_data_feed()
+        n = 0
+        while not feed.should_stop():
+            batch = feed.next_batch(50)
+            if batch:
+                if ctx.mgr is not None and isinstance(batch[0], tuple) and len(batch[0]) == 1:
+                    feed.batch_results([(row[0] * 2,) for row in batch])
+                else:
+                    n += len(batch)
+                    ctx.report(step=n)
+        print(f"rows {n}")
+
+    cluster = run(spark, fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    df = spark.range(0, 1000, 1, 4).selectExpr("cast(id as float) as x", "id % 10 as y")
+    cluster.train(df, 2)
+    assert cluster.last_feed["rows"] == 2000
+    out = cluster.inference(spark.range(0, 100, 1, 2).selectExpr("cast(id as double) as x"), schema="y double")
+    assert sorted(r.y for r in out.collect()) == [2.0 * i for i in range(100)]
+    cluster.shutdown(timeout=120)
+    assert sum(n.step for n in cluster.nodes) == 2000  # every training row was read (inference rows answered)
+    assert sum(n.rows_fed for n in cluster.nodes) >= 2000
+    assert nothing_left() is True
+
+
+def test_rdd_input_is_refused_and_node_error_names_node_and_tail(spark):
+    def fun(args, ctx):
+        if ctx.task_index == 1:
+            print("about to fail")
+            raise ValueError("boom on connect")
+        import time
+
+        time.sleep(60)
+
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster = run(spark, fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+        with pytest.raises(ValueError, match="Spark Connect"):
+            cluster.inference(spark.range(3))  # no schema: it would need an RDD
+        cluster.shutdown(timeout=60)
+    text = str(info.value)
+    assert info.value.node == "worker:1" and text.startswith("worker:1 failed on host ")
+    assert "ValueError: boom on connect" in text and "about to fail" in text
+    assert nothing_left() is True
+
+
+def test_cancel_tears_everything_down(spark):
+    def fun(args, ctx):
+        import time
+
+        while True:
+            ctx.report(step=1)
+            time.sleep(0.1)
+
+    cluster = run(spark, fun, {}, 2)
+    assert wait_until(lambda: all(n.step == 1 for n in cluster.nodes), 30)
+    assert len(coordinators()) == 1
+    cluster.cancel("test")
+    assert cluster.status().state in ("stopped", "failed")
+    assert all(n.state in ("stopped", "failed") for n in cluster.nodes)
+    assert nothing_left() is True
+    assert not coordinators()
+
+
+def test_tensorflowonspark_program(spark):
+    def main_fun(args, ctx):
+        from tfos_nb import TFNode
+
+        feed = TFNode.DataFeed(ctx.mgr, False)
+        seen = 0
+        while not feed.should_stop():
+            batch = feed.next_batch(args["batch"])
+            seen += len(batch)
+            if seen >= args["stop_after"]:
+                feed.terminate()
+        ctx.report(step=seen)
+
+    rdd_rows = [(float(i), i % 3) for i in range(400)]
+    df = spark.createDataFrame(rdd_rows, "x double, y long").repartition(4)
+    cluster = run(spark, main_fun, {"batch": 20, "stop_after": 100}, 2, input_mode=TFCluster.InputMode.SPARK)
+    cluster.train(df, 1)
+    cluster.shutdown(timeout=120)
+    assert cluster.status().state == "finished"
+    assert all(n.step >= 100 for n in cluster.nodes)
+    assert cluster.last_feed["rows"] + cluster.last_feed["skipped"] == 400
+    assert nothing_left() is True

@@ -1,0 +1,89 @@
+"""The coordinator's snapshot as plain JSON, applied to the notebook's mirror (Spark Connect; no Spark here)."""
+
+from __future__ import annotations
+
+import json
+
+from tfos_nb.runtime.driver import snapshot
+from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import remote
+
+ROLES = [("chief", 0), ("worker", 0)]
+
+
+def coordinator_state():
+    state = S.ClusterState("c1", "demo", ROLES)
+    ctl = Controller(state, input_mode_spark=True, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
+    book = snapshot.LogBook(len(ROLES))
+    labels = {n.label: n.index for n in state.nodes}
+    state.add_log_listener(lambda label, lines: book.add(labels[label], lines))
+    for i in range(len(ROLES)):
+        ctl.handle(m.Register(node=i, host="h", port=1000 + i, executor_id=str(i), pid=10 + i))
+    return state, ctl, book
+
+
+def beat(ctl, node, **kw):
+    kw.setdefault("state", "running")
+    assert ctl.handle(m.Heartbeat(node=node, **kw)).ok
+
+
+def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
+    state, ctl, book = coordinator_state()
+    beat(ctl, 0, logs=["a", "b"], report={"step": 3, "metrics": {"loss": 0.5}},
+         reports=[{"step": 3, "time": 1.0, "metrics": {"loss": 0.5}}])
+    beat(ctl, 1, state="failed", error="ValueError: x", tail=["Traceback", "ValueError: x"], exit_code=1)
+    ctl.open_epoch()
+    mirror_state = S.ClusterState("c1", "demo", ROLES)
+    mirror = snapshot.Mirror(mirror_state)
+    got_logs = []
+    mirror_state.add_log_listener(lambda label, lines: got_logs.append((label, lines)))
+
+    data = json.loads(json.dumps(snapshot.to_json(state, book, mirror.logs_seen, mirror.history_seen, ["e"], 1)))
+    mirror.apply(data)
+    view, orig = mirror_state.snapshot(), state.snapshot()
+    assert view.state == orig.state == S.C_FAILED and view.error == orig.error
+    assert view.feed_epoch == 1 and mirror.feed_errors == ["e"] and mirror.lost_feeds == 1
+    for a, b in zip(view.nodes, orig.nodes):
+        assert (a.state, a.host, a.port, a.step, a.metrics, a.error, a.tail, a.exit_code) == \
+               (b.state, b.host, b.port, b.step, b.metrics, b.error, b.tail, b.exit_code)
+    assert mirror_state.logs(0) == ["a", "b"] and got_logs == [("chief:0", ["a", "b"])]
+    assert mirror_state.history() == state.history()
+
+    # The next snapshot carries only what is new: no line or report twice.
+    beat(ctl, 0, logs=["c"], reports=[{"step": 4, "time": 2.0, "metrics": {"loss": 0.4}}])
+    mirror.apply(json.loads(json.dumps(snapshot.to_json(state, book, mirror.logs_seen, mirror.history_seen, [], 0))))
+    assert mirror_state.logs(0) == ["a", "b", "c"]
+    assert [h[4] for h in mirror_state.history()] == [3, 4]
+    assert mirror.logs_seen == [3, 0] and mirror.history_seen == [2, 0]
+
+
+def test_logbook_skips_lines_dropped_meanwhile_and_caps_each_answer():
+    book = snapshot.LogBook(1, kept=5)
+    book.add(0, [str(i) for i in range(8)])
+    assert book.since(0, 0) == (["3", "4", "5", "6", "7"], 8)
+    assert book.since(0, 6) == (["6", "7"], 8)
+    big = snapshot.LogBook(1)
+    big.add(0, ["x"] * (snapshot.MAX_LINES + 5))
+    lines, seen = big.since(0, 0)
+    assert len(lines) == snapshot.MAX_LINES and big.since(0, seen) == (["x"] * 5, snapshot.MAX_LINES + 5)
+
+
+def test_remote_messages_are_signed_codec_messages():
+    codec = m.Codec(b"s" * 32, "c1", "notebook")
+    server = m.Codec(b"s" * 32, "c1", "coordinator")
+    msg = server.decode(codec.encode(remote.Command(op="open_epoch"))[m.HEADER.size:])
+    assert msg == remote.Command(op="open_epoch")
+    snap = server.decode(codec.encode(remote.Snapshot(logs=[1, 2], history=[0, 0]))[m.HEADER.size:])
+    assert isinstance(snap, remote.Snapshot) and snap.logs == [1, 2]
+
+
+def test_is_connect_tells_connect_sessions_from_classic_ones():
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from tfos_nb.runtime.sessions import is_connect
+
+    assert is_connect(object.__new__(ConnectSession))
+    assert not is_connect(object.__new__(SparkSession)) and not is_connect(None)

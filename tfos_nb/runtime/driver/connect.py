@@ -1,0 +1,217 @@
+"""The notebook's side of a cluster on Spark Connect: a mirror of the coordinator's state, and its teardown.
+
+The coordinator (``coordinator.py``) runs the cluster's Controller on an
+executor.  Here, :class:`ConnectDriverJob` (a :class:`~.job.DriverJob`) keeps a
+*mirror* :class:`~.state.ClusterState` that the panel, ``TFCluster`` and errors
+read as they read the driver's state on a classic session: a poller thread
+fetches a snapshot every ``POLL_S`` through a one-task Spark job
+(:func:`~.connect_jobs.ask`), and :class:`RemoteController` sends the
+transitions ``TFCluster`` asks for (epochs, stop, kill, cancel) the same way.
+While feeding tasks hold every task slot, those jobs wait for a free slot: the
+mirror is then updated between feeding tasks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..protocol import messages as m
+from ..protocol import remote
+from . import state as S
+from .connect_jobs import ConnectSparkJob, ask
+from .controller import Controller
+from .job import LIVE, DriverJob
+from .snapshot import Mirror
+
+POLL_S = 0.2  # pause between two snapshot jobs
+LOST_AFTER = 5  # failed snapshots in a row before the coordinator counts as lost
+COMMAND_TIMEOUT_S = 600.0  # a command job may wait for a task slot behind feeding tasks
+
+
+class RemoteController:
+    """The Controller methods the driver side calls, sent to the coordinator (local writes to the mirror when it is not up)."""
+
+    def __init__(self, state: S.ClusterState, local: Controller) -> None:
+        self.state = state
+        self.local = local  # writes the mirror's own transitions (cancel before launch, the final state)
+        self.heartbeat_timeout = local.heartbeat_timeout
+        self.job: ConnectDriverJob | None = None
+
+    @property
+    def feed_errors(self) -> list[str]:
+        return self.job.mirror.feed_errors if self.job is not None else []
+
+    @property
+    def lost_feeds(self) -> int:
+        return self.job.mirror.lost_feeds if self.job is not None else 0
+
+    def _send(self, op: str, **kw: Any) -> dict[str, Any] | None:
+        if self.job is None or self.job.meta is None:
+            return None
+        return self.job.command(op, **kw)
+
+    def set_running(self) -> None:
+        self._send("set_running")
+        self.local.set_running()
+
+    def request_stop(self) -> None:
+        self._send("request_stop")
+
+    def request_kill(self) -> None:
+        self._send("request_kill")
+
+    def cancel(self, reason: str) -> None:
+        self.local.cancel(reason)
+        if self.job is not None:
+            self.job.cancel_jobs()
+        try:
+            self._send("cancel", reason=reason)
+        except Exception:  # noqa: BLE001 - the mirror failed already; the coordinator ends on its own
+            pass
+
+    def open_epoch(self) -> int:
+        body = self._send("open_epoch")
+        epoch = int(body["epoch"]) if body else self.state.feed_epoch + 1
+        with self.state.lock:
+            self.state.feed_epoch = epoch
+        return epoch
+
+    def end_epoch(self, epoch: int) -> None:
+        self._send("end_epoch", epoch=epoch)
+
+    def reset_feed_errors(self) -> None:
+        self._send("reset_feed_errors")
+        if self.job is not None:
+            self.job.mirror.feed_errors, self.job.mirror.lost_feeds = [], 0
+
+    def finish(self, finished: Callable[[list[S._Node]], bool]) -> str:
+        return self.local.finish(finished)
+
+
+class ConnectDriverJob(DriverJob):
+    """A :class:`DriverJob` whose control server is the coordinator in the cluster (Spark Connect)."""
+
+    controller: RemoteController  # type: ignore[assignment]
+
+    def __init__(self, spark: Any, state: S.ClusterState, controller: RemoteController, **kw: Any) -> None:
+        super().__init__(spark, state, controller, **kw)  # type: ignore[arg-type]
+        controller.job = self
+        self.mirror = Mirror(state)
+        self.meta: dict[str, Any] | None = None
+        self._poll_stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self.polls = 0
+
+    # -- start -------------------------------------------------------------------
+    def open_control(self) -> tuple[str, int]:
+        return ("", 0)  # the coordinator is started by the launch stage
+
+    def default_fs(self) -> str:
+        try:
+            return str(self.sc.conf.get("spark.hadoop.fs.defaultFS", None) or "file:///")
+        except Exception:  # noqa: BLE001
+            return "file:///"
+
+    def launch_meta(self, address: tuple[str, int], **kw: Any) -> m.LaunchMeta:
+        meta = super().launch_meta(address, **kw)
+        return meta.__class__(**{**meta.to_dict(), "default_fs": self.default_fs()})
+
+    def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> ConnectSparkJob:  # type: ignore[override]
+        job = ConnectSparkJob(self.sc, f"{self.state.job_group}-{suffix}", description, action)
+        self.jobs.append(job)  # type: ignore[arg-type]
+        job.start()
+        return job
+
+    def connected(self, meta: dict[str, Any]) -> None:
+        """The coordinator listens at ``meta["control"]``: start polling it."""
+        self.meta = meta
+        self._poller = threading.Thread(target=self._poll_loop, name=f"tfos-poll-{self.cluster_id}", daemon=True)
+        self._poller.start()
+
+    def command(self, op: str, **kw: Any) -> dict[str, Any]:
+        """Send one command through a one-task Spark job; its reply body (raises when the coordinator refused)."""
+        assert self.meta is not None
+        meta = self.meta
+        job = ConnectSparkJob(self.sc, f"{self.state.job_group}-ctl", f"tfos_nb {self.name}: {op}",
+                              lambda: ask(self.sc, meta, remote.Command(op=op, **kw)))
+        job.start()
+        if not job.wait(COMMAND_TIMEOUT_S):
+            job.cancel(join_timeout=1)
+            msg = f"{self.name}: the coordinator did not answer {op!r} within {COMMAND_TIMEOUT_S:.0f} s"
+            raise TimeoutError(msg)
+        out = job.result()
+        if not out.get("ok"):
+            msg = f"{self.name}: the coordinator refused {op!r}: {out.get('error')}"
+            raise RuntimeError(msg)
+        return dict(out.get("body") or {})
+
+    def _poll_once(self) -> dict[str, Any]:
+        assert self.meta is not None
+        msg = remote.Snapshot(logs=list(self.mirror.logs_seen), history=list(self.mirror.history_seen))
+        try:
+            return ask(self.sc, self.meta, msg)
+        except Exception as exc:  # noqa: BLE001 - counted; the loop decides
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    def _poll_loop(self) -> None:
+        tag = f"{self.state.job_group}-poll"
+        self.sc.addTag(tag)
+        failures = 0
+        try:
+            while not self._poll_stop.is_set():
+                out = self._poll_once()
+                if out.get("ok"):
+                    failures = 0
+                    self.polls += 1
+                    self.mirror.apply(out["body"])
+                elif not self._poll_stop.is_set():
+                    failures += 1
+                    if failures >= LOST_AFTER and not self.state.ended:
+                        self.controller.local.cancel(f"the coordinator is unreachable: {out.get('error')}")
+                self._poll_stop.wait(POLL_S)
+        finally:
+            self.sc.removeTag(tag)
+
+    def cancel_jobs(self) -> None:
+        for job in list(self.jobs):
+            job.cancel(join_timeout=0)
+
+    # -- stop ----------------------------------------------------------------------
+    def _teardown(self, wait: float) -> None:
+        try:
+            if self.meta is not None:
+                try:
+                    self.controller.request_kill()
+                except Exception:  # noqa: BLE001 - the coordinator may be gone; the nodes then stop on their own
+                    pass
+            self.cancel_jobs()  # feeding tasks free their slots, so snapshots get through
+            deadline = time.monotonic() + wait
+            while self.meta is not None and self._poller is not None and time.monotonic() < deadline:
+                if not [n for n in self.state.snapshot().nodes if n.state in LIVE]:
+                    break
+                with self.state.changed:
+                    self.state.changed.wait(0.1)
+            if self.on_teardown is not None:
+                self.on_teardown()
+            for job in list(self.jobs):
+                job.cancel(join_timeout=self.join_s)
+        finally:
+            self._poll_stop.set()
+            if self._poller is not None:
+                self._poller.join(timeout=30)
+            if self.meta is not None:
+                try:
+                    self.command("close")
+                    final = ask(self.sc, self.meta, remote.Snapshot(logs=list(self.mirror.logs_seen),
+                                                                    history=list(self.mirror.history_seen)))
+                    if final.get("ok"):
+                        self.mirror.apply(final["body"])
+                except Exception:  # noqa: BLE001 - a coordinator that cannot be reached ends on its own
+                    pass
+            self.controller.finish(self._finished)
+            import atexit
+
+            atexit.unregister(self._atexit)

@@ -1,0 +1,156 @@
+"""The coordinator: a cluster's control server hosted on an executor (Spark Connect).
+
+On Spark Connect the notebook's process cannot be reached from the executors.
+Barrier task 0 of the launch stage starts this process (``python -m
+tfos_nb.runtime coordinator``, detached like a node supervisor) with the launch
+meta on stdin; it prints its address and runs the same
+:class:`~.controller.Controller` and :class:`~.state.ClusterState` the classic
+driver runs.  Node supervisors and feeding tasks talk to it directly; the
+notebook reaches it through tiny Spark jobs (``Snapshot`` and ``Command``
+messages, see :mod:`..protocol.remote`).
+
+It ends when the notebook says ``close``, or when the notebook has not been
+heard of (no snapshot, command or feeding task) for ``kernel_timeout`` s: then
+it fails the cluster, so every node is killed at its next heartbeat, as the
+classic driver-lost path does.  Either way it exits once the nodes stopped
+heartbeating (at most ``EXIT_WAIT_S`` later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from ..protocol import messages as m
+from ..protocol import remote
+from ..protocol.channel import ControlServer
+from . import snapshot
+from . import state as S
+from .controller import Controller
+
+EXIT_WAIT_S = 15.0
+QUIET_S = 2.0  # after close: exit once no node spoke for this long
+
+
+def _trainers_finished(nodes: list[Any]) -> bool:
+    from .cluster import trainers_finished
+
+    return trainers_finished(nodes)
+
+
+class Coordinator:
+    def __init__(self, meta: dict[str, Any]) -> None:
+        c = meta["coordinator"]
+        roles = [(str(job), int(idx)) for job, idx in meta["roles"]]
+        self.state = S.ClusterState(meta["cluster_id"], c["name"], roles)
+        self.controller = Controller(self.state, input_mode_spark=bool(c["input_mode_spark"]),
+                                     tensorboard=bool(c["tensorboard"]), log_dir=c.get("log_dir"),
+                                     num_gpus=int(c["num_gpus"]), heartbeat_timeout=float(c["heartbeat_timeout"]))
+        self.kernel_timeout = float(c["kernel_timeout"])
+        self.logbook = snapshot.LogBook(len(roles))
+        self.state.add_log_listener(self._log)
+        self._labels = {n.label: n.index for n in self.state.nodes}
+        self.last_kernel = time.monotonic()
+        self.last_node = time.monotonic()
+        self.closing_since: float | None = None
+        self.done = threading.Event()
+        secret = bytes.fromhex(meta["secret"])
+        self.server = ControlServer(m.Codec(secret, meta["cluster_id"], "coordinator"), self.handle,
+                                    c.get("bind") or "127.0.0.1", on_tick=self.tick)
+
+    def _log(self, label: str, lines: list[str]) -> None:
+        self.logbook.add(self._labels[label], lines)
+
+    def handle(self, msg: m.Message) -> m.Reply:
+        now = time.monotonic()
+        if isinstance(msg, remote.Snapshot):
+            self.last_kernel = now
+            return m.Reply(ok=True, body=self._snapshot(msg.logs, msg.history))
+        if isinstance(msg, remote.Command):
+            self.last_kernel = now
+            return self._command(msg)
+        if isinstance(msg, (m.FeedAssign, m.FeedRelease, m.FeedCheck)):
+            self.last_kernel = now  # feeding tasks run only while the notebook waits for them
+        else:
+            self.last_node = now
+        return self.controller.handle(msg)
+
+    def _snapshot(self, logs: list, history: list) -> dict[str, Any]:
+        return snapshot.to_json(self.state, self.logbook, [int(x) for x in logs], [int(x) for x in history],
+                                self.controller.feed_errors, self.controller.lost_feeds)
+
+    def _command(self, msg: remote.Command) -> m.Reply:
+        ctl = self.controller
+        body: dict[str, Any] = {}
+        if msg.op == "open_epoch":
+            body["epoch"] = ctl.open_epoch()
+        elif msg.op == "end_epoch":
+            ctl.end_epoch(msg.epoch)
+        elif msg.op == "request_stop":
+            ctl.request_stop()
+        elif msg.op == "request_kill":
+            ctl.request_kill()
+        elif msg.op == "cancel":
+            ctl.cancel(msg.reason or "cancelled")
+        elif msg.op == "set_running":
+            ctl.set_running()
+        elif msg.op == "reset_feed_errors":
+            ctl.reset_feed_errors()
+        elif msg.op == "close":
+            ctl.request_kill()
+            body["final"] = ctl.finish(_trainers_finished)
+            self._close()
+        else:
+            return m.Reply(ok=False, error=f"unknown command {msg.op!r}")
+        return m.Reply(ok=True, body=body)
+
+    def _close(self) -> None:
+        if self.closing_since is None:
+            self.closing_since = time.monotonic()
+
+    def tick(self) -> None:
+        self.controller.tick()
+        now = time.monotonic()
+        if self.closing_since is None and now - self.last_kernel > self.kernel_timeout:
+            self.controller.cancel(f"the notebook was not heard of for {self.kernel_timeout:.0f} s")
+            self._close()
+        if self.closing_since is not None:
+            quiet = now - max(self.last_node, self.closing_since) > QUIET_S
+            if quiet or now - self.closing_since > EXIT_WAIT_S:
+                self.done.set()
+
+
+def bind_address(hint: str | None) -> str:
+    """Where the coordinator listens: the hint (loopback when Spark is local), else this host's address."""
+    if hint:
+        return hint
+    host = os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+    from ..net import resolve
+
+    return resolve(host)
+
+
+def main() -> int:
+    meta = json.loads(sys.stdin.buffer.readline())
+    sys.stdin.close()
+    meta["coordinator"]["bind"] = bind_address(meta["coordinator"].get("bind"))
+    coord = Coordinator(meta)
+    try:
+        host, port = coord.server.start()
+    except OSError:
+        coord.server = ControlServer(coord.server._codec, coord.handle, "0.0.0.0", on_tick=coord.tick)  # noqa: SLF001
+        port = coord.server.start()[1]
+        host = meta["coordinator"]["bind"]
+    sys.stdout.write(json.dumps({"ok": True, "control": [host, port], "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    sys.stdout.close()
+    try:
+        coord.done.wait()
+    finally:
+        coord.server.stop()
+    return 0

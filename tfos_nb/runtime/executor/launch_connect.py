@@ -1,0 +1,105 @@
+"""The launch stage on Spark Connect: barrier task 0 starts the coordinator, every task its node.
+
+There is no SparkContext and the notebook cannot be reached from here, so the
+cluster's control server runs in the cluster: task 0 starts it (a detached
+``python -m tfos_nb.runtime coordinator`` process), the barrier's ``allGather``
+hands its address to every task, and each task starts its node's supervisor
+pointed at it.  The task body is a ``mapInArrow`` function (one output row, the
+start status as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .launch import LAUNCH_WAIT_S, _child_env, executor_id, start_supervisor
+
+
+def start_coordinator(meta: dict[str, Any], log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
+    """Start the coordinator process; returns its status (``control``: its address) once it listens."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfos_nb.runtime", "coordinator", meta["cluster_id"]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=_child_env(meta),
+            start_new_session=True,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(meta).encode() + b"\n")
+        proc.stdin.close()
+    except OSError:
+        pass
+    ready, _, _ = select.select([proc.stdout], [], [], LAUNCH_WAIT_S)
+    line = proc.stdout.readline() if ready else b""
+    proc.stdout.close()
+    try:
+        status = json.loads(line) if line else {}
+    except ValueError:
+        status = {}
+    if not isinstance(status, dict) or not status.get("ok"):
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=5)
+        try:
+            with open(log_path, "rb") as f:
+                tail = f.read()[-4000:].decode("utf-8", "replace")
+        except OSError:
+            tail = ""
+        status = {"ok": False, "error": f"the coordinator did not start ({proc.returncode}): {tail}"}
+    return status, proc
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """The process outlives this task; reap it when it ends (no zombie in the worker)."""
+    threading.Thread(target=proc.wait, name="tfos-reaper", daemon=True).start()
+
+
+def make_connect_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """The barrier ``mapInArrow`` body: task 0 starts the coordinator, then every task starts one node."""
+
+    def launch(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        for _ in batches:
+            pass
+        tctx = BarrierTaskContext.get()
+        task = tctx.partitionId()
+        node = meta["first_node"] + task
+        cdir = os.getcwd()
+        coordinator: dict[str, Any] = {}
+        if task == 0:
+            try:
+                coordinator, proc = start_coordinator(meta, os.path.join(cdir, f"tfos_nb-{meta['cluster_id']}-coordinator.log"))
+                if coordinator.get("ok"):
+                    _reap(proc)
+            except Exception as exc:  # noqa: BLE001 - reported to every task and to the notebook
+                coordinator = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        gathered = [json.loads(s) for s in tctx.allGather(json.dumps(coordinator))]
+        first = gathered[0]
+        if first.get("ok"):
+            res = tctx.resources().get("gpu")
+            node_meta = dict(meta)
+            node_meta.update(node=node, attempt=tctx.attemptNumber(), executor_id=executor_id(),
+                             spark_gpus=list(res.addresses) if res is not None else [], working_dir=cdir,
+                             control=list(first["control"]))
+            try:
+                status, proc = start_supervisor(node_meta, blob, os.path.join(cdir, f"tfos_nb-{meta['cluster_id']}-node{node}.log"))
+                _reap(proc)
+            except Exception as exc:  # noqa: BLE001 - the notebook decides; Spark must not retry
+                status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        else:
+            status = {"ok": False, "error": f"no coordinator: {first.get('error')}"}
+        status["node"] = node
+        if task == 0:
+            status["coordinator"] = coordinator
+        yield pa.RecordBatch.from_pydict({"s": [json.dumps(status)]}, schema=pa.schema([("s", pa.string())]))
+
+    return launch
