@@ -144,3 +144,40 @@ def test_saved_and_loaded_model_transforms_on_spark_connect(spark, tmp_path):
     df = spark.createDataFrame([([1.0, 5.0, 2.0], 0), ([3.0, 0.0, 1.0], 1)] * 3, "v array<float>, id int").repartition(2)
     rows = sorted(model.transform(df).collect(), key=lambda r: (r.id, r.t))
     assert len(rows) == 6 and (rows[0].t, rows[0].w) == (8.0, [2.0, 10.0, 4.0]) and rows[-1].t == 4.0
+
+
+def digits_train_fn(args, ctx):
+    import tensorflow as tf
+
+    from tfos_nb import compat
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        inp = tf.keras.layers.Input((64,), name="features")
+        hidden = tf.keras.layers.Dense(64, activation="relu")(inp)
+        model = tf.keras.Model(inp, tf.keras.layers.Dense(10, name="logits")(hidden))
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.01),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ds = ctx.get_data_feed().as_dataset(batch_size=args.batch_size)
+    model.fit(ds, epochs=args.epochs, verbose=0)
+    compat.export_saved_model(model, args.export_dir, ctx.is_chief)
+
+
+def test_estimator_fits_saves_loads_and_transforms_on_spark_connect(spark, tmp_path, no_leaks):
+    """fit → save → load → transform with a Spark Connect session only: the cluster's control plane in the cluster."""
+    from tests.conftest import NODE_ENV
+    from tfos_nb.examples import digits
+
+    x_train, y_train, x_test, y_test = digits.load_digits_arrays()
+    train = digits.to_dataframe(spark, x_train, y_train, partitions=4)
+    test = digits.to_dataframe(spark, x_test, y_test, partitions=2)
+    est = (TFEstimator(digits_train_fn, {}, env=NODE_ENV).setClusterSize(2).setEpochs(5).setBatchSize(32)
+           .setInputMapping({"features": "features", "label": "label"}).setExportDir(str(tmp_path / "export")))
+    model = est.fit(train)
+    model.setInputMapping({"features": "features"}).setOutputMapping({"logits": "logits"})
+    model.save(str(tmp_path / "model"))
+    loaded = TFModel.load(str(tmp_path / "model"))
+    rows = loaded.transform(test.select("features", "label")).collect()
+    assert len(rows) == len(y_test)
+    correct = sum(int(max(range(10), key=lambda k: r.logits[k]) == r.label) for r in rows)
+    assert correct / len(rows) >= 0.85, correct / len(rows)
