@@ -1,0 +1,116 @@
+"""The notebook on Spark Connect (as Databricks serverless / standard access give it), in real kernels.
+
+Each kernel starts its own local Spark Connect server through tfos_nb's embedded Spark
+(``TFOS_NB_SPARK_CONNECT=1``, what ``bash quickstart.sh --connect`` sets): the notebook's ``spark``
+is a ``pyspark.sql.connect`` session with no SparkContext, and everything reaches the executors
+through Spark jobs only.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import nbformat
+import pytest
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+from tests.conftest import KERNEL, wait_until
+from tests.test_notebooks import ROOT, TRAINING_CELL, _alive, _describe, _runtime_procs, _text
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def connect_env(monkeypatch):
+    monkeypatch.setenv("TFOS_NB_SPARK_CONNECT", "1")  # the kernels started below inherit it
+
+
+def test_quickstart_on_spark_connect(connect_env, kernel_specs, tmp_path):
+    path = ROOT / "notebooks" / "quickstart.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("print('session:', type(spark).__module__)"))
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    client = NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, tmp_path / path.name)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors, [(e.ename, e.evalue) for e in errors]
+    text = "".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+    assert "session: pyspark.sql.connect.session" in text
+    assert "starting a local Spark Connect server and session" in text
+    assert re.search(r"^accuracy: 0\.9\d\d", text, flags=re.M), text[-2000:]
+    assert "[chief:0] Epoch 5/5" in text  # the nodes' output reaches the cell
+    finals = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "display_data"
+              and o.get("data", {}).get("text/plain", "").startswith("digits: finished")]
+    assert len(finals) == 1 and "chief:0 finished" in finals[0]["data"]["text/plain"]
+
+
+def _kernel(kernel_specs):
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    km.start_kernel(cwd=str(ROOT))
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=120)
+    reply = kc.execute_interactive("%load_ext tfos_nb\nfrom tfos_nb.magics import spark_session\n"
+                                   "spark = spark_session(nodes=2)\nsteps = {'steps': 100000}", timeout=300)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return km, kc
+
+
+FAILING_CELL = """%%tfos_cluster --workers 2 --input-mode tensorflow --name failing
+print("about to fail on", ctx.job_name, ctx.task_index, flush=True)
+if ctx.job_name == "worker":
+    raise ValueError("bad shape on purpose")
+"""
+
+
+def test_node_error_and_interrupt_in_a_connect_kernel(connect_env, kernel_specs):
+    km, kc = _kernel(kernel_specs)
+    try:
+        kernel_pid = km.provisioner.pid
+        # a node's error ends the cell with one message naming the node, its error and its last lines
+        out: list[str] = []
+        reply = kc.execute_interactive(FAILING_CELL, timeout=300, output_hook=lambda m: out.append(
+            str(m["content"].get("text", m["content"].get("evalue", "")))))
+        assert reply["content"]["status"] == "error"
+        message = reply["content"]["evalue"]
+        assert "worker:0" in message and "ValueError: bad shape on purpose" in message, message
+        assert "about to fail on worker 0" in message, message  # the node's output tail
+        wait_until(lambda: not [p for p in _runtime_procs(kernel_pid) if _alive(p)], 60)
+        assert wait_until(lambda: kc.execute_interactive("pass", timeout=60)["content"]["status"] == "ok", 60,
+                          interval=0.5)
+
+        # ■ during training tears the cluster down (nodes, supervisors, the coordinator) and the kernel lives
+        msg_id = kc.execute(TRAINING_CELL.replace("--name looping", "--name looping --args steps"))
+        seen: list[str] = []
+        deadline = time.monotonic() + 300
+        while not any("[chief:0] step 1" in s for s in seen):
+            assert time.monotonic() < deadline, "no step reported: " + "".join(seen)[-2000:]
+            msg = kc.get_iopub_msg(timeout=deadline - time.monotonic())
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen.append(msg["content"]["text"])
+        procs = _runtime_procs(kernel_pid)
+        assert any("coordinator" in _describe(p) for p in procs), [_describe(p) for p in procs]
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        wait_until(lambda: not [p for p in procs if _alive(p)], 90)
+        assert not [p for p in procs if _alive(p)], [_describe(p) for p in procs if _alive(p)]
+        assert not [p for p in _runtime_procs(kernel_pid) if _alive(p)]
+        assert wait_until(lambda: kc.execute_interactive("pass", timeout=60)["content"]["status"] == "ok", 60,
+                          interval=0.5), "the kernel does not take requests after the interrupt"
+        # no Spark job of the cluster is left running on the server
+        out.clear()
+        reply = kc.execute_interactive("print('active:', spark.range(4, numPartitions=2).count())", timeout=120,
+                                       output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok" and "active: 4" in "".join(out)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
