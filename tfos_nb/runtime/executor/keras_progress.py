@@ -18,6 +18,8 @@ PENDING_MAX = 1000  # steps kept between flushes, whatever the time
 def _floats(logs: Any) -> dict[str, float]:
     out = {}
     for k, v in (logs or {}).items():
+        if hasattr(v, "fetch"):  # a RemoteValue (ParameterServerStrategy's coordinator)
+            v = v.fetch()
         try:
             out[k] = float(v)
         except (TypeError, ValueError):
