@@ -17,7 +17,7 @@ Wall time is run -> train -> shutdown.  After the timed runs, one more tfos_nb r
 ``--no-breakdown`` leaves it out) times its steps and, after training, measures on the same cluster
 what a step is made of:
 
-* ``step``      -- mean wall time of a training step (Keras batch callbacks, first epoch excluded);
+* ``step``      -- mean wall time of a training step (epochs after the first: wall / steps);
 * ``compute``   -- the same forward + backward + Adam update on one batch, no strategy, no feed;
 * ``allreduce`` -- MultiWorkerMirroredStrategy's all-reduce of the model's gradient tensors
   across both nodes, alone;
@@ -106,21 +106,30 @@ def tfos_nb_main(args, ctx):
     ds = feed.as_dataset(batch_size=args["batch"], columns=(0, 1))
 
     class StepTimer(tf.keras.callbacks.Callback):
+        """Steps and wall time of the epochs after the first (which builds the graph and the collectives).
+
+        Takes the batch logs as tensors (``_supports_tf_logs``) so that it does not make Keras
+        wait for each step: a step is (later epochs' wall time) / (their steps).
+        """
+
         def __init__(self):
             super().__init__()
-            self.epoch, self.times, self.t0 = 0, [], 0.0
+            self._supports_tf_logs = True
+            self.epoch, self.steps, self.wall = 0, 0, 0.0
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
+            self.t0 = time.perf_counter()
             if epoch == 1:
                 self.t_epoch1 = time.time()
 
-        def on_train_batch_begin(self, batch, logs=None):
-            self.t0 = time.perf_counter()
-
         def on_train_batch_end(self, batch, logs=None):
-            if self.epoch > 0:  # the first epoch builds the graph and the collectives
-                self.times.append(time.perf_counter() - self.t0)
+            if self.epoch > 0:
+                self.steps += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch > 0:
+                self.wall += time.perf_counter() - self.t0
 
     timer = StepTimer()
     callbacks = [ctx.progress_callback()] + ([timer] if args["breakdown"] else [])
@@ -131,11 +140,12 @@ def tfos_nb_main(args, ctx):
     if not args["breakdown"]:
         return None
 
-    out = {"step": float(np.mean(timer.times)) if timer.times else None, "steps": len(timer.times),
+    out = {"step": timer.wall / timer.steps if timer.steps else None, "steps": timer.steps,
            "phases": {"enter": t_enter, "import+strategy": t_strategy - t_enter,
                       "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
                       "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
-                      "export": time.time() - t_fit_end}}
+                      "export": time.time() - t_fit_end},
+           "fit_end": t_fit_end}
     x = tf.constant(np.random.default_rng(0).random((args["batch"], 784), dtype=np.float32))
     y = tf.constant(np.arange(args["batch"], dtype=np.int32) % 10)
 
@@ -308,6 +318,9 @@ class Bench:
         res = {"wall s": wall, "accuracy": self.accuracy(export_dir)}
         if breakdown:
             nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
+            for i, n in enumerate(nodes):
+                log.info("node %d: fit ended %+.2f s after node 0's, phases %s", i, n["fit_end"] - nodes[0]["fit_end"],
+                         ", ".join("%s %.2f" % kv for kv in n["phases"].items() if kv[0] != "enter"))
             for k in ("step", "compute", "allreduce", "data"):
                 vals = [n[k] for n in nodes if n.get(k) is not None]
                 if vals:

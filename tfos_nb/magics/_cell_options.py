@@ -108,8 +108,11 @@ def data_var(ns: Mapping[str, Any], var: str) -> Any:
 
 
 def node_env(tf_threads: int) -> dict[str, str]:
-    """Environment of every node or run: quiet TensorFlow, ``tf_threads`` threads (TFOSMagics.tf_threads)."""
+    """Environment of every node or run: quiet TensorFlow, ``tf_threads`` threads (TFOSMagics.tf_threads;
+    0: the executor derives them from ``spark.task.cpus``, -1: TensorFlow's own default)."""
     env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    if tf_threads < 0:
+        env["TFOS_TF_THREADS"] = "0"
     if tf_threads > 0:
         env.update(
             TF_NUM_INTRAOP_THREADS=str(tf_threads),

@@ -39,9 +39,9 @@ class TFOSMagics(Magics):
         "'auto': widget in a kernel with ipywidgets, html in other kernels, text in terminal IPython.",
     ).tag(config=True)
     tf_threads = Integer(
-        1,
-        help="TensorFlow intra-op threads per node (inter-op gets one more); 0 leaves TensorFlow's default. "
-        "Nodes sharing a machine's cores train faster with few threads each.",
+        0,
+        help="TensorFlow intra-op threads per node (inter-op gets one more). 0: spark.task.cpus (at most the "
+        "executor's cores; 1 on the embedded local cluster); -1: TensorFlow's own default (every core).",
     ).tag(config=True)
     log_lines = Bool(True, help="Stream the nodes' output into the cell, prefixed by [role:index].").tag(
         config=True

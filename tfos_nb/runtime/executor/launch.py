@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..protocol import pipes
+from .threads import task_cpus
 
 LAUNCH_WAIT_S = 120
 
@@ -104,6 +105,7 @@ def make_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterable[Any]]
             executor_id=executor_id(),
             spark_gpus=list(res.addresses) if res is not None else [],
             working_dir=os.getcwd(),
+            task_cpus=task_cpus(tctx),
         )
         log_path = os.path.join(os.getcwd(), f"tfos_nb-{meta['cluster_id']}-node{node}.log")
         try:

@@ -24,6 +24,7 @@ from .. import procs
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
+from .threads import thread_env
 
 LOG_BYTES_PER_BEAT = 64 * 1024
 REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats
@@ -36,9 +37,11 @@ LINGER_S = 10.0
 
 
 def tf_env(env: dict[str, str], meta: dict[str, Any], gpus: list[dict], pin_gpus: bool) -> dict[str, str]:
-    """``env`` plus what every TensorFlow child gets: the cell's env, quiet C++ logs, unbuffered output,
-    the Keras flavour, and its GPUs (``pin_gpus``: CUDA_VISIBLE_DEVICES, empty for none)."""
+    """``env`` plus what every TensorFlow child gets: the cell's env, its thread pools (``threads.py``),
+    quiet C++ logs, unbuffered output, the Keras flavour, and its GPUs (``pin_gpus``:
+    CUDA_VISIBLE_DEVICES, empty for none)."""
     env.update({k: str(v) for k, v in meta.get("env", {}).items()})
+    env.update(thread_env(env, meta.get("task_cpus")))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env["PYTHONUNBUFFERED"] = "1"
     if meta.get("keras", "tf_keras") == "tf_keras":

@@ -43,6 +43,7 @@ from . import child_main
 from .context import NodeContext, Reporter
 from .launch import _child_env, executor_id
 from .owner import ChildOwner, tf_env
+from .threads import task_cpus
 
 # ---------------------------------------------------------------------------
 # The Spark task
@@ -63,7 +64,7 @@ def make_run_task(meta: dict[str, Any], blob: bytes, barrier: bool) -> Callable[
         peers: list[str] = []
         if barrier:
             peers = [t.address.rsplit(":", 1)[0] for t in BarrierTaskContext.get().getTaskInfos()]
-        run = RunOwner(meta, index, tctx.attemptNumber(), spark_gpus, peers)
+        run = RunOwner(dict(meta, task_cpus=task_cpus(tctx)), index, tctx.attemptNumber(), spark_gpus, peers)
         try:
             status, value = run.run(blob)
         except Exception as exc:  # noqa: BLE001 - the driver reports it; Spark must not retry
