@@ -44,6 +44,8 @@ def find_spark_context(namespace: Mapping[str, Any]) -> Any:
         sc = _context_of(namespace.get(name))
         if _usable(sc):
             return sc
+    if _embedded_connect and not _embedded_connect[0].is_stopped:
+        return _embedded_connect[0]
     if "pyspark" not in sys.modules:
         return None  # nobody started Spark in this process
     from pyspark import SparkContext
@@ -92,18 +94,16 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
     master = master_template.format(n=max(1, nodes))
     saved = os.environ.get("SPARK_LOCAL_IP")
     os.environ["SPARK_LOCAL_IP"] = host  # read by the JVM that getOrCreate launches, then put back
+    conf = {"spark.app.name": "tfos_nb", "spark.driver.host": host, "spark.driver.bindAddress": host,
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
     try:
-        builder = SparkSession.builder.remote(master) if connect else SparkSession.builder.master(master)
-        builder = (
-            builder.appName("tfos_nb")
-            .config("spark.driver.host", host)
-            .config("spark.driver.bindAddress", host)
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-        )
         if connect:
-            builder = builder.config("spark.connect.grpc.binding.address", host)
-        spark = builder.getOrCreate()
+            spark = _start_local_connect(master, conf)
+        else:
+            builder = SparkSession.builder.master(master)
+            for key, value in conf.items():
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
     finally:
         if saved is None:
             os.environ.pop("SPARK_LOCAL_IP", None)
@@ -111,6 +111,35 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
             os.environ["SPARK_LOCAL_IP"] = saved
     if not connect:
         spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+_embedded_connect: list[Any] = []  # the local Spark Connect session start_embedded made (its server's own
+# classic SparkContext lives in this process too, and must not be mistaken for the notebook's Spark)
+
+
+def _start_local_connect(master: str, conf: dict[str, str]) -> Any:
+    """A local Spark Connect server on ``master``, its gRPC port a free one on loopback, and a session to it.
+
+    ``SparkSession.builder.remote("local-cluster[...]")`` does the same on the fixed port 15002 of every
+    interface (a second notebook on the machine cannot have one); this is that path with the port chosen
+    here: pyspark's own server start (``_start_connect_server``, also used by pyspark's tests) and its
+    markers, so ``spark.stop()`` stops the server as it does for pyspark's local mode. The server takes a
+    random token (pyspark's), which the session sends.
+    """
+    import socket
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        port = probe.getsockname()[1]
+    opts = dict(conf, **{"spark.connect.grpc.binding.address": LOOPBACK, "spark.connect.grpc.binding.port": str(port)})
+    os.environ["SPARK_LOCAL_REMOTE"] = "1"
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    ConnectSession._start_connect_server(master, opts)
+    spark = ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
+    _embedded_connect[:] = [spark]
     return spark
 
 
