@@ -132,3 +132,14 @@ def test_tensorflowonspark_program(spark):
     assert all(n.step >= 100 for n in cluster.nodes)
     assert cluster.last_feed["rows"] + cluster.last_feed["skipped"] == 400
     assert nothing_left() is True
+
+
+def test_not_enough_executors_fails_at_once(spark):
+    """3 nodes on 2 task slots: one clear error before anything launches (not Spark's barrier retries)."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"not enough executors: asked for 3 nodes, 2 task slot\(s\)"):
+        run(spark, lambda args, ctx: None, {}, 3)
+    assert time.monotonic() - t0 < 30  # the alternative is Spark's barrier check: minutes
+    assert nothing_left() is True

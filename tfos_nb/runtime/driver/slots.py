@@ -27,7 +27,18 @@ def available_slots(sc: Any) -> tuple[int, int]:
 
 def fixed_slots(sc: Any) -> int | None:
     """Task slots of a master whose size is in its name (local-cluster[N,C,M], local[N], local)."""
-    master = str(getattr(sc, "master", ""))
+    return master_slots(str(getattr(sc, "master", "")))
+
+
+def connect_slots(spark: Any) -> int | None:
+    """Task slots of a Spark Connect session's application when its master's name says (None: unknown)."""
+    try:
+        return master_slots(str(spark.conf.get("spark.master", "")))
+    except Exception:  # noqa: BLE001 - a server that does not let the client read it: unknown
+        return None
+
+
+def master_slots(master: str) -> int | None:
     match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
     if match:
         return int(match.group(1)) * int(match.group(2))
@@ -47,6 +58,14 @@ def expected_slots(sc: Any) -> int | None:
     if instances and cores and str(instances).isdigit() and str(cores).isdigit():
         return int(instances) * int(cores) // max(1, int(conf.get("spark.task.cpus", "1") or 1))
     return None
+
+
+def not_enough_executors(needed: int, slots: int, executors: str) -> str:
+    return (
+        f"not enough executors: asked for {needed} nodes, {slots} task slot(s) available "
+        f"on {executors} executor(s). Start Spark with at least {needed} executor slots "
+        "(e.g. --num-executors/--total-executor-cores, or master local-cluster[N,1,MB])."
+    )
 
 
 def wait_for_slots(sc: Any, needed: int, timeout: float, cancelled: Callable[[], bool] = lambda: False) -> None:
@@ -73,12 +92,7 @@ def wait_for_slots(sc: Any, needed: int, timeout: float, cancelled: Callable[[],
         else:
             settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
         if settled or now > deadline:
-            msg = (
-                f"not enough executors: asked for {needed} nodes, {slots} task slot(s) available "
-                f"on {executors} executor(s). Start Spark with at least {needed} executor slots "
-                "(e.g. --num-executors/--total-executor-cores, or master local-cluster[N,1,MB])."
-            )
-            raise RuntimeError(msg)
+            raise RuntimeError(not_enough_executors(needed, slots, str(executors)))
         time.sleep(0.2)
 
 

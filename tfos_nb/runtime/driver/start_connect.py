@@ -21,6 +21,7 @@ from .cluster import InputMode, TFCluster, trainers_finished
 from .connect import ConnectDriverJob, RemoteController
 from .controller import Controller
 from .errors import python_error_line
+from .slots import connect_slots, not_enough_executors
 
 KERNEL_TIMEOUT_S = 120.0  # the coordinator stops the cluster when the notebook was not heard of for this long
 
@@ -43,6 +44,9 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
                 on_start: Callable[[Any], None] | None) -> TFCluster:
     import cloudpickle
 
+    slots = connect_slots(spark)
+    if slots is not None and slots < len(roles):  # else a barrier stage too big waits for Spark's own check
+        raise RuntimeError(not_enough_executors(len(roles), slots, "its"))
     cluster_id = uuid.uuid4().hex[:12]
     state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
     state.job_group = f"tfos-{cluster_id}"
