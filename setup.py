@@ -51,7 +51,7 @@ setup(
         "notebook": NOTEBOOK,
         "connect": ["pyspark[connect]>=3.5"],  # Spark Connect sessions (Databricks serverless, standard access)
         "examples": EXAMPLES,
-        "all": NOTEBOOK + EXAMPLES,
+        "all": NOTEBOOK + EXAMPLES + ["pyspark[connect]>=3.5"],
     },
     # Enables the TensorBoard proxy server extension on install (jupyter server extension list);
     # editable installs too, through _Distribution.
