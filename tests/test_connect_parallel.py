@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import glob
+import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -120,4 +123,6 @@ def test_stop_leaves_nothing_running(spark, n):
     view = runs.status()
     assert view.state == "stopped" and all(node.state == "stopped" for node in view.nodes)
     assert nothing_left() is True
+    scratch = os.path.join(tempfile.gettempdir(), f"tfos_nb-{runs.cluster_id}-run*")
+    assert wait_until(lambda: not glob.glob(scratch), 30, what="the runs' scratch directories removed")
     assert spark.range(4, numPartitions=2).count() == 4  # no task left holding a slot

@@ -14,6 +14,10 @@ heartbeat handling of :class:`~.controller.Controller` (output lines,
 notebook panel show runs like nodes.  A run that raises stops the others and
 ends :meth:`ParallelRuns.wait` with one :class:`TFParallelError` naming the run,
 its arguments, host and last output lines.
+
+On a Spark Connect session (no SparkContext, executors cannot reach the
+notebook) the control server is a coordinator on an executor and the state a
+mirror of it, and the runs are a ``mapInArrow`` stage: see :mod:`.parallel_connect`.
 """
 
 from __future__ import annotations
