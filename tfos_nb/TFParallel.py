@@ -6,7 +6,7 @@ between them (hyper-parameter sweeps, embarrassingly parallel inference).
 As there, ``use_barrier=True`` with more runs than Spark task slots fails at
 once (``use_barrier=False`` runs them in waves).  Unlike TensorFlowOnSpark it
 returns each run's result, in run order, and ``tf_args`` may be a list of
-dicts, one per run.  ``start`` returns the
+dicts, one per run; ``sc`` may also be a Spark Connect session (``spark``).  ``start`` returns the
 :class:`ParallelRuns` at once (``wait()``, ``stop()``, ``status()``).
 """
 

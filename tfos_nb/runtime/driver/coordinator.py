@@ -32,6 +32,7 @@ from ..protocol.channel import ControlServer
 from . import snapshot
 from . import state as S
 from .controller import Controller
+from .parallel_control import RunController
 
 EXIT_WAIT_S = 15.0
 QUIET_S = 2.0  # after close: exit once no node spoke for this long
@@ -43,12 +44,20 @@ def _trainers_finished(nodes: list[Any]) -> bool:
     return trainers_finished(nodes)
 
 
+def _all_finished(nodes: list[Any]) -> bool:
+    return all(n.state == S.FINISHED for n in nodes)
+
+
 class Coordinator:
     def __init__(self, meta: dict[str, Any]) -> None:
         c = meta["coordinator"]
         roles = [(str(job), int(idx)) for job, idx in meta["roles"]]
         self.state = S.ClusterState(meta["cluster_id"], c["name"], roles)
-        self.controller = Controller(self.state, input_mode_spark=bool(c["input_mode_spark"]),
+        # kind "parallel": TFParallel's runs, which are tasks of the notebook's own Spark job (they speak
+        # only while that job runs, so they count as the notebook being heard of)
+        self.runs = c.get("kind") == "parallel"
+        self.finished = _all_finished if self.runs else _trainers_finished
+        self.controller = (RunController if self.runs else Controller)(self.state, input_mode_spark=bool(c["input_mode_spark"]),
                                      tensorboard=bool(c["tensorboard"]), log_dir=c.get("log_dir"),
                                      num_gpus=int(c["num_gpus"]), heartbeat_timeout=float(c["heartbeat_timeout"]))
         self.kernel_timeout = float(c["kernel_timeout"])
@@ -78,6 +87,8 @@ class Coordinator:
             self.last_kernel = now  # feeding tasks run only while the notebook waits for them
         else:
             self.last_node = now
+            if self.runs:
+                self.last_kernel = now
         return self.controller.handle(msg)
 
     def _snapshot(self, logs: list, history: list) -> dict[str, Any]:
@@ -103,7 +114,7 @@ class Coordinator:
             ctl.reset_feed_errors()
         elif msg.op == "close":
             ctl.request_kill()
-            body["final"] = ctl.finish(_trainers_finished)
+            body["final"] = ctl.finish(self.finished)
             self._close()
         else:
             return m.Reply(ok=False, error=f"unknown command {msg.op!r}")

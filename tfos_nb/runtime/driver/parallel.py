@@ -14,6 +14,10 @@ heartbeat handling of :class:`~.controller.Controller` (output lines,
 notebook panel show runs like nodes.  A run that raises stops the others and
 ends :meth:`ParallelRuns.wait` with one :class:`TFParallelError` naming the run,
 its arguments, host and last output lines.
+
+On a Spark Connect session (no SparkContext, executors cannot reach the
+notebook) the control server is a coordinator on an executor and the state a
+mirror of it, and the runs are a ``mapInArrow`` stage: see :mod:`.parallel_connect`.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..executor.run_task import make_run_task
+from ..sessions import is_connect
 from . import state as S
+from .connect_jobs import ConnectSparkJob
 from .errors import TFClusterError, failure_message, first_failure, python_error_line
 from .job import DriverJob
-from .parallel_control import RunController, can_gang_schedule, runs_args
+from .parallel_connect import connect_runs_job, launch_connect_runs
+from .parallel_control import RunController, barrier_refusal, can_gang_schedule, runs_args
 from .parallel_results import (
     ParallelView,
     RunResult,
@@ -41,7 +48,7 @@ from .parallel_results import (
     runs_view,
     scalars,
 )
-from .slots import available_slots, require_classic, require_keras
+from .slots import available_slots, connect_slots, require_classic, require_keras
 from .sparkjob import SparkJob
 
 log = logging.getLogger(__name__)
@@ -93,12 +100,16 @@ class ParallelRuns:
         self.state.job_group = f"tfos-{self.cluster_id}"
         self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
                                          num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
-        self.job = DriverJob(sc, self.state, self._controller, nodes_outlive_jobs=False, linger_s=STOP_WAIT_S,
-                             join_s=10.0)
+        self.connect = is_connect(sc)  # Spark Connect: the runs' control is hosted on an executor (parallel_connect)
+        if self.connect:
+            self.job: DriverJob = connect_runs_job(sc, self.state, self._controller, linger_s=STOP_WAIT_S, join_s=10.0)
+        else:
+            self.job = DriverJob(sc, self.state, self._controller, nodes_outlive_jobs=False, linger_s=STOP_WAIT_S,
+                                 join_s=10.0)
         self._blob = cloudpickle.dumps((map_fun, args))
         self._launch: dict[str, Any] = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
                             num_gpus=num_gpus)
-        self._spark_job: SparkJob | None = None
+        self._spark_job: SparkJob | ConnectSparkJob | None = None
         self._stop_reason: str | None = None
         self._results: list[RunResult] | None = None
 
@@ -111,24 +122,15 @@ class ParallelRuns:
         try:
             address = self.job.open_control()
             meta = self.job.launch_meta(address, **self._launch).to_dict()
-            if self.use_barrier is None:  # auto (%%tfos_parallel): one barrier stage when it fits, else waves
-                self.barrier = can_gang_schedule(sc, self.num_runs)
-                if not self.barrier:
-                    log.info("tfos_nb: %d runs, fewer task slots: running them in waves, without a barrier stage",
-                             self.num_runs)
-            elif self.use_barrier:
-                if not can_gang_schedule(sc, self.num_runs):
-                    slots, executors = available_slots(sc)
-                    msg = (f"use_barrier=True runs the {self.num_runs} runs as one barrier stage, which needs "
-                           f"{self.num_runs} task slots; this Spark application has {slots} on {executors} "
-                           "executor(s). Pass use_barrier=False to run them in waves, or give Spark more executors.")
-                    raise RuntimeError(msg)
-                self.barrier = True
-            else:
-                self.barrier = False
+            self.barrier = self._choose_barrier()
             self.job.check_cancelled()
-            task = make_run_task(meta, self._blob, self.barrier)
             n, barrier = self.num_runs, self.barrier
+            if self.connect:
+                self._spark_job = launch_connect_runs(self.job, meta, self._blob, n, barrier,  # type: ignore[arg-type]
+                                                      self._launch["num_gpus"], self._launch["heartbeat_timeout"])
+                self.job.mark_up()
+                return self
+            task = make_run_task(meta, self._blob, barrier)
 
             def action() -> list:
                 rdd = sc.parallelize(range(n), n)
@@ -141,6 +143,25 @@ class ParallelRuns:
             self.close()
             raise
         return self
+
+    def _choose_barrier(self) -> bool:
+        """Whether the runs are one barrier stage; raises when ``use_barrier=True`` cannot be (too few slots)."""
+        n = self.num_runs
+        if self.use_barrier is False:
+            return False
+        if self.connect:  # the session's configuration is all a Connect client can see; unknown: let Spark decide
+            known = connect_slots(self.sc)
+            fits = known[0] >= n if known is not None else self.use_barrier is True
+        else:
+            fits = can_gang_schedule(self.sc, n)
+        if self.use_barrier is None:  # auto (%%tfos_parallel): one barrier stage when it fits, else waves
+            if not fits:
+                log.info("tfos_nb: %d runs, fewer task slots: running them in waves, without a barrier stage", n)
+            return fits
+        if not fits:
+            slots, executors = (known or (0, 0)) if self.connect else available_slots(self.sc)
+            raise RuntimeError(barrier_refusal(n, slots, executors))
+        return True
 
     def stop(self, reason: str = "stopped") -> None:
         """Ask the runs to stop now, from any thread; ``wait()`` then tears down and raises."""
@@ -195,6 +216,8 @@ class ParallelRuns:
 
     def _finish(self) -> list[RunResult]:
         assert self._spark_job is not None
+        if self.connect:
+            self.close()  # the mirror's final snapshot first: the outcomes below then write the last word
         if self.state.snapshot().state == S.C_FAILED:
             self.close()
             raise self._error()
@@ -297,7 +320,8 @@ def start(
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"
         raise ValueError(msg)
-    require_classic(sc, "RDDs")
+    if not is_connect(sc):
+        require_classic(sc, "RDDs")
     require_keras(keras)
     args, grid = runs_args(tf_args, num_executors, per_run)
     if params is not None:

@@ -82,6 +82,13 @@ def can_gang_schedule(sc: Any, n: int) -> bool:
     return True
 
 
+def barrier_refusal(n: int, slots: int, executors: int) -> str:
+    """Why ``use_barrier=True`` cannot run ``n`` runs as one barrier stage."""
+    return (f"use_barrier=True runs the {n} runs as one barrier stage, which needs {n} task slots; this Spark "
+            f"application has {slots} on {executors} executor(s). Pass use_barrier=False to run them in waves, "
+            "or give Spark more executors.")
+
+
 def runs_args(tf_args: Any, num_executors: int | None, per_run: bool = False) -> tuple[list[Any], list[dict] | None]:
     """(args of each run, the grid's dicts or None): a list of dicts is a grid, one dict per run."""
     if per_run and not (isinstance(tf_args, (list, tuple)) and tf_args):

@@ -30,12 +30,36 @@ def fixed_slots(sc: Any) -> int | None:
     return master_slots(str(getattr(sc, "master", "")))
 
 
-def connect_slots(spark: Any) -> int | None:
-    """Task slots of a Spark Connect session's application when its master's name says (None: unknown)."""
+def _conf(spark: Any, key: str) -> str | None:
     try:
-        return master_slots(str(spark.conf.get("spark.master", "")))
-    except Exception:  # noqa: BLE001 - a server that does not let the client read it: unknown
+        value = spark.conf.get(key, None)
+    except Exception:  # noqa: BLE001 - a hosted session may hide it
         return None
+    return None if value is None else str(value)
+
+
+def connect_slots(spark: Any) -> tuple[int, int] | None:
+    """(task slots, executors) as the session's configuration gives them, or None when it does not say.
+
+    A Connect client cannot ask the scheduler, so this reads the master URL (``local[N]``,
+    ``local-cluster[N,C,M]``) or a fixed ``spark.executor.instances`` × ``spark.executor.cores``.
+    """
+    if str(_conf(spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        return None
+    master = _conf(spark, "spark.master") or ""
+    cpus = max(1, int(_conf(spark, "spark.task.cpus") or 1))
+    match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
+    if match:
+        return int(match.group(1)) * (int(match.group(2)) // cpus), int(match.group(1))
+    match = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
+    if match:
+        return int(match.group(1)) // cpus, 1
+    if master == "local":
+        return 1, 1
+    instances, cores = _conf(spark, "spark.executor.instances"), _conf(spark, "spark.executor.cores")
+    if instances and cores and instances.isdigit() and cores.isdigit():
+        return int(instances) * (int(cores) // cpus), int(instances)
+    return None
 
 
 def master_slots(master: str) -> int | None:

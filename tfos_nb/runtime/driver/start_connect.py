@@ -44,9 +44,9 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
                 on_start: Callable[[Any], None] | None) -> TFCluster:
     import cloudpickle
 
-    slots = connect_slots(spark)
-    if slots is not None and slots < len(roles):  # else a barrier stage too big waits for Spark's own check
-        raise RuntimeError(not_enough_executors(len(roles), slots, "its"))
+    found = connect_slots(spark)
+    if found is not None and found[0] < len(roles):  # else a barrier stage too big waits for Spark's own check
+        raise RuntimeError(not_enough_executors(len(roles), found[0], str(found[1])))
     cluster_id = uuid.uuid4().hex[:12]
     state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
     state.job_group = f"tfos-{cluster_id}"

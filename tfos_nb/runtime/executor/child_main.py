@@ -50,6 +50,9 @@ class ChildRole:
     def cleanup(self) -> None:
         """After the function, however it ended."""
 
+    def on_owner_gone(self) -> None:
+        """The owner is gone (its process was killed): clean up what it would have, before the group is killed."""
+
     def finish(self, value: Any) -> int:
         """The function returned ``value``: send :class:`~..protocol.pipes.Finished`; the exit code."""
         self.reporter.send(pipes.Finished())
@@ -73,7 +76,10 @@ def _watch_owner(fd: int, role: ChildRole) -> None:
     """The owner's commands; EOF means the owner is gone (or closed our stdin to stop us): so is this group."""
     for cmd in pipes.messages(fd, lambda exc: print(f"tfos_nb: skipped a command: {exc}", file=sys.stderr)):
         role.on_command(cmd)
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    try:
+        role.on_owner_gone()
+    finally:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def main(role_cls: type[ChildRole]) -> int:

@@ -233,6 +233,11 @@ class RunRole(child_main.ChildRole):
     def call(self, fn: Any, args: Any, ctx: Any) -> Any:
         return fn(args[self.info["index"]], ctx)
 
+    def on_owner_gone(self) -> None:
+        # The task's Python worker was killed (Spark cancelled the job): its cleanup of the run's
+        # scratch directory did not run, and nobody will read the result.
+        shutil.rmtree(os.path.dirname(self.info["result_path"]), ignore_errors=True)
+
     def finish(self, value: Any) -> int:
         import cloudpickle
 
