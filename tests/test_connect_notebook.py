@@ -106,6 +106,19 @@ def test_node_error_and_interrupt_in_a_connect_kernel(connect_env, kernel_specs)
         assert not [p for p in _runtime_procs(kernel_pid) if _alive(p)]
         assert wait_until(lambda: kc.execute_interactive("pass", timeout=60)["content"]["status"] == "ok", 60,
                           interval=0.5), "the kernel does not take requests after the interrupt"
+        # %%tfos_parallel on the same Connect session: two runs, results in grid order, the best one named
+        out.clear()
+        reply = kc.execute_interactive(
+            "grid = [{'lr': 0.5}, {'lr': 2.0}]", timeout=60)
+        reply = kc.execute_interactive(
+            "%%tfos_parallel --grid grid --metric score --name sweep\nreturn {'score': args.lr * 10}", timeout=300,
+            output_hook=lambda m: out.append(str(m["content"].get("text", m["content"].get("evalue", "")))))
+        assert reply["content"]["status"] == "ok", (reply["content"], "".join(out)[-2000:])
+        out.clear()
+        reply = kc.execute_interactive("print('values:', sweep.values, 'best:', sweep.best.index)", timeout=60,
+                                       output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok" and "values: [{'score': 5.0}, {'score': 20.0}]" in "".join(out), out
+        assert "best: 1" in "".join(out), out
         # no Spark job of the cluster is left running on the server
         out.clear()
         reply = kc.execute_interactive("print('active:', spark.range(4, numPartitions=2).count())", timeout=120,
