@@ -119,9 +119,9 @@ class ConnectDriverJob(DriverJob):
         meta = super().launch_meta(address, **kw)
         return meta.__class__(**{**meta.to_dict(), "default_fs": self.default_fs()})
 
-    def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> ConnectSparkJob:  # type: ignore[override]
+    def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> ConnectSparkJob:
         job = ConnectSparkJob(self.sc, f"{self.state.job_group}-{suffix}", description, action)
-        self.jobs.append(job)  # type: ignore[arg-type]
+        self.jobs.append(job)
         job.start()
         return job
 

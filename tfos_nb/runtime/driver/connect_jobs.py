@@ -14,69 +14,25 @@ reply as JSON: how the notebook polls snapshots and sends commands.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..protocol import messages as m
+from .sparkjob import SparkJob
 
 
-class ConnectSparkJob:
+class ConnectSparkJob(SparkJob):
     """``action()`` run from a thread of its own with the job tag ``group``; ``cancel()`` interrupts the tag."""
 
-    def __init__(self, spark: Any, group: str, description: str, action: Callable[[], Any]) -> None:
-        self._spark = spark
-        self.group = group
-        self._description = description
-        self._action = action
-        self._done = threading.Event()
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._cancelled = False
-        self._thread = threading.Thread(target=self._run, name=f"tfos-job-{group}", daemon=True)
-
-    def start(self) -> ConnectSparkJob:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
+    def _labelled(self, action: Callable[[], Any]) -> Any:
+        self._sc.addTag(self.group)  # thread-local on the Connect client: only this thread's jobs
         try:
-            self._spark.addTag(self.group)
-            try:
-                self._result = self._action()
-            finally:
-                self._spark.removeTag(self.group)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            self._error = exc
+            return action()
         finally:
-            self._done.set()
+            self._sc.removeTag(self.group)
 
-    def wait(self, timeout: float) -> bool:
-        return self._done.wait(timeout)
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def result(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def cancel(self, join_timeout: float = 10.0) -> None:
-        """Interrupt the tag's jobs (once) and wait up to ``join_timeout`` s for the thread to end."""
-        if not self._done.is_set() and not self._cancelled:
-            self._cancelled = True
-            try:
-                self._spark.interruptTag(self.group)
-            except Exception:  # noqa: BLE001 - the session may be stopping already
-                pass
-        if join_timeout > 0 and self._thread.is_alive():
-            self._thread.join(timeout=join_timeout)
+    def _cancel_label(self) -> None:
+        self._sc.interruptTag(self.group)
 
 
 def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[Iterable[Any]], Iterator[Any]]:

@@ -93,7 +93,7 @@ def launch_connect_runs(job: ConnectRunsJob, meta: dict[str, Any], blob: bytes, 
         if time.monotonic() > deadline:
             msg = f"{name}: the runs' coordinator did not start within {START_TIMEOUT_S:.0f} s (no free task slot?)"
             raise TimeoutError(msg)
-    job.forget(start_job)  # type: ignore[arg-type]
+    job.forget(start_job)
     if start_job.error is not None:
         msg = f"{name}: starting the runs' coordinator failed: {python_error_line(start_job.error)}"
         raise RuntimeError(msg)

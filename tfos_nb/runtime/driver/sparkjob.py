@@ -2,7 +2,8 @@
 
 The caller waits in short slices (so a KeyboardInterrupt lands at once and
 node failures are noticed while the job runs); ``cancel()`` cancels the job
-group, which also kills the job's Python workers.
+group, which also kills the job's Python workers.  On Spark Connect the same with a
+job tag (:class:`~.connect_jobs.ConnectSparkJob` overrides the two hooks).
 """
 
 from __future__ import annotations
@@ -30,12 +31,19 @@ class SparkJob:
 
     def _run(self) -> None:
         try:
-            self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
-            self._result = self._action()
+            self._result = self._labelled(self._action)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             self._error = exc
         finally:
             self._done.set()
+
+    def _labelled(self, action: Callable[[], Any]) -> Any:
+        """Run ``action`` in this thread with the job's label (its job group)."""
+        self._sc.setJobGroup(self.group, self._description, interruptOnCancel=True)
+        return action()
+
+    def _cancel_label(self) -> None:
+        self._sc.cancelJobGroup(self.group)
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
@@ -54,12 +62,12 @@ class SparkJob:
         return self._error
 
     def cancel(self, join_timeout: float = 10.0) -> None:
-        """Cancel the job group (once) and wait up to ``join_timeout`` s for the job to end."""
+        """Cancel the job group or tag (once) and wait up to ``join_timeout`` s for the job to end."""
         if not self._done.is_set() and not self._cancelled:
             self._cancelled = True
             try:
-                self._sc.cancelJobGroup(self.group)
-            except Exception:  # noqa: BLE001 - the context may be stopping already
+                self._cancel_label()
+            except Exception:  # noqa: BLE001 - the context or session may be stopping already
                 pass
         if join_timeout > 0 and self._thread.is_alive():
             self._thread.join(timeout=join_timeout)

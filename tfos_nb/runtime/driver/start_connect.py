@@ -96,7 +96,7 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
             lines = [f"{state.nodes[s['node']].label}: {s.get('error')}" for s in bad]
             raise RuntimeError("nodes did not start:\n" + "\n".join(lines))
         await_running(state, launch_job, reservation_timeout)
-        job.forget(launch_job)  # type: ignore[arg-type]
+        job.forget(launch_job)
         job.mark_up()
         job.controller.set_running()
         return cluster
