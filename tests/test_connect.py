@@ -66,6 +66,8 @@ def test_spark_mode_train_and_inference(spark):
     assert cluster.last_feed["rows"] == 2000
     out = cluster.inference(spark.range(0, 100, 1, 2).selectExpr("cast(id as double) as x"), schema="y double")
     assert sorted(r.y for r in out.collect()) == [2.0 * i for i in range(100)]
+    with pytest.raises(ValueError, match="streaming feeds are not available on Spark Connect"):
+        cluster.train(spark.readStream.format("rate").load())  # refused before any query starts
     cluster.shutdown(timeout=120)
     assert sum(n.step for n in cluster.nodes) == 2000  # every training row was read (inference rows answered)
     assert sum(n.rows_fed for n in cluster.nodes) >= 2000

@@ -83,6 +83,10 @@ def test_node_error_and_interrupt_in_a_connect_kernel(connect_env, kernel_specs)
         wait_until(lambda: not [p for p in _runtime_procs(kernel_pid) if _alive(p)], 60)
         assert wait_until(lambda: kc.execute_interactive("pass", timeout=60)["content"]["status"] == "ok", 60,
                           interval=0.5)
+        out.clear()  # %tfos_logs reads the notebook's mirror of the coordinator's state
+        reply = kc.execute_interactive("%tfos_logs failing --node worker:0", timeout=60,
+                                       output_hook=lambda m: out.append(str(m["content"].get("text", ""))))
+        assert reply["content"]["status"] == "ok" and "about to fail on worker 0" in "".join(out), out
 
         # ■ during training tears the cluster down (nodes, supervisors, the coordinator) and the kernel lives
         msg_id = kc.execute(TRAINING_CELL.replace("--name looping", "--name looping --args steps"))

@@ -30,6 +30,7 @@ class ClusterStreams:
     if TYPE_CHECKING:  # provided by TFCluster
         def _require_spark_mode(self, what: str) -> None: ...
         def _require_alive(self) -> None: ...
+        def _refuse_stream_on_connect(self, what: str) -> None: ...
         @property
         def closed(self) -> bool: ...
         def waits_for(self, node: Any) -> bool: ...
@@ -53,6 +54,7 @@ class ClusterStreams:
         is used and removed at stop.
         """
         self._require_spark_mode("train_stream")
+        self._refuse_stream_on_connect("train_stream")
         self._require_alive()
         require_stream(stream_df, "train_stream")
         self._require_no_training_stream()
@@ -80,6 +82,7 @@ class ClusterStreams:
         ``shutdown()`` stops it first.
         """
         self._require_spark_mode("inference_stream")
+        self._refuse_stream_on_connect("inference_stream")
         self._require_alive()
         require_stream(stream_df, "inference_stream")
         if schema is None:
