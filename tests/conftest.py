@@ -122,6 +122,11 @@ def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
                 "spark.connect.grpc.binding.port": str(port)}
     settings.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
     settings.update(conf or {})
+    from pyspark.sql import SparkSession as ClassicSession
+
+    left = ClassicSession._instantiatedSession  # an earlier module's classic session (e.g. an embedded one)
+    if left is not None and left._sc._jsc is not None:
+        left.stop()  # pyspark cannot start a local Connect server beside a live SparkContext
     os.environ["SPARK_LOCAL_REMOTE"] = "1"  # pyspark's own markers of a local server (session.stop() removes them)
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     ConnectSession._start_connect_server(f"local-cluster[{executors},1,{memory_mb}]", dict(settings))

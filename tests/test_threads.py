@@ -54,12 +54,16 @@ def sc_two_cpu_tasks():
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local-cluster[1,2,1024]").appName("tfos_nb-tests-threads")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.task.cpus", "2").config("spark.task.maxFailures", "1")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+    # loadDefaults=False: an earlier module's session in this process left its settings (executorEnv thread
+    # counts among them) as the JVM's system properties, which a default SparkConf would take over
+    conf = (SparkConf(loadDefaults=False).setMaster("local-cluster[1,2,1024]").setAppName("tfos_nb-tests-threads")
+            .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+            .set("spark.task.cpus", "2").set("spark.task.maxFailures", "1")
+            .set("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2"))
+    spark = SparkSession(SparkContext(conf=conf))
     yield spark.sparkContext
     spark.stop()
 
