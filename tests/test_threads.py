@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 
+import cloudpickle
 import pytest
 
 from tfos_nb.runtime.executor import threads
 from tfos_nb.runtime.executor.owner import tf_env
+
+# The runs' functions travel by value: executors cannot import this test module (no repo root on their path).
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def test_executor_cores_come_from_the_backend_command_line():
