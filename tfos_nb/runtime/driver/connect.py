@@ -14,7 +14,6 @@ mirror is then updated between feeding tasks.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from ..protocol import remote
 from . import state as S
 from .connect_jobs import ConnectSparkJob, ask
 from .controller import Controller
-from .job import LIVE, DriverJob
+from .job import DriverJob
 from .snapshot import Mirror
 
 POLL_S = 0.2  # pause between two snapshot jobs
@@ -188,12 +187,8 @@ class ConnectDriverJob(DriverJob):
                 except Exception:  # noqa: BLE001 - the coordinator may be gone; the nodes then stop on their own
                     pass
             self.cancel_jobs()  # feeding tasks free their slots, so snapshots get through
-            deadline = time.monotonic() + wait
-            while self.meta is not None and self._poller is not None and time.monotonic() < deadline:
-                if not [n for n in self.state.snapshot().nodes if n.state in LIVE]:
-                    break
-                with self.state.changed:
-                    self.state.changed.wait(0.1)
+            if self.meta is not None and self._poller is not None:  # the mirror follows the nodes
+                self._wait_nodes_ended(wait)
             if self.on_teardown is not None:
                 self.on_teardown()
             for job in list(self.jobs):

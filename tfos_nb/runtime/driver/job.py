@@ -193,12 +193,7 @@ class DriverJob:
                 for job in list(self.jobs):
                     job.cancel(join_timeout=0)
             if self.nodes_outlive_jobs or any(not j.done for j in self.jobs):
-                deadline = time.monotonic() + wait
-                while time.monotonic() < deadline:  # nodes get "kill" in their next heartbeat reply
-                    if not [n for n in self.state.snapshot().nodes if n.state in LIVE]:
-                        break
-                    with self.state.changed:
-                        self.state.changed.wait(0.1)
+                self._wait_nodes_ended(wait)  # nodes get "kill" in their next heartbeat reply
             if self.on_teardown is not None:
                 self.on_teardown()
             for job in list(self.jobs):
@@ -208,6 +203,15 @@ class DriverJob:
                 self._server.stop()
             self.controller.finish(self._finished)
             atexit.unregister(self._atexit)
+
+    def _wait_nodes_ended(self, wait: float) -> None:
+        """Wait up to ``wait`` s until no node of the state is live."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not [n for n in self.state.snapshot().nodes if n.state in LIVE]:
+                return
+            with self.state.changed:
+                self.state.changed.wait(0.1)
 
     def _atexit(self) -> None:
         self.close(wait=5.0)

@@ -48,11 +48,15 @@ def _child_env(meta: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
-    """Start a node supervisor and wait until it registered with the driver."""
+def spawn_detached(role: str, meta: dict[str, Any], log_path: str,
+                   feed: Callable[[Any], None]) -> tuple[subprocess.Popen, bytes]:
+    """Start ``python -m tfos_nb.runtime ROLE`` in a session of its own, ``feed`` its stdin, read its first line.
+
+    The line is ``b""`` when the process said nothing within ``LAUNCH_WAIT_S``.
+    """
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfos_nb.runtime", "supervisor", meta["cluster_id"]],
+            [sys.executable, "-m", "tfos_nb.runtime", role, meta["cluster_id"]],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -61,14 +65,38 @@ def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[
         )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        pipes.write(proc.stdin, pipes.Launch(meta=meta))
-        pipes.write_blob(proc.stdin, blob)
+        feed(proc.stdin)
         proc.stdin.close()
     except OSError:
         pass
     ready, _, _ = select.select([proc.stdout], [], [], LAUNCH_WAIT_S)
     line = proc.stdout.readline() if ready else b""
     proc.stdout.close()
+    return proc, line
+
+
+def start_failed(proc: subprocess.Popen, log_path: str, what: str) -> dict[str, Any]:
+    """End a process that did not start; its status names it with the tail of its log."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=5)
+    tail = ""
+    try:
+        with open(log_path, "rb") as f:
+            tail = f.read()[-4000:].decode("utf-8", "replace")
+    except OSError:
+        pass
+    return {"ok": False, "error": f"{what} did not start ({proc.returncode}): {tail}"}
+
+
+def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
+    """Start a node supervisor and wait until it registered with the driver."""
+
+    def feed(stdin: Any) -> None:
+        pipes.write(stdin, pipes.Launch(meta=meta))
+        pipes.write_blob(stdin, blob)
+
+    proc, line = spawn_detached("supervisor", meta, log_path, feed)
     try:
         launched = pipes.decode(line) if line else None
     except pipes.PipeProtocolError as exc:
@@ -76,16 +104,7 @@ def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[
         launched = None
     status = launched.status() if isinstance(launched, pipes.Launched) else None
     if not status:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=5)
-        tail = ""
-        try:
-            with open(log_path, "rb") as f:
-                tail = f.read()[-4000:].decode("utf-8", "replace")
-        except OSError:
-            pass
-        status = {"ok": False, "error": f"the node supervisor did not start ({proc.returncode}): {tail}"}
+        status = start_failed(proc, log_path, "the node supervisor")
     return status, proc
 
 

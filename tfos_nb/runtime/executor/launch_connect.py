@@ -12,47 +12,24 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from .launch import LAUNCH_WAIT_S, _child_env, executor_id, start_supervisor
+from .launch import executor_id, spawn_detached, start_failed, start_supervisor
 
 
 def start_coordinator(meta: dict[str, Any], log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
     """Start the coordinator process; returns its status (``control``: its address) once it listens."""
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tfos_nb.runtime", "coordinator", meta["cluster_id"]],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=_child_env(meta),
-            start_new_session=True,
-        )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        proc.stdin.write(json.dumps(meta).encode() + b"\n")
-        proc.stdin.close()
-    except OSError:
-        pass
-    ready, _, _ = select.select([proc.stdout], [], [], LAUNCH_WAIT_S)
-    line = proc.stdout.readline() if ready else b""
-    proc.stdout.close()
+    proc, line = spawn_detached("coordinator", meta, log_path,
+                                lambda stdin: stdin.write(json.dumps(meta).encode() + b"\n"))
     try:
         status = json.loads(line) if line else {}
     except ValueError:
         status = {}
     if not isinstance(status, dict) or not status.get("ok"):
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=5)
-        try:
-            with open(log_path, "rb") as f:
-                tail = f.read()[-4000:].decode("utf-8", "replace")
-        except OSError:
-            tail = ""
-        status = {"ok": False, "error": f"the coordinator did not start ({proc.returncode}): {tail}"}
+        status = start_failed(proc, log_path, "the coordinator")
     return status, proc
 
 
