@@ -17,7 +17,9 @@ Time comes from ``state.clock`` (injectable: tests run in milliseconds).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 from ..gpus import assign as assign_gpus
 from ..net import hostport
@@ -29,6 +31,19 @@ log = logging.getLogger(__name__)
 FEEDABLE = ("chief", "master", "worker")
 
 
+
+
+def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, num_gpus: int | None, *,
+                input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
+                heartbeat_timeout: float) -> Controller:
+    """A new cluster's state (id, name, job group) and its controller; ``num_gpus`` defaults to ``tf_args.num_gpus`` or 1."""
+    cluster_id = uuid.uuid4().hex[:12]
+    state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
+    state.job_group = f"tfos-{cluster_id}"
+    if num_gpus is None:
+        num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
+    return Controller(state, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir,
+                      num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
 
 
 class Controller:

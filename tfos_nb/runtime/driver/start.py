@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ from ..sessions import is_connect
 from . import state as S
 from .awaiting import await_running as _await_running
 from .cluster import InputMode, TFCluster, trainers_finished
-from .controller import Controller
+from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
 from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
 
@@ -82,13 +81,9 @@ def run(
         raise ValueError(msg)
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
 
-    cluster_id = uuid.uuid4().hex[:12]
-    state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
-    state.job_group = f"tfos-{cluster_id}"
-    if num_gpus is None:
-        num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
-    controller = Controller(state, input_mode_spark=input_mode == InputMode.SPARK, tensorboard=tensorboard,
-                            log_dir=log_dir, num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
+    controller = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
+                             tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout)
+    state, cluster_id = controller.state, controller.state.cluster_id
     job = DriverJob(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
                     finished=trainers_finished)
     job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +18,7 @@ from . import state as S
 from .awaiting import await_running
 from .cluster import InputMode, TFCluster, trainers_finished
 from .connect import ConnectDriverJob, RemoteController
-from .controller import Controller
+from .controller import new_cluster
 from .errors import python_error_line
 from .slots import connect_slots, not_enough_executors
 
@@ -47,13 +46,9 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
     found = connect_slots(spark)
     if found is not None and found[0] < len(roles):  # else a barrier stage too big waits for Spark's own check
         raise RuntimeError(not_enough_executors(len(roles), found[0], str(found[1])))
-    cluster_id = uuid.uuid4().hex[:12]
-    state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
-    state.job_group = f"tfos-{cluster_id}"
-    if num_gpus is None:
-        num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
-    local = Controller(state, input_mode_spark=input_mode == InputMode.SPARK, tensorboard=tensorboard,
-                       log_dir=log_dir, num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
+    local = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
+                        tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout)
+    state, num_gpus = local.state, local.num_gpus
     job = ConnectDriverJob(spark, state, RemoteController(state, local), nodes_outlive_jobs=True, linger_s=10.0,
                            join_s=5.0, finished=trainers_finished)
     job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
