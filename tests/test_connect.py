@@ -145,3 +145,65 @@ def test_not_enough_executors_fails_at_once(spark):
         run(spark, lambda args, ctx: None, {}, 3)
     assert time.monotonic() - t0 < 30  # the alternative is Spark's barrier check: minutes
     assert nothing_left() is True
+
+
+NOTEBOOK = """
+import json, pathlib, sys, time
+from pyspark.sql import SparkSession
+from tfos_nb import TFCluster
+
+url, env, started = sys.argv[1], json.loads(sys.argv[2]), pathlib.Path(sys.argv[3])
+spark = SparkSession.builder.remote(url).getOrCreate()
+
+def fun(args, ctx):
+    import time
+    while True:
+        ctx.report(step=1)
+        time.sleep(0.1)
+
+cluster = TFCluster.run(spark, fun, {}, 2, env=env, notebook_timeout=5)
+started.write_text("started")
+time.sleep(600)  # the test kills this process: a notebook whose kernel died
+"""
+
+
+def test_a_notebook_that_dies_leaves_nothing_behind(spark, tmp_path):
+    """The kernel dies (SIGKILL) with a cluster running: the in-cluster coordinator stops the cluster after
+    notebook_timeout, the nodes and the coordinator exit, the executors' slots are free again."""
+    import json
+    import os
+    import subprocess
+
+    import psutil
+
+    script, started = tmp_path / "notebook.py", tmp_path / "started"
+    script.write_text(NOTEBOOK)
+    url = f"sc://localhost:{spark.conf.get('spark.connect.grpc.binding.port')}"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.Popen([sys.executable, str(script), url, json.dumps(NODE_ENV), str(started)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_until(started.exists, 240, what="the cluster to start in the other process", proc=proc)
+
+        def its_processes():
+            found = []
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    if "tfos_nb.runtime" in (p.info.get("cmdline") or []) and p.environ().get("TFOS_DRIVER_PID") == str(proc.pid):
+                        found.append(p)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            return found
+
+        left = its_processes()
+        assert any("coordinator" in p.cmdline() for p in left), [p.cmdline() for p in left]
+        assert len(left) >= 3  # the coordinator and a supervisor (and its node) per node
+        proc.kill()
+        proc.wait(30)
+        # notebook_timeout 5 s, then the nodes at their next heartbeat and the coordinator once they are quiet
+        assert wait_until(lambda: not its_processes(), 90), [" ".join(p.cmdline()) for p in its_processes()]
+        assert spark.range(0, 4, 1, 2).count() == 4
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -44,6 +44,7 @@ def run(
     num_gpus: int | None = None,
     keras: str = "tf_keras",
     heartbeat_timeout: float = 10.0,
+    notebook_timeout: float = 120.0,
     log_callback: Callable[[str, list[str]], None] | None = None,
     on_state: Callable[[S.ClusterState], None] | None = None,
     on_start: Callable[[DriverJob], None] | None = None,
@@ -58,7 +59,10 @@ def run(
     nodes, so ``tf.keras`` is Keras 2, which works with MultiWorkerMirroredStrategy
     across processes; ``keras="keras3"`` leaves Keras 3.  ``on_start(job)`` is called
     before anything launches with the :class:`DriverJob` (``job.cancel(reason)`` stops the
-    start from another thread).
+    start from another thread).  ``notebook_timeout`` (Spark Connect only): the in-cluster
+    coordinator stops the cluster when the notebook was not heard of for this many seconds
+    (its process died, or a long job of its own held every slot the status jobs need); on a
+    classic session the nodes stop ``heartbeat_timeout`` s after the driver is gone.
     """
     import cloudpickle
 
@@ -73,8 +77,8 @@ def run(
         return run_connect(sc, map_fun, tf_args, roles, num_executors, tensorboard=tensorboard,
                            input_mode=input_mode, log_dir=log_dir, reservation_timeout=reservation_timeout,
                            release_port=release_port, name=name, env=env, num_gpus=num_gpus, keras=keras,
-                           heartbeat_timeout=heartbeat_timeout, log_callback=log_callback, on_state=on_state,
-                           on_start=on_start)
+                           heartbeat_timeout=heartbeat_timeout, notebook_timeout=notebook_timeout,
+                           log_callback=log_callback, on_state=on_state, on_start=on_start)
     require_classic(sc, "RDDs, barrier tasks")
     if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"

@@ -22,7 +22,7 @@ from .controller import new_cluster
 from .errors import python_error_line
 from .slots import connect_slots, not_enough_executors
 
-KERNEL_TIMEOUT_S = 120.0  # the coordinator stops the cluster when the notebook was not heard of for this long
+KERNEL_TIMEOUT_S = 120.0  # default: the coordinator stops the cluster when the notebook was not heard of for this long
 
 
 def _bind_hint(spark: Any) -> str | None:
@@ -37,12 +37,15 @@ def _bind_hint(spark: Any) -> str | None:
 def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, roles: list[tuple[str, int]],
                 num_executors: int, *, tensorboard: bool, input_mode: int, log_dir: str | None,
                 reservation_timeout: float, release_port: bool, name: str | None, env: dict[str, str] | None,
-                num_gpus: int | None, keras: str, heartbeat_timeout: float,
+                num_gpus: int | None, keras: str, heartbeat_timeout: float, notebook_timeout: float = KERNEL_TIMEOUT_S,
                 log_callback: Callable[[str, list[str]], None] | None,
                 on_state: Callable[[S.ClusterState], None] | None,
                 on_start: Callable[[Any], None] | None) -> TFCluster:
     import cloudpickle
 
+    if not notebook_timeout > 0:
+        msg = f"notebook_timeout must be a positive number of seconds, got {notebook_timeout!r}"
+        raise ValueError(msg)
     found = connect_slots(spark)
     if found is not None and found[0] < len(roles):  # else a barrier stage too big waits for Spark's own check
         raise RuntimeError(not_enough_executors(len(roles), found[0], str(found[1])))
@@ -59,7 +62,7 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
         meta["coordinator"] = {
             "name": state.name, "input_mode_spark": input_mode == InputMode.SPARK, "tensorboard": tensorboard,
             "log_dir": log_dir, "num_gpus": num_gpus, "heartbeat_timeout": heartbeat_timeout,
-            "kernel_timeout": KERNEL_TIMEOUT_S, "bind": _bind_hint(spark),
+            "kernel_timeout": float(notebook_timeout), "bind": _bind_hint(spark),
         }
         cluster = TFCluster(job, meta, input_mode, num_executors)
         launcher = make_connect_launcher(meta, cloudpickle.dumps((map_fun, tf_args)))
