@@ -47,6 +47,29 @@ def test_replay_is_rejected():
         server.decode(data)
 
 
+def test_senders_whose_messages_went_stale_are_forgotten_and_their_replays_still_refused(monkeypatch):
+    """One codec per Spark Connect status job: the receiver's replay table stays bounded."""
+    import time
+
+    server = codec("server")
+    frames = [frame_body(codec().encode(m.AwaitSpec(node=0))) for _ in range(m.SEEN_PRUNE_AT)]
+    for data in frames:
+        server.decode(data)
+    assert len(server._seen) == m.SEEN_PRUNE_AT  # noqa: SLF001
+    later = time.time() + m.MAX_CLOCK_SKEW_S + 1
+    monkeypatch.setattr(m.time, "time", lambda: later)
+    server.decode(frame_body(codec().encode(m.AwaitSpec(node=0))))  # one more sender: the stale ones go
+    assert len(server._seen) == 1  # noqa: SLF001
+    with pytest.raises(m.ProtocolError, match="stale"):
+        server.decode(frames[0])
+    live = codec()
+    server.decode(frame_body(live.encode(m.AwaitSpec(node=0))))
+    data = frame_body(live.encode(m.AwaitSpec(node=1)))
+    server.decode(data)
+    with pytest.raises(m.ProtocolError, match="replayed"):  # a live sender's replays: refused by sequence
+        server.decode(data)
+
+
 def _signed(env: dict) -> bytes:
     body = json.dumps(env).encode()
     return m.sign(SECRET, body) + body

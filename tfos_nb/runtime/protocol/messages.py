@@ -52,6 +52,7 @@ MAC_SIZE = 32
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20  # control messages are small; logs are capped per heartbeat
 MAX_CLOCK_SKEW_S = 600.0
+SEEN_PRUNE_AT = 256  # senders remembered before the stale ones are forgotten
 
 
 def new_secret() -> bytes:
@@ -203,7 +204,7 @@ class Codec:
         self.sender = f"{sender}/{os.urandom(6).hex()}"
         self._seq = 0
         self._lock = threading.Lock()
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, tuple[int, float]] = {}  # sender -> (last seq, newest ts)
 
     def encode(self, msg: Message) -> bytes:
         with self._lock:
@@ -251,9 +252,12 @@ class Codec:
         if abs(time.time() - ts) > MAX_CLOCK_SKEW_S:
             raise ProtocolError("stale message")
         with self._lock:
-            if seq <= self._seen.get(sender, 0):
+            last, newest = self._seen.get(sender, (0, ts))
+            if seq <= last:
                 raise ProtocolError("replayed message")
-            self._seen[sender] = seq
+            self._seen[sender] = (seq, max(newest, ts))
+            if len(self._seen) > SEEN_PRUNE_AT:
+                self._forget_stale_senders()
         cls = _TYPES.get(env.get("type"))  # type: ignore[arg-type]
         if cls is None:
             raise ProtocolError(f"unknown message type {env.get('type')!r}")
@@ -261,6 +265,14 @@ class Codec:
         if not isinstance(data, dict):
             raise ProtocolError("body is not an object")
         return _from_dict(cls, data)
+
+    def _forget_stale_senders(self) -> None:
+        """Drop senders whose newest message is already stale: any replay of theirs is refused by its
+        timestamp.  (Each Spark Connect status job is a sender of its own; without this the table
+        would grow by one entry per snapshot for the cluster's whole life.)"""
+        now = time.time()
+        for sender in [s for s, (_, newest) in self._seen.items() if now - newest > MAX_CLOCK_SKEW_S]:
+            del self._seen[sender]
 
 
 def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
