@@ -133,16 +133,51 @@ def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
     return ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate()  # (pyspark's builder: always 15002)
 
 
+_CONNECT_MODULES: dict[str, tuple] = {}  # test module -> the settings of its Connect server
+_connect_shared: dict[str, Any] = {}  # "key", "session": the Connect server the Connect modules share
+
+
 def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
-    """A module-scoped ``spark`` fixture on Spark Connect: ``spark = connect_fixture(2)`` at module level."""
+    """A module-scoped ``spark`` fixture on Spark Connect: ``spark = connect_fixture(2)`` at module level.
+
+    Consecutive Connect modules (``test_connect*``, run one after another) with the same settings share
+    one server: a module's teardown stops it unless the next module run wants the same one (modules
+    named ``test_connect*`` without Spark in this process in between are skipped over).  It is always
+    stopped before any other module, since a classic session cannot start beside it.
+    """
+    key = (executors, memory_mb, tuple(sorted((conf or {}).items())))
+    _CONNECT_MODULES[sys._getframe(1).f_globals["__name__"]] = key  # noqa: SLF001
 
     @pytest.fixture(scope="module")
-    def spark() -> Iterator[Any]:
-        session = connect_session(executors, memory_mb, conf)
-        yield session
-        session.stop()
+    def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
+        if _connect_shared.get("key") != key:
+            _stop_shared_connect()
+            _connect_shared.update(key=key, session=connect_session(executors, memory_mb, conf))
+        yield _connect_shared["session"]
+        if _next_connect_module(request) != key:
+            _stop_shared_connect()
 
     return spark
+
+
+def _stop_shared_connect() -> None:
+    session = _connect_shared.pop("session", None)
+    _connect_shared.pop("key", None)
+    if session is not None:
+        session.stop()
+
+
+def _next_connect_module(request: pytest.FixtureRequest) -> tuple | None:
+    """The Connect settings the next module to run wants (None: it is no Connect module)."""
+    items, here = request.session.items, request.module.__name__
+    later = [i for i, item in enumerate(items) if item.module.__name__ == here]
+    for item in items[(later[-1] + 1 if later else len(items)):]:
+        name = item.module.__name__
+        if name in _CONNECT_MODULES:
+            return _CONNECT_MODULES[name]
+        if not name.rsplit(".", 1)[-1].startswith("test_connect"):
+            return None
+    return None
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def connect_env(monkeypatch):
     monkeypatch.setenv("TFOS_NB_SPARK_CONNECT", "1")  # the kernels started below inherit it
+    # ... but not the markers of the Connect server this test process may hold for its Connect modules
+    for name in ("SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_CONNECT_AUTHENTICATE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_quickstart_on_spark_connect(connect_env, kernel_specs, tmp_path):
