@@ -119,7 +119,10 @@ def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
     settings = {"spark.app.name": "tfos_nb-connect-tests", "spark.ui.enabled": "false",
                 "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "4",
                 "spark.task.maxFailures": "1", "spark.connect.grpc.binding.address": "127.0.0.1",
-                "spark.connect.grpc.binding.port": str(port)}
+                "spark.connect.grpc.binding.port": str(port),
+                # a streaming query's foreachBatch process on the server connects back to the server's JVM
+                # within this socket timeout (15 s by default): on a loaded test machine that is not always enough
+                "spark.python.authenticate.socketTimeout": "120s"}
     settings.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
     settings.update(conf or {})
     from pyspark.sql import SparkSession as ClassicSession

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 
 import cloudpickle
@@ -9,6 +11,7 @@ import pytest
 
 from tests.conftest import NODE_ENV, connect_fixture, runtime_processes, wait_until
 from tfos_nb import TFCluster
+from tfos_nb.TFCluster import TFClusterError
 
 pytestmark = pytest.mark.slow
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -66,8 +69,6 @@ def test_spark_mode_train_and_inference(spark):
     assert cluster.last_feed["rows"] == 2000
     out = cluster.inference(spark.range(0, 100, 1, 2).selectExpr("cast(id as double) as x"), schema="y double")
     assert sorted(r.y for r in out.collect()) == [2.0 * i for i in range(100)]
-    with pytest.raises(ValueError, match="streaming feeds are not available on Spark Connect"):
-        cluster.train(spark.readStream.format("rate").load())  # refused before any query starts
     cluster.shutdown(timeout=120)
     assert sum(n.step for n in cluster.nodes) == 2000  # every training row was read (inference rows answered)
     assert sum(n.rows_fed for n in cluster.nodes) >= 2000
@@ -207,3 +208,154 @@ def test_a_notebook_that_dies_leaves_nothing_behind(spark, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+# -- streaming feeds: the foreachBatch function runs on the Connect server ---------------------------------------
+
+
+class Source:
+    """A directory a file-source stream reads; each write() adds one JSON file atomically (rename)."""
+
+    def __init__(self, root):
+        self.dir, self._staging = root / "in", root / "staging"
+        self.dir.mkdir()
+        self._staging.mkdir()
+        self.files = self.next_id = 0
+
+    def write(self, n, poison=False):
+        rows = [{"id": -i if poison else i, "x1": (i % 7) / 7.0, "x2": (i % 5) / 5.0}
+                for i in range(self.next_id, self.next_id + n)]
+        self.next_id += n
+        tmp = self._staging / f"part-{self.files:04d}.json"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.rename(tmp, self.dir / tmp.name)  # the stream never sees a half-written file
+        self.files += 1
+
+    def stream(self, spark):
+        return spark.readStream.schema("id long, x1 double, x2 double").option("maxFilesPerTrigger", 1).json(str(self.dir))
+
+
+def stream_train_fun(args, ctx):
+    """Reads whatever the stream brings; returns every id it read."""
+    feed = ctx.get_data_feed()
+    seen = []
+    while not feed.should_stop():
+        cols = feed.next_batch_arrays(16)
+        if not cols:
+            continue
+        if (cols[0] < 0).any():
+            raise ValueError(f"poison row {int(cols[0].min())} in the stream")
+        seen.extend(cols[0].tolist())
+        ctx.report(step=len(seen))
+    return seen
+
+
+def stream_infer_fun(args, ctx):
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_arrays(32)
+        if not cols:
+            continue
+        ids, x1, x2 = cols
+        if (ids < 0).any():
+            raise ValueError(f"poison row {int(ids.min())} in the stream")
+        feed.batch_results({"id": ids, "pred": x1 + 2.0 * x2})
+
+
+def test_training_stream_feeds_every_row_once(spark, tmp_path):
+    src = Source(tmp_path)
+    cluster = run(spark, stream_train_fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    try:
+        feed = cluster.train_stream(src.stream(spark))
+        assert feed.is_active and feed.on_server and cluster.streams == (feed,)
+        src.write(150)
+        src.write(120)
+        feed.process_all_available()  # the counts are the coordinator's, current when this returns
+        assert feed.rows == 270
+        src.write(90)
+        feed.process_all_available()
+        assert (feed.rows, feed.skipped, feed.batches) == (360, 0, 3)
+        with pytest.raises(RuntimeError, match="training stream feeds this cluster"):
+            cluster.train(spark.range(3))
+        assert wait_until(lambda: cluster.status().rows_fed == 360, 10)  # what the panel shows
+        cluster.request_stop()
+        assert not feed.is_active and cluster.streams == () and not spark.streams.active
+        assert feed.rows == 360
+    finally:
+        cluster.shutdown(timeout=120)
+    assert cluster.status().state == "finished"
+    seen = cluster.state.values()
+    assert len(seen) == 2 and all(seen.values()), seen
+    assert sorted(i for ids in seen.values() for i in ids) == list(range(360))  # each row once, none lost
+    assert not spark.streams.active
+    assert nothing_left() is True
+
+
+def test_training_stream_node_error_names_the_node(spark, tmp_path):
+    src = Source(tmp_path)
+    cluster = run(spark, stream_train_fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    try:
+        feed = cluster.train_stream(src.stream(spark))
+        src.write(48)  # whole batches of 16: next_batch_arrays(16) waits for 16 rows while the epoch is open
+        feed.process_all_available()
+        src.write(32, poison=True)
+        with pytest.raises(TFClusterError) as info:
+            feed.process_all_available()  # raises when the node failed before its micro-batch was taken,
+            feed.wait(timeout=120)  # else the node fails after taking it: wait() sees it
+        text = str(info.value)
+        assert info.value.node and info.value.node.startswith("worker:") and "poison row" in text, text
+        assert not feed.is_active and cluster.streams == () and not spark.streams.active
+    finally:
+        cluster.shutdown(timeout=60)  # the error was raised already: the cluster is down
+    assert cluster.status().state == "failed"
+    assert nothing_left() is True
+
+
+def test_training_stream_feed_error_is_one_clear_error(spark, tmp_path):
+    def idle_fun(args, ctx):
+        import time
+
+        ctx.get_data_feed()
+        time.sleep(600)  # takes no data: the micro-batch's feeding task times out
+
+    src = Source(tmp_path)
+    cluster = run(spark, idle_fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    try:
+        feed = cluster.train_stream(src.stream(spark), feed_timeout=3)
+        src.write(10)
+        with pytest.raises(RuntimeError) as info:
+            feed.process_all_available()
+        text = str(info.value)
+        assert not isinstance(info.value, TFClusterError)
+        assert text.startswith("feeding micro-batch 0 failed: ") and "Timeout while feeding partition 0 to worker:" in text, text
+        assert "took no data for 3 s" in text and "Traceback" not in text, text
+        assert not feed.is_active and cluster.streams == () and not spark.streams.active and cluster.closed
+    finally:
+        cluster.shutdown(timeout=60)
+    assert cluster.status().state in ("stopped", "failed")
+    assert nothing_left() is True
+
+
+def test_inference_stream_writes_a_prediction_for_every_row(spark, tmp_path):
+    src = Source(tmp_path)
+    cluster = run(spark, stream_infer_fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
+    try:
+        feed = cluster.inference_stream(src.stream(spark), "id long, pred double", "memory",
+                                        query_name="tfos_connect_preds")
+        for n in (64, 100):
+            src.write(n)
+        feed.process_all_available()
+        rows = spark.table("tfos_connect_preds").collect()
+        assert feed.is_active
+        assert sorted(r.id for r in rows) == list(range(src.next_id))
+        for r in rows:
+            assert r.pred == pytest.approx((r.id % 7) / 7.0 + 2 * (r.id % 5) / 5.0)
+        src.write(20, poison=True)  # a node raises while the stream runs: wait() names it, the query stops
+        with pytest.raises(TFClusterError) as info:
+            feed.wait(timeout=120)
+        assert "worker:" in str(info.value) and "poison row" in str(info.value), str(info.value)
+        assert not feed.is_active and not spark.streams.active
+    finally:
+        cluster.shutdown(timeout=60)
+    assert cluster.streams == () and cluster.status().state == "failed"
+    assert nothing_left() is True

@@ -87,3 +87,29 @@ def test_is_connect_tells_connect_sessions_from_classic_ones():
 
     assert is_connect(object.__new__(ConnectSession))
     assert not is_connect(object.__new__(SparkSession)) and not is_connect(None)
+
+
+def test_stream_batch_reports_reach_the_mirror():
+    """A training stream's foreachBatch (on the Connect server) reports each micro-batch; the notebook reads it."""
+    import pytest
+
+    from tfos_nb.runtime.driver.coordinator import Coordinator
+
+    meta = {"cluster_id": "c1", "secret": "ab" * 16, "roles": [list(r) for r in ROLES],
+            "coordinator": {"name": "demo", "input_mode_spark": True, "tensorboard": False, "log_dir": None,
+                            "num_gpus": 0, "heartbeat_timeout": 10.0, "kernel_timeout": 120.0}}
+    coord = Coordinator(meta)  # its server is not started: handle() is called directly
+    stream = m.Codec(bytes.fromhex(meta["secret"]), "c1", "stream")
+    server = m.Codec(bytes.fromhex(meta["secret"]), "c1", "coordinator")
+    sent = [remote.StreamBatch(epoch=1, batch=0, rows=10, partitions=1),
+            remote.StreamBatch(epoch=1, batch=1, rows=5, skipped=2, partitions=2),
+            remote.StreamBatch(epoch=1, batch=2, error="RuntimeError: feeding partition 0 failed: x")]
+    for msg in sent:
+        assert coord.handle(server.decode(stream.encode(msg)[m.HEADER.size:])).ok
+    mirror = snapshot.Mirror(S.ClusterState("c1", "demo", ROLES))
+    mirror.apply(json.loads(json.dumps(coord.handle(remote.Snapshot()).body)))  # as it travels: plain JSON
+    assert mirror.streams == {"1": {"rows": 15, "skipped": 2, "partitions": 3, "batches": 2,
+                                    "error": "RuntimeError: feeding partition 0 failed: x", "failed_batch": 2}}
+    bad = stream.encode(remote.StreamBatch(epoch=1, batch=3, rows="many"))[m.HEADER.size:]  # type: ignore[arg-type]
+    with pytest.raises(m.ProtocolError, match="StreamBatch.rows"):
+        server.decode(bad)

@@ -289,12 +289,6 @@ class TFCluster(ClusterStreams):
             msg = f"{what}() needs a cluster started with input_mode=InputMode.SPARK"
             raise ValueError(msg)
 
-    def _refuse_stream_on_connect(self, what: str) -> None:
-        if is_connect(self.sc):
-            msg = (f"{what}(): streaming feeds are not available on Spark Connect yet (its foreachBatch runs on the "
-                   "server, away from this cluster's notebook side); feed a batch DataFrame per train() call")
-            raise ValueError(msg)
-
     def _refuse_rdd_on_connect(self, what: str) -> None:
         if is_connect(self.sc):
             msg = (f"{what}() on Spark Connect takes a DataFrame"

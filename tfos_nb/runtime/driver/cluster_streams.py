@@ -3,6 +3,11 @@
 ``train_stream`` / ``inference_stream`` start a query that feeds the cluster
 (see :mod:`.streaming` for the :class:`StreamingFeed` that owns it);
 ``request_stop`` / ``stop_streams`` end them.
+
+On Spark Connect a training stream's ``foreachBatch`` function runs on the
+Connect server: it is the self-contained feeder of
+:mod:`..executor.stream_feeder` there, and the feed's counts and errors come
+from the coordinator through the notebook's mirror (see :mod:`.streaming`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..executor.feeder import make_arrow_feeder
+from ..executor.stream_feeder import make_batch_feeder
+from ..sessions import is_connect
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
 __all__ = ["ClusterStreams"]
@@ -26,11 +33,11 @@ class ClusterStreams:
     sc: Any
     _meta: dict[str, Any]
     controller: Any
+    job: Any
 
     if TYPE_CHECKING:  # provided by TFCluster
         def _require_spark_mode(self, what: str) -> None: ...
         def _require_alive(self) -> None: ...
-        def _refuse_stream_on_connect(self, what: str) -> None: ...
         @property
         def closed(self) -> bool: ...
         def waits_for(self, node: Any) -> bool: ...
@@ -51,17 +58,23 @@ class ClusterStreams:
         ``stop()``, ``wait()``, ``rows``.  ``shutdown()`` stops it first.
         ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
         ``{"availableNow": True}``); without ``checkpoint_location`` a temporary one
-        is used and removed at stop.
+        is used and removed at stop.  On Spark Connect the micro-batches are fed
+        from the Connect server (its ``foreachBatch`` process), with the feeder
+        ``train(df)`` uses.
         """
         self._require_spark_mode("train_stream")
-        self._refuse_stream_on_connect("train_stream")
         self._require_alive()
         require_stream(stream_df, "train_stream")
         self._require_no_training_stream()
+        on_server = is_connect(self.sc)
         location, owned = checkpoint_dir(checkpoint_location)
+        if on_server:
+            self.controller.reset_feed_errors()  # the stream's feeding errors are those after this
         epoch = self.controller.open_epoch()
-        feed = StreamingFeed(self, "train", epoch, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
-        writer = apply_writer_options(stream_df.writeStream.foreachBatch(feed._on_batch), query_name=query_name,
+        feed = StreamingFeed(self, "train", epoch, owned, feed_timeout=feed_timeout, batch_rows=batch_rows,
+                             on_server=on_server)
+        on_batch = make_batch_feeder(self._meta, epoch, feed_timeout, batch_rows) if on_server else feed._on_batch
+        writer = apply_writer_options(stream_df.writeStream.foreachBatch(on_batch), query_name=query_name,
                                       trigger=trigger, checkpoint=location)
         feed._start(writer)
         self._streams.append(feed)
@@ -82,7 +95,6 @@ class ClusterStreams:
         ``shutdown()`` stops it first.
         """
         self._require_spark_mode("inference_stream")
-        self._refuse_stream_on_connect("inference_stream")
         self._require_alive()
         require_stream(stream_df, "inference_stream")
         if schema is None:
@@ -139,6 +151,15 @@ class ClusterStreams:
 
         return self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: stream micro-batch {batch_id}", action,
                            f"feeding micro-batch {batch_id}")
+
+    def refresh_state(self) -> None:
+        """Spark Connect: wait for a fresh snapshot of the coordinator (a no-op on a classic session)."""
+        self.job.refresh()
+
+    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+        """Spark Connect: what the coordinator counted for the training stream of ``epoch`` (None on classic)."""
+        mirror = getattr(self.job, "mirror", None)
+        return None if mirror is None else mirror.streams.get(str(epoch))
 
     def _require_no_training_stream(self) -> None:
         for feed in [f for f in self._streams if f.kind == "train"]:

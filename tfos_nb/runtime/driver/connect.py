@@ -103,6 +103,9 @@ class ConnectDriverJob(DriverJob):
         self._poll_stop = threading.Event()
         self._poller: threading.Thread | None = None
         self.polls = 0
+        self._polled = threading.Condition()
+        self._asked = 0  # snapshots asked for, and the last one of them answered (or failed)
+        self._answered = 0
 
     # -- start -------------------------------------------------------------------
     def open_control(self) -> tuple[str, int]:
@@ -161,6 +164,9 @@ class ConnectDriverJob(DriverJob):
         failures = 0
         try:
             while not self._poll_stop.is_set():
+                with self._polled:
+                    self._asked += 1
+                    asked = self._asked
                 out = self._poll_once()
                 if out.get("ok"):
                     failures = 0
@@ -170,9 +176,27 @@ class ConnectDriverJob(DriverJob):
                     failures += 1
                     if failures >= LOST_AFTER and not self.state.ended:
                         self.controller.local.cancel(f"the coordinator is unreachable: {out.get('error')}")
+                with self._polled:
+                    self._answered = asked
+                    self._polled.notify_all()
                 self._poll_stop.wait(POLL_S)
         finally:
             self.sc.removeTag(tag)
+            with self._polled:
+                self._answered = self._asked = self._asked + 1  # nothing more comes: refresh() waits no longer
+                self._polled.notify_all()
+
+    def refresh(self, timeout: float = 30.0) -> None:
+        """Wait until the mirror got a snapshot the coordinator took after this call (or ``timeout`` s passed).
+
+        What the coordinator knew when this was called is then in the mirror: a failed node, a
+        stream's counts.  Returns at once when no poller runs.
+        """
+        with self._polled:
+            if self._poller is None or not self._poller.is_alive():
+                return
+            target = self._asked + 1
+            self._polled.wait_for(lambda: self._answered >= target, timeout)
 
     def cancel_jobs(self) -> None:
         for job in list(self.jobs):

@@ -67,6 +67,7 @@ class Coordinator:
         self.last_kernel = time.monotonic()
         self.last_node = time.monotonic()
         self.closing_since: float | None = None
+        self.streams: dict[str, dict[str, Any]] = {}  # a training stream's counts, by its epoch (see StreamBatch)
         self.done = threading.Event()
         secret = bytes.fromhex(meta["secret"])
         self.server = ControlServer(m.Codec(secret, meta["cluster_id"], "coordinator"), self.handle,
@@ -83,6 +84,9 @@ class Coordinator:
         if isinstance(msg, remote.Command):
             self.last_kernel = now
             return self._command(msg)
+        if isinstance(msg, remote.StreamBatch):
+            self.last_kernel = now  # a stream's foreachBatch runs only while the notebook's query runs
+            return self._stream_batch(msg)
         if isinstance(msg, (m.FeedAssign, m.FeedRelease, m.FeedCheck)):
             self.last_kernel = now  # feeding tasks run only while the notebook waits for them
         else:
@@ -93,7 +97,21 @@ class Coordinator:
 
     def _snapshot(self, logs: list, history: list) -> dict[str, Any]:
         return snapshot.to_json(self.state, self.logbook, [int(x) for x in logs], [int(x) for x in history],
-                                self.controller.feed_errors, self.controller.lost_feeds)
+                                self.controller.feed_errors, self.controller.lost_feeds, self.streams)
+
+    def _stream_batch(self, msg: remote.StreamBatch) -> m.Reply:
+        with self.state.lock:
+            got = self.streams.setdefault(str(msg.epoch), {"rows": 0, "skipped": 0, "partitions": 0,
+                                                           "batches": 0, "error": None, "failed_batch": None})
+            if msg.error is not None:
+                if got["error"] is None:
+                    got["error"], got["failed_batch"] = msg.error, msg.batch
+            else:
+                got["batches"] += 1
+                got["rows"] += msg.rows
+                got["skipped"] += msg.skipped
+                got["partitions"] += msg.partitions
+        return m.Reply(ok=True)
 
     def _command(self, msg: remote.Command) -> m.Reply:
         ctl = self.controller

@@ -132,6 +132,9 @@ class DriverJob:
         job.start()
         return job
 
+    def refresh(self, timeout: float = 30.0) -> None:
+        """Bring ``state`` up to date with the cluster: it is the driver's own here (see ConnectDriverJob)."""
+
     def forget(self, job: SparkJob) -> None:
         if job in self.jobs and job.done:
             self.jobs.remove(job)

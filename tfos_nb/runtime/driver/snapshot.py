@@ -48,8 +48,11 @@ class LogBook:
 
 
 def to_json(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], history_seen: list[int],
-            feed_errors: list[str], lost_feeds: int) -> dict[str, Any]:
-    """The state as plain JSON, with the log lines and reports after ``logs_seen``/``history_seen``."""
+            feed_errors: list[str], lost_feeds: int, streams: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The state as plain JSON, with the log lines and reports after ``logs_seen``/``history_seen``.
+
+    ``streams``: the training streams' counts by epoch (see :class:`~..protocol.remote.StreamBatch`).
+    """
     now = state.clock()
     nodes = []
     with state.lock:
@@ -70,6 +73,7 @@ def to_json(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], histo
             "epoch_done": state.epoch_done, "stop_requested": state.stop_requested,
             "kill_requested": state.kill_requested, "nodes": nodes,
             "feed_errors": list(feed_errors), "lost_feeds": lost_feeds,
+            "streams": {k: dict(v) for k, v in (streams or {}).items()},
         }
 
 
@@ -82,6 +86,7 @@ class Mirror:
         self.history_seen = [0] * len(state.nodes)
         self.feed_errors: list[str] = []
         self.lost_feeds = 0
+        self.streams: dict[str, dict[str, Any]] = {}  # the training streams' counts, by epoch
 
     def apply(self, data: dict[str, Any]) -> None:
         st = self.state
@@ -112,6 +117,7 @@ class Mirror:
                     setattr(st, key, data[key])
             self.feed_errors = list(data.get("feed_errors", []))
             self.lost_feeds = int(data.get("lost_feeds", 0))
+            self.streams = {str(k): dict(v) for k, v in (data.get("streams") or {}).items()}
             if not st.ended and data.get("state"):
                 st.state = data["state"]
                 st.error = data.get("error") or st.error

@@ -16,6 +16,14 @@ predictions to any streaming sink (memory, files, Kafka, ``foreachBatch``).
 Both return a :class:`StreamingFeed`: the query's owner.  ``stop()`` stops the
 query (and ends the training epoch); ``TFCluster.shutdown()`` stops every
 active feed before it stops the cluster.
+
+On Spark Connect the ``foreachBatch`` function runs on the Connect server, not
+here: a training stream's function is then the self-contained one of
+:mod:`..executor.stream_feeder` (same feeder as ``train(df)``), which tells the
+cluster's coordinator what each micro-batch fed; the feed reads those counts
+and a micro-batch's error from the notebook's mirror of the coordinator
+(``on_server``), and :meth:`FeedOwner.refresh_state` brings the mirror up to
+date before it answers.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from .errors import error_for, python_error_line
 __all__ = ["StreamingFeed"]
 
 _POLL_S = 0.5
+_COUNTS = ("rows", "skipped", "partitions", "batches")
+_START_TRIES = 5
+_WORKER_START_FAILED = "Python worker failed to connect back"
 
 
 class FeedOwner(Protocol):
@@ -49,6 +60,8 @@ class FeedOwner(Protocol):
     def stream_ended(self, feed: StreamingFeed) -> None: ...
     def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
                          batch_rows: int) -> list[dict[str, int]]: ...
+    def refresh_state(self) -> None: ...
+    def stream_counts(self, epoch: int) -> dict[str, Any] | None: ...
 
 
 def is_streaming(data: Any) -> bool:
@@ -78,14 +91,13 @@ class StreamingFeed:
     """
 
     def __init__(self, cluster: FeedOwner, kind: str, epoch: int = 0, checkpoint: str | None = None, *,
-                 feed_timeout: float = 600, batch_rows: int = 1024) -> None:
+                 feed_timeout: float = 600, batch_rows: int = 1024, on_server: bool = False) -> None:
         self.kind = kind  # "train" or "inference"
         self.epoch = epoch  # a training stream is one unbounded epoch
         self.query: Any = None
-        self.rows = 0
-        self.skipped = 0
-        self.partitions = 0
-        self.batches = 0
+        # Spark Connect: the foreachBatch function runs on the server; counts and errors come from the coordinator
+        self.on_server = on_server
+        self._counts = dict.fromkeys(_COUNTS, 0)
         self.error: BaseException | None = None
         self._cluster = cluster
         self._feed_timeout = feed_timeout
@@ -96,11 +108,17 @@ class StreamingFeed:
 
     # -- starting ------------------------------------------------------------------
     def _start(self, writer: Any) -> None:
-        try:
-            self.query = writer.start()
-        except BaseException:
-            self.stop()  # ends the training epoch it opened, removes the temporary checkpoint
-            raise
+        for attempt in range(_START_TRIES):
+            try:
+                self.query = writer.start()
+                return
+            except BaseException as exc:
+                # Spark Connect starts the query's foreachBatch process on the server, and gives it a fixed 10 s
+                # to connect back: on a loaded server that start can fail before the query exists. Try again.
+                if attempt + 1 < _START_TRIES and _WORKER_START_FAILED in str(exc):
+                    continue
+                self.stop()  # ends the training epoch it opened, removes the temporary checkpoint
+                raise
 
     def _on_batch(self, batch_df: Any, batch_id: int) -> None:
         """foreachBatch body (Spark's micro-batch thread): feed one micro-batch, return when it was taken."""
@@ -112,11 +130,11 @@ class StreamingFeed:
                 self.error = self.error or exc
             raise
         with self._lock:
-            self.batches += 1
+            self._counts["batches"] += 1
             for s in stats:
-                self.rows += s["rows"]
-                self.skipped += s["skipped"]
-                self.partitions += 1
+                self._counts["rows"] += s["rows"]
+                self._counts["skipped"] += s["skipped"]
+                self._counts["partitions"] += 1
 
     # -- information ---------------------------------------------------------------
     @property
@@ -129,9 +147,28 @@ class StreamingFeed:
 
     @property
     def stats(self) -> dict[str, int]:
+        """Rows the nodes took, rows skipped (the nodes had stopped reading), partitions and micro-batches fed."""
+        if self.on_server and self.kind == "train":  # as the coordinator counted them at the last snapshot
+            got = self._cluster.stream_counts(self.epoch) or {}
+            return {k: int(got.get(k) or 0) for k in _COUNTS}
         with self._lock:
-            return {"rows": self.rows, "skipped": self.skipped, "partitions": self.partitions,
-                    "batches": self.batches}
+            return dict(self._counts)
+
+    @property
+    def rows(self) -> int:
+        return self.stats["rows"]
+
+    @property
+    def skipped(self) -> int:
+        return self.stats["skipped"]
+
+    @property
+    def partitions(self) -> int:
+        return self.stats["partitions"]
+
+    @property
+    def batches(self) -> int:
+        return self.stats["batches"]
 
     @property
     def progress(self) -> Any:
@@ -152,10 +189,13 @@ class StreamingFeed:
         try:
             self.query.processAllAvailable()
         except Exception as exc:
+            self._cluster.refresh_state()  # Spark Connect: what the coordinator knows now
             self._raise_cluster_error()
-            if self.error is not None:
-                raise self.error from None
+            error = self._feed_error()
+            if error is not None:
+                raise error from None
             raise RuntimeError(f"the streaming query failed: {_first_line(exc)}") from None
+        self._cluster.refresh_state()
         self._raise_cluster_error()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -188,9 +228,12 @@ class StreamingFeed:
             cluster.close()
             raise
         self.stop()
+        if not self.on_server:  # (stop() refreshed a training stream's on Spark Connect)
+            self._cluster.refresh_state()  # Spark Connect: the query failed; the coordinator knows why
         self._raise_cluster_error()
-        if self.error is not None:  # feeding a micro-batch failed (the cluster was torn down then)
-            raise self.error
+        error = self._feed_error()
+        if error is not None:  # feeding a micro-batch failed (the cluster was torn down then)
+            raise error
         exc = self._query_exception()
         if exc is not None:
             raise RuntimeError(f"the streaming query failed: {exc}")
@@ -213,8 +256,13 @@ class StreamingFeed:
         except Exception:  # noqa: BLE001 - the Spark session may be stopping already
             pass
         finally:
-            if self.kind == "train":  # nodes reading with as_dataset() see the end of this epoch
-                self._cluster.controller.end_epoch(self.epoch)
+            try:
+                if self.kind == "train" and not self._cluster.closed:  # as_dataset() readers see the epoch end
+                    self._cluster.controller.end_epoch(self.epoch)
+                if self.on_server:
+                    self._cluster.refresh_state()  # the counts of the last micro-batch
+            except Exception:  # noqa: BLE001 - Spark Connect: the coordinator is gone; the cluster's error tells why
+                pass
             self._cluster.stream_ended(self)
             self._cleanup()
 
@@ -224,6 +272,24 @@ class StreamingFeed:
             self._owned_checkpoint = None
 
     # -- internals ---------------------------------------------------------------------------
+    def _feed_error(self) -> BaseException | None:
+        """Why feeding a micro-batch failed, if it did; on Spark Connect the cluster is then torn down here
+        (as a failed ``train()`` epoch tears it down): the error names the node when one failed."""
+        if self.error is not None or not self.on_server:
+            return self.error
+        got = self._cluster.stream_counts(self.epoch) or {}
+        if got.get("error") is None:
+            return None
+        cause = python_error_line(str(got["error"]))  # the failed feeding task's own error line
+        self._cluster.stop_feeds()
+        self._cluster.close()
+        view = self._cluster.state.snapshot()
+        if view.state == S.C_FAILED and any(n.state == S.FAILED for n in view.nodes):
+            self.error = error_for(view)
+        else:
+            self.error = RuntimeError(f"feeding micro-batch {got.get('failed_batch')} failed: {cause}")
+        return self.error
+
     def _raise_cluster_error(self) -> None:
         view = self._cluster.state.snapshot()
         if view.state == S.C_FAILED:

@@ -37,4 +37,23 @@ class Command(Message):
     reason: str = ""
 
 
-__all__ = ["OPS", "Command", "Snapshot"]
+@dataclasses.dataclass(frozen=True)
+class StreamBatch(Message):
+    """A training stream's micro-batch was fed (or failed): sent by its ``foreachBatch`` function.
+
+    On Spark Connect that function runs on the Connect server, away from the
+    notebook: the coordinator keeps the stream's counts (per ``epoch``, the
+    stream's one epoch) and the notebook reads them from its snapshots.
+    ``error``: why the micro-batch failed (the Spark error's text, shortened).
+    """
+
+    TYPE: ClassVar[str] = "stream_batch"
+    epoch: int
+    batch: int
+    rows: int = 0
+    skipped: int = 0
+    partitions: int = 0
+    error: str | None = None
+
+
+__all__ = ["OPS", "Command", "Snapshot", "StreamBatch"]
