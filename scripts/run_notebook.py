@@ -46,6 +46,8 @@ def main(path: str) -> int:
             failed = exc
         finally:
             nbformat.write(nb, out)
+            if km.has_kernel:  # km is ours, not the client's: stop the kernel (and its Spark) ourselves
+                km.shutdown_kernel()
     print(f"executed notebook: {out}")
     for cell in nb.cells:
         for o in cell.get("outputs", []):

@@ -40,6 +40,8 @@ def test_notebook_runs_headless(path, kernel_specs, tmp_path):
         client.execute()
     finally:
         nbformat.write(nb, tmp_path / path.name)  # kept for a look when it fails
+        if km.has_kernel:  # km is ours, not the client's: it does not stop the kernel
+            km.shutdown_kernel(now=True)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, [(e.ename, e.evalue) for e in errors]
     text = "".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")

@@ -433,6 +433,8 @@ def test_parallel_runs_notebook_runs_headless(kernel_specs, tmp_path):
         client.execute()
     finally:
         nbformat.write(nb, tmp_path / NOTEBOOK.name)  # kept for a look when it fails
+        if km.has_kernel:  # km is ours, not the client's: it does not stop the kernel
+            km.shutdown_kernel(now=True)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

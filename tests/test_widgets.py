@@ -602,7 +602,11 @@ def test_executed_notebook_keeps_widget_state_and_one_final_table(tmp_path):
 
     km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PANEL_CELL)])
-    NotebookClient(nb, km=km, timeout=120, store_widget_state=True).execute()
+    try:
+        NotebookClient(nb, km=km, timeout=120, store_widget_state=True).execute()
+    finally:
+        if km.has_kernel:  # km is ours, not the client's: it does not stop the kernel
+            km.shutdown_kernel(now=True)
     path = tmp_path / "run.ipynb"
     nbformat.write(nb, path)
     outputs = nbformat.read(path, as_version=4).cells[0].outputs
