@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import sys
 import time
 import uuid
@@ -52,7 +53,10 @@ def _kernel(tmp_path: Path):
 
     spec = tmp_path / "kernels" / KERNEL
     spec.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    # SIGUSR1 makes the kernel print every thread's stack to its stderr (the test's output): what a hung
+    # cell was doing (a CI run once saw a cell silent for 300 s; it did not happen again alone)
+    dump = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True)"
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", f"--IPKernelApp.exec_lines={[dump]!r}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "t", "language": "python"}))
     import pyspark
 
@@ -67,15 +71,20 @@ def _kernel(tmp_path: Path):
     return km
 
 
-def _run(kc, code: str, timeout: float = 300) -> list[dict]:
-    """Execute ``code``; every iopub message of that execution (and the SparkMonitor comm's), in order."""
+def _run(kc, code: str, timeout: float = 300, km=None) -> list[dict]:
+    """Execute ``code``; every iopub message of that execution (and the SparkMonitor comm's), in order.
+
+    Silent for ``timeout`` s: the kernel (``km``) prints its threads' stacks, and the test fails."""
     msg_id = kc.execute(code)
     msgs = []
     while True:
         try:
             msg = kc.get_iopub_msg(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"no reply from the kernel within {timeout}s to {code[:60]!r}") from None
+            if km is not None and km.has_kernel:
+                os.kill(km.provisioner.pid, signal.SIGUSR1)
+            raise AssertionError(f"no reply from the kernel within {timeout}s to {code[:60]!r}; "
+                                 f"after {len(msgs)} message(s): {[m['msg_type'] for m in msgs][-10:]}") from None
         msgs.append(msg)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             return msgs
@@ -123,12 +132,12 @@ def test_sparkmonitor_and_tfos_panel_in_one_kernel(tmp_path):
     try:
         kc.wait_for_ready(timeout=120)
         outputs: list[dict] = []
-        outputs += _run(kc, CELLS[0])
+        outputs += _run(kc, CELLS[0], km=km)
         # the front-end side of sparkmonitor: open its comm
         comm_id = uuid.uuid4().hex
         kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "SparkMonitor", "data": {}}))
         for code in CELLS[1:]:
-            last = _run(kc, code)
+            last = _run(kc, code, km=km)
             outputs += last
         late: list[dict] = []  # what sparkmonitor forwards after the cells are done
         _read_until(kc, late, lambda msgs: _cluster_seen(_events(outputs + msgs, comm_id)), timeout=120)
