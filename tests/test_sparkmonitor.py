@@ -53,10 +53,9 @@ def _kernel(tmp_path: Path):
 
     spec = tmp_path / "kernels" / KERNEL
     spec.mkdir(parents=True)
-    # SIGUSR1 makes the kernel print every thread's stack to its stderr (the test's output). About one run in
-    # five, a cell sent after Spark started with sparkmonitor's listener gets no message at all for 300 s, even
-    # "%load_ext tfos_nb" (tfos_nb not loaded yet): the dump shows the main thread idle in its event loop and
-    # ipykernel 7.1's shell-channel thread in Session.deserialize -> sign -> hmac copy. Not understood yet.
+    # SIGUSR1 makes the kernel print every thread's stack to its stderr (the test's output), if a cell ever gets
+    # no message for 300 s again (it happened one run in five, even for "%load_ext tfos_nb", while _run sent the
+    # next request without reading the execute_reply: the main thread idle, the request unread)
     dump = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True)"
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", f"--IPKernelApp.exec_lines={[dump]!r}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "t", "language": "python"}))
@@ -89,7 +88,13 @@ def _run(kc, code: str, timeout: float = 300, km=None) -> list[dict]:
                                  f"after {len(msgs)} message(s): {[m['msg_type'] for m in msgs][-10:]}") from None
         msgs.append(msg)
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return msgs
+            break
+    # and its execute_reply, as a front-end reads it, before the next request: ipykernel 7 sends shell replies
+    # raw on the ROUTER socket, and a request arriving while one is sent can go unread (ipython/ipykernel#1554)
+    deadline = time.monotonic() + timeout
+    while kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 0.1))["parent_header"].get("msg_id") != msg_id:
+        pass
+    return msgs
 
 
 def _events(msgs: list[dict], comm_id: str) -> list[dict]:
