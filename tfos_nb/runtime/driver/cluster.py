@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..executor.feeder import (
+    feed_totals,
     make_arrow_feeder,
     make_arrow_inferer,
     make_rdd_feeder,
@@ -195,10 +196,8 @@ class TFCluster(ClusterStreams):
                     return [json.loads(s) for s in dataRDD.mapPartitionsWithIndex(fn).collect()]
 
             stats = self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}", action, "feeding")
-            for s in stats:
-                total["rows"] += s["rows"]
-                total["skipped"] += s["skipped"]
-                total["partitions"] += 1
+            for key, n in feed_totals(stats).items():
+                total[key] += n
             self.controller.end_epoch(epoch)
         self.last_feed = total
         if total["skipped"]:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..executor.feeder import feed_totals
 from . import state as S
 from .errors import error_for, python_error_line
 
@@ -131,10 +132,8 @@ class StreamingFeed:
             raise
         with self._lock:
             self._counts["batches"] += 1
-            for s in stats:
-                self._counts["rows"] += s["rows"]
-                self._counts["skipped"] += s["skipped"]
-                self._counts["partitions"] += 1
+            for key, n in feed_totals(stats).items():
+                self._counts[key] += n
 
     # -- information ---------------------------------------------------------------
     @property

@@ -44,6 +44,13 @@ class _NodeAnswer(dp.DataPlaneError):
         self.node_failed = node_failed
 
 
+def feed_totals(stats: Iterable[Any]) -> dict[str, int]:
+    """Rows taken, rows skipped and partitions fed, from a feeding job's per-partition stats (dicts or Rows)."""
+    stats = list(stats)
+    return {"rows": sum(int(s["rows"]) for s in stats), "skipped": sum(int(s["skipped"]) for s in stats),
+            "partitions": len(stats)}
+
+
 def _recv_answer(sock: socket.socket) -> dict[str, Any]:
     kind, payload = dp.recv_frame(sock)
     if kind == b"X":

@@ -20,7 +20,7 @@ from typing import Any
 from ..protocol import messages as m
 from ..protocol import remote
 from ..protocol.channel import ControlClient
-from .feeder import make_arrow_feeder
+from .feeder import feed_totals, make_arrow_feeder
 
 ERROR_CHARS = 16000  # the start of a failed micro-batch's Spark error: the failed task's Python traceback
 
@@ -52,8 +52,8 @@ def make_batch_feeder(meta: dict[str, Any], epoch: int, timeout: float,
             except Exception:  # noqa: BLE001 - the feeding error is the one to raise
                 pass
             raise
-        report_batch(meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id),
-                                              rows=sum(int(s["rows"]) for s in stats),
-                                              skipped=sum(int(s["skipped"]) for s in stats), partitions=len(stats)))
+        fed = feed_totals(stats)
+        report_batch(meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id), rows=fed["rows"],
+                                              skipped=fed["skipped"], partitions=fed["partitions"]))
 
     return on_batch
