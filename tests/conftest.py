@@ -97,6 +97,32 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     return spark
 
 
+class StreamSource:
+    """A directory a file-source stream reads, one file per trigger; each ``write(n)`` adds a JSON file of ``n``
+    rows atomically (rename: the stream never sees a half-written file).  ``row(i)`` is the row of id ``i``;
+    ``write(n, poison=True)`` gives those rows negative ids."""
+
+    def __init__(self, root: Any, schema: str, row: Callable[[int], dict]) -> None:
+        self.dir, self._staging = root / "in", root / "staging"
+        self.dir.mkdir()
+        self._staging.mkdir()
+        self.files = self.next_id = 0
+        self.schema, self._row = schema, row
+
+    def write(self, n: int, poison: bool = False) -> None:
+        import json
+
+        rows = [dict(self._row(i), **({"id": -i} if poison else {})) for i in range(self.next_id, self.next_id + n)]
+        self.next_id += n
+        tmp = self._staging / f"part-{self.files:04d}.json"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.rename(tmp, self.dir / tmp.name)
+        self.files += 1
+
+    def stream(self, spark: Any) -> Any:
+        return spark.readStream.schema(self.schema).option("maxFilesPerTrigger", 1).json(str(self.dir))
+
+
 def free_port() -> int:
     """A TCP port free on loopback right now."""
     with socket.socket() as s:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import cloudpickle
 import pytest
 
-from tests.conftest import NODE_ENV, connect_fixture, runtime_processes, wait_until
+from tests.conftest import NODE_ENV, StreamSource, connect_fixture, runtime_processes, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.TFCluster import TFClusterError
 
@@ -213,26 +211,8 @@ def test_a_notebook_that_dies_leaves_nothing_behind(spark, tmp_path):
 # -- streaming feeds: the foreachBatch function runs on the Connect server ---------------------------------------
 
 
-class Source:
-    """A directory a file-source stream reads; each write() adds one JSON file atomically (rename)."""
-
-    def __init__(self, root):
-        self.dir, self._staging = root / "in", root / "staging"
-        self.dir.mkdir()
-        self._staging.mkdir()
-        self.files = self.next_id = 0
-
-    def write(self, n, poison=False):
-        rows = [{"id": -i if poison else i, "x1": (i % 7) / 7.0, "x2": (i % 5) / 5.0}
-                for i in range(self.next_id, self.next_id + n)]
-        self.next_id += n
-        tmp = self._staging / f"part-{self.files:04d}.json"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.rename(tmp, self.dir / tmp.name)  # the stream never sees a half-written file
-        self.files += 1
-
-    def stream(self, spark):
-        return spark.readStream.schema("id long, x1 double, x2 double").option("maxFilesPerTrigger", 1).json(str(self.dir))
+def Source(root):  # noqa: N802 - a StreamSource of this module's rows
+    return StreamSource(root, "id long, x1 double, x2 double", lambda i: {"id": i, "x1": (i % 7) / 7.0, "x2": (i % 5) / 5.0})
 
 
 def stream_train_fun(args, ctx):

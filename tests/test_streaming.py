@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, spark_fixture, wait_until
+from tests.conftest import NODE_ENV, StreamSource, spark_fixture, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.TFCluster import TFClusterError
 
@@ -29,30 +27,13 @@ def run(sc, fn, args, n=2):
     return TFCluster.run(sc, fn, args, n, input_mode=TFCluster.InputMode.SPARK, env=NODE_ENV)
 
 
-class Source:
-    """A directory a file-source stream reads; each write() adds one JSON file atomically (rename)."""
+def _row(i):
+    x1, x2 = (i % 7) / 7.0, (i % 5) / 5.0
+    return {"id": i, "x1": x1, "x2": x2, "y": 3 * x1 - x2 + 0.5}
 
-    def __init__(self, root):
-        self.dir = root / "in"
-        self.dir.mkdir()
-        self._staging = root / "staging"
-        self._staging.mkdir()
-        self.files = 0
-        self.next_id = 0
 
-    def write(self, n, poison=False):
-        rows = []
-        for i in range(self.next_id, self.next_id + n):
-            x1, x2 = (i % 7) / 7.0, (i % 5) / 5.0
-            rows.append({"id": -i if poison else i, "x1": x1, "x2": x2, "y": 3 * x1 - x2 + 0.5})
-        self.next_id += n
-        tmp = self._staging / f"part-{self.files:04d}.json"
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.rename(tmp, self.dir / tmp.name)  # the stream never sees a half-written file
-        self.files += 1
-
-    def stream(self, spark):
-        return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(self.dir))
+def Source(root):  # noqa: N802 - a StreamSource of this module's rows
+    return StreamSource(root, SCHEMA, _row)
 
 
 def stream_train_fun(args, ctx):

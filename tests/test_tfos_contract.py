@@ -16,7 +16,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, spark_fixture, wait_until
+from tests.conftest import NODE_ENV, StreamSource, spark_fixture, wait_until
 from tfos_nb import TFCluster, TFNode
 from tfos_nb.examples import digits
 
@@ -107,27 +107,8 @@ def test_tfestimator_epochs_over_nodes_that_terminate(sc, no_leaks):
     assert isinstance(model, TFModel)
 
 
-class Source:
-    """A directory a file-source stream reads; each write() adds one JSON file atomically (rename)."""
-
-    def __init__(self, root):
-        self.dir, self._staging = root / "in", root / "staging"
-        self.dir.mkdir()
-        self._staging.mkdir()
-        self.files = self.next_id = 0
-
-    def write(self, n):
-        import json
-        import os
-
-        tmp = self._staging / f"part-{self.files:04d}.json"
-        tmp.write_text("".join(json.dumps({"id": i, "x": i / 10}) + "\n" for i in range(self.next_id, self.next_id + n)))
-        os.rename(tmp, self.dir / tmp.name)
-        self.files += 1
-        self.next_id += n
-
-    def stream(self, spark):
-        return spark.readStream.schema("id LONG, x DOUBLE").option("maxFilesPerTrigger", 1).json(str(self.dir))
+def Source(root):  # noqa: N802 - a StreamSource of this module's rows
+    return StreamSource(root, "id LONG, x DOUBLE", lambda i: {"id": i, "x": i / 10})
 
 
 def stream_reader(args, ctx):
