@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from tests.conftest import wait_until
 from tfos_nb.runtime import columns as C
 from tfos_nb.runtime import results as R
 from tfos_nb.runtime.executor.feed import DataFeed
@@ -180,6 +181,76 @@ def test_epochs_end_dataset_iterations(node):
     second = hub.take(100, True, epoch)
     assert sum(b.num_rows for _, b in second) == 5 and epoch == [2]
     assert feed.should_stop()
+
+
+def test_the_next_epochs_data_waits_in_its_own_queue(node):
+    """Two epochs in flight (the driver pipelines their jobs): each iteration reads only its epoch's rows.
+
+    Epoch 2's feeder arrives first and fills its queue past the bound (40 one-row batches > 16):
+    epoch 1's feeder must still get through, or the reader waiting for epoch 1 would wait for ever.
+    """
+    hub, server = node
+    t2, out2 = feed_in_thread(server.port, [(2.0, i) for i in range(40)], gen=2, chunk=1, partition=1)
+    assert wait_until(lambda: hub.queued_rows().get(2) == 16, 10), hub.queued_rows()  # blocked at the bound
+    t1, out1 = feed_in_thread(server.port, [(1.0, i) for i in range(30)], gen=1, chunk=10, partition=0)
+
+    def driver(t, epoch):  # as the driver does: the epoch's job is done, tell the nodes
+        t.join(10)
+        hub.end_epoch(epoch)
+
+    threading.Thread(target=driver, args=(t1, 1)).start()
+    epoch = [0]
+    first = hub.take(100, True, epoch)
+    assert epoch == [1] and [v for _, b in first for v in b.column(0).to_pylist()] == [1.0] * 30
+    assert hub.take(100, True, epoch) == []  # epoch 1 ends although epoch 2's rows are there
+    assert hub.queued_rows().get(2) == 16  # epoch 2's rows still wait (its feeder at the bound)
+    threading.Thread(target=driver, args=(t2, 2)).start()
+    epoch = [0]
+    second = hub.take(100, True, epoch)
+    assert epoch == [2] and [v for _, b in second for v in b.column(1).to_pylist()] == list(range(40))
+    assert hub.take(100, True, epoch) == []
+    for out in (out1, out2):
+        assert out["frames"][-1][0] == b"A"
+
+
+def test_a_reader_starts_with_the_oldest_epoch_not_yet_ended(node):
+    """The next epoch's partition reaches this node before this epoch's: the iteration still starts with this one."""
+    hub, server = node
+    t2, _ = feed_in_thread(server.port, [(2.0, 0)] * 5, gen=2, partition=1)
+    assert wait_until(lambda: hub.queued_rows().get(2) == 5, 10)
+    t1, _ = feed_in_thread(server.port, [(1.0, 0)] * 7, gen=1, partition=0)
+    threading.Thread(target=lambda: (t1.join(10), hub.end_epoch(1))).start()
+    epoch = [0]
+    assert sum(b.num_rows for _, b in hub.take(100, True, epoch)) == 7 and epoch == [1]
+    threading.Thread(target=lambda: (t2.join(10), hub.end_epoch(2))).start()
+    epoch = [0]
+    assert sum(b.num_rows for _, b in hub.take(100, True, epoch)) == 5 and epoch == [2]
+
+
+def test_next_batch_reads_across_epochs_oldest_first(node):
+    hub, server = node
+    t2, _ = feed_in_thread(server.port, [(2.0, 0)] * 4, gen=2, partition=1)
+    assert wait_until(lambda: hub.queued_rows().get(2) == 4, 10)
+    t1, _ = feed_in_thread(server.port, [(1.0, 0)] * 3, gen=1, partition=0)
+    assert wait_until(lambda: hub.queued_rows().get(1) == 3, 10)
+    rows = DataFeed(hub).next_batch(7)
+    assert [r[0] for r in rows] == [1.0] * 3 + [2.0] * 4
+    t1.join(10), t2.join(10)
+    assert not t1.is_alive() and not t2.is_alive()
+
+
+def test_terminate_with_the_next_epoch_queued_skips_each_row_once(node):
+    hub, server = node
+    t1, out1 = feed_in_thread(server.port, [(1.0, i) for i in range(300)], gen=1, chunk=50, partition=0)
+    t2, out2 = feed_in_thread(server.port, [(2.0, i) for i in range(200)], gen=2, chunk=50, partition=1)
+    assert wait_until(lambda: hub.queued_rows().get(2) == 200 and hub.queued_rows().get(1) == 300, 10)
+    feed = DataFeed(hub)
+    assert len(feed.next_batch(70)) == 70
+    feed.terminate()
+    t1.join(10), t2.join(10)
+    a1, a2 = (dp.parse_json(out["frames"][-1][1]) for out in (out1, out2))
+    assert a1 == {"rows": 70, "skipped": 230} and a2 == {"rows": 0, "skipped": 200}
+    assert hub.rows == 70 and hub.skipped == 430
 
 
 def test_terminate_skips_remaining_data_and_releases_feeders(node):

@@ -93,6 +93,54 @@ def test_mwms_from_rdd_and_inference_in_order(sc, digits_data, tmp_path, no_leak
     assert again == preds[::-1]
 
 
+def epoch_reader(args, ctx):
+    import json
+
+    ds = ctx.get_data_feed().as_dataset(batch_size=16)
+    seen = []
+    for _ in range(args["epochs"]):  # what model.fit(ds, epochs=3) does: one iteration per epoch
+        seen.append([int(i) for _, ids in ds for i in ids.numpy()])
+    with open(os.path.join(args["out"], f"node{ctx.worker_num}.json"), "w") as f:
+        json.dump(seen, f)
+
+
+def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path, no_leaks):
+    """train() keeps two epochs' feeding jobs in flight; every as_dataset iteration still reads exactly one epoch."""
+    import json
+    import threading
+
+    n = 3000
+    df = spark.createDataFrame([(float(i), i) for i in range(n)], "x double, id long").repartition(6).cache()
+    df.count()
+    cluster = run(sc, epoch_reader, {"epochs": 3, "out": str(tmp_path)}, 2, input_mode=TFCluster.InputMode.SPARK)
+    groups = [f"{cluster.state.job_group}-feed-{e}" for e in (1, 2, 3)]
+    tracker = sc.statusTracker()
+    most, done = [0], threading.Event()
+
+    def count_feeding_jobs():  # how many epochs' jobs run at once
+        while not done.is_set():
+            running = [g for g in groups if any(
+                (info := tracker.getJobInfo(j)) is not None and info.status == "RUNNING"
+                for j in tracker.getJobIdsForGroup(g))]
+            most[0] = max(most[0], len(running))
+            done.wait(0.02)
+
+    poller = threading.Thread(target=count_feeding_jobs)
+    poller.start()
+    try:
+        cluster.train(df, num_epochs=3)
+    finally:
+        done.set()
+        poller.join()
+    cluster.shutdown()
+    assert cluster.last_feed == {"rows": 3 * n, "skipped": 0, "partitions": 18}
+    assert most[0] == 2  # the next epoch's job ran beside the current one
+    per_node = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in range(2)]
+    for epoch in range(3):
+        ids = sorted(i for node in per_node for i in node[epoch])
+        assert ids == list(range(n)), f"epoch {epoch + 1}: {len(ids)} ids, {len(set(ids))} distinct"
+
+
 def ps_fun(args, ctx):
     import json
 

@@ -10,9 +10,11 @@ RPC per row, and a teardown that leaves no process behind.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import numbers
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -181,7 +183,24 @@ class TFCluster(ClusterStreams):
         if not is_df:
             self._refuse_rdd_on_connect("train")
         total = {"rows": 0, "skipped": 0, "partitions": 0}
+        # Two epochs' jobs in flight: the next one is submitted once this one's tasks all started (so its tasks
+        # cannot take a slot this one still needs) and its rows wait in their own queue on the nodes. Not on
+        # Spark Connect, where end_epoch is itself a Spark job that would queue behind the next epoch's tasks.
+        pipelined = not is_connect(self.sc) and os.environ.get("TFOS_FEED_PIPELINE", "1") != "0"
+        inflight: collections.deque[tuple[int, Any]] = collections.deque()
+
+        def finish_oldest() -> None:
+            epoch, job = inflight.popleft()
+            for key, n in feed_totals(self._await(job, "feeding")).items():
+                total[key] += n
+            self.controller.end_epoch(epoch)
+
+        self.controller.reset_feed_errors()
         for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
+            while len(inflight) >= (2 if pipelined else 1):
+                finish_oldest()
+            if inflight:
+                self._await(inflight[-1][1], "feeding", until=inflight[-1][1].tasks_launched)
             epoch = self.controller.open_epoch()
             meta = self._meta
             if is_df:
@@ -195,10 +214,10 @@ class TFCluster(ClusterStreams):
                 def action(fn: Callable = fn) -> list:
                     return [json.loads(s) for s in dataRDD.mapPartitionsWithIndex(fn).collect()]
 
-            stats = self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}", action, "feeding")
-            for key, n in feed_totals(stats).items():
-                total[key] += n
-            self.controller.end_epoch(epoch)
+            inflight.append((epoch, self.job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",
+                                                       action)))
+        while inflight:
+            finish_oldest()
         self.last_feed = total
         if total["skipped"]:
             log.warning("tfos_nb: %d row(s) were not read: the nodes' functions returned first", total["skipped"])
@@ -306,11 +325,17 @@ class TFCluster(ClusterStreams):
 
     def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any:
         """Run ``action`` as a Spark job while watching the nodes; tear down on any failure."""
+        self.controller.reset_feed_errors()
+        return self._await(self.job.spark_job(suffix, description, action), what)
+
+    def _await(self, job: Any, what: str, until: Callable[[], bool] | None = None) -> Any:
+        """Wait for ``job`` to end (or for ``until()``, leaving it running) while watching the nodes and the
+        feeding tasks; tear down on any failure."""
         ctl = self.controller
-        ctl.reset_feed_errors()
-        job = self.job.spark_job(suffix, description, action)
         try:
             while not job.wait(0.2):
+                if until is not None and until():
+                    return None
                 if self.state.snapshot().state == S.C_FAILED or ctl.feed_errors:
                     job.cancel(join_timeout=0)  # a node or a feeding task failed: retries would not help
                     break

@@ -52,6 +52,31 @@ class SparkJob:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def tasks_launched(self) -> bool:
+        """Whether every task of the job's last stage has started (or the job ended).
+
+        A job submitted after that cannot take an executor slot one of this job's
+        tasks still needs: ``TFCluster.train`` submits the next epoch's feeding job
+        then.  (Read from Spark's status tracker; a task waiting for a retry is not
+        started.)
+        """
+        if self._done.is_set():
+            return True
+        tracker = self._sc.statusTracker()
+        ids = tracker.getJobIdsForGroup(self.group)
+        if not ids:
+            return False
+        for job_id in ids:
+            info = tracker.getJobInfo(job_id)
+            if info is None or not info.stageIds:
+                return False
+            if info.status in ("SUCCEEDED", "FAILED"):
+                continue
+            stage = tracker.getStageInfo(max(info.stageIds))
+            if stage is None or stage.numActiveTasks + stage.numCompletedTasks < stage.numTasks:
+                return False
+        return True
+
     def result(self) -> Any:
         if self._error is not None:
             raise self._error

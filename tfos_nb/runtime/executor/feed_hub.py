@@ -1,8 +1,14 @@
 """The node's data server: feeding tasks connect, each connection's reader thread queues Arrow batches.
 
 Feeding tasks connect to the node's :class:`DataServer`; each connection's reader thread puts
-Arrow record batches into the :class:`FeedHub`'s one bounded queue (back-pressure reaches Spark
-through TCP), with the epoch boundaries and the feed's end.  ``feed.DataFeed`` reads from the hub.
+Arrow record batches into the :class:`FeedHub`, in one bounded queue per generation (epoch):
+back-pressure reaches Spark through TCP.  ``feed.DataFeed`` reads from the hub.
+
+The driver keeps two epochs' feeding jobs in flight, so the next epoch's partitions can arrive
+while this one is read.  A reader bounded to epoch ``g`` takes only generations up to ``g`` and
+ends when they are empty and the driver said ``g`` is complete (``end_epoch``); the next
+epoch's data waits in its own queue.  The bound is per generation: one bound for all, filled by
+the next epoch's feeders, would block this epoch's feeders while the reader waits for them.
 """
 
 from __future__ import annotations
@@ -76,9 +82,10 @@ class FeedHub:
         self._on_close = on_close  # tells the driver (through the supervisor) that this node reads no more
         self._conns: set[Conn] = set()  # connections not yet answered
         self.error: str | None = None  # why the node's function failed, once it did
-        self._q: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        # per generation, in arrival order: ("data", conn, batch) and ("eoc", conn, None) at a partition's end
+        self._queues: dict[int, collections.deque[tuple[str, Conn, Any]]] = {}
+        self._sizes: dict[int, int] = {}  # data items queued per generation (what the bound counts)
         self._max = max_batches
-        self._carry: tuple[Conn, int, pa.RecordBatch] | None = None
         self.stopped = False  # the driver asked the cluster to stop
         self.closed = False  # terminate() or the user's function returned: discard new data
         self.epoch_done = 0
@@ -91,15 +98,21 @@ class FeedHub:
     def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
         with self._cond:
             self._conns.add(conn)
-            while len(self._q) >= self._max and not self.closed:
+            while self._sizes.get(gen, 0) >= self._max and not self.closed:
                 self._cond.wait(0.5)
             conn.received += batch.num_rows
             if self.closed:
                 conn.skipped += batch.num_rows
                 self.skipped += batch.num_rows
                 return
-            self._q.append(("data", conn, (gen, batch)))
+            self._queues.setdefault(gen, collections.deque()).append(("data", conn, batch))
+            self._sizes[gen] = self._sizes.get(gen, 0) + 1
             self._cond.notify_all()
+
+    def queued_rows(self) -> dict[int, int]:
+        """Rows waiting to be read, by generation."""
+        with self._cond:
+            return {g: sum(b.num_rows for kind, _, b in q if kind == "data") for g, q in self._queues.items() if q}
 
     def end_conn(self, conn: Conn) -> None:
         with self._cond:
@@ -109,7 +122,8 @@ class FeedHub:
                 return
             self._conns.add(conn)
             self._maybe_finish(conn)
-            self._q.append(("eoc", conn, None))  # marks the partition's end for inference batches
+            # marks the partition's end for inference batches
+            self._queues.setdefault(conn.gen, collections.deque()).append(("eoc", conn, None))
             self._cond.notify_all()
 
     def _maybe_finish(self, conn: Conn) -> None:
@@ -125,10 +139,10 @@ class FeedHub:
         conn.finish(error)
 
     def end_epoch(self, epoch: int) -> None:
+        """The driver saw every partition of generations up to ``epoch`` fed: readers of them end once they are read."""
         with self._cond:
             if epoch > self.epoch_done:
                 self.epoch_done = epoch
-                self._q.append(("eog", None, epoch))
                 self._cond.notify_all()
 
     def stop(self) -> None:
@@ -160,17 +174,13 @@ class FeedHub:
                 return
             self.closed = True
             self.error = error
-            items = list(self._q)
-            self._q.clear()
-            if self._carry is not None:
-                conn, _, batch = self._carry
-                conn.skipped += batch.num_rows
-                self.skipped += batch.num_rows
-                self._carry = None
-            for kind, conn, payload in items:
+            items = [item for q in self._queues.values() for item in q]
+            self._queues.clear()
+            self._sizes.clear()
+            for kind, conn, batch in items:
                 if kind == "data":
-                    conn.skipped += payload[1].num_rows
-                    self.skipped += payload[1].num_rows
+                    conn.skipped += batch.num_rows
+                    self.skipped += batch.num_rows
             ended = [c for c in self._conns if c.ended]
             pending = [c for c, _ in self._pending]
             self._pending.clear()
@@ -186,52 +196,63 @@ class FeedHub:
     # -- the consumer ---------------------------------------------------------
     def drained(self) -> bool:
         with self._cond:
-            return (self.stopped or self.closed) and not self._q and self._carry is None
+            return (self.stopped or self.closed) and not any(self._queues.values())
+
+    def _next_gen(self, epoch: list[int] | None) -> int | None:
+        """The oldest generation with queued items that this read may take from; lock held.
+
+        Unbounded reads (``epoch=None``) take every generation, oldest first.  A read
+        bounded to epoch ``g`` takes generations up to ``g`` (older data arriving late
+        belongs to it).  A bounded read that has not picked its epoch yet (``[0]``)
+        starts at the oldest epoch the driver has not ended: a node that gets the next
+        epoch's data first waits for this epoch's, and one that gets none in an epoch
+        reads the next.
+        """
+        if epoch is None:
+            limit = None
+        elif epoch[0]:
+            limit = epoch[0]
+        else:
+            limit = self.epoch_done + 1
+        gens = [g for g, q in self._queues.items() if q and (limit is None or g <= limit)]
+        return min(gens) if gens else None
 
     def take(self, n: int, train_mode: bool, epoch: list[int] | None = None) -> list[tuple[Conn, pa.RecordBatch]]:
         """Up to ``n`` rows as (connection, batch slice) pieces.
 
         Blocks until ``n`` rows are there, or the data ends: the cluster stops, in
         inference mode a partition ends, or with ``epoch=[g]`` the generation ``g``
-        ends (``g`` is set from the first data seen when it is 0).
+        ends (``g`` is set from the first data taken when it is 0; see ``_next_gen``).
         """
         pieces: list[tuple[Conn, pa.RecordBatch]] = []
         got = 0
         with self._cond:
             while got < n:
-                if self._carry is not None:
-                    item: tuple[str, Any, Any] = ("data", self._carry[0], (self._carry[1], self._carry[2]))
-                    self._carry = None
-                elif self._q:
-                    item = self._q.popleft()
-                    self._cond.notify_all()
-                else:
+                gen = self._next_gen(epoch)
+                if gen is None:
                     if self.stopped or self.closed:
                         break
                     if epoch is not None and epoch[0] and self.epoch_done >= epoch[0]:
                         break  # this epoch's data is all taken and the driver said it is complete
                     self._cond.wait(0.5)
                     continue
-                kind, conn, payload = item
-                if kind == "eog":
-                    if epoch is not None and epoch[0] and payload >= epoch[0]:
-                        break
-                    continue
+                q = self._queues[gen]
+                kind, conn, batch = q.popleft()
+                if not q:
+                    del self._queues[gen]
                 if kind == "eoc":
                     self._maybe_finish(conn)
                     if not train_mode and got:
                         break
                     continue
-                gen, batch = payload
-                if epoch is not None:
-                    if not epoch[0] or gen < epoch[0]:
-                        epoch[0] = max(gen, epoch[0])
-                    if gen > epoch[0]:
-                        self._carry = (conn, gen, batch)
-                        break
+                self._sizes[gen] -= 1
+                self._cond.notify_all()
+                if epoch is not None and not epoch[0]:
+                    epoch[0] = gen
                 k = min(n - got, batch.num_rows)
-                if k < batch.num_rows:
-                    self._carry = (conn, gen, batch.slice(k))
+                if k < batch.num_rows:  # the rest goes back first in line
+                    self._queues.setdefault(gen, collections.deque()).appendleft(("data", conn, batch.slice(k)))
+                    self._sizes[gen] += 1
                     batch = batch.slice(0, k)
                 pieces.append((conn, batch))
                 conn.consumed += k
