@@ -146,8 +146,9 @@ def tfos_nb_main(args, ctx):
                       "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
                       "export": time.time() - t_fit_end},
            "fit_end": t_fit_end}
-    x = tf.constant(np.random.default_rng(0).random((args["batch"], 784), dtype=np.float32))
-    y = tf.constant(np.arange(args["batch"], dtype=np.int32) % 10)
+    per_replica = args["batch"] // strategy.num_replicas_in_sync  # the rows one step trains on, per node
+    x = tf.constant(np.random.default_rng(0).random((per_replica, 784), dtype=np.float32))
+    y = tf.constant(np.arange(per_replica, dtype=np.int32) % 10)
 
     local = args["build_model"]()  # no strategy: pure compute of one step
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
@@ -186,7 +187,8 @@ def tfos_nb_main(args, ctx):
         now = time.perf_counter()
         times.append(now - t0)
         t0 = now
-    out["data"] = float(np.median(times)) if times else None
+    # an element of ds feeds num_replicas_in_sync steps (Keras splits it): data time per step
+    out["data"] = float(np.median(times)) / strategy.num_replicas_in_sync if times else None
     with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
         json.dump(out, f)
     return None
@@ -300,7 +302,8 @@ class Bench:
 
         export_dir = self._export_dir("nb")
         out_dir = tempfile.mkdtemp(dir=self.tmp)
-        args = {"batch": GLOBAL_BATCH // NODES, "epochs": self.opts.epochs, "export_dir": export_dir,
+        # as_dataset's batch is the global batch under MWMS (Keras splits it across the replicas)
+        args = {"batch": GLOBAL_BATCH, "epochs": self.opts.epochs, "export_dir": export_dir,
                 "breakdown": breakdown, "out_dir": out_dir, "build_model": build_model}
         t0, w0 = time.perf_counter(), time.time()
         cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
@@ -332,6 +335,14 @@ class Bench:
                            **{k: v for k, v in chief.items() if k != "enter"}, "shutdown()": t_shutdown}
         return res
 
+    def tfos_nb_serial(self):
+        """tfos_nb as before epoch pipelining: the next epoch's job starts when this one ended."""
+        os.environ["TFOS_FEED_PIPELINE"] = "0"
+        try:
+            return self.tfos_nb()
+        finally:
+            del os.environ["TFOS_FEED_PIPELINE"]
+
     def tfos(self):
         from tensorflowonspark import TFCluster
 
@@ -356,6 +367,7 @@ VARIANTS = {
     "single": "single-process Keras",
     "tfos_nb": "tfos_nb (as_dataset + model.fit)",
     "tfos": "TensorFlowOnSpark 2.2.5 (from_generator over next_batch)",
+    "tfos_nb_serial": "tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)",
 }
 
 
@@ -386,7 +398,7 @@ def table(results, failures, opts, phases=None):
         parts = [(k, med("tfos_nb", k + " ms")) for k in ("step", "compute", "allreduce", "other", "data")]
         lines += ["", "tfos_nb per-step breakdown (ms, mean over nodes, one extra run): " + ", ".join(
             "%s %.1f" % (k, v) for k, v in parts if v is not None),
-            "(data = one epoch drained from the feed alone, per batch; other = step - compute - allreduce)"]
+            "(data = one epoch drained from the feed alone, per step; other = step - compute - allreduce)"]
         if phases:
             lines += ["", "tfos_nb phases of that run (s; node phases from node 0): " + ", ".join(
                 "%s %.1f" % kv for kv in phases.items())]

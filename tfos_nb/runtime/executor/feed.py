@@ -110,7 +110,10 @@ class DataFeed:
         ``columns=(0, 1)`` or ``columns=((0,), 1)`` for ``(x, y)`` with x a tuple.
         One iteration of the dataset is one epoch of ``cluster.train(..., num_epochs)``,
         so ``model.fit(ds, epochs=E)`` lines up with ``num_epochs=E``.  Auto-sharding
-        is off: every node already gets its own partitions.
+        is off: every node already gets its own partitions.  Under
+        ``MultiWorkerMirroredStrategy`` Keras takes ``batch_size`` as the global batch:
+        it splits each batch across all replicas (each trains on ``batch_size /
+        num_replicas_in_sync`` rows a step), as for any dataset under a strategy.
         """
         import tensorflow as tf
 
