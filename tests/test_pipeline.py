@@ -94,7 +94,7 @@ def fitted(session, data, tmp_path_factory):
     train, _, _ = data
     root = tmp_path_factory.mktemp("pipeline")
     est = TFEstimator(train_fn, {"learning_rate": 0.01}, model_fn=build_model, env=NODE_ENV)
-    est.setInputMapping({"features": "features", "label": "label"}).setClusterSize(2).setEpochs(8)
+    est.setInputMapping({"features": "features", "label": "label"}).setClusterSize(2).setEpochs(4)
     est.setBatchSize(32).setExportDir(str(root / "export")).setModelDir(str(root / "ckpt"))
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), est])
     model = pipeline.fit(train)
@@ -280,5 +280,5 @@ def test_pipeline_persists_and_loads_in_a_fresh_session(session, data, fitted, t
     assert isinstance(tfmodel, TFModel) and tfmodel.getModelFn() is not None
     est = Pipeline.load(str(tmp_path / "pipeline")).getStages()[-1]
     assert isinstance(est, TFEstimator)
-    assert est.getEpochs() == 8 and est.getClusterSize() == 2 and est.tf_args == {"learning_rate": 0.01}
+    assert est.getEpochs() == 4 and est.getClusterSize() == 2 and est.tf_args == {"learning_rate": 0.01}
     assert est.train_fn.__name__ == "train_fn" and est.env == NODE_ENV
