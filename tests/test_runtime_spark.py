@@ -96,6 +96,9 @@ def test_mwms_from_rdd_and_inference_in_order(sc, digits_data, tmp_path, no_leak
 def epoch_reader(args, ctx):
     import json
 
+    deadline = time.monotonic() + 120
+    while not os.path.exists(args["go"]) and time.monotonic() < deadline:  # the test says when to read
+        time.sleep(0.05)
     ds = ctx.get_data_feed().as_dataset(batch_size=16)
     seen = []
     for _ in range(args["epochs"]):  # what model.fit(ds, epochs=3) does: one iteration per epoch
@@ -105,36 +108,35 @@ def epoch_reader(args, ctx):
 
 
 def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path, no_leaks):
-    """train() keeps two epochs' feeding jobs in flight; every as_dataset iteration still reads exactly one epoch."""
+    """train() submits the next epoch's job once the current one's tasks all started; each as_dataset
+    iteration still reads exactly one epoch."""
     import json
     import threading
 
     n = 3000
-    df = spark.createDataFrame([(float(i), i) for i in range(n)], "x double, id long").repartition(6).cache()
+    df = spark.createDataFrame([(float(i), i) for i in range(n)], "x double, id long").repartition(4).cache()
     df.count()
-    cluster = run(sc, epoch_reader, {"epochs": 3, "out": str(tmp_path)}, 2, input_mode=TFCluster.InputMode.SPARK)
-    groups = [f"{cluster.state.job_group}-feed-{e}" for e in (1, 2, 3)]
+    go = tmp_path / "go"
+    cluster = run(sc, epoch_reader, {"epochs": 3, "out": str(tmp_path), "go": str(go)}, 2,
+                  input_mode=TFCluster.InputMode.SPARK)
     tracker = sc.statusTracker()
-    most, done = [0], threading.Event()
 
-    def count_feeding_jobs():  # how many epochs' jobs run at once
-        while not done.is_set():
-            running = [g for g in groups if any(
-                (info := tracker.getJobInfo(j)) is not None and info.status == "RUNNING"
-                for j in tracker.getJobIdsForGroup(g))]
-            most[0] = max(most[0], len(running))
-            done.wait(0.02)
+    def running(epoch):
+        return any((info := tracker.getJobInfo(j)) is not None and info.status == "RUNNING"
+                   for j in tracker.getJobIdsForGroup(f"{cluster.state.job_group}-feed-{epoch}"))
 
-    poller = threading.Thread(target=count_feeding_jobs)
-    poller.start()
+    trainer = threading.Thread(target=cluster.train, args=(df,), kwargs={"num_epochs": 3})
+    trainer.start()
     try:
-        cluster.train(df, num_epochs=3)
+        # The nodes read nothing yet, so epoch 1's 4 tasks (4 slots) wait for them: epoch 2's job is submitted.
+        both = wait_until(lambda: running(1) and running(2), 60)
     finally:
-        done.set()
-        poller.join()
-    cluster.shutdown()
-    assert cluster.last_feed == {"rows": 3 * n, "skipped": 0, "partitions": 18}
-    assert most[0] == 2  # the next epoch's job ran beside the current one
+        go.touch()
+        trainer.join(300)
+        cluster.shutdown()
+    assert both, "epoch 2's job was not submitted while epoch 1's ran"
+    assert not trainer.is_alive()
+    assert cluster.last_feed == {"rows": 3 * n, "skipped": 0, "partitions": 12}
     per_node = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in range(2)]
     for epoch in range(3):
         ids = sorted(i for node in per_node for i in node[epoch])
