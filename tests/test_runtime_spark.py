@@ -114,8 +114,11 @@ def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path
     import threading
 
     n = 3000
-    df = spark.createDataFrame([(float(i), i) for i in range(n)], "x double, id long").repartition(4).cache()
-    df.count()
+    # Not cached: each epoch's job first runs the shuffle as a job of its own (adaptive execution), and the
+    # next epoch's job must wait for the feeding stage's tasks, not that one's (it deadlocked: the next epoch's
+    # feeders took both slots of a 2-slot cluster before this epoch's had started).
+    df = spark.createDataFrame([(float(i), i) for i in range(n)], "x double, id long").repartition(4)
+    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")  # keep 4 partitions
     go = tmp_path / "go"
     cluster = run(sc, epoch_reader, {"epochs": 3, "out": str(tmp_path), "go": str(go)}, 2,
                   input_mode=TFCluster.InputMode.SPARK)
@@ -134,6 +137,7 @@ def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path
         go.touch()
         trainer.join(300)
         cluster.shutdown()
+        spark.conf.unset("spark.sql.adaptive.coalescePartitions.enabled")
     assert both, "epoch 2's job was not submitted while epoch 1's ran"
     assert not trainer.is_alive()
     assert cluster.last_feed == {"rows": 3 * n, "skipped": 0, "partitions": 12}

@@ -199,8 +199,10 @@ class TFCluster(ClusterStreams):
         for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
             while len(inflight) >= (2 if pipelined else 1):
                 finish_oldest()
-            if inflight:
-                self._await(inflight[-1][1], "feeding", until=inflight[-1][1].tasks_launched)
+            if inflight:  # (a DataFrame's job may run stages before the feeding one, as jobs of their own)
+                last_epoch, last = inflight[-1]
+                self._await(last, "feeding",
+                            until=lambda: self.controller.feeding_started(last_epoch) and last.tasks_launched())
             epoch = self.controller.open_epoch()
             meta = self._meta
             if is_df:
