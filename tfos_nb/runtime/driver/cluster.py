@@ -183,9 +183,10 @@ class TFCluster(ClusterStreams):
         if not is_df:
             self._refuse_rdd_on_connect("train")
         total = {"rows": 0, "skipped": 0, "partitions": 0}
-        # Two epochs' jobs in flight: the next one is submitted once this one's tasks all started (so its tasks
-        # cannot take a slot this one still needs) and its rows wait in their own queue on the nodes. Not on
-        # Spark Connect, where end_epoch is itself a Spark job that would queue behind the next epoch's tasks.
+        # Two epochs' jobs in flight: the next one is submitted once this one's feeding stage runs and all its
+        # tasks started (so the next one's tasks cannot take a slot this one still needs); its rows wait in their
+        # own queue on the nodes. Not on Spark Connect, where end_epoch is itself a Spark job that would queue
+        # behind the next epoch's tasks.
         pipelined = not is_connect(self.sc) and os.environ.get("TFOS_FEED_PIPELINE", "1") != "0"
         inflight: collections.deque[tuple[int, Any]] = collections.deque()
 
@@ -199,7 +200,7 @@ class TFCluster(ClusterStreams):
         for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
             while len(inflight) >= (2 if pipelined else 1):
                 finish_oldest()
-            if inflight:  # (a DataFrame's job may run stages before the feeding one, as jobs of their own)
+            if inflight:  # feeding_started: a DataFrame's job may first run its shuffle as a job of its own
                 last_epoch, last = inflight[-1]
                 self._await(last, "feeding",
                             until=lambda: self.controller.feeding_started(last_epoch) and last.tasks_launched())

@@ -67,7 +67,7 @@ class Controller:
         self._specs: dict[int, m.NodeSpec] | None = None
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
-        self._gen_assigned: dict[int, int] = {}  # feeding generation (epoch) -> partitions that asked for a node
+        self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
 
@@ -267,7 +267,7 @@ class Controller:
     def feeding_started(self, epoch: int) -> bool:
         """Whether a feeding task of ``epoch`` has asked for a node: its job's feeding stage runs (not a stage before it)."""
         with self.state.lock:
-            return self._gen_assigned.get(epoch, 0) > 0
+            return epoch in self._gens_feeding
 
     def reset_feed_errors(self) -> None:
         with self.state.lock:
@@ -337,7 +337,7 @@ class Controller:
                 return m.Reply(ok=False, error=st.error or "cluster failed")
             if st.state == S.C_STOPPED or st.kill_requested:
                 return m.Reply(ok=False, error="cluster stopped")
-            self._gen_assigned[msg.gen] = self._gen_assigned.get(msg.gen, 0) + 1
+            self._gens_feeding.add(msg.gen)
             feedable = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
             live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]
             if not live:

@@ -55,10 +55,10 @@ class SparkJob:
     def tasks_launched(self) -> bool:
         """Whether every task of the job's last stage has started (or the job ended).
 
-        A job submitted after that cannot take an executor slot one of this job's
-        tasks still needs: ``TFCluster.train`` submits the next epoch's feeding job
-        then.  (Read from Spark's status tracker; a task waiting for a retry is not
-        started.)
+        Once that holds for the stage that feeds, a job submitted later cannot take
+        an executor slot one of this job's tasks still needs (``TFCluster.train``
+        also checks that the feeding stage runs).  Read from Spark's status
+        tracker; a task waiting for a retry is not started.
         """
         if self._done.is_set():
             return True
