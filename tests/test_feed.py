@@ -213,6 +213,50 @@ def test_the_next_epochs_data_waits_in_its_own_queue(node):
         assert out["frames"][-1][0] == b"A"
 
 
+def take_in_thread(hub, n, epoch):
+    out = {}
+    t = threading.Thread(target=lambda: out.update(pieces=hub.take(n, True, epoch)))
+    t.start()
+    return t, out
+
+
+def test_an_epochs_read_ends_at_this_nodes_share_not_at_the_epochs_end(node):
+    """Nodes with unequal shares of an epoch step together (MultiWorkerMirroredStrategy): a node must end its
+    read once its share is in, not wait for the epoch's end, which waits for rows only its peers can read."""
+    hub, server = node
+    hub.epoch_assigned(1, 2)  # the driver: all of epoch 1's partitions went out, two of them to this node
+    epoch = [0]
+    reader, got = take_in_thread(hub, 100, epoch)
+    t1, out1 = feed_in_thread(server.port, [(1.0, i) for i in range(10)], gen=1, partition=0)
+    t1.join(10)
+    assert out1["frames"][-1][0] == b"A"  # all 10 taken; the read goes on: one of the two partitions is in
+    t2, _ = feed_in_thread(server.port, [(1.0, i) for i in range(10, 15)], gen=1, partition=3)
+    reader.join(10)
+    assert not reader.is_alive(), "the read waited for the end of the epoch"
+    assert epoch == [1] and sorted(v for _, b in got["pieces"] for v in b.column(1).to_pylist()) == list(range(15))
+    t2.join(10)
+    # The next read is the next epoch's, although the driver has not ended epoch 1 yet.
+    t3, _ = feed_in_thread(server.port, [(2.0, 7)] * 3, gen=2, partition=0)
+    hub.epoch_assigned(2, 1)
+    epoch = [0]
+    assert sum(b.num_rows for _, b in hub.take(100, True, epoch)) == 3 and epoch == [2]
+    t3.join(10)
+    assert hub.epoch_done == 0
+
+
+def test_a_node_with_no_share_of_an_epoch_reads_an_empty_iteration(node):
+    hub, server = node
+    hub.epoch_assigned(1, 0)
+    t2, _ = feed_in_thread(server.port, [(2.0, 0)] * 4, gen=2, partition=0)
+    assert wait_until(lambda: hub.queued_rows().get(2) == 4, 10)
+    epoch = [0]
+    assert hub.take(100, True, epoch) == [] and epoch == [1]  # epoch 1: nothing, at once
+    hub.epoch_assigned(2, 1)
+    epoch = [0]
+    assert sum(b.num_rows for _, b in hub.take(100, True, epoch)) == 4 and epoch == [2]
+    t2.join(10)
+
+
 def test_a_reader_starts_with_the_oldest_epoch_not_yet_ended(node):
     """The next epoch's partition reaches this node before this epoch's: the iteration still starts with this one."""
     hub, server = node

@@ -21,6 +21,7 @@ EXAMPLES = [
     pipes.Finished(),
     pipes.FeedClosed(),
     pipes.EpochDone(epoch=3),
+    pipes.EpochAssigned(epoch=3, partitions=2),
     pipes.Stop(),
     pipes.Launch(meta={"cluster_id": "c1", "node": 2, "roles": [["chief", 0]]}),
     pipes.Launched(ok=True, pid=12, host="10.0.0.1", port=2222),

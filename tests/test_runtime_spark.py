@@ -147,6 +147,24 @@ def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path
         assert ids == list(range(n)), f"epoch {epoch + 1}: {len(ids)} ids, {len(set(ids))} distinct"
 
 
+def test_mwms_trains_on_partitions_of_unequal_size(sc, digits_data, tmp_path, no_leaks):
+    """One node gets 1,200 rows an epoch, the other 148: under MultiWorkerMirroredStrategy the nodes step together,
+    so the one whose share ends first must end its epoch then (Keras gives it empty batches while its peer reads
+    on), not wait for the epoch's end, which waits for the rows its peer can only read by stepping with it (it did:
+    the feed timed out)."""
+    xtr, ytr, *_ = digits_data
+    rows = [(x, int(y)) for x, y in zip(xtr.tolist(), ytr.tolist())]  # TensorFlowOnSpark's rows: tuples
+    parts = [rows[:1200], rows[1200:]]
+    rdd = sc.parallelize([0, 1], 2).flatMap(lambda i: parts[i])
+    args = {"epochs": 3, "batch_size": 32, "export_dir": str(tmp_path / "model")}
+    with run(sc, digits.train_fun, args, 2, input_mode=TFCluster.InputMode.SPARK) as cluster:
+        cluster.train(rdd, num_epochs=3, feed_timeout=90)
+    assert cluster.last_feed == {"rows": 3 * len(rows), "skipped": 0, "partitions": 6}
+    assert cluster.status().state == "finished"
+    steps = {n.label: n.step for n in cluster.nodes}
+    assert len(set(steps.values())) == 1 and steps["worker:0"] >= 3 * 1200 // 32, steps  # in step, the longer share
+
+
 def ps_fun(args, ctx):
     import json
 

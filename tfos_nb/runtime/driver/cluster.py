@@ -190,9 +190,26 @@ class TFCluster(ClusterStreams):
         pipelined = not is_connect(self.sc) and os.environ.get("TFOS_FEED_PIPELINE", "1") != "0"
         inflight: collections.deque[tuple[int, Any]] = collections.deque()
 
+        told: set[int] = set()
+
+        def learn_shares() -> None:
+            """Tell the controller each running epoch's number of feeding tasks, so that once all of them went to
+            nodes each node can end its read at its share's end (nodes with unequal shares under
+            MultiWorkerMirroredStrategy step together: waiting for the whole epoch's end would deadlock)."""
+            for epoch, job in inflight:
+                if epoch not in told and not job.done and self.controller.feeding_started(epoch):
+                    tasks = job.feeding_tasks()
+                    if tasks is not None:
+                        self.controller.set_feed_tasks(epoch, tasks)
+                        told.add(epoch)
+
+        shares = None if is_connect(self.sc) else learn_shares  # Connect: no status tracker, epochs end whole
+
         def finish_oldest() -> None:
-            epoch, job = inflight.popleft()
-            for key, n in feed_totals(self._await(job, "feeding")).items():
+            epoch, job = inflight[0]
+            stats = feed_totals(self._await(job, "feeding", tick=shares))
+            inflight.popleft()
+            for key, n in stats.items():
                 total[key] += n
             self.controller.end_epoch(epoch)
 
@@ -202,7 +219,7 @@ class TFCluster(ClusterStreams):
                 finish_oldest()
             if inflight:  # feeding_started: a DataFrame's job may first run its shuffle as a job of its own
                 last_epoch, last = inflight[-1]
-                self._await(last, "feeding",
+                self._await(last, "feeding", tick=shares,
                             until=lambda: self.controller.feeding_started(last_epoch) and last.tasks_launched())
             epoch = self.controller.open_epoch()
             meta = self._meta
@@ -331,12 +348,15 @@ class TFCluster(ClusterStreams):
         self.controller.reset_feed_errors()
         return self._await(self.job.spark_job(suffix, description, action), what)
 
-    def _await(self, job: Any, what: str, until: Callable[[], bool] | None = None) -> Any:
+    def _await(self, job: Any, what: str, until: Callable[[], bool] | None = None,
+               tick: Callable[[], None] | None = None) -> Any:
         """Wait for ``job`` to end (or for ``until()``, leaving it running) while watching the nodes and the
-        feeding tasks; tear down on any failure."""
+        feeding tasks, calling ``tick()`` every slice; tear down on any failure."""
         ctl = self.controller
         try:
-            while not job.wait(0.2):
+            while not job.wait(0.1 if tick is not None else 0.2):
+                if tick is not None:
+                    tick()
                 if until is not None and until():
                     return None
                 if self.state.snapshot().state == S.C_FAILED or ctl.feed_errors:

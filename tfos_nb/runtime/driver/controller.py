@@ -25,6 +25,7 @@ from ..gpus import assign as assign_gpus
 from ..net import hostport
 from ..protocol import messages as m
 from . import state as S
+from .shares import EpochShares
 
 log = logging.getLogger(__name__)
 
@@ -68,24 +69,17 @@ class Controller:
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
+        self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
 
     # -- dispatch -------------------------------------------------------------
     def handle(self, msg: m.Message) -> m.Reply:
-        if isinstance(msg, m.Heartbeat):
-            return self._heartbeat(msg)
-        if isinstance(msg, m.FeedAssign):
-            return self._feed_assign(msg)
-        if isinstance(msg, m.FeedRelease):
-            return self._feed_release(msg)
-        if isinstance(msg, m.FeedCheck):
-            return self._feed_check(msg)
-        if isinstance(msg, m.Register):
-            return self._register(msg)
-        if isinstance(msg, m.AwaitSpec):
-            return self._await_spec(msg)
-        return m.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
+        handlers: dict[type, Callable[[Any], m.Reply]] = {
+            m.Heartbeat: self._heartbeat, m.FeedAssign: self._feed_assign, m.FeedRelease: self._feed_release,
+            m.FeedCheck: self._feed_check, m.Register: self._register, m.AwaitSpec: self._await_spec}
+        handler = handlers.get(type(msg))
+        return handler(msg) if handler else m.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
 
     def _node(self, index: int) -> S._Node | None:
         if 0 <= index < len(self.state.nodes):
@@ -102,10 +96,7 @@ class Controller:
             if st.state != S.C_RESERVING:
                 return m.Reply(ok=False, error=f"cluster is {st.state}; not taking registrations")
             if node.state != S.PENDING:
-                return m.Reply(
-                    ok=False,
-                    error=f"{node.label} registered twice (Spark retried the launch; executor lost?)",
-                )
+                return m.Reply(ok=False, error=f"{node.label} registered twice (Spark retried the launch; executor lost?)")
             node.state = S.REGISTERED
             node.host, node.port, node.pid = msg.host, msg.port, msg.pid
             node.executor_id = msg.executor_id
@@ -218,7 +209,8 @@ class Controller:
                         node.tail = list(msg.tail)
                         self._fail(f"{node.label} failed")
             cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
-                                kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0)
+                                kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0,
+                                epochs_assigned=self._shares.for_node(node.index))
             if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
                 st.state = S.C_RUNNING
         if new_logs:
@@ -262,7 +254,14 @@ class Controller:
         """Every row of ``epoch`` was taken: nodes reading with as_dataset() see its end."""
         with self.state.lock:
             self.state.epoch_done = max(self.state.epoch_done, epoch)
+            self._shares.forget_through(self.state.epoch_done)
         self.state.notify()
+
+    def set_feed_tasks(self, epoch: int, tasks: int) -> None:
+        """The number of tasks of ``epoch``'s feeding stage (Spark's status tracker, once the stage runs)."""
+        with self.state.lock:
+            if epoch > self.state.epoch_done:
+                self._shares.set_tasks(epoch, tasks)
 
     def feeding_started(self, epoch: int) -> bool:
         """Whether a feeding task of ``epoch`` has asked for a node: its job's feeding stage runs (not a stage before it)."""
@@ -342,7 +341,8 @@ class Controller:
             live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]
             if not live:
                 if feedable and all(n.state in S.TERMINAL or n.feed_closed for n in feedable):
-                    if msg.mode == "train":
+                    if msg.mode == "train" and msg.gen > st.epoch_done:
+                        self._shares.handed_out(msg.gen, msg.partition, None)
                         return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
                     return m.Reply(ok=False, error="no node is reading data any more (all finished)")
                 return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
@@ -356,6 +356,8 @@ class Controller:
             node = min(live, key=key)
             self._active[node.index] = self._active.get(node.index, 0) + 1
             self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
+            if msg.mode == "train" and msg.gen > st.epoch_done:
+                self._shares.handed_out(msg.gen, msg.partition, node.index)
             target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
             return m.Reply(ok=True, body=target.to_dict())
 
@@ -384,7 +386,8 @@ class Controller:
                 self._active[node.index] = max(0, self._active.get(node.index, 0) - 1)
                 node.rows_fed += msg.rows
             if msg.error:
-                self.feed_errors.append(f"partition {msg.partition}: {msg.error}")
+                to = f" (to {node.label} at {node.host})" if node is not None else ""
+                self.feed_errors.append(f"partition {msg.partition}{to}: {msg.error}")
                 if node is not None and msg.error_kind == m.ERROR_LOST_CONNECTION:
                     self.lost_feeds += 1
             cluster_error = None

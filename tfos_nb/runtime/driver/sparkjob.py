@@ -77,6 +77,20 @@ class SparkJob:
                 return False
         return True
 
+    def feeding_tasks(self) -> int | None:
+        """The number of tasks of the last stage of the group's latest job (None until Spark knows it).
+
+        Asked once a task of the feeding stage ran, when the feeding job is the
+        group's latest (a DataFrame's shuffle may run first as a job of its own).
+        """
+        tracker = self._sc.statusTracker()
+        ids = tracker.getJobIdsForGroup(self.group)
+        info = tracker.getJobInfo(max(ids)) if ids else None
+        if info is None or not info.stageIds:
+            return None
+        stage = tracker.getStageInfo(max(info.stageIds))
+        return None if stage is None else int(stage.numTasks)
+
     def result(self) -> Any:
         if self._error is not None:
             raise self._error

@@ -117,26 +117,20 @@ class DataFeed:
         """
         import tensorflow as tf
 
-        first = self._peek(batch_size)
+        first = self._hub.peek()
         if first is None:
             msg = "as_dataset(): the feed ended before any data arrived"
             raise RuntimeError(msg)
-        sample = self._select(first, columns)
+        sample = self._select([(None, first.slice(0, 1))], columns)
         signature = tf.nest.map_structure(
             lambda a: tf.TensorSpec(shape=(None,) + tuple(a.shape[1:]), dtype=tf.as_dtype(a.dtype)), sample
         )
         feed = self
-        carry = [first]
 
         def gen() -> Iterator[Any]:
             epoch = [0]
             while True:
-                if carry:
-                    pieces = carry.pop()
-                    for conn, _ in pieces:
-                        epoch[0] = max(epoch[0], conn.gen)
-                else:
-                    pieces = feed._take(batch_size, epoch if epochs_bounded else None)
+                pieces = feed._take(batch_size, epoch if epochs_bounded else None)
                 if not pieces:
                     return
                 cols = feed._mapped(pieces) if feed.input_mapping else tuple(_concat_columns(pieces))
@@ -148,14 +142,8 @@ class DataFeed:
         return ds.with_options(opts)
 
     # -- internals ----------------------------------------------------------------
-    def _peek(self, batch_size: int) -> Any:
-        pieces = self._hub.take(batch_size, True, [0])
-        if not pieces:
-            return None
-        return pieces
-
     def _select(self, cols: Any, columns: Any) -> Any:
-        if isinstance(cols, list) and cols and isinstance(cols[0], tuple):  # raw pieces from _peek
+        if isinstance(cols, list) and cols and isinstance(cols[0], tuple):  # (conn, batch) pieces: as_dataset's sample
             cols = self._mapped(cols) if self.input_mapping else tuple(_concat_columns(cols))
         if columns is None:
             return cols

@@ -6,9 +6,14 @@ back-pressure reaches Spark through TCP.  ``feed.DataFeed`` reads from the hub.
 
 The driver keeps two epochs' feeding jobs in flight, so the next epoch's partitions can arrive
 while this one is read.  A reader bounded to epoch ``g`` takes only generations up to ``g`` and
-ends when they are empty and the driver said ``g`` is complete (``end_epoch``); the next
-epoch's data waits in its own queue.  The bound is per generation: one bound for all, filled by
-the next epoch's feeders, would block this epoch's feeders while the reader waits for them.
+ends when they are empty and either the driver said ``g`` is complete (``end_epoch``: every
+feeder acknowledged) or this node's share of ``g`` is in: the driver said how many of ``g``'s
+partitions it sent here once it had sent them all (``epoch_assigned``) and as many of them
+ended.  The second is what lets nodes that got unequal shares train together: under
+``MultiWorkerMirroredStrategy`` a node that waited for the whole epoch's end would wait for
+rows the other nodes can only read by stepping with it.  The next epoch's data waits in its own
+queue.  The bound is per generation: one bound for all, filled by the next epoch's feeders,
+would block this epoch's feeders while the reader waits for them.
 """
 
 from __future__ import annotations
@@ -89,6 +94,9 @@ class FeedHub:
         self.stopped = False  # the driver asked the cluster to stop
         self.closed = False  # terminate() or the user's function returned: discard new data
         self.epoch_done = 0
+        self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
+        self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
+        self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
         self.rows = 0
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
@@ -109,6 +117,19 @@ class FeedHub:
             self._sizes[gen] = self._sizes.get(gen, 0) + 1
             self._cond.notify_all()
 
+    def peek(self) -> pa.RecordBatch | None:
+        """The oldest queued batch, left in place (``as_dataset`` builds its signature from it); blocks until one
+        arrives, None once the feed ended without one."""
+        with self._cond:
+            while True:
+                for g in sorted(self._queues):
+                    for kind, _, batch in self._queues[g]:
+                        if kind == "data":
+                            return batch
+                if self.stopped or self.closed:
+                    return None
+                self._cond.wait(0.5)
+
     def queued_rows(self) -> dict[int, int]:
         """Rows waiting to be read, by generation."""
         with self._cond:
@@ -117,6 +138,7 @@ class FeedHub:
     def end_conn(self, conn: Conn) -> None:
         with self._cond:
             conn.ended = True
+            self._ended[conn.gen] = self._ended.get(conn.gen, 0) + 1
             if self.closed:
                 self._finish_closed(conn)
                 return
@@ -136,6 +158,9 @@ class FeedHub:
         """A connection broke (the feeder went away): forget it."""
         with self._cond:
             self._conns.discard(conn)
+            if not conn.ended:
+                self._ended[conn.gen] = self._ended.get(conn.gen, 0) + 1
+                self._cond.notify_all()
         conn.finish(error)
 
     def end_epoch(self, epoch: int) -> None:
@@ -143,7 +168,24 @@ class FeedHub:
         with self._cond:
             if epoch > self.epoch_done:
                 self.epoch_done = epoch
+                for table in (self._expected, self._ended):  # ended epochs need no share any more
+                    for g in [g for g in table if g <= epoch]:
+                        del table[g]
+                self._read = {g for g in self._read if g > epoch}
                 self._cond.notify_all()
+
+    def epoch_assigned(self, epoch: int, partitions: int) -> None:
+        """Every partition of ``epoch`` went to a node, ``partitions`` of them to this one."""
+        with self._cond:
+            self._expected[epoch] = partitions
+            self._cond.notify_all()
+
+    def _share_read(self, gen: int) -> bool:
+        """Whether this node's share of ``gen`` is all read (or the driver ended ``gen``); lock held."""
+        if self.epoch_done >= gen:
+            return True
+        expected = self._expected.get(gen)
+        return expected is not None and self._ended.get(gen, 0) >= expected and not self._queues.get(gen)
 
     def stop(self) -> None:
         with self._cond:
@@ -203,17 +245,9 @@ class FeedHub:
 
         Unbounded reads (``epoch=None``) take every generation, oldest first.  A read
         bounded to epoch ``g`` takes generations up to ``g`` (older data arriving late
-        belongs to it).  A bounded read that has not picked its epoch yet (``[0]``)
-        starts at the oldest epoch the driver has not ended: a node that gets the next
-        epoch's data first waits for this epoch's, and one that gets none in an epoch
-        reads the next.
+        belongs to it).
         """
-        if epoch is None:
-            limit = None
-        elif epoch[0]:
-            limit = epoch[0]
-        else:
-            limit = self.epoch_done + 1
+        limit = None if epoch is None else epoch[0]
         gens = [g for g, q in self._queues.items() if q and (limit is None or g <= limit)]
         return min(gens) if gens else None
 
@@ -221,19 +255,27 @@ class FeedHub:
         """Up to ``n`` rows as (connection, batch slice) pieces.
 
         Blocks until ``n`` rows are there, or the data ends: the cluster stops, in
-        inference mode a partition ends, or with ``epoch=[g]`` the generation ``g``
-        ends (``g`` is set from the first data taken when it is 0; see ``_next_gen``).
+        inference mode a partition ends, or with ``epoch=[g]`` this node's share of
+        generation ``g`` ends (``_share_read``).  A bounded read given ``[0]`` picks
+        its epoch first: the oldest one the driver has not ended and no earlier read
+        on this node finished — a node that gets the next epoch's data first waits
+        for this epoch's, and one whose share of an epoch is nothing reads nothing.
         """
         pieces: list[tuple[Conn, pa.RecordBatch]] = []
         got = 0
         with self._cond:
+            if epoch is not None and not epoch[0]:
+                epoch[0] = self.epoch_done + 1
+                while epoch[0] in self._read:
+                    epoch[0] += 1
             while got < n:
                 gen = self._next_gen(epoch)
                 if gen is None:
                     if self.stopped or self.closed:
                         break
-                    if epoch is not None and epoch[0] and self.epoch_done >= epoch[0]:
-                        break  # this epoch's data is all taken and the driver said it is complete
+                    if epoch is not None and self._share_read(epoch[0]):
+                        self._read.add(epoch[0])
+                        break  # this node's share of the epoch is all taken
                     self._cond.wait(0.5)
                     continue
                 q = self._queues[gen]
@@ -247,8 +289,6 @@ class FeedHub:
                     continue
                 self._sizes[gen] -= 1
                 self._cond.notify_all()
-                if epoch is not None and not epoch[0]:
-                    epoch[0] = gen
                 k = min(n - got, batch.num_rows)
                 if k < batch.num_rows:  # the rest goes back first in line
                     self._queues.setdefault(gen, collections.deque()).appendleft(("data", conn, batch.slice(k)))

@@ -38,6 +38,8 @@ class NodeRole(child_main.ChildRole):
     def on_command(self, cmd: pipes.Frame) -> None:
         if self.hub is not None and isinstance(cmd, pipes.EpochDone):
             self.hub.end_epoch(int(cmd.epoch))
+        elif self.hub is not None and isinstance(cmd, pipes.EpochAssigned):
+            self.hub.epoch_assigned(int(cmd.epoch), int(cmd.partitions))
         elif self.hub is not None and isinstance(cmd, pipes.Stop):
             self.hub.stop()
 

@@ -64,6 +64,7 @@ class Supervisor(ChildOwner):
         self.tb_url: str | None = None
         self.gpus: list[dict] = []
         self._sent_epoch = 0
+        self._sent_assigned = 0
         self._sent_stop = False
 
     # -- registration ---------------------------------------------------------
@@ -168,6 +169,10 @@ class Supervisor(ChildOwner):
 
     def on_reply(self, cmd: m.BeatCommand) -> None:
         """Relay the driver's commands to the node process: the end of an epoch, stop."""
+        for epoch, partitions in cmd.epochs_assigned:
+            if int(epoch) > self._sent_assigned:
+                self._sent_assigned = int(epoch)
+                self.send(pipes.EpochAssigned(epoch=int(epoch), partitions=int(partitions)))
         if cmd.epoch_done > self._sent_epoch:
             self._sent_epoch = cmd.epoch_done
             self.send(pipes.EpochDone(epoch=cmd.epoch_done))

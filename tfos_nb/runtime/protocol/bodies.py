@@ -65,12 +65,14 @@ class NodeSpec(Body):
 
 @dataclasses.dataclass(frozen=True)
 class BeatCommand(Body):
-    """A heartbeat's answer: the last epoch fed in full, and whether to stop (gracefully) or be killed."""
+    """A heartbeat's answer: the last epoch fed in full, the epochs whose partitions all went to nodes (as
+    ``[epoch, partitions sent to this node]``), and whether to stop (gracefully) or be killed."""
 
     epoch_done: int = 0
     stop: bool = False
     kill: bool = False
     grace: float = 2.0
+    epochs_assigned: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ Three pairs talk over pipes, all on one host:
   function :func:`blob <write_blob>`; the supervisor answers on its stdout with
   :class:`Launched` once it registered with the driver (the launch handshake);
 * an owner (a node's supervisor, a parallel run's Spark task) → its child process
-  (stdin): the function blob, :class:`Start`, then commands (:class:`EpochDone`,
+  (stdin): the function blob, :class:`Start`, then commands (:class:`EpochDone`, :class:`EpochAssigned`,
   :class:`Stop`); stdin closing means the owner is gone;
 * the child → its owner (the report pipe, ``TFOS_REPORT_FD``): events
   (:class:`Ready`, :class:`Report`, :class:`Failed`, :class:`Finished`,
@@ -119,6 +119,15 @@ class EpochDone(Frame):
 
 
 @dataclass(frozen=True)
+class EpochAssigned(Frame):
+    """Every partition of epoch ``epoch`` went to a node, ``partitions`` of them to this one."""
+
+    kind: ClassVar[str] = "epoch_assigned"
+    epoch: int = 0
+    partitions: int = 0
+
+
+@dataclass(frozen=True)
 class Stop(Frame):
     """The driver asks the node to stop (its feed ends; the function should return)."""
 
@@ -159,7 +168,7 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, EpochDone, Stop, Launch, Launched, Start)
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, EpochDone, EpochAssigned, Stop, Launch, Launched, Start)
 }
 BLOB = "blob"
 
