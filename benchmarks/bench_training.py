@@ -116,6 +116,7 @@ def tfos_nb_main(args, ctx):
             super().__init__()
             self._supports_tf_logs = True
             self.epoch, self.steps, self.wall = 0, 0, 0.0
+            self.ends = []  # each epoch's end (time.time()), to line the nodes' epochs up
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch = epoch
@@ -128,6 +129,7 @@ def tfos_nb_main(args, ctx):
                 self.steps += 1
 
         def on_epoch_end(self, epoch, logs=None):
+            self.ends.append(time.time())
             if epoch > 0:
                 self.wall += time.perf_counter() - self.t0
 
@@ -145,7 +147,7 @@ def tfos_nb_main(args, ctx):
                       "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
                       "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
                       "export": time.time() - t_fit_end},
-           "fit_end": t_fit_end}
+           "fit_end": t_fit_end, "epoch_ends": timer.ends}
     per_replica = args["batch"] // strategy.num_replicas_in_sync  # the rows one step trains on, per node
     x = tf.constant(np.random.default_rng(0).random((per_replica, 784), dtype=np.float32))
     y = tf.constant(np.arange(per_replica, dtype=np.int32) % 10)
@@ -322,8 +324,10 @@ class Bench:
         if breakdown:
             nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
             for i, n in enumerate(nodes):
-                log.info("node %d: fit ended %+.2f s after node 0's, phases %s", i, n["fit_end"] - nodes[0]["fit_end"],
-                         ", ".join("%s %.2f" % kv for kv in n["phases"].items() if kv[0] != "enter"))
+                log.info("node %d: fit ended %+.2f s after node 0's, phases %s; epochs ended at %s s after node 0's start",
+                         i, n["fit_end"] - nodes[0]["fit_end"],
+                         ", ".join("%s %.2f" % kv for kv in n["phases"].items() if kv[0] != "enter"),
+                         ", ".join("%.2f" % (t - nodes[0]["phases"]["enter"]) for t in n.get("epoch_ends", [])))
             for k in ("step", "compute", "allreduce", "data"):
                 vals = [n[k] for n in nodes if n.get(k) is not None]
                 if vals:

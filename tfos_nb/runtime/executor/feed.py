@@ -108,8 +108,10 @@ class DataFeed:
         Each element is a batch: a tuple of tensors, one per fed column (a dict
         with ``input_mapping``).  ``columns`` picks columns by position, e.g.
         ``columns=(0, 1)`` or ``columns=((0,), 1)`` for ``(x, y)`` with x a tuple.
-        One iteration of the dataset is one epoch of ``cluster.train(..., num_epochs)``,
-        so ``model.fit(ds, epochs=E)`` lines up with ``num_epochs=E``.  Auto-sharding
+        One iteration of the dataset is this node's share of one epoch of
+        ``cluster.train(..., num_epochs)``, so ``model.fit(ds, epochs=E)`` lines up with
+        ``num_epochs=E``; under ``MultiWorkerMirroredStrategy`` a node whose share ends
+        first gets empty batches from Keras while its peers read on.  Auto-sharding
         is off: every node already gets its own partitions.  Under
         ``MultiWorkerMirroredStrategy`` Keras takes ``batch_size`` as the global batch:
         it splits each batch across all replicas (each trains on ``batch_size /
