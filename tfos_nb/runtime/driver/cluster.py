@@ -354,7 +354,7 @@ class TFCluster(ClusterStreams):
         feeding tasks, calling ``tick()`` every slice; tear down on any failure."""
         ctl = self.controller
         try:
-            while not job.wait(0.1 if tick is not None else 0.2):
+            while not job.wait(0.2):
                 if tick is not None:
                     tick()
                 if until is not None and until():

@@ -72,13 +72,13 @@ class Controller:
         self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
+        self._handlers: dict[type, Callable[[Any], m.Reply]] = {
+            m.Heartbeat: self._heartbeat, m.FeedAssign: self._feed_assign, m.FeedRelease: self._feed_release,
+            m.FeedCheck: self._feed_check, m.Register: self._register, m.AwaitSpec: self._await_spec}
 
     # -- dispatch -------------------------------------------------------------
     def handle(self, msg: m.Message) -> m.Reply:
-        handlers: dict[type, Callable[[Any], m.Reply]] = {
-            m.Heartbeat: self._heartbeat, m.FeedAssign: self._feed_assign, m.FeedRelease: self._feed_release,
-            m.FeedCheck: self._feed_check, m.Register: self._register, m.AwaitSpec: self._await_spec}
-        handler = handlers.get(type(msg))
+        handler = self._handlers.get(type(msg))
         return handler(msg) if handler else m.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
 
     def _node(self, index: int) -> S._Node | None:
