@@ -72,7 +72,7 @@ class SparkJob:
                 return False
             if info.status in ("SUCCEEDED", "FAILED"):
                 continue
-            stage = tracker.getStageInfo(max(info.stageIds))
+            stage = _last_stage(tracker, info)
             if stage is None or stage.numActiveTasks + stage.numCompletedTasks < stage.numTasks:
                 return False
         return True
@@ -85,10 +85,7 @@ class SparkJob:
         """
         tracker = self._sc.statusTracker()
         ids = tracker.getJobIdsForGroup(self.group)
-        info = tracker.getJobInfo(max(ids)) if ids else None
-        if info is None or not info.stageIds:
-            return None
-        stage = tracker.getStageInfo(max(info.stageIds))
+        stage = _last_stage(tracker, tracker.getJobInfo(max(ids))) if ids else None
         return None if stage is None else int(stage.numTasks)
 
     def result(self) -> Any:
@@ -110,3 +107,10 @@ class SparkJob:
                 pass
         if join_timeout > 0 and self._thread.is_alive():
             self._thread.join(timeout=join_timeout)
+
+
+def _last_stage(tracker: Any, info: Any) -> Any:
+    """A job's last stage (the one that returns its results; its parents have lower ids), None until Spark knows it."""
+    if info is None or not info.stageIds:
+        return None
+    return tracker.getStageInfo(max(info.stageIds))

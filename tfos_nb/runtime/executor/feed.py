@@ -135,8 +135,7 @@ class DataFeed:
                 pieces = feed._take(batch_size, epoch if epochs_bounded else None)
                 if not pieces:
                     return
-                cols = feed._mapped(pieces) if feed.input_mapping else tuple(_concat_columns(pieces))
-                yield feed._select(cols, columns)
+                yield feed._select(pieces, columns)
 
         ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
         opts = tf.data.Options()
@@ -144,9 +143,9 @@ class DataFeed:
         return ds.with_options(opts)
 
     # -- internals ----------------------------------------------------------------
-    def _select(self, cols: Any, columns: Any) -> Any:
-        if isinstance(cols, list) and cols and isinstance(cols[0], tuple):  # (conn, batch) pieces: as_dataset's sample
-            cols = self._mapped(cols) if self.input_mapping else tuple(_concat_columns(cols))
+    def _select(self, pieces: list[tuple[Any, pa.RecordBatch]], columns: Any) -> Any:
+        """``pieces`` as ``as_dataset`` yields them: their columns (a dict with ``input_mapping``), picked."""
+        cols = self._mapped(pieces) if self.input_mapping else tuple(_concat_columns(pieces))
         if columns is None:
             return cols
 
