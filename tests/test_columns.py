@@ -3,6 +3,7 @@ import pyarrow as pa
 import pytest
 
 from tfos_nb.runtime import columns as C
+from tfos_nb.runtime import rowpack as RP
 
 
 def roundtrip(rows):
@@ -139,3 +140,89 @@ def test_numpy_array_rows_leave_nulls_ragged_strings_and_scalars_as_python():
     assert rows == C.batch_to_rows(batch)  # all Python values, as without numpy_arrays
     assert rows[0] == ([1.0, None], [1.0], [1, 2], "x", 1, 0.5) and rows[1][2] is None and rows[1][4] is None
     assert type(rows[1][5]) is float
+
+
+def _chunks(rows, n):
+    return [rows[i : i + n] for i in range(0, len(rows), n)]
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [([0.5 * i, 1.0, 2.0], i) for i in range(10)],  # TensorFlowOnSpark's (features, label) tuples
+        [[[0.5 * i, 1.0], "x%d" % i, 1.5 * i] for i in range(7)],  # list rows: a vector, a string, a float
+        [([float(i)] * 4, [1.0 * i, 2.0], i) for i in range(9)],  # two vectors
+        [([0.5, 1, True], 3)] * 5,  # ints and bools in a float vector become floats, as with np.fromiter
+    ],
+)
+def test_rows_to_batches_gives_rows_to_batch_of_each_slice(rows):
+    got = list(RP.rows_to_batches(rows, 4))
+    want = [C.rows_to_batch(chunk) for chunk in _chunks(rows, 4)]
+    assert [b.schema for b in got] == [b.schema for b in want]
+    assert all(g.schema.metadata == w.schema.metadata for g, w in zip(got, want))
+    assert [b.to_pydict() for b in got] == [b.to_pydict() for b in want]
+
+
+def test_rows_to_batches_packs_spark_rows_under_their_field_names():
+    from pyspark.sql import Row
+
+    rows = [Row(features=[1.0 * i, 2.0], label=i) for i in range(5)]
+    (batch,) = RP.rows_to_batches(rows, 8)
+    assert batch.schema == C.rows_to_batch(rows).schema
+    assert C.batch_to_rows(batch) == [Row(features=[1.0 * i, 2.0], label=i) for i in range(5)]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        ([1.0, 2.0], 7),  # a shorter vector
+        ([1.0, "a", 3.0], 7),  # not a number
+        ([1.0, None, 3.0], 7),  # a null
+        ([1.0, 10**400, 3.0], 7),  # an int no float holds
+        [[1.0, 2.0, 3.0], 7],  # a list, not a tuple
+        ((1.0, 2.0, 3.0), 7, 8),  # a wider row
+    ],
+)
+def test_rows_to_batches_after_a_row_of_another_shape_keeps_every_row_in_order(odd):
+    rows = [([1.0 * i, 2.0, 3.0], i) for i in range(6)] + [odd] + [([9.0, 9.0, 9.0], 9)] * 3
+    try:
+        want = [C.rows_to_batch(chunk) for chunk in _chunks(rows, 4)]
+    except C.FeedDataError:  # rows of different widths: refused either way
+        with pytest.raises(C.FeedDataError):
+            list(RP.rows_to_batches(rows, 4))
+        return
+    got = list(RP.rows_to_batches(rows, 4))
+    assert sum(b.num_rows for b in got) == len(rows)
+    flat = [r for b in got for r in C.batch_to_rows(b)]
+    assert flat[:6] == [([1.0 * i, 2.0, 3.0], i) for i in range(6)]
+    # A batch's first row decides whether its rows come back as tuples or lists (the odd list row starts one here)
+    assert [repr(tuple(r)) for r in flat[6:]] == [repr(tuple(r)) for b in want for r in C.batch_to_rows(b)][6:]
+
+
+def test_rows_to_batches_leaves_rows_without_a_float_vector_to_rows_to_batch():
+    rows = [(i, "s%d" % i, [i, 2]) for i in range(7)]  # no float vector: ints, strings, int lists
+    got = list(RP.rows_to_batches(rows, 3))
+    assert [b.num_rows for b in got] == [3, 3, 1]
+    assert [r for b in got for r in C.batch_to_rows(b)] == rows
+
+
+def test_feeding_and_reading_numbers_do_not_import_pandas():
+    """pyarrow's own numpy conversions import pandas on first use: ~0.6 s of every feeding worker's first task and
+    of every node's first batch, which is why columns.py and rowpack.py wrap and read numeric buffers directly."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import sys
+        import numpy as np
+        from tfos_nb.runtime import columns as C, rowpack as RP
+        rows = [([0.5 * i] * 6, i, float(i)) for i in range(50)] + [(np.ones(6), 1, 2.0)]
+        batches = [C.decode_ipc(C.encode_ipc(b)) for b in RP.rows_to_batches(rows, 16)]
+        cols = [C.batch_to_columns(b) for b in batches]
+        got = [r for b in batches for r in C.batch_to_rows(b, numpy_arrays=True)]
+        assert len(got) == 51 and cols[0][0].shape == (16, 6), (len(got), cols[0][0].shape)
+        print("pandas" in sys.modules)
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -66,7 +66,32 @@ def _flat_lists(values: list[Any]) -> np.ndarray | None:
     return flat.reshape(len(values), len(first))
 
 
-def _column_to_arrow(name: str, values: list[Any] | np.ndarray) -> tuple[pa.Array, dict[bytes, bytes]]:
+def _flat_to_arrow(arr: np.ndarray) -> pa.Array:
+    """A 1-D numeric array as an Arrow array sharing its memory.
+
+    Integers and floats are wrapped without ``pa.array``, whose first call imports pandas (~0.6 s, far more on a
+    busy executor) in each Spark Python worker that feeds; booleans (bits in Arrow) go through ``pa.array``.
+    """
+    if arr.dtype.kind not in "iuf" or not arr.dtype.isnative:
+        return pa.array(arr)
+    arr = np.ascontiguousarray(arr)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(arr.dtype), len(arr), [None, pa.py_buffer(arr)])
+
+
+def numbers_to_arrow(arr: np.ndarray) -> tuple[pa.Array, dict[bytes, bytes]]:
+    """A numeric column: 1-D as is, n-D as a fixed-size list of its flattened rows (shape in the metadata)."""
+    if arr.ndim == 1:
+        return _flat_to_arrow(arr), {}
+    n = arr.shape[0]
+    inner = tuple(int(d) for d in arr.shape[1:])
+    flat = _flat_to_arrow(np.ascontiguousarray(arr).reshape(-1))
+    size = int(np.prod(inner))
+    return pa.FixedSizeListArray.from_arrays(flat, size) if n else pa.array([], pa.list_(flat.type, size)), {
+        SHAPE_KEY: json.dumps(inner).encode()
+    }
+
+
+def column_to_arrow(name: str, values: list[Any] | np.ndarray) -> tuple[pa.Array, dict[bytes, bytes]]:
     values = [v.toArray() if hasattr(v, "toArray") else v for v in values]
     arr = _flat_lists(values)
     if arr is None:
@@ -75,15 +100,7 @@ def _column_to_arrow(name: str, values: list[Any] | np.ndarray) -> tuple[pa.Arra
         except ValueError:  # ragged nested lists
             arr = np.asarray(values, dtype=object)
     if arr.dtype.kind in "biuf" and arr.ndim >= 1:
-        if arr.ndim == 1:
-            return pa.array(arr), {}
-        n = arr.shape[0]
-        inner = tuple(int(d) for d in arr.shape[1:])
-        flat = pa.array(np.ascontiguousarray(arr).reshape(-1))
-        size = int(np.prod(inner))
-        return pa.FixedSizeListArray.from_arrays(flat, size) if n else pa.array([], pa.list_(flat.type, size)), {
-            SHAPE_KEY: json.dumps(inner).encode()
-        }
+        return numbers_to_arrow(arr)
     try:
         return pa.array(list(values)), {}
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -103,18 +120,36 @@ def rows_to_batch(rows: list[Any]) -> pa.RecordBatch:
         cols = [[r[k] for r in rows] for k in rows[0]]
     else:
         cols = [rows]
-    arrays, fields = [], []
-    for name, values in zip(names, cols):
-        arr, meta = _column_to_arrow(name, values)
-        arrays.append(arr)
-        fields.append(pa.field(name, arr.type, metadata=meta or None))
+    return record_batch(kind, names, [column_to_arrow(name, values) for name, values in zip(names, cols)])
+
+
+def record_batch(kind: str, names: list[str], columns: list[tuple[pa.Array, dict[bytes, bytes]]]) -> pa.RecordBatch:
+    fields = [pa.field(name, arr.type, metadata=meta or None) for name, (arr, meta) in zip(names, columns)]
     schema = pa.schema(fields, metadata={KIND_KEY: kind.encode()})
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.RecordBatch.from_arrays([arr for arr, _ in columns], schema=schema)
 
 
 # ---------------------------------------------------------------------------
 # Arrow -> numpy / Python rows
 # ---------------------------------------------------------------------------
+
+
+_NUMPY_TYPES = {pa.from_numpy_dtype(np.dtype(t)): np.dtype(t) for t in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64")}
+
+
+def array_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``arr.to_numpy(zero_copy_only=False)``.  Numbers without nulls come as a read-only view of the array's
+    buffer, read here: pyarrow's ``to_numpy`` imports pandas on first use, ~0.6 s of a node's first batch, and
+    several times that while every core is busy starting Spark's tasks."""
+    dtype = _NUMPY_TYPES.get(arr.type)
+    if dtype is None or arr.null_count or not isinstance(arr, pa.Array):
+        return arr.to_numpy(zero_copy_only=False)
+    if not len(arr):
+        return np.empty(0, dtype)
+    view = np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+    view.flags.writeable = False  # as pyarrow's: the batch's memory is shared
+    return view
 
 
 def _list_to_numpy(name: str, arr: pa.Array, shape: tuple[int, ...] | None) -> np.ndarray:
@@ -125,7 +160,7 @@ def _list_to_numpy(name: str, arr: pa.Array, shape: tuple[int, ...] | None) -> n
         width = arr.type.list_size
         values = arr.values.slice(arr.offset * width, n * width)
     else:
-        offsets = arr.offsets.to_numpy()
+        offsets = array_to_numpy(arr.offsets)
         lengths = np.diff(offsets)
         if n and not np.all(lengths == lengths[0]):
             raise FeedDataError(
@@ -138,7 +173,7 @@ def _list_to_numpy(name: str, arr: pa.Array, shape: tuple[int, ...] | None) -> n
         inner = _list_to_numpy(name, values, None)
         out = inner.reshape((n, width) + inner.shape[1:])
     else:
-        out = values.to_numpy(zero_copy_only=False).reshape(n, width)
+        out = array_to_numpy(values).reshape(n, width)
     if shape is not None and out.shape[1:] != shape:
         out = out.reshape((n,) + shape)
     return out
@@ -146,7 +181,7 @@ def _list_to_numpy(name: str, arr: pa.Array, shape: tuple[int, ...] | None) -> n
 
 def _vector_struct_to_numpy(name: str, arr: pa.StructArray) -> np.ndarray:
     """Spark ML's VectorUDT in Arrow: struct<type, size, indices, values>."""
-    types = arr.field("type").to_numpy(zero_copy_only=False)
+    types = array_to_numpy(arr.field("type"))
     vals = arr.field("values")
     if np.all(types == 1):  # all dense
         return _list_to_numpy(name, vals, None).astype(np.float64, copy=False)
@@ -179,7 +214,7 @@ def column_to_numpy(batch: pa.RecordBatch | pa.Table, i: int) -> np.ndarray:
         return np.asarray(col.to_pylist(), dtype=object)
     if col.null_count:
         raise FeedDataError(f"column {field.name!r} has {col.null_count} null value(s); fill them before feeding")
-    return col.to_numpy(zero_copy_only=False)
+    return array_to_numpy(col)
 
 
 def batch_to_columns(batch: pa.RecordBatch | pa.Table) -> list[np.ndarray]:
@@ -215,7 +250,7 @@ def _pylist(col: pa.Array | pa.ChunkedArray) -> list[Any]:
     """``col.to_pylist()``; through numpy for numbers without nulls (same Python values, ~10x faster)."""
     t = col.type
     if not col.null_count and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-        out: list[Any] = col.to_numpy(zero_copy_only=False).tolist()
+        out: list[Any] = array_to_numpy(col).tolist()
         return out
     return col.to_pylist()
 
@@ -264,6 +299,15 @@ def _row_class(names: tuple[str, ...]) -> type:
     from pyspark.sql import Row
 
     return type("Row", (Row,), {"__fields__": list(names), "__slots__": ()})
+
+
+def warm_up() -> None:
+    """Import ``pyspark.sql.Row`` (a DataFrame's rows from ``next_batch``).  Run in a thread as a fed node starts,
+    so the first batch does not wait for it (~0.1 s, a second or more while every core starts Spark's tasks)."""
+    try:
+        _row_class(("_",))
+    except Exception:  # noqa: BLE001 - only a head start: the first batch meets the same error and reports it
+        pass
 
 
 # ---------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def results_to_batch(results: Any) -> pa.RecordBatch:
     if isinstance(results, dict):  # columns by name
         arrays, fields = [], []
         for k, v in results.items():
-            arr, meta = columns._column_to_arrow(str(k), v if isinstance(v, np.ndarray) else list(v))
+            arr, meta = columns.column_to_arrow(str(k), v if isinstance(v, np.ndarray) else list(v))
             arrays.append(arr)
             fields.append(pa.field(str(k), arr.type, metadata=meta or None))
         return _with_kind(arrays, fields, "dict")
@@ -64,7 +64,7 @@ def results_to_batch(results: Any) -> pa.RecordBatch:
         if results.ndim == 0:
             msg = "batch_results() got a 0-d array; pass one result per row of the last next_batch()"
             raise ValueError(msg)
-        arr, meta = columns._column_to_arrow("result", results if results.dtype.kind in "biuf" else list(results))
+        arr, meta = columns.column_to_arrow("result", results if results.dtype.kind in "biuf" else list(results))
         return _with_kind([arr], [pa.field("result", arr.type, metadata=meta or None)], "ndarray")
     rows = list(results)
     if not rows:

@@ -31,6 +31,7 @@ from .. import results as R
 from ..protocol import dataplane as dp
 from ..protocol import messages as m
 from ..protocol.channel import ControlClient
+from ..rowpack import rows_to_batches
 from .launch import executor_id
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
@@ -296,17 +297,6 @@ def feed_infer(meta: dict[str, Any], partition: int, batches: Iterable[Any], tim
         raise RuntimeError(msg)
 
 
-def _batches_from_rows(rows: Iterable[Any], batch_rows: int) -> Iterator[Any]:
-    buf: list[Any] = []
-    for row in rows:
-        buf.append(row)
-        if len(buf) >= batch_rows:
-            yield C.rows_to_batch(buf)
-            buf = []
-    if buf:
-        yield C.rows_to_batch(buf)
-
-
 def _rechunk(batches: Iterable[Any], batch_rows: int) -> Iterator[Any]:
     for b in batches:
         for off in range(0, b.num_rows, batch_rows):
@@ -315,7 +305,7 @@ def _rechunk(batches: Iterable[Any], batch_rows: int) -> Iterator[Any]:
 
 def make_rdd_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: int) -> Callable:
     def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
-        yield json.dumps(feed_train(meta, partition, gen, _batches_from_rows(rows, batch_rows), timeout))
+        yield json.dumps(feed_train(meta, partition, gen, rows_to_batches(rows, batch_rows), timeout))
 
     return feed
 
@@ -344,7 +334,7 @@ def make_arrow_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows
 
 def make_rdd_inferer(meta: dict[str, Any], timeout: float, batch_rows: int) -> Callable:
     def infer(partition: int, rows: Iterable[Any]) -> Iterator[Any]:
-        for rows_out in feed_infer(meta, partition, _batches_from_rows(rows, batch_rows), timeout,
+        for rows_out in feed_infer(meta, partition, rows_to_batches(rows, batch_rows), timeout,
                                    lambda batch, _: R.result_rows(batch)):
             yield from rows_out
 

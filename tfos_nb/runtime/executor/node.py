@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 from typing import Any
 
 from ..protocol import pipes
@@ -26,6 +27,7 @@ class NodeRole(child_main.ChildRole):
     what = "the node function"
 
     def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
+        from .. import columns as C
         from .feed_hub import DataServer, FeedHub
 
         super().__init__(info, reporter)
@@ -33,6 +35,8 @@ class NodeRole(child_main.ChildRole):
         if info.get("feed"):
             self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()))
             self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"]).start()
+            # ends by itself once its imports are done (a second or so); nothing to stop
+            threading.Thread(target=C.warm_up, name="tfos-warm-up", daemon=True).start()
         self.ctx: NodeContext | None = None
 
     def on_command(self, cmd: pipes.Frame) -> None:
