@@ -11,7 +11,7 @@ import time
 import cloudpickle
 import pytest
 
-from tfos_nb.runtime.executor.launch import _child_env
+from tfos_nb.runtime.executor.launch import _child_env, import_path
 from tfos_nb.runtime.executor.owner import ChildOwner
 from tfos_nb.runtime.protocol import messages as m
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
@@ -167,3 +167,33 @@ def test_a_child_whose_owner_is_gone_kills_its_own_group(driver, tmp_path):
     finally:
         owner.kill()
     assert not os.path.exists(tmp_path / "result.pkl")
+
+
+def _pip_pyspark(site, *, py4j_installed=True):
+    """A pip-installed pyspark's layout: the package, its bundled zips, and py4j next to it."""
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    for name in ("pyspark.zip", "py4j-0.10.9.9-src.zip"):
+        (lib / name).write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+    if py4j_installed:
+        (site / "py4j-0.10.9.9.dist-info").mkdir()
+    return [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+
+
+def test_nodes_import_an_installed_pyspark_not_its_bundled_zips(tmp_path):
+    site = tmp_path / "site-packages"
+    zips = _pip_pyspark(site)
+    user = str(tmp_path / "deps.zip")  # --py-files stay
+    assert import_path([*zips, user, str(site)]) == [user, str(site)]
+
+
+def test_the_zips_stay_where_they_are_the_only_copy(tmp_path):
+    site = tmp_path / "site-packages"
+    zips = _pip_pyspark(site, py4j_installed=False)
+    assert import_path([*zips]) == zips  # the installed package is not on the path: the zips are all there is
+    assert import_path([*zips, str(site)]) == [zips[1], str(site)]  # no installed py4j: its zip stays
+    spark_home = tmp_path / "spark" / "python" / "lib"  # a Spark distribution's zips: no installed copy
+    spark_home.mkdir(parents=True)
+    (spark_home / "pyspark.zip").write_bytes(b"")
+    assert import_path([str(spark_home / "pyspark.zip"), str(site)]) == [str(spark_home / "pyspark.zip"), str(site)]

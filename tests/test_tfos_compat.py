@@ -10,10 +10,12 @@ scikit-learn's digits instead of MNIST.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import cloudpickle
 import numpy as np
+import pyspark
 import pytest
 
 from tests.conftest import spark_fixture
@@ -117,6 +119,9 @@ def rows_fun(args, ctx):
             kind = f"{type(batch[0]).__name__}/{type(batch[0][0]).__name__}/{type(batch[0][1]).__name__}"
             facts["kinds"] = sorted(set(facts["kinds"]) | {kind})
             facts["shapes"] = sorted(set(map(tuple, facts["shapes"])) | {x.shape[1:]})
+    import pyspark
+
+    facts["pyspark"] = os.path.realpath(pyspark.__file__)  # the DataFrame's Rows needed it: the installed copy, not Spark's zip
     with open(os.path.join(args.out_dir, f"{ctx.worker_num}.json"), "w") as f:
         json.dump(facts, f)
     tf_feed.terminate()
@@ -151,6 +156,9 @@ def test_tensorflowonspark_rows_carry_numpy_arrays_from_dataframes_and_rdds(spar
         assert {k for f in facts for k in f["kinds"]} == {kind}
         assert {tuple(s) for f in facts for s in f["shapes"]} == {(8,)}
         assert sum(f["named"] for f in facts) == (300 if name == "df" else 0)
+        # pip's pyspark carries Spark's zips, first on a worker's path; a node imports the installed copy
+        assert os.path.isfile(os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip"))
+        assert {f["pyspark"] for f in facts} == {os.path.realpath(pyspark.__file__)}, facts
 
 
 spark = spark_fixture(3)
