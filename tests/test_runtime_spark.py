@@ -376,7 +376,12 @@ def test_train_twice_on_a_running_cluster(spark, sc, no_leaks):
     df = spark.range(1000).selectExpr("cast(id as float) as x", "id % 10 as y").repartition(4)
     cluster = run(sc, counter, {}, 2, input_mode=TFCluster.InputMode.SPARK)
     cluster.train(df, 1)
-    cluster.train(df.rdd.map(tuple), 2)
+    for bad in (0, -5, 2.5, True):  # refused up front, the cluster untouched
+        with pytest.raises(ValueError, match="batch_rows must be a positive integer"):
+            cluster.train(df, 1, batch_rows=bad)
+    with pytest.raises(ValueError, match="batch_rows must be a positive integer"):
+        cluster.inference(df.rdd, batch_rows=0)
+    cluster.train(df.rdd.map(tuple), 2, batch_rows=7)  # odd sizes are fine: batches of 7 rows
     cluster.shutdown()
     assert sum(n.step for n in cluster.nodes) == 3000
     assert sum(n.rows_fed for n in cluster.nodes) == 3000

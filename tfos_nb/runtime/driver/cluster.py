@@ -29,7 +29,7 @@ from ..executor.feeder import (
 from ..procs import kill_tree
 from ..sessions import is_connect
 from . import state as S
-from .cluster_streams import ClusterStreams
+from .cluster_streams import ClusterStreams, require_batch_rows
 from .controller import FEEDABLE, Controller
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
 from .job import DriverJob
@@ -160,6 +160,7 @@ class TFCluster(ClusterStreams):
         ``last_feed`` counts both.  A node that failed is an error.
         """
         _refuse_dstream(dataRDD, "train")
+        require_batch_rows(batch_rows)
         if not isinstance(num_epochs, numbers.Integral) or isinstance(num_epochs, bool) or num_epochs < 0:
             msg = f"num_epochs must be a non-negative integer (0: 10 epochs), got {num_epochs!r}"
             raise ValueError(msg)
@@ -250,6 +251,7 @@ class TFCluster(ClusterStreams):
         StructType for the result columns) gives a DataFrame through Arrow.
         """
         _refuse_dstream(dataRDD, "inference")
+        require_batch_rows(batch_rows)
         self._require_spark_mode("inference")
         self._require_alive()
         from pyspark.sql import DataFrame

@@ -12,6 +12,7 @@ from the coordinator through the notebook's mirror (see :mod:`.streaming`).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,14 @@ from ..executor.stream_feeder import make_batch_feeder
 from ..sessions import is_connect
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
-__all__ = ["ClusterStreams"]
+__all__ = ["ClusterStreams", "require_batch_rows"]
+
+
+def require_batch_rows(batch_rows: Any) -> None:
+    """``batch_rows`` (rows per Arrow batch a feeding task sends) is a positive integer: a ValueError up front,
+    not a feeding task's error on an executor."""
+    if not isinstance(batch_rows, numbers.Integral) or isinstance(batch_rows, bool) or batch_rows < 1:
+        raise ValueError(f"batch_rows must be a positive integer, got {batch_rows!r}")
 
 
 class ClusterStreams:
@@ -62,6 +70,7 @@ class ClusterStreams:
         from the Connect server (its ``foreachBatch`` process), with the feeder
         ``train(df)`` uses.
         """
+        require_batch_rows(batch_rows)
         self._require_spark_mode("train_stream")
         self._require_alive()
         require_stream(stream_df, "train_stream")
@@ -94,6 +103,7 @@ class ClusterStreams:
         ``foreachBatch``.  Returns the query's :class:`StreamingFeed` at once;
         ``shutdown()`` stops it first.
         """
+        require_batch_rows(batch_rows)
         self._require_spark_mode("inference_stream")
         self._require_alive()
         require_stream(stream_df, "inference_stream")
