@@ -46,6 +46,8 @@ def main(path: str) -> int:
             failed = exc
         finally:
             nbformat.write(nb, out)
+            if client.kc is not None:  # given km, nbclient leaves its channels open: they would reconnect forever
+                client.kc.stop_channels()
             if km.has_kernel:  # km is ours, not the client's: stop the kernel (and its Spark) ourselves
                 km.shutdown_kernel()
     print(f"executed notebook: {out}")

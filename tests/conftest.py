@@ -293,3 +293,17 @@ def no_leaks() -> Iterator[None]:
     assert wait_until(lambda: not listening_ports() - before_ports, 10), (
         f"listening ports left open: {sorted(listening_ports() - before_ports)}"
     )
+
+
+def end_notebook_kernel(client: Any, km: Any) -> None:
+    """End a ``NotebookClient`` run on a kernel manager the test owns.
+
+    Given ``km``, nbclient leaves its kernel client's channels open (it cleans up only a manager it made). Left
+    open, their ZeroMQ sockets reconnect to the dead kernel's ports every 100 ms for the rest of the session; a
+    Spark barrier task's local server that later gets one of those ports reads ZeroMQ's greeting (FF 00 00 00 …)
+    as an auth length, and its executor JVM exits (NegativeArraySizeException, code 50).
+    """
+    if getattr(client, "kc", None) is not None:
+        client.kc.stop_channels()
+    if km.has_kernel:
+        km.shutdown_kernel(now=True)

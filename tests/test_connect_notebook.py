@@ -16,7 +16,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from tests.conftest import KERNEL, wait_until
+from tests.conftest import KERNEL, end_notebook_kernel, wait_until
 from tests.test_notebooks import ROOT, TRAINING_CELL, _alive, _describe, _runtime_procs, _text
 
 pytestmark = pytest.mark.slow
@@ -63,8 +63,7 @@ def test_quickstart_then_errors_interrupt_and_runs_in_one_connect_kernel(connect
         finally:
             kc.stop_channels()
     finally:
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
+        end_notebook_kernel(client, km)
 
 
 FAILING_CELL = """%%tfos_cluster --workers 2 --input-mode tensorflow --name failing

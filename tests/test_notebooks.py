@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from tests.conftest import KERNEL, wait_until
+from tests.conftest import KERNEL, end_notebook_kernel, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # parallel_runs.ipynb runs (with more checks) in tests/test_parallel.py; every other notebook runs here
@@ -40,8 +41,7 @@ def test_notebook_runs_headless(path, kernel_specs, tmp_path):
         client.execute()
     finally:
         nbformat.write(nb, tmp_path / path.name)  # kept for a look when it fails
-        if km.has_kernel:  # km is ours, not the client's: it does not stop the kernel
-            km.shutdown_kernel(now=True)
+        end_notebook_kernel(client, km)  # km is ours, not the client's: it does not stop the kernel
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, [(e.ename, e.evalue) for e in errors]
     text = "".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
@@ -163,3 +163,51 @@ def test_interrupt_stops_the_cluster_and_the_kernel_lives(kernel_specs):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def _greetings_on(ports: list[int], seconds: float) -> dict[int, bytes]:
+    """Listen on ``ports`` for ``seconds``: the first bytes of each connection that arrives, by port."""
+    servers, got = [], {}
+    for port in ports:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(5)
+        s.settimeout(0.05)
+        servers.append((port, s))
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and len(got) < len(servers):
+            for port, s in servers:
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    continue
+                with conn:
+                    conn.settimeout(1)
+                    got[port] = conn.recv(10)
+    finally:
+        for _, s in servers:
+            s.close()
+    return got
+
+
+@pytest.mark.slow
+def test_a_notebook_run_leaves_no_kernel_channels_reconnecting(kernel_specs):
+    """nbclient, given our kernel manager, leaves its channels open: their ZeroMQ sockets reconnect to the dead
+    kernel's ports, and a Spark barrier task's server that later gets one reads the greeting (FF 00 00 00 ...) and
+    takes its executor down. ``end_notebook_kernel`` closes them."""
+    for end in ("nbclient alone", "end_notebook_kernel"):
+        km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+        client = NotebookClient(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), km=km,
+                                timeout=120)
+        client.execute()
+        ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port]
+        if end == "end_notebook_kernel":
+            end_notebook_kernel(client, km)
+            assert _greetings_on(ports, 2.0) == {}  # ZeroMQ retries every 0.1 s: 20 chances to show up
+        else:
+            km.shutdown_kernel(now=True)
+            got = _greetings_on(ports, 30.0)  # returns once every port saw its greeting
+            client.kc.stop_channels()
+            assert set(got) == set(ports) and all(g.startswith(b"\xff\x00\x00\x00") for g in got.values()), got

@@ -23,7 +23,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
-from tests.conftest import KERNEL, NODE_ENV, runtime_processes, spark_fixture, wait_until
+from tests.conftest import KERNEL, NODE_ENV, end_notebook_kernel, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
 from tfos_nb.runtime.driver.parallel import ParallelView, best_index, default_metric, default_mode
@@ -433,8 +433,7 @@ def test_parallel_runs_notebook_runs_headless(kernel_specs, tmp_path):
         client.execute()
     finally:
         nbformat.write(nb, tmp_path / NOTEBOOK.name)  # kept for a look when it fails
-        if km.has_kernel:  # km is ours, not the client's: it does not stop the kernel
-            km.shutdown_kernel(now=True)
+        end_notebook_kernel(client, km)  # km is ours, not the client's: it does not stop the kernel
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

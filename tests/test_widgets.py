@@ -600,13 +600,15 @@ def test_executed_notebook_keeps_widget_state_and_one_final_table(tmp_path):
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
+    from tests.conftest import end_notebook_kernel
+
     km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PANEL_CELL)])
+    client = NotebookClient(nb, km=km, timeout=120, store_widget_state=True)
     try:
-        NotebookClient(nb, km=km, timeout=120, store_widget_state=True).execute()
+        client.execute()
     finally:
-        if km.has_kernel:  # km is ours, not the client's: it does not stop the kernel
-            km.shutdown_kernel(now=True)
+        end_notebook_kernel(client, km)  # km is ours, not the client's: it does not stop the kernel
     path = tmp_path / "run.ipynb"
     nbformat.write(nb, path)
     outputs = nbformat.read(path, as_version=4).cells[0].outputs
