@@ -117,7 +117,8 @@ def test_embedded_spark_and_cluster_listen_on_loopback_only(kernel_specs, tmp_pa
                       "from tfos_nb.magics import spark_session\n"
                       "spark = spark_session(nodes=2)\n"
                       "df = spark.range(0, 400, numPartitions=4).selectExpr('cast(id as float) as x')\n")
-        assert "starting an embedded one (local-cluster[2,1,1024], listening on 127.0.0.1 only" in out, out
+        assert "starting an embedded one (local-cluster[2,1,1024]; Spark and tfos_nb listen on 127.0.0.1 only, " \
+            "but TensorFlow's own gRPC ports listen on all interfaces" in out, out
         execute(NODE_CELL.format(logdir=str(tmp_path / "logs"), stop=str(stop)))
         kernel_pid = km.provisioner.pid
 

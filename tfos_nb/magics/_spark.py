@@ -167,8 +167,11 @@ def embedded_notice(master: str, connect: bool | None = None) -> str:
     if connect is None:
         connect = os.environ.get(CONNECT_ENV) == "1"
     kind = "a local Spark Connect server and session" if connect else "an embedded one"
-    return (f"tfos_nb: no Spark session in this kernel; starting {kind} ({master}, listening on "
-            f"{embedded_host()} only, executors run {sys.executable})")
+    # TensorFlow binds its tf.distribute gRPC server to every interface (hard-coded, no authentication):
+    # say so plainly rather than promise a loopback-only cluster.
+    return (f"tfos_nb: no Spark session in this kernel; starting {kind} ({master}; Spark and tfos_nb listen on "
+            f"{embedded_host()} only, but TensorFlow's own gRPC ports listen on all interfaces, unauthenticated: "
+            f"firewall them on a shared network; executors run {sys.executable})")
 
 
 def job_groups(job_group: str, feed_epochs: int) -> list[str]:
