@@ -2,6 +2,7 @@
 
 import threading
 
+import numpy as np
 import pytest
 
 from tests.conftest import wait_until
@@ -344,3 +345,46 @@ def test_empty_feed_on_nodes_that_are_not_fed():
     assert feed.should_stop() and feed.next_batch(8) == []
     feed.batch_results([])
     feed.terminate()
+
+
+EMPTY_RESULTS = {
+    "list": [],
+    "float array": np.empty(0),  # what tf.math.square(batch).numpy() gives for an empty batch
+    "2-D array": np.empty((0, 3), np.float32),
+    "object array": np.array([], dtype=object),
+    "dict of lists": {"y": []},
+    "dict of arrays": {"y": np.empty(0), "z": np.empty((0, 2))},
+}
+
+
+@pytest.mark.parametrize("case", list(EMPTY_RESULTS))
+def test_results_of_an_empty_batch_answer_nothing(node, case):
+    """A node that got an empty next_batch() (nothing had arrived yet) and answers it keeps going: in
+    TensorFlowOnSpark's own test_inputmode_spark, batch_results() of an empty array raised IndexError and the node
+    died, failing the inference."""
+    hub, server = node
+    feed = DataFeed(hub, train_mode=False)
+    feed.batch_results(EMPTY_RESULTS[case])  # no rows taken: nothing to answer
+    rows = [(float(i),) for i in range(12)]
+    t, out = feed_in_thread(server.port, rows, mode="infer")
+    answered = 0
+    while answered < len(rows):
+        (x,) = feed.next_batch_arrays(5)
+        feed.batch_results(x * 2)
+        feed.batch_results(EMPTY_RESULTS[case])  # after a full answer, again nothing pending
+        answered += len(x)
+    t.join(10)
+    results = [r for kind, payload in out["frames"] if kind == b"R" for r in R.result_rows(C.decode_ipc(payload))]
+    assert results == [r[0] * 2 for r in rows]
+    assert out["frames"][-1][0] == b"A"
+
+
+def test_empty_results_with_rows_pending_are_a_clear_error(node):
+    hub, server = node
+    t, _ = feed_in_thread(server.port, [(1.0,), (2.0,)], mode="infer")
+    feed = DataFeed(hub, train_mode=False)
+    (x,) = feed.next_batch_arrays(2)
+    with pytest.raises(ValueError, match="batch_results\\(\\) got 0 results for 2 input rows"):
+        feed.batch_results(np.empty(0))
+    feed.batch_results(x)
+    t.join(10)

@@ -32,6 +32,17 @@ def test_rdd_results_come_back_as_the_node_returned_them(results, expected):
     assert [type(r) for r in rows] == [type(e) for e in expected]
 
 
+@pytest.mark.parametrize(
+    "results",
+    [[], np.empty(0), np.empty((0, 3), np.float32), np.array([], dtype=object), {"y": []}, {"y": np.empty((0, 2))}],
+    ids=["list", "array", "2-D array", "object array", "dict of lists", "dict of arrays"],
+)
+def test_empty_results_encode_as_no_rows(results):
+    # an empty column went through columns._flat_lists, which read values[0]: IndexError on the node
+    assert R.num_rows(results) == 0
+    assert wire(results).num_rows == 0 and R.result_rows(wire(results)) == []
+
+
 def test_numpy_results_stay_numpy():
     # TensorFlowOnSpark's test_inputmode_spark: nodes answer tf.math.square(batch).numpy() for [[x], ...]
     rows = R.result_rows(wire(np.array([[0], [1], [4]], dtype=np.int32)))

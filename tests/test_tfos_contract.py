@@ -251,6 +251,28 @@ def test_inputmode_spark_results_keep_their_type_and_map_onto_schemas(spark, sc,
         cluster.shutdown()
 
 
+def square_unguarded_fun(args, ctx):
+    """test_inputmode_spark's node as TensorFlowOnSpark writes it: every batch is answered, an empty one too."""
+    import numpy as np
+
+    tf_feed = TFNode.DataFeed(ctx.mgr, False)
+    # what the loop below answers when next_batch() found nothing yet (a loaded machine): made certain here
+    tf_feed.batch_results(np.square(np.array([])))
+    while not tf_feed.should_stop():
+        batch = tf_feed.next_batch(batch_size=10)
+        tf_feed.batch_results(np.square(np.array(batch)))
+
+
+def test_inputmode_spark_node_answering_an_empty_batch_goes_on(sc, no_leaks):
+    # was: batch_results() of the empty array raised IndexError in columns._flat_lists, the node died
+    cluster = run(sc, square_unguarded_fun, {})
+    try:
+        assert cluster.inference(sc.parallelize([[x] for x in range(100)], 4)).sum() == sum(x * x for x in range(100))
+    finally:
+        cluster.shutdown()
+    assert [n.state for n in cluster.nodes] == ["finished", "finished"], [n.error for n in cluster.nodes]
+
+
 def failing_feed_fun(args, ctx):
     import time
 

@@ -53,6 +53,8 @@ def row_kind(row: Any) -> tuple[str, list[str]]:
 
 def _flat_lists(values: list[Any]) -> np.ndarray | None:
     """Equal-length lists of Python floats as a 2-D float64 array, ~1.6x faster than np.asarray."""
+    if not len(values):  # an empty column (a node's answer to an empty batch): np.asarray's empty array
+        return None
     first = values[0]
     if not isinstance(first, (list, tuple)) or not first:
         return None
