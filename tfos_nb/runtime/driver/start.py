@@ -18,6 +18,7 @@ from .awaiting import await_running as _await_running
 from .cluster import InputMode, TFCluster, trainers_finished
 from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
+from .node_output import with_stderr
 from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run"]
@@ -48,6 +49,7 @@ def run(
     log_callback: Callable[[str, list[str]], None] | None = None,
     on_state: Callable[[S.ClusterState], None] | None = None,
     on_start: Callable[[DriverJob], None] | None = None,
+    node_output: bool | None = None,
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
@@ -63,9 +65,18 @@ def run(
     coordinator stops the cluster when the notebook was not heard of for this many seconds
     (its process died, or a long job of its own held every slot the status jobs need); on a
     classic session the nodes stop ``heartbeat_timeout`` s after the driver is gone.
+
+    ``node_output``: write every node's output lines to the driver's stderr as they
+    arrive, as ``[role:index] line`` (e.g. ``[chief:0] Epoch 1/3``), TensorFlow's native
+    log noise left out (``cluster.logs()`` and the nodes' log files keep every line).
+    ``None`` (the default): on outside a notebook (a ``spark-submit`` job, a script), off
+    in a notebook kernel, whose cell shows the nodes; the environment variable
+    ``TFOS_NB_NODE_OUTPUT=0`` (or ``1``) decides instead when set.  ``log_callback(label,
+    lines)`` gets the same lines, unfiltered, either way.
     """
     import cloudpickle
 
+    log_callback = with_stderr(log_callback, node_output)
     sc = spark_context(sc)
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
     if is_connect(sc):
