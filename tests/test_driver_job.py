@@ -227,3 +227,42 @@ def test_a_newer_protocol_version_is_a_clear_error():
     meta = m.LaunchMeta(cluster_id="c", secret="00", control=["h", 1], hb_interval=0.5, driver_timeout=10.0,
                         env={}, keras="tf_keras", default_fs="file:///", driver_pid=1, roles=[["chief", 0]])
     assert m.LaunchMeta.from_dict(meta.to_dict()) == meta
+
+
+def test_a_driver_host_this_machine_cannot_bind_is_a_clear_error_never_every_interface():
+    """spark.driver.host naming no address of this machine: say so, rather than listen on 0.0.0.0."""
+    from pyspark import SparkConf
+
+    from tests.conftest import listening_ports
+
+    class _Context:  # what open_control reads of a SparkContext: its configuration (a real SparkConf)
+        def getConf(self) -> SparkConf:
+            return SparkConf(loadDefaults=False).set("spark.driver.host", "192.0.2.1")  # TEST-NET-1
+
+    st, ctl, _ = make()
+    job = DriverJob(_Context(), st, ctl, nodes_outlive_jobs=True, linger_s=0.0, join_s=0.0)
+    before = listening_ports()
+    try:
+        with pytest.raises(OSError, match=r"cannot listen on 192\.0\.2\.1.*spark\.driver\.host must name an address"):
+            job.open_control()
+        assert listening_ports() == before  # nothing opened, on no interface
+    finally:
+        job.close()
+
+
+def test_a_coordinator_address_its_executor_cannot_bind_is_a_clear_error_never_every_interface(tmp_path):
+    """Spark Connect: the coordinator process (real, started as the launch task starts it) fails and says why."""
+    from tfos_nb.runtime.executor.launch_connect import start_coordinator
+
+    meta = {"cluster_id": "c0ffee", "secret": "00" * 32, "roles": [["chief", 0]], "driver_pid": 0,
+            "coordinator": {"name": "t", "input_mode_spark": False, "tensorboard": False, "log_dir": None, "num_gpus": 0,
+                            "heartbeat_timeout": 10.0, "kernel_timeout": 10.0, "bind": "192.0.2.1"}}  # TEST-NET-1
+    status, proc = start_coordinator(meta, str(tmp_path / "coordinator.log"))
+    try:
+        assert proc.poll() is not None  # it exited: nothing listens anywhere
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert status["ok"] is False
+    assert "cannot listen on 192.0.2.1" in status["error"] and "must be an address of that machine" in status["error"]

@@ -88,6 +88,15 @@ def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# accept() errors that concern only the connection being accepted (it went away while queued): take the
+# next one.  Any other (EMFILE, ENFILE, ENOBUFS, ENOMEM: no descriptor or memory now) leaves the connection
+# queued and the listener readable, so a server retrying at once would spin: it waits ACCEPT_BACKOFF_S.
+ACCEPT_PER_CONNECTION = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT, errno.ENETDOWN,
+                                   errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENOPROTOOPT,
+                                   errno.EOPNOTSUPP, errno.EINTR})
+ACCEPT_BACKOFF_S = 0.2
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
     """Exactly ``n`` bytes from ``sock``; ``ConnectionError`` if the peer closes first."""
     buf = bytearray(n)

@@ -171,10 +171,12 @@ def main() -> int:
     coord = Coordinator(meta)
     try:
         host, port = coord.server.start()
-    except OSError:
-        coord.server = ControlServer(coord.server._codec, coord.handle, "0.0.0.0", on_tick=coord.tick)  # noqa: SLF001
-        port = coord.server.start()[1]
-        host = meta["coordinator"]["bind"]
+    except OSError as exc:  # never every interface instead: the port would be open to every network
+        error = (f"{exc.strerror}; the executor's address (SPARK_LOCAL_IP, else its host name) must be an address "
+                 "of that machine")
+        sys.stdout.write(json.dumps({"ok": False, "error": error}) + "\n")
+        sys.stdout.flush()
+        return 1
     sys.stdout.write(json.dumps({"ok": True, "control": [host, port], "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
     sys.stdout.close()

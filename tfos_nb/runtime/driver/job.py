@@ -2,7 +2,7 @@
 
 The lifecycle is the same for both: announce the job (its state to the start
 listeners, e.g. the notebook's panel), make the secret, start the signed
-control server (on the driver's host, else on every interface), build the
+control server (on the driver's host, and only there), build the
 :class:`~..protocol.messages.LaunchMeta` that every task gets, run Spark jobs,
 and tear everything down once.  :meth:`DriverJob.cancel` and
 :meth:`DriverJob.close` are public, idempotent and thread-safe; the job's
@@ -103,17 +103,15 @@ class DriverJob:
     def open_control(self) -> tuple[str, int]:
         """Start the control server; returns the address tasks reach it at."""
         host = driver_host(self.sc)
-
-        def server(bind: str) -> ControlServer:
-            return ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), self.controller.handle, bind,
-                                 on_tick=self.controller.tick)
-
-        self._server = server(host)
+        self._server = ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), self.controller.handle, host,
+                                     on_tick=self.controller.tick)
         try:
             return self._server.start()
-        except OSError:  # the name resolves to an address this host cannot bind: listen everywhere
-            self._server = server("0.0.0.0")
-            return host, self._server.start()[1]
+        except OSError as exc:  # never every interface instead: the port would be open to every network
+            self._server = None
+            msg = (f"{exc.strerror}; spark.driver.host must name an address of this machine "
+                   "(tfos_nb's control server listens there, and only there)")
+            raise OSError(exc.errno, msg) from exc
 
     def launch_meta(self, address: tuple[str, int], *, heartbeat_timeout: float, env: dict[str, str] | None,
                     keras: str, **kind: Any) -> m.LaunchMeta:

@@ -28,7 +28,10 @@ def start_coordinator(meta: dict[str, Any], log_path: str) -> tuple[dict[str, An
         status = json.loads(line) if line else {}
     except ValueError:
         status = {}
-    if not isinstance(status, dict) or not status.get("ok"):
+    if isinstance(status, dict) and status.get("ok") is False and status.get("error"):  # it said why
+        status = {"ok": False, "error": f"the coordinator did not start: {status['error']}"}
+        proc.wait(timeout=5)
+    elif not isinstance(status, dict) or not status.get("ok"):
         status = start_failed(proc, log_path, "the coordinator")
     return status, proc
 

@@ -5,10 +5,20 @@ gets exactly one reply frame.  Handlers never block: a node that waits for the
 cluster to form polls (``AwaitSpec``) and gets ``ok=False, body={"retry": …}``
 until it is complete.  A frame that fails verification is logged, counted and
 its connection closed; the server goes on serving everybody else.
+
+Anyone who can reach the port can connect, so what a connection costs before it
+proves it holds the cluster's secret (its first verified frame) is bounded: it
+must complete that frame within :data:`FIRST_FRAME_DEADLINE_S` of being
+accepted, at most :data:`MAX_UNVERIFIED` such connections are kept (a new one
+beyond that closes the oldest), and when the process runs out of file
+descriptors the server stops accepting for ``net.ACCEPT_BACKOFF_S`` instead of
+retrying at once.  Verified connections (supervisors, feeding tasks) are never
+timed out.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import selectors
 import socket
@@ -16,21 +26,30 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..net import ACCEPT_BACKOFF_S, ACCEPT_PER_CONNECTION
 from . import messages as m
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[m.Message], m.Reply]
 
+# A peer sends its first frame as soon as it connects; this bounds how long a connection that never
+# sends a complete, verified one (idle, or a byte at a time) holds a descriptor and its buffer.
+FIRST_FRAME_DEADLINE_S = 10.0
+# Unverified connections kept at once (each may buffer up to MAX_FRAME): beyond it the oldest is closed,
+# so a flood of idle connections cannot keep a peer that sends its frame at once from being served.
+MAX_UNVERIFIED = 32
+
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "peer")
+    __slots__ = ("sock", "inbuf", "outbuf", "peer", "deadline")
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
+    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
         self.sock = sock
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.peer = peer
+        self.deadline: float | None = deadline  # None once it sent a verified frame
 
 
 class ControlServer:
@@ -42,8 +61,16 @@ class ControlServer:
         handler: Handler,
         host: str = "127.0.0.1",
         on_tick: Callable[[], None] | None = None,
+        *,
+        first_frame_deadline: float = FIRST_FRAME_DEADLINE_S,
+        max_unverified: int = MAX_UNVERIFIED,
     ) -> None:
         self._codec = codec
+        self._first_frame_deadline = first_frame_deadline
+        self._max_unverified = max_unverified
+        self._unverified: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # oldest first
+        self._accept_paused_until: float | None = None
+        self._accept_failing = False
         self._handler = handler
         self._on_tick = on_tick
         self._host = host
@@ -56,6 +83,8 @@ class ControlServer:
         self._lock = threading.Lock()
         self.rejected = 0
         self.accepted = 0
+        self.timed_out = 0  # unverified connections closed at the deadline or to make room
+        self.accept_errors = 0
         self.address: tuple[str, int] | None = None
 
     # -- lifecycle -------------------------------------------------------
@@ -66,8 +95,13 @@ class ControlServer:
                 return self.address
             family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
             listener = socket.socket(family, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((self._host, 0))
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind((self._host, 0))
+            except OSError as exc:
+                listener.close()
+                msg = f"the control server cannot listen on {self._host}: {exc.strerror or exc}"
+                raise OSError(exc.errno, msg) from exc
             listener.listen(128)
             listener.setblocking(False)
             self._listener = listener
@@ -116,7 +150,7 @@ class ControlServer:
                         self._on_tick()
                     except Exception:  # noqa: BLE001
                         log.exception("control server tick failed")
-                for key, mask in sel.select(timeout=0.5):
+                for key, mask in sel.select(timeout=self._select_timeout()):
                     if key.data == "wake":
                         try:
                             self._wake_r.recv(64)  # type: ignore[union-attr]
@@ -130,6 +164,7 @@ class ControlServer:
                             self._read(conn)
                         if mask & selectors.EVENT_WRITE and conn.sock.fileno() != -1:
                             self._write(conn)
+                self._expire(time.monotonic())
         except Exception:  # pragma: no cover - a bug in the loop must not go unseen
             log.exception("control server loop crashed")
         finally:
@@ -139,8 +174,38 @@ class ControlServer:
                 except OSError:
                     pass
             sel.close()
+            if self._listener is not None:  # unregistered while accepting is paused
+                self._listener.close()
             if self._wake_w is not None:
                 self._wake_w.close()
+
+    def _select_timeout(self) -> float:
+        now = time.monotonic()
+        wake = now + 0.5
+        if self._unverified:
+            deadline = next(iter(self._unverified)).deadline
+            if deadline is not None:
+                wake = min(wake, deadline)
+        if self._accept_paused_until is not None:
+            wake = min(wake, self._accept_paused_until)
+        return max(0.0, wake - now)
+
+    def _expire(self, now: float) -> None:
+        """Close unverified connections past their deadline; resume accepting after a back-off."""
+        while self._unverified:
+            conn = next(iter(self._unverified))
+            if conn.deadline is not None and conn.deadline > now:
+                break
+            self._drop_unverified(conn, f"no valid frame within {self._first_frame_deadline:g} s")
+        if self._accept_paused_until is not None and now >= self._accept_paused_until:
+            self._accept_paused_until = None
+            assert self._sel is not None and self._listener is not None
+            self._sel.register(self._listener, selectors.EVENT_READ, None)
+
+    def _drop_unverified(self, conn: _Conn, why: str) -> None:
+        self.timed_out += 1
+        log.debug("tfos_nb control server: closed %s: %s", conn.peer, why)
+        self._close(conn)
 
     def _accept(self) -> None:
         assert self._listener is not None and self._sel is not None
@@ -149,14 +214,31 @@ class ControlServer:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as exc:
+                self.accept_errors += 1
+                if exc.errno in ACCEPT_PER_CONNECTION:
+                    continue
+                # EMFILE, ENFILE, ENOBUFS, ENOMEM…: the connection stays queued and the listener readable,
+                # so watching it now would spin; pause accepting instead (verified peers are still served).
+                if not self._accept_failing:
+                    log.warning("tfos_nb control server: cannot accept connections (%s); retrying every %g s",
+                                exc, ACCEPT_BACKOFF_S)
+                self._accept_failing = True
+                self._sel.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF_S
                 return
+            self._accept_failing = False
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sel.register(sock, selectors.EVENT_READ, _Conn(sock, f"{addr[0]}:{addr[1]}"))
+            if len(self._unverified) >= self._max_unverified:
+                self._drop_unverified(next(iter(self._unverified)), "too many unverified connections")
+            conn = _Conn(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + self._first_frame_deadline)
+            self._unverified[conn] = None
+            self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _close(self, conn: _Conn) -> None:
         assert self._sel is not None
+        self._unverified.pop(conn, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -197,6 +279,9 @@ class ControlServer:
             if isinstance(msg, m.Reply):
                 self._reject(conn, "a reply sent to the server")
                 return
+            if conn.deadline is not None:  # it holds the secret: no deadline from now on
+                conn.deadline = None
+                self._unverified.pop(conn, None)
             self.accepted += 1
             try:
                 reply = self._handler(msg)

@@ -1,0 +1,141 @@
+"""What anyone who can reach a tfos_nb server's port can do to it, for the servers' tests.
+
+Idle connections, a sender that trickles bytes, and a real server in a subprocess whose
+file descriptors run out (``RLIMIT_NOFILE`` lowered below what it has open) while a peer
+waits: its CPU time over a window tells a back-off from a spin.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = b"s" * 32
+
+
+def idle_connections(port: int, n: int) -> list[socket.socket]:
+    """``n`` connections that never send a byte."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (EOF or reset), without waiting."""
+    sock.setblocking(False)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def trickle(sock: socket.socket, data: bytes, every: float, limit: float) -> float | None:
+    """Send ``data`` one byte at a time, a byte every ``every`` s, reading what the server sends meanwhile.
+
+    Returns the seconds until the server closed the connection, or None if it had not within ``limit`` s
+    (or the bytes ran out first).  The pace is the attack itself, not a wait for a condition.
+    """
+    start = time.monotonic()
+    sock.settimeout(every)
+    for i in range(len(data)):
+        try:
+            sock.sendall(data[i : i + 1])
+        except OSError:
+            return time.monotonic() - start
+        try:
+            while sock.recv(4096):  # the server's greeting, if it sends one; then the pace
+                pass
+            return time.monotonic() - start  # EOF: closed
+        except TimeoutError:
+            pass
+        except OSError:
+            return time.monotonic() - start
+        if time.monotonic() - start > limit:
+            return None
+    return None
+
+
+# The real server, in a process of its own.  Commands on stdin: "fill" lowers the process's descriptor limit
+# below the descriptors it has open, so that every new one fails with EMFILE (answers "full"); "free" puts
+# the limit back ("freed").  Lowering the limit, rather than opening files until none is left, leaves no
+# free slot that a descriptor some library opened and closed meanwhile could give back.
+_SERVER = textwrap.dedent(
+    """
+    import resource, socket, sys, time
+    sys.path.insert(0, sys.argv[2])
+    secret = b"s" * 32
+    if sys.argv[1] == "control":
+        from tfos_nb.runtime.protocol import messages as m
+        from tfos_nb.runtime.protocol.channel import ControlServer
+        server = ControlServer(m.Codec(secret, "cid", "driver"), lambda msg: m.Reply(ok=True), "127.0.0.1")
+        port = server.start()[1]
+    else:
+        from tfos_nb.runtime.executor.feed_hub import DataServer, FeedHub
+        server = DataServer(FeedHub(), secret, "127.0.0.1").start()
+        port = server.port
+    print(port, flush=True)
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for line in sys.stdin:
+        if line.strip() == "fill":
+            spend = socket.socket()  # made while descriptors remain
+            resource.setrlimit(resource.RLIMIT_NOFILE, (3, limits[1]))  # stdin, stdout, stderr: nothing more
+            # A thread blocked in accept() took its descriptor before the limit dropped: give it a connection to
+            # spend it on, and answer once the server failed to accept, so the next peer meets EMFILE.
+            spend.connect(("127.0.0.1", port))
+            while getattr(server, "accept_errors", 1) == 0:
+                time.sleep(0.01)
+            print("full", flush=True)
+        elif line.strip() == "free":
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            print("freed", flush=True)
+    """
+)
+
+
+class Starved:
+    """A real server (``kind``: "control" or "data") in a subprocess that can run out of descriptors."""
+
+    def __init__(self, kind: str) -> None:
+        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER, kind, str(REPO)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, text=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in, self._out = self.proc.stdin, self.proc.stdout
+        self.port = int(self._out.readline())
+
+    def command(self, what: str) -> str:
+        self._in.write(what + "\n")
+        self._in.flush()
+        return self._out.readline().strip()
+
+    def cpu_seconds(self) -> float:
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return float(t.user + t.system)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        self._in.close()
+        self._out.close()
+
+
+@contextmanager
+def starved(kind: str) -> Iterator[Starved]:
+    server = Starved(kind)
+    try:
+        yield server
+    finally:
+        server.close()
