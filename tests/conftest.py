@@ -130,12 +130,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
-    """A real local Spark Connect server (standalone master, ``executors`` executor JVMs) and its client session.
+def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None, *,
+                    cores: int = 1, node_env: bool = True) -> Any:
+    """A real local Spark Connect server (standalone master, ``executors`` executor JVMs of ``cores`` cores each)
+    and its client session.
 
     What ``SparkSession.builder.remote("local-cluster[...]")`` does, but on a free loopback port (that
     path always takes 15002, on every interface), so two test processes can each have one.
     ``session.stop()`` stops the server and clears the environment it set, as for pyspark's own.
+    ``node_env=False``: no :data:`NODE_ENV` in the executors' environment (nodes get tfos_nb's own thread counts).
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -149,16 +152,24 @@ def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
                 # a streaming query's foreachBatch process on the server connects back to the server's JVM
                 # within this socket timeout (15 s by default): on a loaded test machine that is not always enough
                 "spark.python.authenticate.socketTimeout": "120s"}
-    settings.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
+    if node_env:
+        settings.update({f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()})
     settings.update(conf or {})
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession as ClassicSession
+
+    if not node_env and SparkContext._jvm is not None:  # noqa: SLF001
+        # pyspark starts the server's SparkContext with SparkConf(loadDefaults=True): an earlier session of this
+        # process left its settings as the JVM's system properties, NODE_ENV's executorEnv among them
+        for key in NODE_ENV:
+            SparkContext._jvm.java.lang.System.clearProperty(f"spark.executorEnv.{key}")  # noqa: SLF001
 
     left = ClassicSession._instantiatedSession  # an earlier module's classic session (e.g. an embedded one)
     if left is not None and left._sc._jsc is not None:
         left.stop()  # pyspark cannot start a local Connect server beside a live SparkContext
     os.environ["SPARK_LOCAL_REMOTE"] = "1"  # pyspark's own markers of a local server (session.stop() removes them)
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    ConnectSession._start_connect_server(f"local-cluster[{executors},1,{memory_mb}]", dict(settings))
+    ConnectSession._start_connect_server(f"local-cluster[{executors},{cores},{memory_mb}]", dict(settings))
     return ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate()  # (pyspark's builder: always 15002)
 
 
@@ -166,7 +177,8 @@ _CONNECT_MODULES: dict[str, tuple] = {}  # test module -> the settings of its Co
 _connect_shared: dict[str, Any] = {}  # "key", "session": the Connect server the Connect modules share
 
 
-def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
+def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None, *,
+                    cores: int = 1, node_env: bool = True) -> Any:
     """A module-scoped ``spark`` fixture on Spark Connect: ``spark = connect_fixture(2)`` at module level.
 
     Consecutive Connect modules (``test_connect*``, run one after another) with the same settings share
@@ -174,14 +186,15 @@ def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
     named ``test_connect*`` without Spark in this process in between are skipped over).  It is always
     stopped before any other module, since a classic session cannot start beside it.
     """
-    key = (executors, memory_mb, tuple(sorted((conf or {}).items())))
+    key = (executors, memory_mb, tuple(sorted((conf or {}).items())), cores, node_env)
     _CONNECT_MODULES[sys._getframe(1).f_globals["__name__"]] = key  # noqa: SLF001
 
     @pytest.fixture(scope="module")
     def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
         if _connect_shared.get("key") != key:
             _stop_shared_connect()
-            _connect_shared.update(key=key, session=connect_session(executors, memory_mb, conf))
+            _connect_shared.update(key=key, session=connect_session(executors, memory_mb, conf, cores=cores,
+                                                                    node_env=node_env))
         yield _connect_shared["session"]
         if _next_connect_module(request) != key:
             _stop_shared_connect()

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .launch import executor_id, spawn_detached, start_failed, start_supervisor
+from .threads import task_cpus
 
 
 def start_coordinator(meta: dict[str, Any], log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
@@ -69,7 +70,7 @@ def make_connect_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterab
             node_meta = dict(meta)
             node_meta.update(node=node, attempt=tctx.attemptNumber(), executor_id=executor_id(),
                              spark_gpus=list(res.addresses) if res is not None else [], working_dir=cdir,
-                             control=list(first["control"]))
+                             task_cpus=task_cpus(tctx), control=list(first["control"]))
             try:
                 status, proc = start_supervisor(node_meta, blob, os.path.join(cdir, f"tfos_nb-{meta['cluster_id']}-node{node}.log"))
                 _reap(proc)
