@@ -32,7 +32,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.test_tbproxy import child_env, free_port, stop, wait_for
+from tests.conftest import free_port
+from tests.test_tbproxy import child_env, stop, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import import_or_skip
 from tfos_nb import tensorboard as tb
 from tfos_nb.magics._quiet import is_native_noise, quiet_lines
 from tfos_nb.runtime.driver.state import CURVE_POINTS, ClusterState, window_rate
@@ -139,7 +140,7 @@ def test_plain_values_go_back(value, expected, capsys):
 
 
 def test_numpy_values_go_back_and_others_are_dropped_with_a_line(capsys):
-    np = pytest.importorskip("numpy")
+    np = import_or_skip("numpy")
     assert plain_value({"acc": np.float32(0.5), "cm": np.eye(2, dtype=np.int64)}, _Ctx()) == {"acc": 0.5, "cm": [[1, 0], [0, 1]]}
     assert plain_value(object(), _Ctx()) is None
     err = capsys.readouterr().err

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import cloudpickle
 import pytest
 
-from tests.conftest import NODE_ENV, listening_ports, runtime_processes, wait_until
+from tests.conftest import NODE_ENV, listening_ports, runtime_processes, skip_environment, wait_until
 from tests.netns_cluster import TAG_ENV, NamespacesUnavailable, NetnsCluster, kill_group, pyspark_bin
 from tfos_nb import TFCluster
 from tfos_nb import tensorboard as tb
@@ -68,7 +68,7 @@ def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
     try:
         cluster.start()
     except NamespacesUnavailable as exc:
-        pytest.skip(f"cannot make network namespaces here: {exc}")
+        skip_environment(f"cannot make network namespaces here: {exc}")
     print(f"\n[multihost] standalone cluster up in {time.monotonic() - t0:.1f} s: {cluster.master_url}, workers {cluster.worker_ips}")
     try:
         yield cluster

@@ -27,9 +27,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 from tfos_nb import tensorboard as tb
-from tfos_nb.runtime import net
 from tfos_nb.tbproxy import _records, _urls
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,12 +37,6 @@ slow = pytest.mark.slow
 
 
 # --------------------------------------------------------------------------- helpers
-def free_port() -> int:
-    """A free loopback port below the ephemeral range: a port the kernel handed out for ``bind(0)`` comes from
-    that range, where any outgoing connection of a busy machine may take it before the server binds it."""
-    return net.free_port("127.0.0.1")
-
-
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
     """:func:`wait_until` for a server or TensorBoard starting up: a refused connection means "not yet"."""
     return wait_until(predicate, timeout, 0.2, what=what, proc=proc, ignore=(OSError,))

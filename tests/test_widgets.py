@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.conftest import import_or_skip
 from tfos_nb.runtime.driver.state import ClusterView, NodeView
 from tfos_nb.widgets import JobProgress, Renderer, choose_renderer, make_renderer, panel_html, panel_model, text_line
 from tfos_nb.widgets._renderer import HtmlBackend, TextBackend, WidgetBackend
@@ -301,7 +302,7 @@ class CountingComm:
 
 @pytest.fixture
 def test_comm(monkeypatch):
-    pytest.importorskip("ipywidgets")
+    import_or_skip("ipywidgets")
     import comm
 
     monkeypatch.setattr(comm, "create_comm", lambda **kw: CountingComm(**kw))
