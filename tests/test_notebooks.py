@@ -194,20 +194,14 @@ def _greetings_on(ports: list[int], seconds: float) -> dict[int, bytes]:
 
 @pytest.mark.slow
 def test_a_notebook_run_leaves_no_kernel_channels_reconnecting(kernel_specs):
-    """nbclient, given our kernel manager, leaves its channels open: their ZeroMQ sockets reconnect to the dead
-    kernel's ports, and a Spark barrier task's server that later gets one reads the greeting (FF 00 00 00 ...) and
-    takes its executor down. ``end_notebook_kernel`` closes them."""
-    for end in ("nbclient alone", "end_notebook_kernel"):
-        km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
-        client = NotebookClient(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), km=km,
-                                timeout=120)
-        client.execute()
-        ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port]
-        if end == "end_notebook_kernel":
-            end_notebook_kernel(client, km)
-            assert _greetings_on(ports, 2.0) == {}  # ZeroMQ retries every 0.1 s: 20 chances to show up
-        else:
-            km.shutdown_kernel(now=True)
-            got = _greetings_on(ports, 30.0)  # returns once every port saw its greeting
-            client.kc.stop_channels()
-            assert set(got) == set(ports) and all(g.startswith(b"\xff\x00\x00\x00") for g in got.values()), got
+    """After ``end_notebook_kernel`` nothing connects to the dead kernel's ports.
+
+    (nbclient, given our kernel manager, leaves its channels open: their ZeroMQ sockets reconnect to those ports
+    every 0.1 s, and a Spark barrier task's server that later gets one reads the greeting (FF 00 00 00 ...) and
+    takes its executor down.  Whether nbclient still does is not this project's to assert.)"""
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    client = NotebookClient(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), km=km, timeout=120)
+    client.execute()
+    ports = [km.shell_port, km.iopub_port, km.stdin_port, km.control_port]
+    end_notebook_kernel(client, km)
+    assert _greetings_on(ports, 2.0) == {}  # ZeroMQ retries every 0.1 s: 20 chances to show up
