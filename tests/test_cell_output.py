@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import import_or_skip
+from tests.conftest import import_or_skip, wait_until
 from tfos_nb import tensorboard as tb
 from tfos_nb.magics._quiet import is_native_noise, quiet_lines
 from tfos_nb.runtime.driver.state import CURVE_POINTS, ClusterState, window_rate
@@ -120,6 +121,23 @@ def test_reporter_batches_every_report_and_drops_non_finite_values():
     assert [r["step"] for r in event["batch"]] == [1, 2, 3, 4, 5]
     assert event["batch"][2]["metrics"] == {"loss": None, "epoch": 0}
     assert all(isinstance(r["time"], float) for r in event["batch"])
+
+
+def test_reporter_writes_a_held_back_report_when_its_interval_ends():
+    """A burst of reports, then silence (an evaluator waiting for its next checkpoint, until shutdown stops it): the
+    reports held back by the rate limit are written at the end of the interval, not with a next report that never comes."""
+    out = io.StringIO()
+    reporter = Reporter(out, max_rate=10.0)
+    for step in (1, 2, 3):
+        reporter.progress({"step": step, "time": time.time(), "metrics": {"val_loss": 1.0 / step}})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 1  # the first at once, the next two held back
+    # held back for at most the interval (0.1 s): the deadline leaves a loaded machine ample room
+    wait_until(lambda: len(out.getvalue().splitlines()) == 2, 10, what="the held-back reports")
+    held = json.loads(out.getvalue().splitlines()[1])
+    assert held["step"] == 3 and [r["step"] for r in held["batch"]] == [2, 3]
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "tfos-report-flush"], 10,
+               what="the timer's thread to end")
 
 
 class _Ctx:

@@ -444,3 +444,50 @@ def test_args_are_read_the_way_the_user_built_them(ip, magic_spark, capsys):
         {"item": 8, "attr": 8, "lr": 0.5, "vars": {"batch_size": 8, "lr": 0.5}},
         {"item": 64, "attr": 64, "lr": 0.5, "vars": {"batch_size": 64, "lr": 0.5}},
     ]
+
+
+EVALUATOR_CELL = """
+import json, os, time
+if ctx.job_name == "evaluator":
+    print("evaluator task", json.dumps(json.loads(os.environ["TF_CONFIG"])["task"]), flush=True)
+    seen = 0
+    while True:  # as SidecarEvaluator without max_evaluations: evaluates each new checkpoint until it is stopped
+        names = sorted(os.listdir(args.ckpt)) if os.path.isdir(args.ckpt) else []
+        for name in names[seen:]:
+            k = int(name.split("-")[1])
+            ctx.report(step=k, val_loss=1.0 / k)
+            print("evaluated", name, flush=True)
+        seen = len(names)
+        time.sleep(0.05)
+staging = args.ckpt + ".staging"
+os.makedirs(staging)
+for k in (1, 2, 3):
+    open(os.path.join(staging, f"ckpt-{k}"), "w").close()
+os.rename(staging, args.ckpt)  # three checkpoints at once: the evaluator reports them in a burst
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_evaluator_gets_its_grace_then_is_stopped(ip, magic_spark, capsys, tmp_path, no_leaks):
+    """--evaluator: the cell ends once the chief finished and the evaluator's grace is over; the evaluator (it never
+    returns) is stopped, its role and every report it made are shown, the cluster ends finished."""
+    ip.user_ns["EVAL_ARGS"] = {"ckpt": str(tmp_path / "ckpt")}
+    ip.run_line_magic("config", "TFOSMagics.evaluator_grace = 5")
+    try:
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --evaluator --args EVAL_ARGS --name with_eval", EVALUATOR_CELL)
+    finally:
+        ip.run_line_magic("config", "TFOSMagics.evaluator_grace = 30")
+    out = capsys.readouterr().out
+    assert "[chief:0] trained" in out
+    assert '[evaluator:0] evaluator task {"type": "evaluator", "index": 0}' in out
+    assert "[evaluator:0] evaluated ckpt-3" in out
+    handle = ip.user_ns["with_eval"]
+    assert handle.result["state"] == "finished"
+    assert {n.label: (n.job_name, n.state) for n in handle.nodes} == {
+        "chief:0": ("chief", "finished"), "evaluator:0": ("evaluator", "stopped")}
+    history = handle.history
+    evaluated = history[history.role == "evaluator"]
+    assert evaluated.node.tolist() == ["evaluator:0"] * 3
+    assert evaluated.step.tolist() == [1, 2, 3] and evaluated.val_loss.tolist() == [1.0, 0.5, 1.0 / 3]
+    assert handle.result["metrics"]["evaluator:0"] == {"val_loss": 1.0 / 3}

@@ -53,7 +53,7 @@ class FakeCluster:
     def train(self, data, epochs, feed_timeout=None) -> None:  # pragma: no cover - these tests feed no data
         raise AssertionError("no --data in these tests")
 
-    def shutdown(self, timeout=None) -> None:
+    def shutdown(self, grace_secs=0, timeout=None) -> None:
         while not self.release.wait(0.01):
             if self.torn_down.is_set():
                 set_state(self.st, S.C_STOPPED)

@@ -61,6 +61,7 @@ class ClusterHandle(RunHandle):
         workers: int,
         ps: int = 0,
         evaluator: bool = False,
+        evaluator_grace: float = 30.0,
         data: Any = None,
         epochs: int = 1,
         tensorboard: bool = False,
@@ -87,7 +88,10 @@ class ClusterHandle(RunHandle):
             reservation_timeout=min(timeout, 600) if timeout else 600,
             name=name,
             env=env,
+            node_output=False,  # the handle shows the nodes' lines itself (the cell's stream, ``output``, ``logs()``)
         )
+        # after the chief/workers finished: the evaluator's time to evaluate the last checkpoint (shutdown's grace)
+        self._grace = float(evaluator_grace) if evaluator else 0.0
         self._run = start_cluster  # tfos_nb.runtime.driver.start.run, or a test's fake
         self._fn, self._args, self._data, self._epochs = fn, args, data, epochs
         self._timer: threading.Timer | None = None
@@ -177,7 +181,7 @@ class ClusterHandle(RunHandle):
             if not stopping:
                 if self._data is not None:
                     cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
-                cluster.shutdown(timeout=self.timeout or 259200)
+                cluster.shutdown(grace_secs=self._grace, timeout=self.timeout or 259200)
         except BaseException:
             self._close_cluster(cluster)
             raise

@@ -43,9 +43,9 @@ class TFOSMagics(Magics):
         help="TensorFlow intra-op threads per node (inter-op gets one more). 0: spark.task.cpus (at most the "
         "executor's cores; 1 on the embedded local cluster); -1: TensorFlow's own default (every core).",
     ).tag(config=True)
-    log_lines = Bool(True, help="Stream the nodes' output into the cell, prefixed by [role:index].").tag(
-        config=True
-    )
+    log_lines = Bool(True, help="Stream the nodes' output into the cell, prefixed by [role:index].").tag(config=True)
+    evaluator_grace = Float(30.0, help="With --evaluator: seconds the evaluator may go on after the chief/workers finished "
+                            "(to evaluate the last checkpoint); it is stopped then, sooner if its function returns.").tag(config=True)
     show_native_logs = Bool(
         False,
         help="Also stream TensorFlow's native (C++/XLA/absl) log lines into the cell: start-up info, oneDNN, "
@@ -90,7 +90,7 @@ class TFOSMagics(Magics):
     @argument("--workers", type=int, default=None, metavar="N",
               help="training nodes; the first is the chief (default: TFOSMagics.default_workers)")
     @argument("--ps", type=int, default=0, metavar="M", help="parameter-server nodes (extra)")
-    @argument("--evaluator", action="store_true", help="add an evaluator node")
+    @argument("--evaluator", action="store_true", help="add an evaluator node (stopped TFOSMagics.evaluator_grace s after training ends)")
     @argument("--input-mode", choices=["spark", "tensorflow"], default=None,
               help="spark: the driver feeds --data to the nodes; tensorflow: the cell reads its own data "
               "(default: spark with --data, else tensorflow)")
@@ -187,7 +187,7 @@ class TFOSMagics(Magics):
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps,
                                evaluator=opts.evaluator, data=data, epochs=epochs, tensorboard=opts.tensorboard,
                                log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
-                               retries=opts.retries)
+                               retries=opts.retries, evaluator_grace=self.evaluator_grace)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
             from .. import tensorboard as tb
 

@@ -29,7 +29,7 @@ from ..executor.feeder import (
 from ..procs import kill_tree
 from ..sessions import is_connect
 from . import state as S
-from .cluster_streams import ClusterStreams, require_batch_rows
+from .cluster_streams import ClusterStreams, refuse_dstream, require_batch_rows
 from .controller import FEEDABLE, Controller
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
 from .job import DriverJob
@@ -66,26 +66,6 @@ def trainers_finished(nodes: list[Any]) -> bool:
     """A cluster ends FINISHED when every node shutdown waits for finished."""
     trainers = [n for n in nodes if awaited(nodes, n)]
     return bool(trainers) and all(n.state == S.FINISHED for n in trainers)
-
-
-def _refuse_dstream(data: Any, what: str) -> None:
-    """Spark Streaming DStreams are not fed: say so up front, with the Structured Streaming equivalent."""
-    try:
-        from pyspark.streaming import DStream
-    except ImportError:  # pragma: no cover - a PySpark without DStreams
-        return
-    if isinstance(data, DStream):
-        stream = "train_stream" if what == "train" else "inference_stream"
-        msg = (
-            f"{what}() does not feed Spark Streaming DStreams (a legacy API, deprecated since Spark 3.4): "
-            f"read the same source as a streaming DataFrame and use {stream}(), e.g.\n"
-            "    stream_df = spark.readStream.text(input_dir)   # was ssc.textFileStream(input_dir)\n"
-            + ("    feed = cluster.train_stream(stream_df, feed_timeout=600)   # returns at once; feed.stop() or "
-               "cluster.request_stop() ends it\n    cluster.shutdown()"
-               if what == "train" else
-               "    feed = cluster.inference_stream(stream_df, schema, 'memory', query_name='preds')")
-        )
-        raise TypeError(msg)
 
 
 class TFCluster(ClusterStreams):
@@ -159,7 +139,7 @@ class TFCluster(ClusterStreams):
         went to stopped reading (its function called ``terminate()`` or returned);
         ``last_feed`` counts both.  A node that failed is an error.
         """
-        _refuse_dstream(dataRDD, "train")
+        refuse_dstream(dataRDD, "train")
         require_batch_rows(batch_rows)
         if not isinstance(num_epochs, numbers.Integral) or isinstance(num_epochs, bool) or num_epochs < 0:
             msg = f"num_epochs must be a non-negative integer (0: 10 epochs), got {num_epochs!r}"
@@ -250,7 +230,7 @@ class TFCluster(ClusterStreams):
         An RDD gives an RDD; a DataFrame with ``schema`` (a DDL string or
         StructType for the result columns) gives a DataFrame through Arrow.
         """
-        _refuse_dstream(dataRDD, "inference")
+        refuse_dstream(dataRDD, "inference")
         require_batch_rows(batch_rows)
         self._require_spark_mode("inference")
         self._require_alive()
@@ -278,6 +258,16 @@ class TFCluster(ClusterStreams):
         cluster is torn down either way).  Streaming feeds are stopped first (the
         micro-batch in flight is fed), and so is ``ssc``: a ``StreamingQuery``,
         a :class:`StreamingFeed` or a DStream ``StreamingContext``.
+
+        The evaluator (``run(..., eval_node=True)``) is not waited for: once every
+        chief/worker returned, it has ``grace_secs`` more seconds to evaluate the last
+        checkpoint, and the wait ends as soon as its function returns (e.g. Keras'
+        ``SidecarEvaluator(..., max_evaluations=epochs)`` returns after the last epoch's
+        checkpoint).  Still running then, it is stopped (SIGTERM to its process tree,
+        SIGKILL 2 s later) and shows as ``stopped``; either way the cluster ends
+        ``finished``, and an evaluator that raised fails it like any node.  ps nodes
+        serve until the end and are stopped; without an evaluator ``grace_secs`` waits
+        for nothing (the chief/workers returned already).
         """
         self.stop_feeds(ssc)
         if self.closed:
@@ -298,11 +288,13 @@ class TFCluster(ClusterStreams):
                     raise TimeoutError(msg)
                 with self.state.changed:
                     self.state.changed.wait(0.2)
-            if grace_secs:
-                end = time.monotonic() + grace_secs
-                while time.monotonic() < end and self.state.snapshot().state != S.C_FAILED:
-                    with self.state.changed:
-                        self.state.changed.wait(min(0.2, max(0.0, end - time.monotonic())))
+            end = time.monotonic() + (grace_secs or 0)
+            while time.monotonic() < end:  # the evaluator's grace: until it returned, failed, or the grace is over
+                view = self.state.snapshot()
+                if view.state == S.C_FAILED or all(n.state in S.TERMINAL for n in view.nodes if n.job_name == "evaluator"):
+                    break
+                with self.state.changed:
+                    self.state.changed.wait(min(0.2, max(0.0, end - time.monotonic())))
             self.close()
             view = self.state.snapshot()
             if view.state == S.C_FAILED:

@@ -21,7 +21,27 @@ from ..executor.stream_feeder import make_batch_feeder
 from ..sessions import is_connect
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
-__all__ = ["ClusterStreams", "require_batch_rows"]
+__all__ = ["ClusterStreams", "refuse_dstream", "require_batch_rows"]
+
+
+def refuse_dstream(data: Any, what: str) -> None:
+    """Spark Streaming DStreams are not fed: say so up front, with the Structured Streaming equivalent."""
+    try:
+        from pyspark.streaming import DStream
+    except ImportError:  # pragma: no cover - a PySpark without DStreams
+        return
+    if isinstance(data, DStream):
+        stream = "train_stream" if what == "train" else "inference_stream"
+        msg = (
+            f"{what}() does not feed Spark Streaming DStreams (a legacy API, deprecated since Spark 3.4): "
+            f"read the same source as a streaming DataFrame and use {stream}(), e.g.\n"
+            "    stream_df = spark.readStream.text(input_dir)   # was ssc.textFileStream(input_dir)\n"
+            + ("    feed = cluster.train_stream(stream_df, feed_timeout=600)   # returns at once; feed.stop() or "
+               "cluster.request_stop() ends it\n    cluster.shutdown()"
+               if what == "train" else
+               "    feed = cluster.inference_stream(stream_df, schema, 'memory', query_name='preds')")
+        )
+        raise TypeError(msg)
 
 
 def require_batch_rows(batch_rows: Any) -> None:

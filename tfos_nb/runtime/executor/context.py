@@ -56,8 +56,10 @@ class Reporter:
 
     Progress reports are batched: at most ``max_rate`` writes per second, each
     the latest report plus every report since the previous write (``batch``:
-    the driver's metric history), at most ``BATCH_KEPT`` of them; the last
-    write is flushed at the end.
+    the driver's metric history), at most ``BATCH_KEPT`` of them.  A report held
+    back is written when its interval is over (a timer), not only with the next
+    report or at the end: a node that reports a burst and then goes quiet (an
+    evaluator waiting for the next checkpoint, stopped by shutdown) loses none.
     """
 
     BATCH_KEPT = 2000  # reports per write; a function reporting faster than 20,000/s loses the oldest
@@ -69,6 +71,7 @@ class Reporter:
         self._last = 0.0
         self._pending: dict[str, Any] | None = None
         self._batch: deque[dict[str, Any]] = deque(maxlen=self.BATCH_KEPT)
+        self._timer: threading.Timer | None = None  # writes the held-back report at the end of its interval
 
     def send(self, msg: pipes.Frame) -> None:
         line = pipes.encode(msg).decode()
@@ -84,9 +87,20 @@ class Reporter:
         with self._lock:
             self._pending = report
             self._batch.append({"step": report.get("step"), "time": report.get("time"), "metrics": report.get("metrics")})
-            if now - self._last < self._min_dt:
+            wait = self._min_dt - (now - self._last)
+            if wait > 0:
+                if self._timer is None:
+                    self._timer = threading.Timer(wait, self._flush_held)
+                    self._timer.name, self._timer.daemon = "tfos-report-flush", True
+                    self._timer.start()
                 return
             self._last = now
+        self.flush()
+
+    def _flush_held(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._last = time.monotonic()
         self.flush()
 
     def flush(self) -> None:
@@ -94,6 +108,9 @@ class Reporter:
             report, self._pending = self._pending, None
             batch = list(self._batch)
             self._batch.clear()
+            timer, self._timer = self._timer, None
+        if timer is not None:  # what it would have written goes now
+            timer.cancel()
         if report is not None:
             self.send(pipes.Report(report=report, batch=batch))
 
