@@ -358,7 +358,8 @@ def test_timeout_stops_the_cluster(ip, magic_spark):
 
 @pytest.mark.slow
 def test_tensorboard_on_the_driver_for_a_logdir(ip, tmp_path, monkeypatch, capsys):
-    """%tfos_tensorboard --logdir: TensorBoard's launcher on the driver, registered with the proxy, stopped with the kernel."""
+    """%tfos_tensorboard --logdir: TensorBoard started by the kernel on the driver, registered with the proxy, stopped with
+    the kernel."""
     import json
     import urllib.request
 

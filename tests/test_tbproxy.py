@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, skip_environment, wait_until
 from tfos_nb import tensorboard as tb
 from tfos_nb.tbproxy import _records, _urls
 
@@ -655,14 +655,33 @@ def test_upstream_down_is_502(server: Server, register: Callable[[str], str]) ->
         assert server.fetch(tb_path(cid, "data/runs")).status == 502
 
 
+def _our_listening_port(pid: int) -> set[int]:
+    """The loopback ports ``pid`` listens on, if it is a child of this process (else nothing)."""
+    import psutil
+
+    child = psutil.Process(pid)
+    if child.ppid() != os.getpid():
+        return set()
+    return {c.laddr.port for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def _registered_port(server: Server, cluster_id: str) -> int:
+    endpoint = _records.read_record(str(server.runtime_dir), cluster_id)
+    assert endpoint is not None
+    return endpoint.port
+
+
 @slow
 def test_start_local_after_cluster_is_gone(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
-    monkeypatch.chdir(logdir)  # TensorBoard's manager keys reuse on the working directory
     local = tb.start_local(str(logdir), timeout=120)
     assert isinstance(local, tb.LocalTensorBoard), local
     try:
         assert local.url.startswith("http://127.0.0.1:") and local.path == tb_path(local.cluster_id)
+        # the registered port is our own child's listening socket; its output is a private file
+        assert _registered_port(server, local.cluster_id) in _our_listening_port(local.pid)
+        assert stat.S_IMODE(os.stat(local.log).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(local.log)).st_mode) == 0o700
         runs = wait_for(
             lambda: (r := server.fetch(tb_path(local.cluster_id, "data/runs"))).status == 200 and "train" in r.json() and r, 60, "runs"
         )
@@ -678,10 +697,9 @@ def test_start_local_after_cluster_is_gone(server: Server, logdir: Path, monkeyp
 @slow
 def test_start_local_does_not_reuse_a_killed_tensorboard(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
-    monkeypatch.chdir(logdir)
     first = tb.start_local(str(logdir), timeout=120)
     assert isinstance(first, tb.LocalTensorBoard), first
-    os.kill(first.pid, signal.SIGKILL)  # leaves TensorBoard's info file behind
+    os.kill(first.pid, signal.SIGKILL)
     wait_for(lambda: not _alive(first.pid), 20, "killed TensorBoard exit")
     second = tb.start_local(str(logdir), timeout=120)
     try:
@@ -691,6 +709,122 @@ def test_start_local_does_not_reuse_a_killed_tensorboard(server: Server, logdir:
         if isinstance(second, tb.LocalTensorBoard):
             tb.stop_local(second)
             wait_for(lambda: not _alive(second.pid), 20, "local TensorBoard exit")
+
+
+@slow
+def test_start_local_that_does_not_listen_in_time_is_stopped_and_says_where_its_output_is(logdir: Path) -> None:
+    import psutil
+
+    out = tb.start_local(str(logdir), timeout=0.5)  # TensorBoard takes seconds to import
+    assert isinstance(out, tb.LocalStartFailed), out
+    assert str(out).startswith("TensorBoard did not listen within 0.5 s, and was stopped (its output: ")
+    assert out.log in str(out) and stat.S_IMODE(os.stat(out.log).st_mode) == 0o600
+    left = [p for p in psutil.Process().children(recursive=True) if "tensorboard.main" in " ".join(p.cmdline())]
+    assert not left, left
+
+
+def _as_nobody() -> None:
+    """Tests that act as a second local user (uid ``nobody``) need root (CI runs as root: there it fails instead)."""
+    if os.getuid() != 0:
+        skip_environment("acting as uid nobody needs root")
+
+
+def _fork_as_nobody(work: Callable[[], None]) -> int:
+    """Run ``work`` in a forked child that is uid and gid ``nobody``; its pid (a child of this process).
+
+    A fork, not an exec: this interpreter and its standard library may lie where ``nobody`` cannot reach them
+    (under ``/root``), so ``work`` must use only modules already loaded.
+    """
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+@slow
+def test_start_local_never_trusts_another_users_tensorboard_info(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another local user plants, in TensorBoard's world-writable info folder, a file naming their server and
+    their process under the key this kernel's TensorBoard would have: it is neither used nor signalled."""
+    _as_nobody()
+    import tempfile
+    import time
+
+    from tensorboard import manager
+    from tensorboard import version as tb_version
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
+    theirs = free_port()
+
+    def serve() -> None:  # nobody's HTTP server, from modules already loaded (root's stdlib is out of its reach)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", theirs))
+        listener.listen()
+        while True:
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n["nobody\'s"]')
+            conn.close()
+
+    http_server = _fork_as_nobody(serve)
+    sleeper = subprocess.Popen(["sleep", "600"], user="nobody")
+    info_dir = os.path.join(tempfile.gettempdir(), ".tensorboard-info")
+    planted = os.path.join(info_dir, f"pid-{sleeper.pid}.info")
+    local = None
+    try:
+        wait_for(lambda: socket.create_connection(("127.0.0.1", theirs), 5).close() or True, 30, "nobody's HTTP server")
+        real = os.path.realpath(logdir)
+        info = manager.TensorBoardInfo(
+            version=tb_version.VERSION, start_time=int(time.time()), pid=sleeper.pid, port=theirs, path_prefix="",
+            logdir=real, db="",
+            cache_key=manager.cache_key(working_directory=os.getcwd(),
+                                        arguments=["--logdir", real, "--host", "127.0.0.1", "--port", "0"],
+                                        configure_kwargs={}),
+        )
+
+        text = manager._info_to_string(info).encode()
+
+        def plant() -> None:  # as TensorBoard's launcher would (the folder 0777), were nobody first
+            os.makedirs(info_dir, exist_ok=True)
+            if os.stat(info_dir).st_uid == os.getuid():
+                os.chmod(info_dir, 0o777)
+            fd = os.open(planted, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, text)
+            os.close(fd)
+
+        assert os.waitpid(_fork_as_nobody(plant), 0)[1] == 0
+        assert os.stat(planted).st_uid != 0
+
+        local = tb.start_local(str(logdir), timeout=120)
+        assert isinstance(local, tb.LocalTensorBoard), local
+        port = _registered_port(server, local.cluster_id)
+        assert not local.reused and local.pid != sleeper.pid and port != theirs, (local, port)
+        assert port in _our_listening_port(local.pid), "the registered port is not our own TensorBoard's"
+        runs = wait_for(lambda: (r := server.fetch(tb_path(local.cluster_id, "data/runs"))).status == 200 and r.json(), 60, "runs")
+        assert "train" in runs  # type: ignore[operator]
+        tb.stop_local(local)
+        wait_for(lambda: not _alive(local.pid), 20, "local TensorBoard exit")
+        local = None
+        assert sleeper.poll() is None and os.waitpid(http_server, os.WNOHANG) == (0, 0), "another user's process was signalled"
+    finally:
+        if local is not None and isinstance(local, tb.LocalTensorBoard):
+            tb.stop_local(local)
+        sleeper.kill()
+        sleeper.wait(10)
+        os.kill(http_server, signal.SIGKILL)
+        os.waitpid(http_server, 0)
+        if os.path.lexists(planted):
+            os.unlink(planted)
 
 
 def _alive(pid: int) -> bool:

@@ -8,18 +8,23 @@ driver for a log directory after the cluster is gone; :class:`ClusterRoute` keep
 :func:`link_html` embed / link a proxy path, resolving it against the page's base URL
 in the browser (so JupyterHub's ``/user/NAME/`` prefix is never hard-coded in the kernel).
 
-Imports neither IPython nor TensorFlow nor pyspark (TensorBoard's manager only inside
-:func:`start_local`).
+Imports neither IPython nor TensorFlow nor pyspark (TensorBoard runs as a child process
+of :func:`start_local`).
 """
 
 from __future__ import annotations
 
 import atexit
-import datetime
+import dataclasses
 import hashlib
+import importlib.util
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,12 +40,13 @@ from ._tb_html import (  # the HTML half, re-exported: tensorboard.iframe_html(.
     missing_messages,
     proxy_url_from_env,
 )
-from .runtime.procs import pid_alive as _pid_alive
+from .runtime import private, procs
 from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
 
-__all__ = ["ANSWER_DEADLINE_S", "ClusterRoute", "LocalTensorBoard", "embed_html", "frontend", "frontend_output", "hosted_message",
+__all__ = ["ANSWER_DEADLINE_S", "ClusterRoute", "LocalStartFailed", "LocalTensorBoard", "embed_html", "frontend",
+           "frontend_output", "hosted_message",
            "iframe_html", "link_html", "missing_messages",
-           "proxy_path", "proxy_url_from_env", "register", "start_local", "withdraw"]
+           "proxy_path", "proxy_url_from_env", "register", "start_local", "stop_local", "withdraw"]
 
 _lock = threading.Lock()
 _secrets: dict[str, str] = {}  # cluster id -> secret of the record this process wrote
@@ -111,8 +117,9 @@ class ClusterRoute:
     """Keeps a ``--tensorboard`` cluster's proxy route registered while the cluster runs.
 
     An observer ``(view, final)`` of the cell's handle (a ``ClusterView`` snapshot): it
-    registers the chief's TensorBoard the first time a snapshot carries its URL, and
-    withdraws it with the final snapshot; so the panel's TensorBoard tab and link
+    registers the chief's TensorBoard the first time a snapshot carries its URL (the chief
+    reports it once its own TensorBoard process answers there), and withdraws it when the
+    URL goes (TensorBoard exited) and with the final snapshot; so the panel's TensorBoard tab and link
     (``<base_url>tfos_nb/tensorboard/<cluster_id>/``) work exactly while TensorBoard
     does.  Errors (an unwritable runtime directory) are kept in ``error``, never raised
     into the runtime's thread.
@@ -135,7 +142,9 @@ class ClusterRoute:
                 self._withdraw()
                 return
             url = getattr(view, "tensorboard", None)
-            if url and (view.cluster_id, url) != self._registered:
+            if not url and self._registered is not None:
+                self._withdraw()  # the chief's TensorBoard exited: its port is anyone's to take now
+            elif url and (view.cluster_id, url) != self._registered:
                 self._withdraw()  # a retried cluster: a new id, a new TensorBoard
                 try:
                     self.path = register(view.cluster_id, url)
@@ -155,13 +164,39 @@ class ClusterRoute:
 
 @dataclass(frozen=True)
 class LocalTensorBoard:
-    """A TensorBoard started (or reused) on the driver and registered with the proxy."""
+    """A TensorBoard this process started (or reused) on the driver, registered with the proxy.
+
+    ``log``: its output (mode 0600, in a private directory).
+    """
 
     cluster_id: str
     path: str
     url: str
     pid: int
     reused: bool
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class LocalStartFailed:
+    """TensorBoard did not come up: ``reason``, its exit code (None: it did not listen in time and was stopped), its output."""
+
+    reason: str
+    exit_code: int | None
+    log: str
+    tail: str
+
+    def __str__(self) -> str:
+        text = f"{self.reason} (its output: {self.log})"
+        return text + (f"\n{self.tail}" if self.tail.strip() else "")
+
+
+# TensorBoards started by start_local, by cluster id: the one owner of each process (stop_local, atexit).
+_local: dict[str, tuple[subprocess.Popen, LocalTensorBoard]] = {}
+_local_dir: list[str] = []  # the private directory of their logs (and TensorBoard's own info files)
+_local_lock = threading.Lock()  # held while one starts: a second call for the same directory reuses it
+_local_atexit = False
+_TAIL_BYTES = 4000
 
 
 def local_cluster_id(logdir: str) -> str:
@@ -169,78 +204,121 @@ def local_cluster_id(logdir: str) -> str:
     return hashlib.sha256(os.path.realpath(logdir).encode()).hexdigest()[:16]
 
 
-def start_local(logdir: str, *, timeout: float = 60.0) -> Any:
-    """Start TensorBoard on the driver for ``logdir`` (loopback, a free port) and register it.
+def start_local(logdir: str, *, timeout: float = 60.0) -> LocalTensorBoard | LocalStartFailed:
+    """Start TensorBoard on the driver for ``logdir`` (loopback, a port the OS picks) and register it.
 
-    Uses TensorBoard's own launcher, :func:`tensorboard.manager.start`: it reuses an
-    instance already serving the same arguments, learns the port the OS picked
-    (``--port 0``, so no race for a "free" port) from TensorBoard's info file, and reports
-    failures as values.  Returns :class:`LocalTensorBoard`, or TensorBoard's
-    ``StartFailed`` / ``StartExecFailed`` / ``StartTimedOut`` for the caller to render.
-    The process outlives the kernel, like ``%tensorboard``'s; :func:`stop_local` ends it.
+    Only a TensorBoard this process started is ever reused (a second call for the same
+    directory while it runs), registered or stopped: TensorBoard's own launcher
+    (``tensorboard.manager``) trusts info files in a world-writable directory, so a file
+    another local user planted there could name their server and their process.  The port
+    is read from the child's own listening socket (``/proc``), its output goes to a private
+    log (0600).  Returns :class:`LocalTensorBoard`, or :class:`LocalStartFailed` (its exit
+    code and last output) for the caller to render.  :func:`stop_local` stops it, and so
+    does this process's exit.
     """
     if not os.path.isdir(logdir):
         msg = f"log directory does not exist: {logdir!r}"
         raise ValueError(msg)
-    try:
-        from tensorboard import manager
-    except ImportError as exc:
+    if importlib.util.find_spec("tensorboard") is None:
         msg = "TensorBoard is not installed in the kernel's environment: pip install tensorboard"
-        raise ImportError(msg) from exc
-    args = ["--logdir", os.path.realpath(logdir), "--host", "127.0.0.1", "--port", "0"]
-    # manager.start runs `tensorboard` from PATH unless TENSORBOARD_BINARY says otherwise;
-    # a kernel's PATH often lacks its own environment's bin/, so name it explicitly.
-    binary = os.path.join(os.path.dirname(sys.executable), "tensorboard")
-    with _lock:
-        saved = os.environ.get("TENSORBOARD_BINARY")
-        if saved is None and os.access(binary, os.X_OK):
-            os.environ["TENSORBOARD_BINARY"] = binary
-        try:
-            for _attempt in range(2):
-                outcome = manager.start(args, timeout=datetime.timedelta(seconds=timeout))
-                if not isinstance(outcome, manager.StartReused) or _pid_alive(outcome.info.pid):
-                    break
-                # A TensorBoard killed with SIGKILL leaves its info file behind, and the
-                # manager would "reuse" the dead instance: drop the file, start afresh.
-                _remove_stale_info(manager, outcome.info.pid)
-        finally:
-            if saved is None:
-                os.environ.pop("TENSORBOARD_BINARY", None)
-    if not isinstance(outcome, (manager.StartLaunched, manager.StartReused)):
-        return outcome
-    info = outcome.info
+        raise ImportError(msg)
     cluster_id = local_cluster_id(logdir)
-    url = f"http://127.0.0.1:{info.port}"
-    path = register(cluster_id, url)
-    return LocalTensorBoard(cluster_id=cluster_id, path=path, url=url, pid=info.pid, reused=isinstance(outcome, manager.StartReused))
+    with _local_lock:
+        running = _local.get(cluster_id)
+        if running is not None and running[0].poll() is None:
+            return dataclasses.replace(running[1], reused=True)
+        if running is not None:  # it exited (killed?): start afresh
+            del _local[cluster_id]
+        proc, log = _spawn(os.path.realpath(logdir), cluster_id)
+        port = _await_port(proc, timeout)
+        if port is None:
+            exited = proc.poll() is not None
+            code = proc.returncode if exited else procs.kill_tree(proc)
+            reason = (f"TensorBoard {procs.describe_exit(code)} before it listened" if exited
+                      else f"TensorBoard did not listen within {timeout:g} s, and was stopped")
+            return LocalStartFailed(reason, code if exited else None, log, _tail(log))
+        url = f"http://127.0.0.1:{port}"
+        try:
+            path = register(cluster_id, url)
+        except BaseException:
+            procs.kill_tree(proc)
+            raise
+        local = LocalTensorBoard(cluster_id=cluster_id, path=path, url=url, pid=proc.pid, reused=False, log=log)
+        _local[cluster_id] = (proc, local)
+        global _local_atexit
+        if not _local_atexit:
+            atexit.register(_stop_all_local)
+            _local_atexit = True
+    return local
 
 
-def _remove_stale_info(manager: Any, pid: int) -> None:
-    # The file name is TensorBoard's ("pid-<pid>.info" in manager._get_info_dir()),
-    # private but stable since TensorBoard 1.14.
+def _private_dir() -> str:
+    if not _local_dir:
+        _local_dir.append(tempfile.mkdtemp(prefix="tfos_nb-tensorboard-"))  # mode 0700, a fresh name
+    return _local_dir[0]
+
+
+def _spawn(logdir: str, cluster_id: str) -> tuple[subprocess.Popen, str]:
+    directory = _private_dir()
+    log = os.path.join(directory, f"{cluster_id}-{time.time_ns()}.log")
+    fd = private.open_log(log)
+    env = dict(os.environ)
+    # TensorBoard writes an info file of its own under $TMPDIR/.tensorboard-info (a folder it makes 0777):
+    # keep that in the private directory too, where no other user can plant or swap a file.
+    env["TMPDIR"] = directory
     try:
-        os.unlink(os.path.join(manager._get_info_dir(), f"pid-{int(pid)}.info"))
-    except (OSError, AttributeError):
-        pass
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1", "--port", "0"],
+            stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, start_new_session=True,
+        )
+    finally:
+        os.close(fd)
+    return proc, log
+
+
+def _await_port(proc: subprocess.Popen, timeout: float) -> int | None:
+    """The loopback port our child listens on, from its own sockets; None if it exits or the time is up."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    child = psutil.Process(proc.pid)
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            ports = {c.laddr.port for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            ports = set()
+        if ports:
+            return min(ports)
+        time.sleep(0.1)
+    return None
+
+
+def _tail(log: str) -> str:
+    try:
+        return private.read_tail(log, _TAIL_BYTES)
+    except OSError:
+        return ""
 
 
 def stop_local(tb: LocalTensorBoard) -> None:
-    """Withdraw the route and terminate the TensorBoard process started by :func:`start_local`."""
-    import signal
-    import time
+    """Withdraw the route and stop the TensorBoard process :func:`start_local` started (SIGTERM, then SIGKILL).
 
+    Only a process this process started and still owns is signalled; anything else is left alone.
+    """
     withdraw(tb.cluster_id)
-    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(tb.pid, sig)
-        except ProcessLookupError:
+    with _local_lock:
+        running = _local.get(tb.cluster_id)
+        if running is None or running[0].pid != tb.pid:
             return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:  # reap it when it is our child (TensorBoard's launcher does not keep a handle)
-                if os.waitpid(tb.pid, os.WNOHANG)[0] == tb.pid:
-                    return
-            except ChildProcessError:
-                if not _pid_alive(tb.pid):
-                    return
-            time.sleep(0.05)
+        del _local[tb.cluster_id]
+    procs.kill_tree(running[0])
+
+
+def _stop_all_local() -> None:
+    for _proc, local in list(_local.values()):
+        try:
+            stop_local(local)
+        except OSError:
+            pass
+    if _local_dir and not _local:
+        shutil.rmtree(_local_dir.pop(), ignore_errors=True)

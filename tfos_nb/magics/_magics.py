@@ -19,7 +19,7 @@ from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
 from ._parallel_handle import ParallelHandle
 from ._run_handle import RunHandle
-from ._spark import spark_for_cell
+from ._spark import before_embedded_stop, spark_for_cell
 
 DEFAULT_PARALLEL_NAME = "_tfos_parallel"
 
@@ -68,7 +68,8 @@ class TFOSMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self.handles: dict[str, RunHandle] = {}
         self._local_tensorboards: dict[str, Any] = {}
-        atexit.register(self.shutdown_all)
+        atexit.register(self.shutdown_all)  # and before an embedded Spark stops, never under it:
+        self._forget_before_spark_stop = before_embedded_stop(self.shutdown_all)
         add_start_listener(self._api_cluster_started)
 
     def _api_cluster_started(self, job: Any) -> None:
@@ -83,6 +84,7 @@ class TFOSMagics(Magics):
     def detach(self) -> None:
         """Stop showing panels for API-started clusters (``%unload_ext``)."""
         remove_start_listener(self._api_cluster_started)
+        self._forget_before_spark_stop()
 
     # -- %%tfos_cluster -------------------------------------------------------------
     @no_var_expand
@@ -371,9 +373,9 @@ class TFOSMagics(Magics):
         ``%tfos_tensorboard NAME`` shows the TensorBoard that the chief of cluster NAME
         runs (cell started with ``--tensorboard``); the route is withdrawn when the
         cluster ends.  ``%tfos_tensorboard --logdir DIR`` starts TensorBoard on the
-        driver for DIR (TensorBoard's own launcher; an instance for the same DIR is
-        reused) so that runs can be looked at after training; it is stopped with the
-        kernel.  Only the Jupyter server's ``tfos_nb`` extension serves the route, to
+        driver for DIR (a child process of the kernel, on loopback; the one it started
+        for the same DIR is reused) so that runs can be looked at after training; it is
+        stopped with the kernel.  Only the Jupyter server's ``tfos_nb`` extension serves the route, to
         users logged in to that server; when the route does not answer, the frame
         says so and what to do.  With ``TENSORBOARD_PROXY_URL`` set (a front-end's own
         proxy, e.g. ``/proxy/%PORT%/``) the frame uses it, as TensorBoard's

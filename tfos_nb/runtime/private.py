@@ -1,0 +1,64 @@
+"""Files only this user can read or write: the nodes' logs, the coordinator's, TensorBoard's output.
+
+A log's path is predictable (``tfos_nb-<cluster>-node<i>.log`` in a Spark work directory, or in
+a private directory made for it), and a directory another user can write may hold what they
+planted there first: a symlink to one of this user's files, a FIFO, a file of theirs.  So a log
+is opened without following a symlink, without blocking on a FIFO, and only if it is a regular
+file of this user's with no other name; it is made mode 0600 whatever the umask.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+
+
+def open_log(path: str) -> int:
+    """A descriptor appending to the log at ``path`` (created 0600); ``OSError`` naming why it is refused."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
+            msg = f"refusing to write the log {path}: it is a symlink or a special file (another user's?)"
+            raise OSError(exc.errno, msg) from None
+        raise
+    try:
+        _check_ours(fd, path)
+        os.fchmod(fd, 0o600)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_tail(path: str, n: int) -> str:
+    """The last ``n`` bytes of a log :func:`open_log` wrote (same checks: no symlink, ours), as text."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _check_ours(fd, path)
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - n), os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)[-n:].decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def _check_ours(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        why = "not a regular file"
+    elif st.st_uid != os.geteuid():
+        why = f"owned by uid {st.st_uid}, not this user ({os.geteuid()})"
+    elif st.st_nlink != 1:
+        why = f"it has {st.st_nlink} names (a hard link planted to another file?)"
+    else:
+        return
+    msg = f"refusing the log {path}: {why}"
+    raise OSError(errno.EPERM, msg)
