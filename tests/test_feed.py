@@ -14,8 +14,9 @@ from tests.server_abuse import closed_by_server, idle_connections, starved, tric
 from tfos_nb.runtime import columns as C
 from tfos_nb.runtime import net
 from tfos_nb.runtime import results as R
+from tfos_nb.runtime.executor.data_server import DataServer
 from tfos_nb.runtime.executor.feed import DataFeed
-from tfos_nb.runtime.executor.feed_hub import DataServer, FeedHub
+from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.protocol import dataplane as dp
 
 SECRET = b"s" * 32  # tests.server_abuse.SECRET: its starved server speaks to these feeders

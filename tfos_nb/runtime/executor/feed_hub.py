@@ -1,6 +1,6 @@
-"""The node's data server: feeding tasks connect, each connection's reader thread queues Arrow batches.
+"""The node's feed hub: what feeding tasks' connections bring, queued for the node's function to read.
 
-Feeding tasks connect to the node's :class:`DataServer`; each connection's reader thread puts
+Feeding tasks connect to the node's :class:`~.data_server.DataServer`; each connection's reader thread puts
 Arrow record batches into the :class:`FeedHub`, in one bounded queue per generation (epoch):
 back-pressure reaches Spark through TCP.  ``feed.DataFeed`` reads from the hub.
 
@@ -22,26 +22,18 @@ import collections
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 from .. import columns as C
-from .. import net
 from .. import results as R
 from ..protocol import dataplane as dp
 
 log = logging.getLogger(__name__)
 
 _QUEUE_BATCHES = 16
-# A feeder completes the handshake in a few round trips as soon as it connects; this bounds, for the whole
-# handshake, how long a connection that does not (idle, or a byte at a time) holds a thread and a descriptor.
-HANDSHAKE_DEADLINE_S = 10.0
-# Handshakes in flight at once, each on a thread of its own: beyond it the oldest is closed, so silent
-# connections cannot pile up threads nor keep a feeder that completes the handshake at once out.
-MAX_HANDSHAKES = 32
 
 
 class Conn:
@@ -338,116 +330,3 @@ class FeedHub:
             conn.answered += k
             with self._cond:
                 self._maybe_finish(conn)
-
-
-class DataServer:
-    """Accepts feeding tasks' connections on the node's address.
-
-    Anyone who can reach the port can connect, so a connection that has not completed the
-    handshake (mutual HMAC proof and the header frame) is bounded: the whole handshake must
-    end within :data:`HANDSHAKE_DEADLINE_S` of the accept (however the bytes trickle in), at
-    most :data:`MAX_HANDSHAKES` run at once (each on a thread; a new one beyond that closes
-    the oldest), and when descriptors run out accepting pauses ``net.ACCEPT_BACKOFF_S``.
-    """
-
-    def __init__(self, hub: FeedHub, secret: bytes, host: str, *, handshake_deadline: float = HANDSHAKE_DEADLINE_S,
-                 max_handshakes: int = MAX_HANDSHAKES) -> None:
-        self._hub = hub
-        self._secret = secret
-        self._handshake_deadline = handshake_deadline
-        self._max_handshakes = max_handshakes
-        self._handshaking: collections.OrderedDict[socket.socket, None] = collections.OrderedDict()  # oldest first
-        self._lock = threading.Lock()
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((host, 0))
-        self._listener.listen(64)
-        self.port: int = self._listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._accept_loop, name="tfos-data-server", daemon=True)
-        self._stopped = threading.Event()
-        self.timed_out = 0  # connections closed before completing the handshake (deadline, or room for newer ones)
-        self.accept_errors = 0
-
-    def start(self) -> DataServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._listener.close()
-
-    def _accept_loop(self) -> None:
-        failing = False
-        while not self._stopped.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except OSError as exc:
-                if self._stopped.is_set():
-                    return
-                self.accept_errors += 1
-                if exc.errno in net.ACCEPT_PER_CONNECTION:
-                    continue
-                if not failing:  # EMFILE, ENFILE…: the connection stays queued; retrying at once would spin
-                    log.warning("tfos_nb data server: cannot accept connections (%s); retrying every %g s",
-                                exc, net.ACCEPT_BACKOFF_S)
-                failing = True
-                self._stopped.wait(net.ACCEPT_BACKOFF_S)
-                continue
-            failing = False
-            with self._lock:
-                if len(self._handshaking) >= self._max_handshakes:
-                    oldest = next(iter(self._handshaking))
-                    del self._handshaking[oldest]
-                    self._cut(oldest)
-                self._handshaking[sock] = None
-            threading.Thread(target=self._serve, args=(sock,), name="tfos-data-conn", daemon=True).start()
-
-    def _cut(self, sock: socket.socket) -> None:
-        """End a handshake from outside its thread: its receive returns at once."""
-        self.timed_out += 1
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def _serve(self, sock: socket.socket) -> None:
-        conn: Conn | None = None
-        try:
-            try:
-                header = dp.server_handshake(sock, self._secret, time.monotonic() + self._handshake_deadline)
-            finally:
-                with self._lock:
-                    kept = sock in self._handshaking
-                    self._handshaking.pop(sock, None)
-            if not kept:
-                raise dp.DataPlaneError("closed to make room for newer connections")
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Conn(sock, header)
-            while True:
-                kind, payload = dp.recv_frame(sock)
-                if kind == b"D":
-                    try:
-                        batch = C.decode_ipc(payload)
-                    except (pa.ArrowInvalid, OSError) as exc:
-                        raise dp.DataPlaneError(f"bad Arrow batch: {exc}") from None
-                    self._hub.put(conn, conn.gen, batch)
-                elif kind == b"E":
-                    self._hub.end_conn(conn)
-                    return
-                else:
-                    raise dp.DataPlaneError(f"unexpected frame {kind!r}")
-        except (OSError, dp.DataPlaneError) as exc:
-            if conn is None:
-                if isinstance(exc, dp.HandshakeTimeout):
-                    self.timed_out += 1
-                log.debug("tfos_nb data connection refused: %s", exc)
-                sock.close()
-            else:
-                log.warning("tfos_nb data connection dropped: %s", exc)
-                self._hub.drop(conn, str(exc))

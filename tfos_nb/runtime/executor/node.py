@@ -28,7 +28,8 @@ class NodeRole(child_main.ChildRole):
 
     def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
         from .. import columns as C
-        from .feed_hub import DataServer, FeedHub
+        from .data_server import DataServer
+        from .feed_hub import FeedHub
 
         super().__init__(info, reporter)
         self.hub = self.server = None
