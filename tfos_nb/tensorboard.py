@@ -117,8 +117,9 @@ class ClusterRoute:
     """Keeps a ``--tensorboard`` cluster's proxy route registered while the cluster runs.
 
     An observer ``(view, final)`` of the cell's handle (a ``ClusterView`` snapshot): it
-    registers the chief's TensorBoard the first time a snapshot carries its URL, and
-    withdraws it with the final snapshot; so the panel's TensorBoard tab and link
+    registers the chief's TensorBoard the first time a snapshot carries its URL (the chief
+    reports it once its own TensorBoard process answers there), and withdraws it when the
+    URL goes (TensorBoard exited) and with the final snapshot; so the panel's TensorBoard tab and link
     (``<base_url>tfos_nb/tensorboard/<cluster_id>/``) work exactly while TensorBoard
     does.  Errors (an unwritable runtime directory) are kept in ``error``, never raised
     into the runtime's thread.
@@ -141,7 +142,9 @@ class ClusterRoute:
                 self._withdraw()
                 return
             url = getattr(view, "tensorboard", None)
-            if url and (view.cluster_id, url) != self._registered:
+            if not url and self._registered is not None:
+                self._withdraw()  # the chief's TensorBoard exited: its port is anyone's to take now
+            elif url and (view.cluster_id, url) != self._registered:
                 self._withdraw()  # a retried cluster: a new id, a new TensorBoard
                 try:
                     self.path = register(view.cluster_id, url)

@@ -126,6 +126,8 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
         # the magics layer registers it (tensorboard.ClusterRoute) and withdraws it at the end
         "tensorboard": proxy_route(view.cluster_id) if live and view.tensorboard else None,
         "tensorboard_url": view.tensorboard or None,  # the node's own http://host:port
+        # the chief's TensorBoard failed: say so (the node's log has its last lines), not an empty tab
+        "tensorboard_error": _tensorboard_error(view),
         "error": (str(view.error).strip().splitlines() or [""])[0] if view.error else "",
         "final": not live,
         "rows": [node_row(n, live) for n in view.nodes],
@@ -133,6 +135,11 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
     if hasattr(view, "params"):  # parallel runs (runtime.parallel.ParallelView)
         _add_runs(model, view)
     return model
+
+
+def _tensorboard_error(view: Any) -> str:
+    error = str(getattr(view, "tensorboard_error", None) or "").strip()
+    return f"no TensorBoard: {error.splitlines()[0]} (its output is in the chief's log)" if error else ""
 
 
 def _add_runs(model: dict[str, Any], view: Any) -> None:
@@ -184,6 +191,8 @@ def text_line(model: Mapping[str, Any]) -> str:
         parts.append(text)
     if model["error"] and not any(r["error"] for r in model["rows"]):
         parts.append(model["error"])
+    if model.get("tensorboard_error"):
+        parts.append(model["tensorboard_error"])
     if model.get("best"):
         parts.append(f"best {model['best']}")
     return " | ".join(parts)
@@ -270,6 +279,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
     out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
     if model["error"]:
         out.append(f'<div style="color:#dc322f">{_e(model["error"])}</div>')
+    if model.get("tensorboard_error"):
+        out.append(f'<div style="color:#b58900">{_e(model["tensorboard_error"])}</div>')
     out.append('<table style="border-collapse:collapse"><thead><tr>')
     out += [f'<th style="text-align:left;padding:1px 6px">{_e(headers.get(c, c))}</th>' for c in columns]
     out.append("</tr></thead><tbody>")

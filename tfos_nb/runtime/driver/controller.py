@@ -26,6 +26,7 @@ from ..net import hostport
 from ..protocol import messages as m
 from . import state as S
 from .shares import EpochShares
+from .tensorboard_news import tensorboard_news
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +182,10 @@ class Controller:
                 node.data_port = msg.data_port
             if msg.feed.get("closed"):
                 node.feed_closed = True
-            if msg.tensorboard:
-                node.tensorboard = msg.tensorboard
+            spec = (self._specs or {}).get(node.index)
+            tb_lines = tensorboard_news(node, spec is not None and spec.tensorboard, msg)
+            node.logs.extend(tb_lines)
+            new_logs.extend(tb_lines)
             if msg.report:
                 st.update_progress(node, msg.report)
                 if isinstance(msg.report.get("gpus"), list):

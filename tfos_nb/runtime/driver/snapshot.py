@@ -20,7 +20,7 @@ MAX_REPORTS = 1000  # reports per node per snapshot
 
 _NODE_FIELDS = ("state", "host", "port", "executor_id", "pid", "child_pid", "data_port", "gpus", "step",
                 "total_steps", "total_epochs", "metrics", "rows_fed", "feed_closed", "error", "exit_code",
-                "tail", "tensorboard", "value", "working_dir")
+                "tail", "tensorboard", "tensorboard_error", "value", "working_dir")
 
 
 class LogBook:

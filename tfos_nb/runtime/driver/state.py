@@ -91,6 +91,7 @@ class NodeView:
     exit_code: int | None = None
     tail: tuple[str, ...] = ()
     tensorboard: str | None = None
+    tensorboard_error: str | None = None
     curve: tuple[float, ...] = ()  # the reported loss (or first metric), thinned to CURVE_POINTS
     curve_metric: str | None = None
 
@@ -111,6 +112,7 @@ class ClusterView:
     nodes: tuple[NodeView, ...]
     error: str | None = None
     tensorboard: str | None = None
+    tensorboard_error: str | None = None  # why the chief has no TensorBoard (it failed), with its last lines
     rows_fed: int = 0
     feed_epoch: int = 0
     job_group: str = ""
@@ -150,6 +152,7 @@ class _Node:
         self.tail: list[str] = []
         self.logs: deque[str] = deque(maxlen=LOG_LINES_KEPT)
         self.tensorboard: str | None = None
+        self.tensorboard_error: str | None = None
         self.working_dir = ""
 
     @property
@@ -201,6 +204,7 @@ class _Node:
             exit_code=self.exit_code,
             tail=tuple(self.tail),
             tensorboard=self.tensorboard,
+            tensorboard_error=self.tensorboard_error,
             curve=(*self.curve, self._curve_last) if self._curve_last is not None else tuple(self.curve),
             curve_metric=self.curve_metric,
         )
@@ -274,6 +278,7 @@ class ClusterState:
         with self.lock:
             end = self.ended_at if self.ended_at is not None else now
             tb = next((n.tensorboard for n in self.nodes if n.tensorboard), None)
+            tb_error = next((n.tensorboard_error for n in self.nodes if n.tensorboard_error), None)
             return ClusterView(
                 cluster_id=self.cluster_id,
                 name=self.name,
@@ -283,6 +288,7 @@ class ClusterState:
                 nodes=tuple(n.view(now) for n in self.nodes),
                 error=self.error,
                 tensorboard=tb,
+                tensorboard_error=tb_error,
                 rows_fed=sum(n.rows_fed for n in self.nodes),
                 feed_epoch=self.feed_epoch,
                 job_group=self.job_group,

@@ -6,7 +6,8 @@ freeing the executor's slot for feeding tasks).  It
 * registers the node (host, port, executor, pid, GPUs) and waits for the
   cluster spec;
 * starts the node process (``node.py``) with ``TF_CONFIG`` and its GPUs, and
-  TensorBoard on the chief when asked;
+  TensorBoard on the chief when asked (``tensorboard.py``: its URL is reported
+  once it is verified to be TensorBoard's own);
 * heartbeats to the driver twice a second, carrying progress reports and new
   output lines, and relays the driver's commands (end of epoch, stop, kill);
 * is bound to the lives of the driver (no answer for ``driver_timeout`` s) and of
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
@@ -29,6 +29,7 @@ from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
 from .owner import REPORT_BYTES_PER_BEAT, ChildOwner, tf_env
+from .tensorboard import ChiefTensorBoard
 
 
 class Supervisor(ChildOwner):
@@ -60,8 +61,7 @@ class Supervisor(ChildOwner):
         self.port = net.free_port(self.host)
         # Held until the node's function runs (TensorFlowOnSpark's ctx.tmp_socket / release_port).
         self.port_socket = net.reserve_port(self.port)
-        self.tensorboard: subprocess.Popen | None = None
-        self.tb_url: str | None = None
+        self.tensorboard: ChiefTensorBoard | None = None
         self.gpus: list[dict] = []
         self._sent_epoch = 0
         self._sent_assigned = 0
@@ -130,15 +130,8 @@ class Supervisor(ChildOwner):
             self.port_socket = None
 
     def start_tensorboard(self, logdir: str) -> None:
-        port = net.free_port(self.host)
-        os.makedirs(logdir, exist_ok=True)
-        self.tensorboard = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", self.host, "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self.tb_url = f"http://{net.hostport(self.host, port)}"
+        self.tensorboard = ChiefTensorBoard(self.host, logdir)
+        self.tensorboard.start()
 
     # -- heartbeats -----------------------------------------------------------
     def beat_fields(self, final: bool) -> dict[str, Any]:
@@ -153,7 +146,9 @@ class Supervisor(ChildOwner):
             value = self.value
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
-        return {"data_port": self.data_port, "tensorboard": self.tb_url, "report": report, "reports": reports,
+        tb = self.tensorboard
+        return {"data_port": self.data_port, "tensorboard": tb.url if tb else None,
+                "tensorboard_error": tb.error if tb else None, "report": report, "reports": reports,
                 "returned": {"value": value} if final and value is not None else {}, "feed": feed}
 
     _gpu_checked = 0.0
@@ -190,7 +185,7 @@ class Supervisor(ChildOwner):
         finally:
             self.kill(grace=1)
             if self.tensorboard is not None:
-                procs.kill_tree(self.tensorboard, grace=1)
+                self.tensorboard.stop()
         if outcome == "lost":
             return 2  # the driver is gone; nobody to report to
         self.join_readers()

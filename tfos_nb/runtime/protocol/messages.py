@@ -119,7 +119,8 @@ class Heartbeat(Message):
     state: str  # starting | running | finished | failed | stopped
     child_pid: int | None = None
     data_port: int | None = None
-    tensorboard: str | None = None
+    tensorboard: str | None = None  # the chief's TensorBoard, once verified to listen and answer (http://host:port)
+    tensorboard_error: str | None = None  # why the chief has no TensorBoard (it exited or never listened)
     report: dict = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
     reports: list = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
     returned: dict = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
