@@ -8,7 +8,7 @@ once
 1. the TensorBoard process itself holds a listening socket on the node's address,
    read from its own descriptors (``/proc/PID/fd`` matched against
    ``/proc/PID/net/tcp{,6}``), never from a file or from its output;
-2. that address answers TensorBoard's ``/data/environment`` with our log directory;
+2. that address answers TensorBoard's ``/data/environment``;
 3. the socket still is the process's after the answer.
 
 Its output goes to the node's log (the supervisor's stderr).  A TensorBoard that exits
@@ -175,7 +175,7 @@ class ChiefTensorBoard:
             self._fail(f"TensorBoard {procs.describe_exit(code)}")
 
     def _verified_url(self) -> str | None:
-        """TensorBoard's URL when its own socket listens on the node's address and answers as ours."""
+        """TensorBoard's URL when its own socket listens on the node's address and answers as TensorBoard."""
         assert self.proc is not None
         port = self._own_port()
         if port is None:
@@ -186,8 +186,8 @@ class ChiefTensorBoard:
                 env: Any = json.loads(resp.read())
         except (OSError, ValueError):
             return None  # listening, not yet serving
-        if not isinstance(env, dict) or env.get("data_location") != self.logdir:
-            return None
+        if not isinstance(env, dict) or "data_location" not in env:
+            return None  # not TensorBoard's answer (its own socket, so not yet serving, or a bug)
         return url if self._own_port() == port else None  # the socket that answered was its own
 
     def _own_port(self) -> int | None:
