@@ -531,6 +531,48 @@ def test_websocket(server: Server, upstream: str, register: Callable[[str], str]
     asyncio.run(scenario())
 
 
+@pytest.fixture
+def own_upstream(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """An echo upstream of the test's own (its log and connections are the test's alone)."""
+    (tmp_path / "up.py").write_text(UPSTREAM)
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "up.py"), str(port_file)], env=child_env(),
+                            stderr=open(tmp_path / "log", "wb"))
+    try:
+        wait_for(port_file.exists, 30, "echo upstream", proc)
+        yield f"http://127.0.0.1:{int(port_file.read_text())}", proc
+    finally:
+        stop(proc)
+
+
+@slow
+def test_a_refused_websocket_never_reaches_tensorboard(
+    server: Server, own_upstream: tuple[str, subprocess.Popen], register: Callable[[str], str]
+) -> None:
+    """A foreign page riding the browser's cookie is refused before the proxy connects upstream."""
+    import psutil
+    from tornado import httpclient
+
+    url, proc = own_upstream
+    port = int(url.rsplit(":", 1)[1])
+    cid = register(url)
+
+    def upstream_connections() -> int:
+        return sum(1 for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+                   if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+    async def scenario() -> None:
+        cookie = await asyncio.to_thread(server.login_cookie)
+        for _ in range(20):
+            with pytest.raises(httpclient.HTTPClientError) as err:
+                await _ws(server, tb_path(cid, "ws"), {"Cookie": cookie, "Origin": "http://evil.example"})
+            assert err.value.code == 403
+
+    asyncio.run(scenario())
+    assert not [line for line in upstream_log(url) if line.startswith("WS ")], upstream_log(url)
+    assert wait_until(lambda: upstream_connections() == 0, 5), f"{upstream_connections()} upstream connections left open"
+
+
 @slow
 def test_unknown_and_withdrawn_404(server: Server, upstream: str, register: Callable[[str], str]) -> None:
     assert server.fetch(tb_path(secrets.token_hex(8), "data/runs")).status == 404

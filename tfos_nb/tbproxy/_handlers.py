@@ -97,6 +97,7 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         self.proxy_config = proxy_config
         self._upstream_ws: websocket.WebSocketClientConnection | None = None
         self._pump_task: asyncio.Task[None] | None = None
+        self._opened = False
 
     # -- authentication helpers ------------------------------------------------
     def check_xsrf_cookie(self) -> None:
@@ -219,6 +220,12 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         await self._authorize()
         endpoint, path = self._resolve(cluster_id)
         url = self._url(endpoint, path, "ws")
+        # Jupyter's origin check runs in WebSocketHandler.get, after the upstream connection below: a request it
+        # refuses (a foreign page riding the browser's cookie) must cost TensorBoard no connection, so check first.
+        refused = self._cross_origin_refused()
+        if refused is not None:
+            self.log.warning("tfos_nb TensorBoard proxy: websocket refused: %s", refused)
+            raise web.HTTPError(403, "Cross origin websockets not allowed")
         drop = _NOT_UPSTREAM_WS | _connection_tokens(self.request.headers)
         headers = {k: v for k, v in self.request.headers.get_all() if k.lower() not in drop}
         subprotocols = [p.strip() for p in self.request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
@@ -232,7 +239,20 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         except (OSError, httpclient.HTTPClientError, websocket.WebSocketError, asyncio.TimeoutError) as exc:
             self.log.warning("tfos_nb TensorBoard proxy: websocket to %s failed: %s", endpoint.netloc, exc)
             raise web.HTTPError(502, "upstream websocket refused") from None
-        await websocket.WebSocketHandler.get(self, cluster_id)
+        try:
+            await websocket.WebSocketHandler.get(self, cluster_id)
+        finally:
+            if not self._opened and self._upstream_ws is not None:  # refused after all: on_close will not run
+                self._upstream_ws.close()
+                self._upstream_ws = None
+
+    def _cross_origin_refused(self) -> str | None:
+        """Why tornado's websocket handshake would refuse this request's origin, else None (its own algorithm)."""
+        check = getattr(self, "_check_cross_origin", None)
+        if check is not None:  # tornado >= 6.5: Sec-Fetch-Site, then Origin
+            return check(self.check_origin)
+        origin = self.request.headers.get("Origin") or self.request.headers.get("Sec-Websocket-Origin")
+        return None if origin is None or self.check_origin(origin) else f"Origin {origin!r} not allowed"
 
     def select_subprotocol(self, subprotocols: list[str]) -> str | None:
         chosen = self._upstream_ws.selected_subprotocol if self._upstream_ws is not None else None
@@ -242,6 +262,7 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         return None
 
     def open(self, *args: Any, **kwargs: Any) -> None:
+        self._opened = True
         super().open(*args, **kwargs)
         self._pump_task = asyncio.ensure_future(self._pump_upstream())
 
