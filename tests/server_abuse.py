@@ -1,4 +1,6 @@
-"""What anyone who can reach a tfos_nb server's port can do to it, for the servers' tests.
+"""What another local user, or anyone who can reach a tfos_nb server's port, can do: for the tests.
+
+:func:`fork_as_nobody` runs code as a second identity (uid ``nobody``; needs root, which CI has).
 
 Idle connections, a sender that trickles bytes, and a real server in a subprocess whose
 file descriptors run out (``RLIMIT_NOFILE`` lowered below what it has open) while a peer
@@ -13,14 +15,51 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
+from tests.conftest import skip_environment
+
 REPO = Path(__file__).resolve().parents[1]
 SECRET = b"s" * 32
+
+
+def as_nobody() -> None:
+    """Tests that act as a second local user (uid ``nobody``) need root (CI runs as root: there it fails instead)."""
+    if os.getuid() != 0:
+        skip_environment("acting as uid nobody needs root")
+
+
+def fork_as_nobody(work: Callable[[], None]) -> int:
+    """Run ``work`` in a forked child that is uid and gid ``nobody``; its pid (a child of this process).
+
+    A fork, not an exec: this interpreter and its standard library may lie where ``nobody`` cannot reach them
+    (under ``/root``), so ``work`` must use only modules already loaded.
+    """
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+def as_nobody_wait(work: Callable[[], None]) -> None:
+    """:func:`fork_as_nobody` and wait for it; it must succeed."""
+    _, status = os.waitpid(fork_as_nobody(work), 0)
+    assert status == 0, f"the work done as nobody failed ({status})"
 
 
 def idle_connections(port: int, n: int) -> list[socket.socket]:

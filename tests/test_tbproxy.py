@@ -27,7 +27,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.conftest import free_port, skip_environment, wait_until
+from tests.conftest import free_port, wait_until
+from tests.server_abuse import as_nobody, as_nobody_wait, fork_as_nobody
 from tfos_nb import tensorboard as tb
 from tfos_nb.tbproxy import _records, _urls
 
@@ -765,40 +766,11 @@ def test_start_local_that_does_not_listen_in_time_is_stopped_and_says_where_its_
     assert not left, left
 
 
-def _as_nobody() -> None:
-    """Tests that act as a second local user (uid ``nobody``) need root (CI runs as root: there it fails instead)."""
-    if os.getuid() != 0:
-        skip_environment("acting as uid nobody needs root")
-
-
-def _fork_as_nobody(work: Callable[[], None]) -> int:
-    """Run ``work`` in a forked child that is uid and gid ``nobody``; its pid (a child of this process).
-
-    A fork, not an exec: this interpreter and its standard library may lie where ``nobody`` cannot reach them
-    (under ``/root``), so ``work`` must use only modules already loaded.
-    """
-    import pwd
-
-    nobody = pwd.getpwnam("nobody")
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            work()
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
-
-
 @slow
 def test_start_local_never_trusts_another_users_tensorboard_info(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another local user plants, in TensorBoard's world-writable info folder, a file naming their server and
     their process under the key this kernel's TensorBoard would have: it is neither used nor signalled."""
-    _as_nobody()
+    as_nobody()
     import tempfile
     import time
 
@@ -818,7 +790,7 @@ def test_start_local_never_trusts_another_users_tensorboard_info(server: Server,
             conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n["nobody\'s"]')
             conn.close()
 
-    http_server = _fork_as_nobody(serve)
+    http_server = fork_as_nobody(serve)
     sleeper = subprocess.Popen(["sleep", "600"], user="nobody")
     info_dir = os.path.join(tempfile.gettempdir(), ".tensorboard-info")
     planted = os.path.join(info_dir, f"pid-{sleeper.pid}.info")
@@ -844,7 +816,7 @@ def test_start_local_never_trusts_another_users_tensorboard_info(server: Server,
             os.write(fd, text)
             os.close(fd)
 
-        assert os.waitpid(_fork_as_nobody(plant), 0)[1] == 0
+        as_nobody_wait(plant)
         assert os.stat(planted).st_uid != 0
 
         local = tb.start_local(str(logdir), timeout=120)

@@ -20,11 +20,10 @@ def open_log(path: str) -> int:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
-            msg = f"refusing to write the log {path}: it is a symlink or a special file (another user's?)"
-            raise OSError(exc.errno, msg) from None
-        raise
+    except OSError as exc:  # ELOOP: a symlink; ENXIO: a FIFO nobody reads; EACCES: e.g. a symlink in a sticky folder
+        msg = (f"cannot open the log {path}: {exc.strerror} (a symlink, a special file or another user's file "
+               "there is refused)")
+        raise OSError(exc.errno, msg) from None
     try:
         _check_ours(fd, path)
         os.fchmod(fd, 0o600)

@@ -169,7 +169,15 @@ def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_no
 
 def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict, Any]:
     """A ps node on the driver (TensorFlowOnSpark's ``driver_ps_nodes``)."""
+    return start_supervisor(meta, blob, driver_log_path(cluster_id, i))
+
+
+def driver_log_path(cluster_id: str, i: int) -> str:
+    """Where a node started on the driver logs: a fresh private directory (0700) in the temporary one.
+
+    Not ``/tmp/tfos_nb-<cluster>-node<i>.log`` itself: the cluster id is no secret (it is on every node's
+    command line), so another local user could plant a symlink or a file of theirs at that name first.
+    """
     import tempfile
 
-    log_path = os.path.join(tempfile.gettempdir(), f"tfos_nb-{cluster_id}-node{i}.log")
-    return start_supervisor(meta, blob, log_path)
+    return os.path.join(tempfile.mkdtemp(prefix=f"tfos_nb-{cluster_id}-"), f"node{i}.log")

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .. import private
 from ..protocol import pipes
 from .threads import task_cpus
 
@@ -77,7 +78,8 @@ def spawn_detached(role: str, meta: dict[str, Any], log_path: str,
 
     The line is ``b""`` when the process said nothing within ``LAUNCH_WAIT_S``.
     """
-    with open(log_path, "ab") as log:
+    log = private.open_log(log_path)  # 0600, no symlink, ours: the directory may be shared
+    try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tfos_nb.runtime", role, meta["cluster_id"]],
             stdin=subprocess.PIPE,
@@ -86,6 +88,8 @@ def spawn_detached(role: str, meta: dict[str, Any], log_path: str,
             env=_child_env(meta),
             start_new_session=True,
         )
+    finally:
+        os.close(log)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         feed(proc.stdin)
@@ -103,12 +107,10 @@ def start_failed(proc: subprocess.Popen, log_path: str, what: str) -> dict[str, 
     if proc.poll() is None:
         proc.kill()
     proc.wait(timeout=5)
-    tail = ""
     try:
-        with open(log_path, "rb") as f:
-            tail = f.read()[-4000:].decode("utf-8", "replace")
+        tail = private.read_tail(log_path, 4000)
     except OSError:
-        pass
+        tail = ""
     return {"ok": False, "error": f"{what} did not start ({proc.returncode}): {tail}"}
 
 

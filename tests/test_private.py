@@ -1,0 +1,88 @@
+"""The runtime's logs are private and never another user's: through the real launcher (``spawn_detached``, which
+starts every supervisor and coordinator), with what uid ``nobody`` plants at a log's predictable path first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server_abuse import as_nobody, as_nobody_wait
+from tfos_nb.runtime import private
+from tfos_nb.runtime.driver.start import driver_log_path
+from tfos_nb.runtime.executor.launch_connect import start_coordinator
+
+# A coordinator whose meta lacks its settings: it writes a traceback to its log and exits at once.
+BROKEN = {"cluster_id": "c0ffee"}
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user can write, like /tmp (sticky) or a shared work directory."""
+    d = Path(tempfile.mkdtemp())
+    d.chmod(0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_log_is_0600_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        status, proc = start_coordinator(BROKEN, str(tmp_path / "new.log"))
+        (tmp_path / "old.log").write_text("before\n")
+        (tmp_path / "old.log").chmod(0o644)
+        os.close(private.open_log(str(tmp_path / "old.log")))
+    finally:
+        os.umask(old)
+    assert proc.wait(10) != 0 and "KeyError" in status["error"]  # its output reached its log, and the message
+    assert stat.S_IMODE(os.stat(tmp_path / "new.log").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "old.log").st_mode) == 0o600
+
+
+def test_a_symlink_planted_at_a_log_path_is_not_followed(shared_dir: Path, tmp_path: Path) -> None:
+    as_nobody()
+    target = tmp_path / "precious"
+    target.write_text("precious\n")
+    log = shared_dir / "tfos_nb-c0ffee-node0.log"
+    as_nobody_wait(lambda: os.symlink(target, log))
+    with pytest.raises(OSError, match="cannot open the log .*node0.log: .*a symlink, a special file or another user's"):
+        start_coordinator(BROKEN, str(log))
+    assert target.read_text() == "precious\n"
+
+
+def test_a_file_planted_at_a_log_path_by_another_user_is_refused(shared_dir: Path) -> None:
+    as_nobody()
+    log = shared_dir / "tfos_nb-c0ffee-node0.log"
+
+    def plant() -> None:
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT, 0o666))
+        os.chmod(log, 0o666)
+
+    as_nobody_wait(plant)
+    with pytest.raises(OSError, match=r"refusing the log .*owned by uid \d+, not this user"):
+        start_coordinator(BROKEN, str(log))
+    assert log.stat().st_size == 0  # nothing of ours went into their file
+
+
+def test_a_fifo_planted_at_a_log_path_does_not_block(shared_dir: Path) -> None:
+    as_nobody()
+    log = shared_dir / "tfos_nb-c0ffee-node0.log"
+    as_nobody_wait(lambda: os.mkfifo(log, 0o666))
+    with pytest.raises(OSError, match="log .*node0.log"):
+        private.open_log(str(log))
+
+
+def test_a_node_on_the_driver_logs_in_a_fresh_private_directory() -> None:
+    first, second = driver_log_path("c0ffee", 0), driver_log_path("c0ffee", 0)
+    try:
+        assert os.path.dirname(first) != os.path.dirname(second)  # not a name anyone can predict
+        st = os.stat(os.path.dirname(first))
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    finally:
+        for path in (first, second):
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
