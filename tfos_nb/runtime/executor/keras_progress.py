@@ -4,6 +4,13 @@ Off the hot path: the callback takes Keras' batch logs as tensors
 (``_supports_tf_logs``), so Keras does not turn them into numbers — which waits
 for the step to finish — after every step; it keeps them and converts and
 reports them at most ``FLUSH_S`` apart (every step still reported, in order).
+
+The numbers reported are the model's: under ``MultiWorkerMirroredStrategy`` across
+workers, ``tf_keras`` (Keras 2) sums the per-step logs over the replicas (its "auto"
+reduction is "sum"; each replica already holds the synchronised value), so a 2-worker
+run's batch logs read twice the loss and accuracy that the epoch's logs and
+``model.fit(...).history`` report.  The callback divides those per-step values by the
+number of replicas (:func:`replica_scale`); Keras 3 ("mean") needs nothing.
 """
 
 from __future__ import annotations
@@ -15,16 +22,38 @@ FLUSH_S = 0.1  # the Reporter writes at most 10 times a second anyway
 PENDING_MAX = 1000  # steps kept between flushes, whatever the time
 
 
-def _floats(logs: Any) -> dict[str, float]:
+def _floats(logs: Any, scale: float = 1.0) -> dict[str, float]:
     out = {}
     for k, v in (logs or {}).items():
         if hasattr(v, "fetch"):  # a RemoteValue (ParameterServerStrategy's coordinator)
             v = v.fetch()
         try:
-            out[k] = float(v)
+            out[k] = float(v) * scale
         except (TypeError, ValueError):
             continue
     return out
+
+
+def _resolved_reduction(model: Any, strategy: Any, tf: Any) -> str:
+    """The reduction Keras applies to a train step's logs across replicas ("sum", "mean", "first", ...)."""
+    method = getattr(model, "distribute_reduction_method", None) or "auto"
+    if method != "auto":
+        return str(method)
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return "first"
+    legacy = any(cls.__module__.startswith("tf_keras") for cls in type(model).__mro__)
+    return "sum" if legacy else "mean"  # tf_keras' "auto" is "sum", Keras 3's is "mean"
+
+
+def replica_scale(model: Any, tf: Any) -> float:
+    """The factor that turns a train step's logs into the model's values (1.0 but for summed replicas)."""
+    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
+        getattr(strategy.extended, "_in_multi_worker_mode", lambda: False)())
+    if multi_worker and _resolved_reduction(model, strategy, tf) == "sum":
+        # the collective sum of one already-synchronised value per replica
+        return 1.0 / max(1, int(strategy.num_replicas_in_sync))
+    return 1.0
 
 
 def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
@@ -40,14 +69,16 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
             self._supports_tf_logs = True  # logs stay tensors: no wait for each step's end
             self._pending: list[tuple[int, int, Any]] = []
             self._last = time.monotonic()
+            self._scale = 1.0  # per-step logs -> the model's values (set at the start of training)
 
         def _flush(self) -> None:
             pending, self._pending = self._pending, []
             self._last = time.monotonic()
             for step, epoch, logs in pending:
-                ctx.report(step=step, epoch=epoch, **_floats(logs))
+                ctx.report(step=step, epoch=epoch, **_floats(logs, self._scale))
 
         def on_train_begin(self, logs: Any = None) -> None:
+            self._scale = replica_scale(self.model, tf)
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
             ctx.report(step=self.step, total_steps=total, total_epochs=epochs or None, epoch=self.epoch)
