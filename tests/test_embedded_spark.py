@@ -140,6 +140,8 @@ def test_embedded_spark_and_cluster_listen_on_loopback_only(kernel_specs, tmp_pa
             pids = [pid for pid, w in procs.items() if w == what]
             assert len(pids) == 2 and set(pids) <= pids_listening, (what, procs, listeners)
 
+        _assert_spark_refuses_a_client_without_the_secret(execute, procs, listeners)
+
         stop.write_text("stop")
         out = execute("lb.wait(timeout=120)\nprint(lb.result['state'], sum(m.get('rows', 0) for m in lb.result['metrics'].values()))")
         assert out.split() == ["finished", "400"], out
@@ -149,3 +151,39 @@ def test_embedded_spark_and_cluster_listen_on_loopback_only(kernel_specs, tmp_pa
             stop.write_text("stop")
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def _assert_spark_refuses_a_client_without_the_secret(execute, procs: dict[int, str], listeners: list) -> None:
+    """The embedded Spark's RPC is authenticated: another local user's Spark client cannot use its master.
+
+    Spark's own client (``deploy.Client kill``, a few seconds' JVM) is pointed at every port the driver JVM
+    listens on (the local-cluster's master and workers live in it): without ``spark.authenticate`` the
+    master answers it (its ``ClientEndpoint`` goes on to poll the master: the door to running code as this
+    user); with it, each server refuses the unauthenticated connection.  The secret never appears on a
+    command line (``/proc/PID/cmdline`` is readable by everyone).
+    """
+    import re
+    import subprocess
+
+    from pyspark.find_spark_home import _find_spark_home
+
+    out = execute("print(spark.sparkContext.getConf().get('spark.authenticate'), "
+                  "spark.sparkContext.getConf().get('spark.authenticate.secret'))")
+    enabled, secret = out.split()
+    assert enabled == "true" and re.fullmatch(r"[0-9a-f]{64}", secret), out
+    for p in psutil.process_iter():
+        try:
+            assert secret not in " ".join(p.cmdline()), (p.pid, "the secret is on a command line")
+        except psutil.Error:
+            continue
+    spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
+    driver_ports = sorted({port for what, _, _, port in listeners if what == "driver-jvm"})
+    assert len(driver_ports) >= 3, listeners  # the driver's RPC, the master's, the workers'
+    answered = []
+    for port in driver_ports:
+        run = subprocess.run([spark_class, "org.apache.spark.deploy.Client", "kill", f"spark://127.0.0.1:{port}", "driver-0"],
+                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                             env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"))
+        if "ClientEndpoint" in run.stdout + run.stderr:
+            answered.append((port, (run.stdout + run.stderr)[-600:]))
+    assert not answered, answered

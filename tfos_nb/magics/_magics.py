@@ -19,7 +19,7 @@ from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
 from ._parallel_handle import ParallelHandle
 from ._run_handle import RunHandle
-from ._spark import spark_for_cell
+from ._spark import before_embedded_stop, spark_for_cell
 
 DEFAULT_PARALLEL_NAME = "_tfos_parallel"
 
@@ -68,7 +68,8 @@ class TFOSMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self.handles: dict[str, RunHandle] = {}
         self._local_tensorboards: dict[str, Any] = {}
-        atexit.register(self.shutdown_all)
+        atexit.register(self.shutdown_all)  # and before an embedded Spark stops, never under it:
+        self._forget_before_spark_stop = before_embedded_stop(self.shutdown_all)
         add_start_listener(self._api_cluster_started)
 
     def _api_cluster_started(self, job: Any) -> None:
@@ -83,6 +84,7 @@ class TFOSMagics(Magics):
     def detach(self) -> None:
         """Stop showing panels for API-started clusters (``%unload_ext``)."""
         remove_start_listener(self._api_cluster_started)
+        self._forget_before_spark_stop()
 
     # -- %%tfos_cluster -------------------------------------------------------------
     @no_var_expand

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..runtime.driver.start import expected_slots
 from ..runtime.sessions import is_connect
 
-__all__ = ["CONNECT_ENV", "LOOPBACK", "embedded_host", "embedded_notice", "expected_slots", "find_spark_context",
-           "is_connect", "job_groups", "job_progress", "spark_for_cell", "spark_session", "start_embedded"]
+__all__ = ["CONNECT_ENV", "LOOPBACK", "before_embedded_stop", "embedded_host", "embedded_notice", "expected_slots",
+           "find_spark_context", "is_connect", "job_groups", "job_progress", "spark_for_cell", "spark_session",
+           "start_embedded", "stop_embedded"]
 
 CONNECT_ENV = "TFOS_NB_SPARK_CONNECT"  # "1": the embedded Spark is a local Spark Connect server (quickstart.sh --connect)
 
@@ -88,22 +91,23 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
     if connect is None:
         connect = os.environ.get(CONNECT_ENV) == "1"
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import TensorFlow from this environment
-    from pyspark.sql import SparkSession
 
     host = embedded_host()
     master = master_template.format(n=max(1, nodes))
+    # Spark's RPC authenticated with a secret of this session's (local-cluster needs it set explicitly):
+    # without it, any local user could join the embedded master, workers or driver and run code as this
+    # user.  It never goes on a command line (every user reads /proc/PID/cmdline): see _start_local_cluster.
+    secret = secrets.token_hex(32)
     saved = os.environ.get("SPARK_LOCAL_IP")
     os.environ["SPARK_LOCAL_IP"] = host  # read by the JVM that getOrCreate launches, then put back
     conf = {"spark.app.name": "tfos_nb", "spark.driver.host": host, "spark.driver.bindAddress": host,
-            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.authenticate": "true", "spark.authenticate.secret": secret}
     try:
         if connect:
             spark = _start_local_connect(master, conf)
         else:
-            builder = SparkSession.builder.master(master)
-            for key, value in conf.items():
-                builder = builder.config(key, value)
-            spark = builder.getOrCreate()
+            spark = _start_local_cluster(master, conf)
     finally:
         if saved is None:
             os.environ.pop("SPARK_LOCAL_IP", None)
@@ -111,7 +115,80 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
             os.environ["SPARK_LOCAL_IP"] = saved
     if not connect:
         spark.sparkContext.setLogLevel("ERROR")
+    _embedded_sessions.append(spark)
+    if not _atexit_registered:
+        atexit.register(stop_embedded)
+        _atexit_registered.append(True)
     return spark
+
+
+def _start_local_cluster(master: str, conf: dict[str, str]) -> Any:
+    """A classic session on ``master`` whose JVM runs in a process session of its own.
+
+    A kernel asked to shut down (ipykernel) first sends SIGTERM to every process of its own process
+    group, before any ``atexit`` handler: the JVM, its master and workers then die under a running
+    application, whose workers try to relaunch its executors during the JVM's shutdown (dozens of
+    ERROR lines and Java stacks after a run that succeeded).  In a session of its own the JVM is left
+    to :func:`stop_embedded`; it still exits on its own if this process dies (pyspark's gateway ends at
+    the end of its standard input).
+
+    pyspark starts the JVM with the settings it is given on its command line; the authentication
+    secret is left out there and reaches the JVM's SparkConf through the gateway (Spark gives it to
+    executors in their environment, not on their command lines).
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.sql import SparkSession
+
+    public = {k: v for k, v in conf.items() if k != "spark.authenticate.secret"}
+    gateway = launch_gateway(SparkConf().setMaster(master).setAll(list(public.items())),
+                             popen_kwargs={"start_new_session": True})
+    SparkContext(conf=SparkConf().setMaster(master).setAll(list(conf.items())), gateway=gateway)
+    return SparkSession.builder.getOrCreate()  # the session of that context
+
+
+_embedded_sessions: list[Any] = []  # what start_embedded started: this module owns it and stops it
+_before_stop: list[Callable[[], None]] = []  # run first: the clusters still using the embedded Spark
+_atexit_registered: list[bool] = []
+
+
+def before_embedded_stop(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run ``hook`` before :func:`stop_embedded` stops the embedded Spark; returns what unregisters it.
+
+    The magics register their ``shutdown_all`` here: at kernel exit their clusters end while Spark
+    still runs, whatever order ``atexit`` runs its handlers in.
+    """
+    if hook not in _before_stop:
+        _before_stop.append(hook)
+
+    def unregister() -> None:
+        if hook in _before_stop:
+            _before_stop.remove(hook)
+
+    return unregister
+
+
+def stop_embedded() -> None:
+    """Stop the Spark this module started (at kernel exit too), in order.
+
+    The clusters first (:func:`before_embedded_stop`), then the application (``spark.stop()``), which in
+    ``local-cluster`` mode stops its master and workers after the application has ended.  Left to the
+    JVM's own shutdown (the kernel's process ending), the workers saw their executors die and tried to
+    relaunch them during the JVM's shutdown: dozens of Java ERROR lines and stack traces after a run that
+    had succeeded.  Idempotent.
+    """
+    for hook in list(_before_stop):
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - the Spark below must still stop
+            print(f"tfos_nb: stopping clusters before the embedded Spark: {exc}", file=sys.stderr)
+    while _embedded_sessions:
+        spark = _embedded_sessions.pop()
+        try:
+            spark.stop()
+        except Exception as exc:  # noqa: BLE001 - at exit: say it, stop the rest
+            print(f"tfos_nb: stopping the embedded Spark: {exc}", file=sys.stderr)
+    _embedded_connect.clear()
 
 
 _embedded_connect: list[Any] = []  # the local Spark Connect session start_embedded made (its server's own
