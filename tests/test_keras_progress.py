@@ -101,6 +101,7 @@ def test_per_step_metrics_equal_the_models_at_each_epochs_end(workers: int, lega
         last_steps = _last_step_of_each_epoch(worker["reports"])
         assert len(last_steps) == len(history["loss"]) == 3, worker["reports"]
         for epoch, report in enumerate(last_steps):
+            assert report["epoch"] == epoch + 1, report  # "epoch k/n" as Keras prints it, not a 0-based index
             for name in ("loss", "accuracy"):
                 assert report[name] == pytest.approx(history[name][epoch], rel=1e-5), (name, epoch, report, history)
         accuracies = [r["accuracy"] for r in worker["reports"] if "accuracy" in r]

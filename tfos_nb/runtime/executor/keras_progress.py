@@ -97,7 +97,8 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             self.step += 1
             if self.step % every_n_steps == 0:
-                self._pending.append((self.step, self.epoch, logs))
+                # epoch k of n, counted from 1 as Keras' own "Epoch k/n" (and the epoch-end report) count it
+                self._pending.append((self.step, self.epoch + 1, logs))
                 if time.monotonic() - self._last >= FLUSH_S or len(self._pending) >= PENDING_MAX:
                     self._flush()
 
