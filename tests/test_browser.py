@@ -53,28 +53,35 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
+# What a user runs (the quickstart's training: MultiWorkerMirroredStrategy on digits, the Keras progress
+# callback), so the README's screenshots show the numbers of a real run: nodes in lock-step, a loss near 2.3
+# at the start, epochs of the data's own length.
 NODE_CELL = """\
-%%tfos_cluster --workers 2 {tensorboard} --name tbrun
+%%tfos_cluster --workers 2 {tensorboard} --name digits
 import os
 import tensorflow as tf
 from tfos_nb.examples.digits import build_model, load_digits_arrays
 
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = build_model(learning_rate=0.01)
 x, y, _, _ = load_digits_arrays()
-model = build_model(learning_rate=0.01)
-ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=0).batch(32)
 
 
 class StopWhenAsked(tf.keras.callbacks.Callback):
-    # the browser test ends the run by creating this file, once it has seen what it checks
+    # the browser test ends the run by creating this file, once it has seen what it checks; the nodes agree
+    # (a collective) so that they stop after the same epoch, as MultiWorkerMirroredStrategy needs
     def on_epoch_end(self, epoch, logs=None):
-        if os.path.exists({stop_file!r}):
+        asked = strategy.run(lambda: tf.constant(float(os.path.exists({stop_file!r}))))
+        if strategy.reduce("SUM", asked, axis=None).numpy() > 0:
             self.model.stop_training = True
 
 
 callbacks = [ctx.progress_callback(), StopWhenAsked()]
 if ctx.is_chief and ctx.log_dir:
     callbacks.append(tf.keras.callbacks.TensorBoard(ctx.log_dir, write_graph=False))
-model.fit(ds, steps_per_epoch=20, epochs=100000, verbose=0, callbacks=callbacks)
+model.fit(ds, epochs=100, verbose=0, callbacks=callbacks)
 print("trained", ctx.job_name, ctx.task_index)
 """
 
@@ -269,6 +276,11 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         rows = page.evaluate(ROWS_JS)
         assert step_of(next(r for r in rows if r[0] == "chief:0")) >= first + 40, rows
         assert all(r[3] == "CPU" and r[1] for r in rows), rows  # device and host columns
+        # the metrics column holds the model's numbers (not per-replica sums: a 2-node run once read 2x)
+        for r in rows:
+            metrics = dict(re.findall(r"(epoch|loss|accuracy) ([\d./]+)", r[7]))
+            assert float(metrics["accuracy"]) <= 1.0 and float(metrics["loss"]) < 3.0, rows
+            assert metrics["epoch"].endswith("/100"), rows
         # the widget's box stays; the table inside it is replaced twice a second
         panel_box = page.locator(".widget-vbox", has=page.locator(".tfos-panel")).first
         panel_box.screenshot(path=str(OUTPUT / "browser-panel.png"))
