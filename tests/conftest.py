@@ -334,6 +334,22 @@ def no_leaks() -> Iterator[None]:
     )
 
 
+def run_notebook(nb: Any, kernel_specs: Any, cwd: Any, keep: Any, timeout: int = 600) -> None:
+    """Execute ``nb`` in place in a real kernel of this interpreter (working directory ``cwd``), write the
+    executed copy to ``keep`` (for a look when it fails), and end the kernel and its channels."""
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
+    client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd)}})
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, keep)
+        end_notebook_kernel(client, km)  # km is ours, not the client's: it does not stop the kernel
+
+
 def end_notebook_kernel(client: Any, km: Any) -> None:
     """End a ``NotebookClient`` run on a kernel manager the test owns.
 

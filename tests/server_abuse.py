@@ -165,6 +165,13 @@ class Starved:
         t = psutil.Process(self.proc.pid).cpu_times()
         return float(t.user + t.system)
 
+    def cpu_share(self, window: float = 2.0) -> float:
+        """The share of one CPU the server used over the next ``window`` seconds (a measurement, not a wait)."""
+        before, t0 = self.cpu_seconds(), time.monotonic()
+        while time.monotonic() - t0 < window:
+            time.sleep(0.05)  # sampling the process's CPU clock over a fixed window: nothing to synchronise on
+        return (self.cpu_seconds() - before) / (time.monotonic() - t0)
+
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait(10)

@@ -13,7 +13,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
-from tests.conftest import KERNEL, end_notebook_kernel, wait_until
+from tests.conftest import KERNEL, end_notebook_kernel, run_notebook, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 # parallel_runs.ipynb runs (with more checks) in tests/test_parallel.py; every other notebook runs here
@@ -38,13 +38,7 @@ def test_notebook_runs_headless(path, kernel_specs, tmp_path):
     if path.name == "quickstart.ipynb":
         nb = _run_as_quickstart_sh_does(nb, tmp_path)
     else:
-        km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
-        client = NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(path.parent)}})
-        try:
-            client.execute()
-        finally:
-            nbformat.write(nb, tmp_path / path.name)  # kept for a look when it fails
-            end_notebook_kernel(client, km)  # km is ours, not the client's: it does not stop the kernel
+        run_notebook(nb, kernel_specs, path.parent, tmp_path / path.name)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, [(e.ename, e.evalue) for e in errors]
     text = "".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")

@@ -23,7 +23,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
-from tests.conftest import KERNEL, NODE_ENV, end_notebook_kernel, runtime_processes, spark_fixture, wait_until
+from tests.conftest import NODE_ENV, run_notebook, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
 from tfos_nb.runtime.driver.parallel import ParallelView, best_index, default_metric, default_mode
@@ -425,17 +425,9 @@ def test_magic_background_and_interrupt(ip, spark, capsys, no_leaks):
 
 @pytest.mark.slow
 def test_parallel_runs_notebook_runs_headless(kernel_specs, tmp_path):
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_specs)
-    client = NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    try:
-        client.execute()
-    finally:
-        nbformat.write(nb, tmp_path / NOTEBOOK.name)  # kept for a look when it fails
-        end_notebook_kernel(client, km)  # km is ours, not the client's: it does not stop the kernel
+    run_notebook(nb, kernel_specs, NOTEBOOK.parent, tmp_path / NOTEBOOK.name)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
