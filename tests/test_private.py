@@ -86,3 +86,19 @@ def test_a_node_on_the_driver_logs_in_a_fresh_private_directory() -> None:
     finally:
         for path in (first, second):
             shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def test_the_chiefs_new_tensorboard_log_folder_is_private(tmp_path: Path) -> None:
+    """The folder the chief's TensorBoard reads (and Keras' callback writes) is made 0700, not 0755."""
+    from tfos_nb.runtime.executor.tensorboard import ChiefTensorBoard
+
+    old = os.umask(0o022)  # the usual umask, which left new folders readable by every user
+    logdir = tmp_path / "runs" / "tensorboard_0"
+    tb = ChiefTensorBoard("127.0.0.1", str(logdir))
+    try:
+        tb.start()
+        assert stat.S_IMODE(logdir.stat().st_mode) == 0o700
+        assert stat.S_IMODE((tmp_path / "runs").stat().st_mode) == 0o700
+    finally:
+        tb.stop()
+        os.umask(old)

@@ -15,6 +15,23 @@ import os
 import stat
 
 
+def make_dirs(path: str) -> None:
+    """``os.makedirs`` whose new folders only this user can enter (0700); folders already there are left as
+    they are (a log folder the user chose, shared on purpose, keeps its mode).  By hand because
+    ``os.makedirs`` gives ``mode`` to the last folder only (Python 3.7+), the ones above it 0777 & ~umask."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # made meanwhile (another node on this host): left as it is
+            if not os.path.isdir(folder):
+                raise
+
+
 def open_log(path: str) -> int:
     """A descriptor appending to the log at ``path`` (created 0600); ``OSError`` naming why it is refused."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -31,6 +31,7 @@ import urllib.request
 from typing import Any
 
 from .. import net, procs
+from ..private import make_dirs
 
 # TensorBoard imports TensorFlow when it is installed: 17 s to listen was seen on a loaded machine.
 LISTEN_TIMEOUT_S = 300.0
@@ -118,7 +119,7 @@ class ChiefTensorBoard:
         if self.proc is not None:
             return
         try:
-            os.makedirs(self.logdir, exist_ok=True)
+            make_dirs(self.logdir)  # a new TensorBoard log folder is private (0700)
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tensorboard.main", "--logdir", self.logdir, "--host", self.host,
                  "--port", "0"],
