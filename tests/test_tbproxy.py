@@ -758,11 +758,15 @@ def test_start_local_does_not_reuse_a_killed_tensorboard(server: Server, logdir:
 def test_start_local_that_does_not_listen_in_time_is_stopped_and_says_where_its_output_is(logdir: Path) -> None:
     import psutil
 
+    def tensorboards() -> set[int]:
+        return {p.pid for p in psutil.Process().children(recursive=True) if "tensorboard.main" in " ".join(p.cmdline())}
+
+    before = tensorboards()  # the module's upstream TensorBoard (the `tensorboard` fixture) may be running
     out = tb.start_local(str(logdir), timeout=0.5)  # TensorBoard takes seconds to import
     assert isinstance(out, tb.LocalStartFailed), out
     assert str(out).startswith("TensorBoard did not listen within 0.5 s, and was stopped (its output: ")
     assert out.log in str(out) and stat.S_IMODE(os.stat(out.log).st_mode) == 0o600
-    left = [p for p in psutil.Process().children(recursive=True) if "tensorboard.main" in " ".join(p.cmdline())]
+    left = tensorboards() - before
     assert not left, left
 
 
