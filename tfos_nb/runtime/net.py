@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import random
 import socket
+import time
 
 
 def resolve(host: str) -> str:
@@ -97,12 +98,21 @@ ACCEPT_PER_CONNECTION = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM
 ACCEPT_BACKOFF_S = 0.2
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    """Exactly ``n`` bytes from ``sock``; ``ConnectionError`` if the peer closes first."""
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
+    """Exactly ``n`` bytes from ``sock``; ``ConnectionError`` if the peer closes first.
+
+    ``deadline`` (``time.monotonic()``): all of them by then, else ``TimeoutError`` — a peer sending
+    a byte at a time cannot stretch it as it can a per-receive timeout.
+    """
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("connection closed by peer")

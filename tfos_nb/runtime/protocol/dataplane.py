@@ -59,30 +59,11 @@ def send_json(sock: socket.socket, kind: bytes, obj: dict[str, Any]) -> None:
 
 
 def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[bytes, bytearray]:
-    recv = recv_exact if deadline is None else (lambda s, n: _recv_by(s, n, deadline))
-    kind, n = FRAME.unpack(recv(sock, FRAME.size))
+    kind, n = FRAME.unpack(recv_exact(sock, FRAME.size, deadline))
     limit = MAX_DATA_FRAME if kind in (b"D", b"R") else MAX_JSON_FRAME
     if n > limit:
         raise DataPlaneError(f"frame {kind!r} of {n} bytes exceeds {limit}")
-    return kind, recv(sock, n) if n else bytearray()
-
-
-def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytearray:
-    """Exactly ``n`` bytes, all of them by ``deadline`` (``time.monotonic()``): a peer sending a byte at a
-    time cannot stretch a per-receive timeout."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        sock.settimeout(_left(deadline))
-        try:
-            k = sock.recv_into(view[got:], n - got)
-        except TimeoutError:
-            raise HandshakeTimeout("handshake not completed in time") from None
-        if k == 0:
-            raise ConnectionError("connection closed by peer")
-        got += k
-    return buf
+    return kind, recv_exact(sock, n, deadline) if n else bytearray()
 
 
 def parse_json(payload: bytearray) -> dict[str, Any]:
@@ -106,15 +87,18 @@ def server_handshake(sock: socket.socket, secret: bytes, deadline: float) -> dic
     """Node side: challenge the feeder, answer its challenge, read its header, all by ``deadline``
     (``time.monotonic()``; the socket is left with a timeout, for the caller to reset)."""
     nonce = os.urandom(NONCE)
-    sock.settimeout(_left(deadline))
-    sock.sendall(MAGIC + nonce)
-    got = _recv_by(sock, NONCE + NONCE, deadline)
-    their_mac, their_nonce = bytes(got[:NONCE]), bytes(got[NONCE:])
-    if not hmac.compare_digest(their_mac, _mac(secret, b"feeder|", nonce)):
-        raise DataPlaneError("feeder failed authentication")
-    sock.settimeout(_left(deadline))
-    sock.sendall(_mac(secret, b"node|", their_nonce))
-    kind, payload = recv_frame(sock, deadline)
+    try:
+        sock.settimeout(_left(deadline))
+        sock.sendall(MAGIC + nonce)
+        got = recv_exact(sock, NONCE + NONCE, deadline)
+        their_mac, their_nonce = bytes(got[:NONCE]), bytes(got[NONCE:])
+        if not hmac.compare_digest(their_mac, _mac(secret, b"feeder|", nonce)):
+            raise DataPlaneError("feeder failed authentication")
+        sock.settimeout(_left(deadline))
+        sock.sendall(_mac(secret, b"node|", their_nonce))
+        kind, payload = recv_frame(sock, deadline)
+    except TimeoutError:
+        raise HandshakeTimeout("handshake not completed in time") from None
     if kind != b"H":
         raise DataPlaneError(f"expected a header frame, got {kind!r}")
     return parse_json(payload)
