@@ -69,14 +69,20 @@ def make_data(rows: int, seed: int, separation: float):
     return x.astype(np.float32), y
 
 
-def build_model():
+def build_model(kind: str = "mlp"):
+    """``mlp``: 784-128-10.  ``cnn``: TensorFlowOnSpark's mnist example CNN on the rows as 28×28×1 images."""
     import tensorflow as tf
 
-    model = tf.keras.Sequential([
-        tf.keras.layers.Input(shape=(FEATURES,)),
-        tf.keras.layers.Dense(128, activation="relu"),
-        tf.keras.layers.Dense(CLASSES, activation="softmax"),
-    ])
+    if kind == "cnn":
+        layers = [tf.keras.layers.Reshape((28, 28, 1)),
+                  tf.keras.layers.Conv2D(32, 3, activation="relu"),
+                  tf.keras.layers.MaxPooling2D(),
+                  tf.keras.layers.Flatten(),
+                  tf.keras.layers.Dense(64, activation="relu")]
+    else:
+        layers = [tf.keras.layers.Dense(128, activation="relu")]
+    model = tf.keras.Sequential([tf.keras.layers.Input(shape=(FEATURES,)), *layers,
+                                 tf.keras.layers.Dense(CLASSES, activation="softmax")])
     model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=1e-3),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
@@ -101,7 +107,7 @@ def tfos_nb_main(args, ctx):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     t_strategy = time.time()
     with strategy.scope():
-        model = args["build_model"]()
+        model = args["build_model"](args["model"])
     feed = ctx.get_data_feed()
     ds = feed.as_dataset(batch_size=args["batch"], columns=(0, 1))
 
@@ -134,15 +140,17 @@ def tfos_nb_main(args, ctx):
                 self.wall += time.perf_counter() - self.t0
 
     timer = StepTimer()
-    callbacks = [ctx.progress_callback()] + ([timer] if args["breakdown"] else [])
+    callbacks = [ctx.progress_callback(), timer] if args["progress"] else [timer]
     t_fit = time.time()
     model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=callbacks)
     t_fit_end = time.time()
     compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
     if not args["breakdown"]:
+        with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
+            json.dump({"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None}, f)
         return None
 
-    out = {"step": timer.wall / timer.steps if timer.steps else None, "steps": timer.steps,
+    out = {"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None, "steps": timer.steps,
            "phases": {"enter": t_enter, "import+strategy": t_strategy - t_enter,
                       "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
                       "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
@@ -152,7 +160,7 @@ def tfos_nb_main(args, ctx):
     x = tf.constant(np.random.default_rng(0).random((per_replica, 784), dtype=np.float32))
     y = tf.constant(np.arange(per_replica, dtype=np.int32) % 10)
 
-    local = args["build_model"]()  # no strategy: pure compute of one step
+    local = args["build_model"](args["model"])  # no strategy: pure compute of one step
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
 
     @tf.function
@@ -197,15 +205,24 @@ def tfos_nb_main(args, ctx):
 
 
 def tfos_main(args, ctx):
-    """TensorFlowOnSpark 2.2.5's mnist_spark form: from_generator over DataFeed.next_batch(1)."""
+    """TensorFlowOnSpark 2.2.5's mnist_spark form: ``from_generator`` over ``DataFeed.next_batch``.
+
+    ``args["rows_per_call"]`` 1 is its example's idiom (one row per call, batched by tf.data);
+    a larger value asks for whole batches (``next_batch(n)``), the faster idiom a user can write.
+    """
+    import json
+    import os
+    import time
+
     import numpy as np
     import tensorflow as tf
     from tensorflowonspark import TFNode, compat
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     tf_feed = TFNode.DataFeed(ctx.mgr, False)
+    n = args["rows_per_call"]
 
-    def rdd_generator():
+    def rows():
         while not tf_feed.should_stop():
             batch = tf_feed.next_batch(1)
             if len(batch) > 0:
@@ -214,15 +231,83 @@ def tfos_main(args, ctx):
             else:
                 return
 
-    ds = tf.data.Dataset.from_generator(rdd_generator, (tf.float32, tf.int32),
-                                        (tf.TensorShape([784]), tf.TensorShape([])))
-    ds = ds.batch(args["batch"])
+    def batches():
+        while not tf_feed.should_stop():
+            batch = tf_feed.next_batch(n)
+            if len(batch) > 0:
+                yield (np.asarray([r[0] for r in batch], dtype=np.float32), np.asarray([r[1] for r in batch], dtype=np.int32))
+            else:
+                return
+
+    if n == 1:
+        ds = tf.data.Dataset.from_generator(rows, (tf.float32, tf.int32),
+                                            (tf.TensorShape([784]), tf.TensorShape([]))).batch(args["batch"])
+    else:
+        ds = tf.data.Dataset.from_generator(batches, (tf.float32, tf.int32),
+                                            (tf.TensorShape([None, 784]), tf.TensorShape([None])))
     with strategy.scope():
-        model = args["build_model"]()
+        model = args["build_model"](args["model"])
     steps_per_epoch_per_worker = args["rows"] / (args["batch"] * ctx.num_workers)
+    t_fit = time.time()
     model.fit(x=ds, epochs=args["epochs"], steps_per_epoch=int(steps_per_epoch_per_worker * 0.9), verbose=0)
+    fit = time.time() - t_fit
     compat.export_saved_model(model, args["export_dir"], ctx.job_name == "chief")
+    with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
+        json.dump({"fit": fit}, f)
     tf_feed.terminate()
+
+
+def native_node(spec_path: str) -> None:
+    """One process of the native run: the same Keras program, started by hand with ``TF_CONFIG``.
+
+    Its half of the rows is in memory (``from_tensor_slices(...).batch(global batch)``, auto-sharding
+    off as tfos_nb's feed has it: each process trains on its own rows).
+    """
+    import numpy as np
+
+    spec = json.load(open(spec_path))
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = build_model(spec["model"])
+    x, y = np.load(spec["x"]), np.load(spec["y"])
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(spec["batch"])
+    opts = tf.data.Options()
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = ds.with_options(opts)
+    timer = _later_epochs_timer(tf)
+    t_fit = time.time()
+    model.fit(ds, epochs=spec["epochs"], verbose=0, callbacks=[timer])
+    fit = time.time() - t_fit
+    # every worker saves (a collective); only the chief's copy is kept
+    is_chief = spec["index"] == 0
+    model.save(spec["export_dir"] if is_chief else spec["export_dir"] + "-worker%d" % spec["index"])
+    with open(spec["out"], "w") as f:
+        json.dump({"fit": fit, "step": timer.wall / timer.steps if timer.steps else None, "steps": timer.total}, f)
+
+
+def _later_epochs_timer(tf):
+    """A callback timing the epochs after the first: a step = their wall time / their steps."""
+
+    class Timer(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self._supports_tf_logs = True  # do not make Keras wait for each step's logs
+            self.epoch, self.steps, self.total, self.wall = 0, 0, 0, 0.0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch, self.t0 = epoch, time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.total += 1
+            self.steps += self.epoch > 0
+
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch > 0:
+                self.wall += time.perf_counter() - self.t0
+
+    return Timer()
 
 
 # --------------------------------------------------------------------------------------
@@ -293,7 +378,7 @@ class Bench:
 
         tf.keras.utils.set_random_seed(self.opts.seed)
         t0 = time.perf_counter()
-        model = build_model()
+        model = build_model(self.opts.model)
         model.fit(self.x_train, self.y_train, batch_size=GLOBAL_BATCH, epochs=self.opts.epochs, verbose=0)
         wall = time.perf_counter() - t0
         pred = model.predict(self.x_test, batch_size=1024, verbose=0).argmax(axis=1)
@@ -306,7 +391,8 @@ class Bench:
         out_dir = tempfile.mkdtemp(dir=self.tmp)
         # as_dataset's batch is the global batch under MWMS (Keras splits it across the replicas)
         args = {"batch": GLOBAL_BATCH, "epochs": self.opts.epochs, "export_dir": export_dir,
-                "breakdown": breakdown, "out_dir": out_dir, "build_model": build_model}
+                "breakdown": breakdown, "out_dir": out_dir, "build_model": build_model, "model": self.opts.model,
+                "progress": os.environ.get("BENCH_PROGRESS", "1") == "1"}
         t0, w0 = time.perf_counter(), time.time()
         cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
                                 input_mode=TFCluster.InputMode.SPARK, master_node="chief")
@@ -320,9 +406,11 @@ class Bench:
             cluster.shutdown()
             t_shutdown = time.perf_counter() - t1
         wall = time.perf_counter() - t0
-        res = {"wall s": wall, "accuracy": self.accuracy(export_dir)}
+        nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
+        res = {"wall s": wall, "fit s": nodes[0]["fit"], "accuracy": self.accuracy(export_dir)}
+        if nodes[0].get("step") and not breakdown:
+            res["step ms"] = 1000 * nodes[0]["step"]
         if breakdown:
-            nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
             for i, n in enumerate(nodes):
                 log.info("node %d: fit ended %+.2f s after node 0's, phases %s; epochs ended at %s s after node 0's start",
                          i, n["fit_end"] - nodes[0]["fit_end"],
@@ -347,12 +435,59 @@ class Bench:
         finally:
             del os.environ["TFOS_FEED_PIPELINE"]
 
-    def tfos(self):
+    def native(self):
+        """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows."""
+        import subprocess
+
+        import numpy as np
+
+        run_dir = tempfile.mkdtemp(dir=self.tmp)
+        export_dir = self._export_dir("native")
+        if not hasattr(self, "native_halves"):
+            self.native_halves = []
+            for i, idx in enumerate(np.array_split(np.arange(self.opts.rows), NODES)):
+                xs, ys = os.path.join(self.tmp, "x%d.npy" % i), os.path.join(self.tmp, "y%d.npy" % i)
+                np.save(xs, self.x_train[idx])
+                np.save(ys, self.y_train[idx])
+                self.native_halves.append((xs, ys))
+        ports = _free_ports(NODES)
+        workers = ["127.0.0.1:%d" % p for p in ports]
+        env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
+                   TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+        procs, outs = [], []
+        t0 = time.perf_counter()
+        for i, (xs, ys) in enumerate(self.native_halves):
+            role = ("chief", 0) if i == 0 else ("worker", i - 1)
+            tf_config = {"cluster": {"chief": workers[:1], **({"worker": workers[1:]} if NODES > 1 else {})},
+                         "task": {"type": role[0], "index": role[1]}}
+            spec = {"x": xs, "y": ys, "batch": GLOBAL_BATCH, "epochs": self.opts.epochs, "model": self.opts.model,
+                    "export_dir": export_dir, "index": i, "out": os.path.join(run_dir, "node-%d.json" % i)}
+            spec_path = os.path.join(run_dir, "spec-%d.json" % i)
+            with open(spec_path, "w") as f:
+                json.dump(spec, f)
+            outs.append(spec["out"])
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--native-node", spec_path],
+                                          env=dict(env, TF_CONFIG=json.dumps(tf_config))))
+        codes = [p.wait(timeout=1800) for p in procs]
+        wall = time.perf_counter() - t0
+        if any(codes):
+            raise RuntimeError("native node exit codes %s" % codes)
+        chief = json.load(open(outs[0]))
+        log.info("native: %d steps on the chief, %.1f ms a step after the first epoch", chief["steps"], 1000 * (chief["step"] or 0))
+        return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir),
+                **({"step ms": 1000 * chief["step"]} if chief["step"] else {})}
+
+    def tfos_batched(self):
+        return self.tfos(rows_per_call=GLOBAL_BATCH // NODES)
+
+    def tfos(self, rows_per_call=1):
         from tensorflowonspark import TFCluster
 
         export_dir = self._export_dir("tfos")
+        out_dir = tempfile.mkdtemp(dir=self.tmp)
         args = {"batch": GLOBAL_BATCH // NODES, "epochs": self.opts.epochs, "rows": self.opts.rows,
-                "export_dir": export_dir, "build_model": build_model}
+                "export_dir": export_dir, "build_model": build_model, "model": self.opts.model,
+                "rows_per_call": rows_per_call, "out_dir": out_dir}
         t0 = time.perf_counter()
         cluster = TFCluster.run(self.spark.sparkContext, tfos_main, args, NODES, num_ps=0, tensorboard=False,
                                 input_mode=TFCluster.InputMode.SPARK, master_node="chief")
@@ -364,13 +499,29 @@ class Bench:
             finally:
                 signal.alarm(0)  # TFoS leaves a SIGALRM armed after shutdown()
         wall = time.perf_counter() - t0
-        return {"wall s": wall, "accuracy": self.accuracy(export_dir)}
+        fit = json.load(open(os.path.join(out_dir, sorted(os.listdir(out_dir))[0])))["fit"]
+        return {"wall s": wall, "fit s": fit, "accuracy": self.accuracy(export_dir)}
+
+
+def _free_ports(n):
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 VARIANTS = {
     "single": "single-process Keras",
+    "native": "native MWMS (the same program, %d processes started by hand with TF_CONFIG)" % NODES,
     "tfos_nb": "tfos_nb (as_dataset + model.fit)",
-    "tfos": "TensorFlowOnSpark 2.2.5 (from_generator over next_batch)",
+    "tfos": "TensorFlowOnSpark 2.2.5, its example's idiom (from_generator over next_batch(1))",
+    "tfos_batched": "TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
     "tfos_nb_serial": "tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)",
 }
 
@@ -384,20 +535,25 @@ def table(results, failures, opts, phases=None):
         v = results.get(key, {}).get(m)
         return "%.1f–%.1f" % (min(v), max(v)) if v else ""
 
-    lines = ["| variant | wall (median) | range | accuracy | vs single | vs TFoS |", "|---|---|---|---|---|---|"]
-    single, tfos = med("single", "wall s"), med("tfos", "wall s")
+    lines = ["| variant | wall (median) | range | `model.fit` (chief) | range | accuracy | wall vs native | fit vs native |",
+             "|---|---|---|---|---|---|---|---|"]
+    native_wall, native_fit = med("native", "wall s"), med("native", "fit s")
     for key in opts.only:
         if key in failures:
-            lines.append("| %s | FAILED: %s | | | | |" % (VARIANTS[key], failures[key]))
+            lines.append("| %s | FAILED: %s | | | | | | |" % (VARIANTS[key], failures[key]))
             continue
         w = med(key, "wall s")
         if w is None:
             continue
-        acc = med(key, "accuracy")
-        lines.append("| %s | %.1f s | %s s | %.3f | %s | %s |" % (
-            VARIANTS[key], w, rng(key, "wall s"), acc,
-            "%.2f×" % (w / single) if single and key != "single" else "",
-            "%.2f×" % (w / tfos) if tfos and key not in ("tfos", "single") else ""))
+        f = med(key, "fit s")
+        lines.append("| %s | %.1f s | %s s | %s | %s | %.3f | %s | %s |" % (
+            VARIANTS[key], w, rng(key, "wall s"), "%.1f s" % f if f is not None else "",
+            rng(key, "fit s") + " s" if f is not None else "", med(key, "accuracy"),
+            "%.2f×" % (w / native_wall) if native_wall and key != "native" else "",
+            "%.2f×" % (f / native_fit) if native_fit and f is not None and key != "native" else ""))
+    steps = [(k, med(k, "step ms")) for k in ("native", "tfos_nb") if med(k, "step ms")]
+    if steps:
+        lines += ["", "a training step (ms, the chief, epochs after the first): " + ", ".join("%s %.1f" % kv for kv in steps)]
     if opts.breakdown and "tfos_nb" in results:
         parts = [(k, med("tfos_nb", k + " ms")) for k in ("step", "compute", "allreduce", "other", "data")]
         lines += ["", "tfos_nb per-step breakdown (ms, mean over nodes, one extra run): " + ", ".join(
@@ -419,11 +575,17 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--separation", type=float, default=0.105, help="class-centre scale: 0.105 gives ≈0.84 single-process accuracy")
     p.add_argument("--master", default="local-cluster[2,1,3072]")
-    p.add_argument("--only", default="single,tfos_nb,tfos")
+    p.add_argument("--only", default="single,native,tfos_nb,tfos_batched,tfos")
+    p.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                   help="mlp: 784-128-10; cnn: TensorFlowOnSpark's mnist CNN (compute-bound)")
+    p.add_argument("--native-node", help=argparse.SUPPRESS)
     p.add_argument("--no-breakdown", dest="breakdown", action="store_false")
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument("--out", default=os.path.join(HERE, "results", "b2-latest.md"))
     opts = p.parse_args(argv)
+    if opts.native_node:
+        native_node(opts.native_node)
+        return 0
     opts.only = [k for k in opts.only.split(",") if k]
     unknown = set(opts.only) - set(VARIANTS)
     if unknown:
@@ -461,9 +623,10 @@ def main(argv=None):
         if bench.spark is not None:
             bench.spark.stop()
         shutil.rmtree(bench.tmp, ignore_errors=True)
-    head = "B2 training parity — %s, %s cores, %s; %d rows × %d float32, %d epochs, global batch %d, %d nodes (MWMS), %s; medians of %d" % (
+    head = ("B2 training parity — %s, %s cores, %s; %s model; %d rows × %d float32, %d epochs, "
+            "global batch %d, %d nodes (MWMS), %s; medians of %d") % (
         _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), os.cpu_count(), platform.machine(),
-        opts.rows, FEATURES, opts.epochs, GLOBAL_BATCH, NODES, opts.master, opts.runs)
+        opts.model, opts.rows, FEATURES, opts.epochs, GLOBAL_BATCH, NODES, opts.master, opts.runs)
     cmd = "command: " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv or sys.argv[1:]))
     text = "\n\n".join([head, table(results, failures, opts, getattr(bench, "phases", None)), cmd]) + "\n"
     print(text)
