@@ -11,10 +11,14 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "util", "__version__"]
+__all__ = ["TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "doctor", "util", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "doctor":  # the pre-flight checks: tfos_nb.doctor(spark, nodes=N)
+        from .runtime.doctor import doctor
+
+        return doctor
     if name in ("TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "util"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

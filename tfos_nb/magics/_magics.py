@@ -13,7 +13,7 @@ from traitlets import Bool, Enum, Float, Integer, Unicode
 
 from ..runtime.driver import parallel as P
 from ..runtime.driver.start import add_start_listener, remove_start_listener
-from . import _cell_panel, _render
+from . import _cell_panel, _doctor, _render
 from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, usage
 from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
@@ -382,6 +382,8 @@ class TFOSMagics(Magics):
         ``%tensorboard`` does; terminal IPython prints the URLs.
         """
         _cell_panel.show_tensorboard(self, parse_argstring(self.tfos_tensorboard, line))
+
+    tfos_doctor = line_magic(_doctor.tfos_doctor)  # the pre-flight checks (magics/_doctor.py)
 
     def _known(self, name: str) -> str:
         if name not in self.handles:

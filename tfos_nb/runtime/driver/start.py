@@ -50,6 +50,7 @@ def run(
     on_state: Callable[[S.ClusterState], None] | None = None,
     on_start: Callable[[DriverJob], None] | None = None,
     node_output: bool | None = None,
+    preflight: bool | dict[str, Any] = False,
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
@@ -73,12 +74,18 @@ def run(
     in a notebook kernel, whose cell shows the nodes; the environment variable
     ``TFOS_NB_NODE_OUTPUT=0`` (or ``1``) decides instead when set.  ``log_callback(label,
     lines)`` gets the same lines, unfiltered, either way.
+
+    ``preflight=True`` runs :func:`tfos_nb.doctor` for these nodes first (a few seconds, no
+    TensorFlow cluster) and raises its FAILs as one ``DoctorFailed`` error before anything
+    starts; a dict passes options to it (``{"export_dir": ..., "feeders": ...}``).
     """
     import cloudpickle
 
     log_callback = with_stderr(log_callback, node_output)
     sc = spark_context(sc)
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
+    if preflight:
+        _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), num_gpus, preflight)
     if is_connect(sc):
         from .start_connect import run_connect
 
@@ -136,6 +143,14 @@ def run(
     except BaseException:
         job.close()
         raise
+
+
+def _preflight(sc: Any, nodes: int, num_gpus: int | None, options: bool | dict[str, Any]) -> None:
+    from ..doctor import doctor
+
+    opts = dict(options) if isinstance(options, dict) else {}
+    opts.setdefault("num_gpus", num_gpus)
+    doctor(sc, max(1, nodes), **opts).raise_for_failures()
 
 
 def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool,

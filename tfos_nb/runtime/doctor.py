@@ -1,0 +1,99 @@
+"""The pre-flight doctor: ``doctor(spark, nodes=N)`` checks a Spark application before a cluster starts.
+
+One short barrier stage (``driver/doctor_job.py``; the probe in ``executor/doctor_probe.py``)
+collects each slot's facts; the verdicts — OK, WARN or FAIL, the executor or host they
+concern, and the fix — are computed from plain dicts (:func:`~.doctor_verdicts.verdicts`), so they are
+testable without Spark.  :class:`Report` is the outcome; ``text()`` renders it outside a
+notebook, the magics layer renders it as a table in one.  No TensorFlow cluster starts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .doctor_verdicts import FAIL, OK, WARN, Check, verdicts
+
+__all__ = ["FAIL", "OK", "WARN", "Check", "DoctorFailed", "Report", "doctor", "verdicts"]
+
+
+@dataclass(frozen=True)
+class Report:
+    nodes: int
+    checks: tuple[Check, ...]
+    backend: str = "classic"
+    master: str = ""
+    elapsed_s: float = 0.0
+    executors: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if c.status == WARN]
+
+    @property
+    def ok(self) -> bool:
+        """No FAIL (warnings allowed)."""
+        return not self.failures
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{sum(c.status == s for c in self.checks)} {s}" for s in (OK, WARN, FAIL))
+        return (f"tfos_nb doctor: {self.nodes} node(s) on {self.master or '?'} ({self.backend}), "
+                f"{len(self.checks)} checks in {self.elapsed_s:.1f} s: {counts}")
+
+    def text(self) -> str:
+        lines = [self.summary()]
+        for c in self.checks:
+            lines.append(f"{c.status:<4}  {c.area:<10}  {c.where}: {c.detail}")
+            if c.fix:
+                lines.append(f"{'':<16}fix: {c.fix}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def raise_for_failures(self) -> None:
+        if self.failures:
+            raise DoctorFailed(self)
+
+
+class DoctorFailed(RuntimeError):
+    """The doctor found a FAIL; ``report`` has every check."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        lines = [f"{c.where}: {c.detail} — fix: {c.fix}" if c.fix else f"{c.where}: {c.detail}" for c in report.failures]
+        super().__init__(f"the pre-flight doctor found {len(lines)} problem(s); no cluster was started:\n"
+                         + "\n".join(lines))
+
+
+def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | None = None,
+           num_gpus: int | None = None, timeout: float = 120.0, import_timeout: float = 60.0) -> Report:
+    """Check ``spark`` (a SparkSession, SparkContext or Spark Connect session) for a cluster of ``nodes`` nodes.
+
+    Runs one barrier stage of ``nodes`` tasks (fewer when there are fewer slots) that starts
+    no TensorFlow cluster, and returns a :class:`Report` (``print(report)``; ``report.ok``;
+    ``report.raise_for_failures()``).  ``feeders``: the feeding tasks of an epoch
+    (InputMode.SPARK), checked against the slots.  ``export_dir``: a directory the nodes
+    will write (export, checkpoints, logs), checked writable on every executor and shared by
+    all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.
+    """
+    from .driver.doctor_job import driver_facts, probe_executors, session_facts
+
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        msg = f"nodes must be a positive integer, got {nodes!r}"
+        raise ValueError(msg)
+    t0 = time.monotonic()
+    session = session_facts(spark, nodes)
+    slots = session.get("slots")
+    tasks = nodes if slots is None else max(1, min(nodes, int(slots)))
+    executors, stage_error = probe_executors(spark, tasks, export_dir=export_dir, default_fs=session["default_fs"],
+                                             timeout=timeout, import_timeout=import_timeout)
+    checks = verdicts(session, driver_facts(), executors, nodes=nodes, feeders=feeders, export_dir=export_dir,
+                      num_gpus=num_gpus, stage_error=stage_error)
+    return Report(nodes, tuple(checks), session["backend"], str(session["conf"].get("spark.master") or ""),
+                  time.monotonic() - t0, tuple(executors))

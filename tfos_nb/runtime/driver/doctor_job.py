@@ -1,0 +1,177 @@
+"""The doctor's Spark side: the session's facts, and one barrier stage of probes (``executor/doctor_probe.py``).
+
+Returns plain dicts; ``tfos_nb.runtime.doctor`` turns them into verdicts.  The stage is
+a barrier ``mapPartitions`` on a classic session and a barrier ``mapInArrow`` on Spark
+Connect; it runs under a job group (tag) of its own and is cancelled at its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import socket
+import sys
+import threading
+import time
+from importlib import metadata
+from typing import Any
+
+from ..sessions import is_connect
+from .slots import available_slots, connect_slots, driver_host, expected_slots, spark_context
+
+SLOTS_WAIT_S = 30.0  # executors still registering: wait this long for the slots the configuration promises
+
+
+def driver_facts() -> dict[str, Any]:
+    """This Python's versions (read from package metadata: TensorFlow is not imported here)."""
+    package = sys.modules[__name__.split(".")[0]]  # tfos_nb, imported already (no import: no package cycle)
+    out: dict[str, Any] = {"python": "%d.%d.%d" % sys.version_info[:3], "tfos_nb": package.__version__,
+                           "executable": sys.executable, "pyspark_python_env": os.environ.get("PYSPARK_PYTHON")}
+    for dist in ("tensorflow", "tensorflow-cpu", "keras", "tf_keras", "pyspark"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _conf(spark: Any, key: str) -> str | None:
+    try:
+        if is_connect(spark):
+            value = spark.conf.get(key, None)
+        else:
+            value = spark.getConf().get(key, None)
+    except Exception:  # noqa: BLE001 - a hosted session may hide a key
+        return None
+    return None if value is None else str(value)
+
+
+def session_facts(spark: Any, nodes: int) -> dict[str, Any]:
+    """What the session says about its slots and settings (waits up to ``SLOTS_WAIT_S`` for promised executors)."""
+    sc = spark_context(spark)
+    connect = is_connect(sc)
+    keys = ("spark.master", "spark.dynamicAllocation.enabled", "spark.task.cpus", "spark.executor.cores",
+            "spark.pyspark.python", "spark.executorEnv.PYSPARK_PYTHON", "spark.task.resource.gpu.amount",
+            "spark.executor.resource.gpu.amount")
+    out: dict[str, Any] = {"backend": "connect" if connect else "classic", "conf": {k: _conf(sc, k) for k in keys}}
+    if connect:
+        found = connect_slots(sc)
+        out["slots"], out["executors"] = found if found is not None else (None, None)
+        out["default_fs"] = _conf(sc, "spark.hadoop.fs.defaultFS") or "file:///"
+        return out
+    out["conf"]["spark.master"] = str(sc.master)
+    expected = expected_slots(sc)
+    deadline = time.monotonic() + SLOTS_WAIT_S
+    slots, executors = available_slots(sc)
+    while slots < max(nodes, expected or 0) and expected is not None and slots < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        slots, executors = available_slots(sc)
+    out.update(slots=slots, executors=executors, expected_slots=expected)
+    try:
+        out["default_fs"] = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+    except Exception:  # noqa: BLE001
+        out["default_fs"] = "file:///"
+    return out
+
+
+class DriverListener:
+    """A listener on the driver's address that accepts and closes: can the executors reach the driver?
+
+    It listens where the cluster's control server will (``spark.driver.host``), for the few
+    seconds of the probe; it reads nothing.  ``with`` it; ``stop()`` is idempotent.
+    """
+
+    def __init__(self, host: str) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.bind((host, 0))
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            raise
+        self.address = (host, int(self._sock.getsockname()[1]))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="tfos-doctor-listener", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._sock], [], [], 0.2)
+            if ready:
+                try:
+                    conn, _ = self._sock.accept()
+                    conn.close()
+                except OSError:
+                    continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._sock.close()
+
+    def __enter__(self) -> DriverListener:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_fs: str, timeout: float,
+                    import_timeout: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Run ``tasks`` probes in one barrier stage: (their facts, None) or ([], why the stage did not run)."""
+    import cloudpickle
+
+    from ..executor import doctor_probe
+
+    cloudpickle.register_pickle_by_value(doctor_probe)  # runs where tfos_nb is missing too
+    try:
+        from pyspark import cloudpickle as spark_cloudpickle
+
+        spark_cloudpickle.register_pickle_by_value(doctor_probe)
+    except (ImportError, AttributeError):
+        pass
+    sc = spark_context(spark)
+    plan: dict[str, Any] = {"run": secrets.token_hex(4), "export_dir": export_dir, "default_fs": default_fs,
+                            "import_timeout": import_timeout}
+    group = f"tfos_nb-doctor-{plan['run']}"
+    if is_connect(sc):
+        from .connect_jobs import ConnectSparkJob
+
+        task = doctor_probe.connect_task(plan)
+
+        def action() -> list[str]:
+            rows = sc.range(0, tasks, 1, tasks).mapInArrow(task, "s string", barrier=True).collect()
+            return [r["s"] for r in rows]
+
+        return _run(ConnectSparkJob(sc, group, "tfos_nb doctor", action), timeout, tasks)
+    from .sparkjob import SparkJob
+
+    with DriverListener(driver_host(sc)) as listener:
+        plan["driver"] = list(listener.address)
+        classic = doctor_probe.classic_task(plan)
+
+        def rdd_action() -> list[str]:
+            return list(sc.parallelize(range(tasks), tasks).barrier().mapPartitions(classic).collect())
+
+        return _run(SparkJob(sc, group, "tfos_nb doctor", rdd_action), timeout, tasks)
+
+
+def _run(job: Any, timeout: float, tasks: int) -> tuple[list[dict[str, Any]], str | None]:
+    job.start()
+    try:
+        if not job.wait(timeout):
+            job.cancel()
+            return [], (f"the doctor's barrier stage of {tasks} task(s) did not finish in {timeout:.0f} s "
+                        "(not enough free task slots, or an executor hangs)")
+    except BaseException:
+        job.cancel()
+        raise
+    if job.error is not None:
+        from .errors import python_error_line
+
+        return [], f"the doctor's barrier stage failed: {python_error_line(job.error)}"
+    return sorted((json.loads(s) for s in job.result()), key=lambda f: int(f["task"])), None
