@@ -108,8 +108,10 @@ def tfos_nb_main(args, ctx):
     t_strategy = time.time()
     with strategy.scope():
         model = args["build_model"](args["model"])
+    t_model = time.time()
     feed = ctx.get_data_feed()
-    ds = feed.as_dataset(batch_size=args["batch"], columns=(0, 1))
+    ds = feed.as_dataset(batch_size=args["batch"], columns=(0, 1))  # waits for the first batch
+    t_data = time.time()
 
     class StepTimer(tf.keras.callbacks.Callback):
         """Steps and wall time of the epochs after the first (which builds the graph and the collectives).
@@ -121,7 +123,7 @@ def tfos_nb_main(args, ctx):
         def __init__(self):
             super().__init__()
             self._supports_tf_logs = True
-            self.epoch, self.steps, self.wall = 0, 0, 0.0
+            self.epoch, self.steps, self.total, self.wall = 0, 0, 0, 0.0
             self.ends = []  # each epoch's end (time.time()), to line the nodes' epochs up
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -131,6 +133,7 @@ def tfos_nb_main(args, ctx):
                 self.t_epoch1 = time.time()
 
         def on_train_batch_end(self, batch, logs=None):
+            self.total += 1
             if self.epoch > 0:
                 self.steps += 1
 
@@ -147,11 +150,13 @@ def tfos_nb_main(args, ctx):
     compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
     if not args["breakdown"]:
         with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
-            json.dump({"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None}, f)
+            json.dump({"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None,
+                       "steps": timer.total}, f)
         return None
 
     out = {"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None, "steps": timer.steps,
-           "phases": {"enter": t_enter, "import+strategy": t_strategy - t_enter,
+           "phases": {"enter": t_enter, "import+strategy": t_strategy - t_enter, "model": t_model - t_strategy,
+                      "wait for first batch": t_data - t_model,
                       "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
                       "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
                       "export": time.time() - t_fit_end},
@@ -382,7 +387,8 @@ class Bench:
         model.fit(self.x_train, self.y_train, batch_size=GLOBAL_BATCH, epochs=self.opts.epochs, verbose=0)
         wall = time.perf_counter() - t0
         pred = model.predict(self.x_test, batch_size=1024, verbose=0).argmax(axis=1)
-        return {"wall s": wall, "accuracy": float((pred == self.y_test).mean())}
+        steps = -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs
+        return {"wall s": wall, "fit s": wall, "steps": steps, "accuracy": float((pred == self.y_test).mean())}
 
     def tfos_nb(self, breakdown=False):
         from tfos_nb import TFCluster
@@ -408,6 +414,8 @@ class Bench:
         wall = time.perf_counter() - t0
         nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
         res = {"wall s": wall, "fit s": nodes[0]["fit"], "accuracy": self.accuracy(export_dir)}
+        if nodes[0].get("steps"):
+            res["steps"] = nodes[0]["steps"]
         if nodes[0].get("step") and not breakdown:
             res["step ms"] = 1000 * nodes[0]["step"]
         if breakdown:
@@ -435,8 +443,17 @@ class Bench:
         finally:
             del os.environ["TFOS_FEED_PIPELINE"]
 
-    def native(self):
-        """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows."""
+    def native_b128(self):
+        return self.native(per_worker_batch=GLOBAL_BATCH)
+
+    def native(self, per_worker_batch=GLOBAL_BATCH // NODES):
+        """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
+
+        Each process batches its rows by ``per_worker_batch``: with auto-sharding off, MultiWorkerMirroredStrategy
+        trains each worker on its dataset's batch as it is (measured: ``.batch(128)`` gives 157 steps an epoch
+        at 40k rows, i.e. a global batch of 256), so the global batch of 128 -- what ``single`` and tfos_nb's
+        ``as_dataset(batch_size=128)`` train on, 313 steps an epoch -- is ``.batch(64)`` on each of 2 workers.
+        """
         import subprocess
 
         import numpy as np
@@ -460,7 +477,7 @@ class Bench:
             role = ("chief", 0) if i == 0 else ("worker", i - 1)
             tf_config = {"cluster": {"chief": workers[:1], **({"worker": workers[1:]} if NODES > 1 else {})},
                          "task": {"type": role[0], "index": role[1]}}
-            spec = {"x": xs, "y": ys, "batch": GLOBAL_BATCH, "epochs": self.opts.epochs, "model": self.opts.model,
+            spec = {"x": xs, "y": ys, "batch": per_worker_batch, "epochs": self.opts.epochs, "model": self.opts.model,
                     "export_dir": export_dir, "index": i, "out": os.path.join(run_dir, "node-%d.json" % i)}
             spec_path = os.path.join(run_dir, "spec-%d.json" % i)
             with open(spec_path, "w") as f:
@@ -474,7 +491,7 @@ class Bench:
             raise RuntimeError("native node exit codes %s" % codes)
         chief = json.load(open(outs[0]))
         log.info("native: %d steps on the chief, %.1f ms a step after the first epoch", chief["steps"], 1000 * (chief["step"] or 0))
-        return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir),
+        return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir), "steps": chief["steps"],
                 **({"step ms": 1000 * chief["step"]} if chief["step"] else {})}
 
     def tfos_batched(self):
@@ -519,6 +536,8 @@ def _free_ports(n):
 VARIANTS = {
     "single": "single-process Keras",
     "native": "native MWMS (the same program, %d processes started by hand with TF_CONFIG)" % NODES,
+    "native_b128": "native MWMS with .batch(%d) on each worker (a global batch of %d: half the steps)"
+                   % (GLOBAL_BATCH, GLOBAL_BATCH * NODES),
     "tfos_nb": "tfos_nb (as_dataset + model.fit)",
     "tfos": "TensorFlowOnSpark 2.2.5, its example's idiom (from_generator over next_batch(1))",
     "tfos_batched": "TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
@@ -535,20 +554,21 @@ def table(results, failures, opts, phases=None):
         v = results.get(key, {}).get(m)
         return "%.1f–%.1f" % (min(v), max(v)) if v else ""
 
-    lines = ["| variant | wall (median) | range | `model.fit` (chief) | range | accuracy | wall vs native | fit vs native |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | wall (median) | range | `model.fit` (chief) | range | steps | accuracy | wall vs native | fit vs native |",
+             "|---|---|---|---|---|---|---|---|---|"]
     native_wall, native_fit = med("native", "wall s"), med("native", "fit s")
     for key in opts.only:
         if key in failures:
-            lines.append("| %s | FAILED: %s | | | | | | |" % (VARIANTS[key], failures[key]))
+            lines.append("| %s | FAILED: %s | | | | | | | |" % (VARIANTS[key], failures[key]))
             continue
         w = med(key, "wall s")
         if w is None:
             continue
         f = med(key, "fit s")
-        lines.append("| %s | %.1f s | %s s | %s | %s | %.3f | %s | %s |" % (
+        st = med(key, "steps")
+        lines.append("| %s | %.1f s | %s s | %s | %s | %s | %.3f | %s | %s |" % (
             VARIANTS[key], w, rng(key, "wall s"), "%.1f s" % f if f is not None else "",
-            rng(key, "fit s") + " s" if f is not None else "", med(key, "accuracy"),
+            rng(key, "fit s") + " s" if f is not None else "", "%d" % st if st else "", med(key, "accuracy"),
             "%.2f×" % (w / native_wall) if native_wall and key != "native" else "",
             "%.2f×" % (f / native_fit) if native_fit and f is not None and key != "native" else ""))
     steps = [(k, med(k, "step ms")) for k in ("native", "tfos_nb") if med(k, "step ms")]
