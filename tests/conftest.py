@@ -78,8 +78,10 @@ def kernel_specs(tmp_path_factory):
     return KernelSpecManager(kernel_dirs=[str(kernels)])
 
 
-def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None,
+                  python: str | None = None) -> Any:
+    """A ``local-cluster`` session; ``python``: the executors' Python (``PYSPARK_PYTHON``; default this one)."""
+    os.environ["PYSPARK_PYTHON"] = python or sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 

@@ -48,3 +48,17 @@ def test_nodes_get_the_gpus_spark_assigned_to_their_task(sc, no_leaks):
         seen.append(visible)
     assert all(v in ("0", "1") for v in seen)
     assert all(n.device.startswith("GPU") for n in cluster.nodes), [n.device for n in cluster.nodes]
+
+
+def test_the_doctor_fails_a_gpu_given_to_two_executors_of_one_host(sc, no_leaks):
+    """This module's discovery script reports GPUs 0 and 1 to each of the two workers of one host, so each
+    executor takes GPU 0: the doctor names the host, the GPU and both executors."""
+    from tfos_nb import doctor
+
+    report = doctor(sc, nodes=2, num_gpus=1)
+    print("\n" + report.text())
+    (fail,) = [c for c in report.checks if c.status == "FAIL"]
+    assert fail.area == "gpus" and fail.where.startswith("host ")
+    assert "GPU 0 is assigned to executors 0, 1 at once" in fail.detail, report.text()
+    assert "discovery script" in fail.fix
+    assert sorted(f["spark_gpus"] for f in report.executors) == [["0"], ["0"]]
