@@ -188,3 +188,22 @@ def show_tensorboard(magics: Any, opts: Any) -> None:
     if frame:
         display(HTML(frame))
     print(text)
+
+
+def print_stacks(handle: Any, node: str | None) -> None:
+    """``%tfos_stack``: the stacks of a running cluster's node processes, one block per node; a UsageError
+    (one line) when there is nothing to show: not a cluster, not running, no such node, Spark Connect."""
+    import re
+
+    if node is not None and not re.fullmatch(r"[a-z]+:\d+", node):
+        raise UsageError(f"--node takes ROLE:INDEX, e.g. worker:1; got {node!r}")
+    if not hasattr(handle, "stacks"):
+        raise UsageError(f"{handle.name} is a set of parallel runs; %tfos_stack shows the nodes of a %%tfos_cluster")
+    try:
+        stacks = handle.stacks(node)
+    except KeyError as exc:
+        raise UsageError(str(exc.args[0])) from None
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    for label, text in stacks.items():
+        print(f"--- {label}\n{text.rstrip()}\n")

@@ -72,6 +72,7 @@ class ClusterHandle(RunHandle):
         retries: int = 0,
         start_cluster: Callable[..., Any] = run,
         clock: Callable[[], float] = time.time,
+        stall_after: float | None = 120.0,
     ) -> None:
         super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
                          background=background, clock=clock)
@@ -89,6 +90,7 @@ class ClusterHandle(RunHandle):
             name=name,
             env=env,
             node_output=False,  # the handle shows the nodes' lines itself (the cell's stream, ``output``, ``logs()``)
+            stall_after=stall_after,  # the panel flags a chief/worker that has not moved for this long
         )
         # after the chief/workers finished: the evaluator's time to evaluate the last checkpoint (shutdown's grace)
         self._grace = float(evaluator_grace) if evaluator else 0.0
@@ -210,6 +212,20 @@ class ClusterHandle(RunHandle):
     def status(self) -> S.ClusterView | None:
         st = self._cstate
         return st.snapshot() if st is not None else None
+
+    def stacks(self, node: str | None = None, timeout: float = 10.0) -> dict[str, str]:
+        """Every thread's Python stack in the running cluster's node processes (``%tfos_stack``), by node.
+
+        ``RuntimeError`` when no cluster runs now (not started yet, or ended); ``KeyError`` for an unknown node.
+        """
+        cluster = self._live
+        if cluster is None or cluster.closed:
+            msg = f"cluster {self.name} is {self.state}: no node process to show"
+            raise RuntimeError(msg)
+        try:
+            return cluster.stacks(node, timeout)
+        except KeyError:
+            raise KeyError(self._no_node(str(node))) from None
 
     def _node_logs(self, tail: int | None) -> dict[str, list[str]] | None:
         st = self._cstate

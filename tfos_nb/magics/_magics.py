@@ -58,6 +58,12 @@ class TFOSMagics(Magics):
     timeout = Float(
         None, allow_none=True, help="Default --timeout in seconds for a cell's whole run (None: no limit)."
     ).tag(config=True)
+    stall_after = Float(
+        120.0, allow_none=True,
+        help="Seconds a chief/worker may go without moving (no new phase, step or stack) before the panel flags it "
+        "as stalled, naming its phase and the nodes that have not reached it (%tfos_stack NAME shows where it "
+        "waits). 0 or None: never.",
+    ).tag(config=True)
     api_panels = Bool(
         True,
         help="Also show the panel (widget or HTML) for clusters a cell starts with plain Python calls "
@@ -189,7 +195,7 @@ class TFOSMagics(Magics):
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps,
                                evaluator=opts.evaluator, data=data, epochs=epochs, tensorboard=opts.tensorboard,
                                log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
-                               retries=opts.retries, evaluator_grace=self.evaluator_grace)
+                               retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
             from .. import tensorboard as tb
 
@@ -361,6 +367,17 @@ class TFOSMagics(Magics):
         for label, lines in logs.items():
             for text in lines:
                 print(f"[{label}] {text}")
+
+    @magic_arguments()
+    @argument("name", help="the cluster's --name")
+    @argument("--node", metavar="ROLE:INDEX", help="one node, e.g. worker:1 (default: every node)")
+    @line_magic
+    def tfos_stack(self, line: str = "") -> None:
+        """Print the Python stacks of every thread in a running cluster's node processes: ``%tfos_stack NAME
+        [--node ROLE:INDEX]``.  Where a stalled node waits (the panel flags it), e.g. the user's call it blocks
+        in.  Taken by each node's supervisor (faulthandler, no extra privileges); classic Spark sessions."""
+        opts = parse_argstring(self.tfos_stack, line)
+        _cell_panel.print_stacks(self.handles[self._known(opts.name)], opts.node)
 
     @magic_arguments()
     @argument("name", nargs="?", help="a cluster's --name (its cell ran with --tensorboard)")

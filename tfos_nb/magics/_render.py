@@ -19,12 +19,15 @@ def format_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
 
 
 def node_line(node: Any) -> str:
-    """``chief:0 running step 40/300 loss 0.31``"""
+    """``chief:0 running (training) step 40/300 loss 0.31``"""
     text = f"{node.label} {node.state}"
+    if getattr(node, "phase", None):
+        text += f" ({node.phase})"
     if node.step is not None:
         text += f" step {node.step}" + (f"/{node.total_steps}" if node.total_steps else "")
     metrics = format_metrics({k: v for k, v in node.metrics.items() if k != "epoch"})
-    return f"{text} {metrics}".rstrip()
+    stall = f" STALLED: {node.stall}" if getattr(node, "stall", None) else ""
+    return f"{text} {metrics}".rstrip() + stall
 
 
 def status_table(rows: Iterable[tuple[str, str, int, float | None, str]]) -> str:

@@ -97,6 +97,9 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
         "executor": node.executor_id or "",
         "device": node.device or "CPU",
         "state": node.state,
+        # where a live node is in its lifecycle (registering … training, waiting for data, exporting, finishing)
+        "phase": getattr(node, "phase", None) or "",
+        "stall": getattr(node, "stall", None) or "",  # it has not moved for the stall time: where, and who it waits for
         "step": _step(node),
         "steps/s": "" if node.steps_per_sec is None else f"{node.steps_per_sec:.1f}",
         "metrics": _metrics(node.metrics, total_epochs=getattr(node, "total_epochs", None)),
@@ -165,7 +168,8 @@ def _add_runs(model: dict[str, Any], view: Any) -> None:
 
 def state_key(model: Mapping[str, Any]) -> tuple:
     """What counts as a state change for the text back-end (not steps, not elapsed time)."""
-    return (model["state"], tuple((r["node"], r["state"], r["missing_heartbeat"]) for r in model["rows"]))
+    return (model["state"], tuple((r["node"], r["state"], r.get("phase"), bool(r.get("stall")), r["missing_heartbeat"])
+                                  for r in model["rows"]))
 
 
 def text_line(model: Mapping[str, Any]) -> str:
@@ -178,6 +182,8 @@ def text_line(model: Mapping[str, Any]) -> str:
         text = f"{r['node']} {r['state']}"
         if r.get("params"):
             text = f"{r['node']} " + " ".join(f"{k}={v}" for k, v in r["params"].items()) + f" {r['state']}"
+        if r.get("phase"):
+            text += f" ({r['phase']})"
         if r["step"]:
             text += f" step {r['step']}"
             if r.get("progress") is not None:
@@ -188,6 +194,8 @@ def text_line(model: Mapping[str, Any]) -> str:
             text += " (missing heartbeat)"
         if r["error"]:
             text += f": {r['error']}"
+        if r.get("stall"):
+            text += f" — STALLED: {r['stall']}"
         parts.append(text)
     if model["error"] and not any(r["error"] for r in model["rows"]):
         parts.append(model["error"])
@@ -294,7 +302,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
             elif result_col and j == n_params + 1:
                 cells.append(_e(r["result"]))
             elif c == "state":
-                cells.append(_badge(r["state"]))
+                phase = f' <span style="color:#657b83">{_e(r["phase"])}</span>' if r.get("phase") else ""
+                cells.append(_badge(r["state"]) + phase)
             elif c == "step":
                 color = _COLORS.get(r["state"], "#268bd2") if r["state"] in ("finished", "failed", "stopped") else "#268bd2"
                 cells.append(progress_bar(r.get("progress"), color) + _e(r[c]))
@@ -306,6 +315,9 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
                 cells.append(_e(r[c]))
         row_style = ' style="background:#e6f4ea;font-weight:bold"' if r.get("best") else ""
         out.append(f"<tr{row_style}>" + "".join(f'<td style="padding:1px 6px">{c}</td>' for c in cells) + "</tr>")
+        if r.get("stall"):
+            out.append(f'<tr><td colspan="{len(columns)}" style="color:#b58900;padding:1px 6px">'
+                       f'&#9888; {_e(r["stall"])}</td></tr>')
         if r["error"]:
             tail = ""
             if r["tail"]:

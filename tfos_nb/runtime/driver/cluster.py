@@ -28,6 +28,7 @@ from ..executor.feeder import (
 )
 from ..procs import kill_tree
 from ..sessions import is_connect
+from . import stacks
 from . import state as S
 from .cluster_streams import ClusterStreams, refuse_dstream, require_batch_rows
 from .controller import FEEDABLE, Controller
@@ -122,6 +123,11 @@ class TFCluster(ClusterStreams):
             msg = f"no node {node!r}; nodes are {[n.label for n in self.state.nodes]}"
             raise KeyError(msg)
         return out
+
+    def stacks(self, node: str | int | None = None, timeout: float = 10.0) -> dict[str, str]:
+        """Every thread's Python stack in the node processes (one node: ``"worker:1"`` or its index), by node:
+        what each is doing now, e.g. which call a stalled node waits in (``status().stalls``)."""
+        return stacks.collect(self.state, self.controller, node, timeout)
 
     def tensorboard_url(self) -> str | None:
         """TensorBoard's URL on the chief, when started with ``tensorboard=True``."""

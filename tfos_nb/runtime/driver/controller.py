@@ -24,6 +24,7 @@ from typing import Any
 from ..gpus import assign as assign_gpus
 from ..net import hostport
 from ..protocol import messages as m
+from . import stalls
 from . import state as S
 from .shares import EpochShares
 from .tensorboard_news import tensorboard_news
@@ -33,15 +34,13 @@ log = logging.getLogger(__name__)
 FEEDABLE = ("chief", "master", "worker")
 
 
-
-
 def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, num_gpus: int | None, *,
                 input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
-                heartbeat_timeout: float) -> Controller:
+                heartbeat_timeout: float, stall_after: float | None = stalls.DEFAULT_STALL_AFTER) -> Controller:
     """A new cluster's state (id, name, job group) and its controller; ``num_gpus`` defaults to ``tf_args.num_gpus`` or 1."""
     cluster_id = uuid.uuid4().hex[:12]
     state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
-    state.job_group = f"tfos-{cluster_id}"
+    state.job_group, state.stall_after = f"tfos-{cluster_id}", stalls.check_stall_after(stall_after)
     if num_gpus is None:
         num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
     return Controller(state, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir,
@@ -49,16 +48,8 @@ def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, nu
 
 
 class Controller:
-    def __init__(
-        self,
-        state: S.ClusterState,
-        *,
-        input_mode_spark: bool,
-        tensorboard: bool,
-        log_dir: str | None,
-        num_gpus: int,
-        heartbeat_timeout: float,
-    ) -> None:
+    def __init__(self, state: S.ClusterState, *, input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
+                 num_gpus: int, heartbeat_timeout: float) -> None:
         self.state = state
         self.clock = state.clock
         self.input_mode_spark = input_mode_spark
@@ -104,7 +95,7 @@ class Controller:
             node.working_dir = msg.working_dir
             node.gpus = list(msg.gpus)
             node._spark_gpus = list(msg.spark_gpus)  # type: ignore[attr-defined]
-            node.last_heartbeat = self.clock()
+            node.last_heartbeat = node.moved_at = self.clock()
             if all(n.state == S.REGISTERED for n in st.nodes):
                 self._form_cluster()
         st.notify()
@@ -151,6 +142,7 @@ class Controller:
                 log_dir=log_dir,
             )
             n.state = S.STARTING
+            n.moved_at = self.clock()
 
     def _await_spec(self, msg: m.AwaitSpec) -> m.Reply:
         st = self.state
@@ -182,6 +174,7 @@ class Controller:
                 node.data_port = msg.data_port
             if msg.feed.get("closed"):
                 node.feed_closed = True
+            stalls.apply_news(node, msg.phase, msg.stacks, self.clock())
             spec = (self._specs or {}).get(node.index)
             tb_lines = tensorboard_news(node, spec is not None and spec.tensorboard, msg)
             node.logs.extend(tb_lines)
@@ -213,7 +206,7 @@ class Controller:
                         self._fail(f"{node.label} failed")
             cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
                                 kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0,
-                                epochs_assigned=self._shares.for_node(node.index))
+                                epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked)
             if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
                 st.state = S.C_RUNNING
         if new_logs:
@@ -222,6 +215,11 @@ class Controller:
         return m.Reply(ok=True, body=cmd.to_dict())
 
     # -- transitions the job's owner asks for (any thread) -------------------------
+    def request_stacks(self, indices: list[int]) -> dict[int, int]:
+        """Ask these nodes for their threads' stacks (answered by their next heartbeats); the id each answers."""
+        with self.state.lock:
+            return {i: stalls.ask_stacks(self.state.nodes[i]) for i in indices}
+
     def set_running(self) -> None:
         """Every node runs its function: the start is over."""
         self._set_cluster_state(S.C_RUNNING)

@@ -20,7 +20,7 @@ MAX_REPORTS = 1000  # reports per node per snapshot
 
 _NODE_FIELDS = ("state", "host", "port", "executor_id", "pid", "child_pid", "data_port", "gpus", "step",
                 "total_steps", "total_epochs", "metrics", "rows_fed", "feed_closed", "error", "exit_code",
-                "tail", "tensorboard", "tensorboard_error", "value", "working_dir")
+                "tail", "tensorboard", "tensorboard_error", "value", "working_dir", "phase")
 
 
 class LogBook:
@@ -61,6 +61,7 @@ def to_json(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], histo
             d["tail"] = list(n.tail)
             d["rate"] = n.rate
             d["age"] = None if n.last_heartbeat is None else now - n.last_heartbeat
+            d["still"] = None if n.moved_at is None else now - n.moved_at  # an age: the clocks differ
             seen = logs_seen[n.index] if n.index < len(logs_seen) else 0
             d["logs"], d["logs_count"] = logbook.since(n.index, seen)
             h_seen = history_seen[n.index] if n.index < len(history_seen) else 0
@@ -102,6 +103,8 @@ class Mirror:
                 n.metrics = dict(n.metrics or {})
                 age = d.get("age")
                 n.last_heartbeat = None if age is None else now - float(age)
+                still = d.get("still")
+                n.moved_at = None if still is None else now - float(still)
                 if d.get("reports"):
                     st.record_reports(n, d["reports"])
                 if d.get("rate") is not None:

@@ -51,6 +51,7 @@ def run(
     on_start: Callable[[DriverJob], None] | None = None,
     node_output: bool | None = None,
     preflight: bool | dict[str, Any] = False,
+    stall_after: float | None = 120.0,
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
@@ -75,6 +76,10 @@ def run(
     ``TFOS_NB_NODE_OUTPUT=0`` (or ``1``) decides instead when set.  ``log_callback(label,
     lines)`` gets the same lines, unfiltered, either way.
 
+    ``stall_after``: a chief/worker that has not moved (no new phase, progress or stack) for this
+    many seconds is flagged in ``status().stalls`` and the panel, naming its phase and the nodes
+    that have not reached it (None or 0: never); ``cluster.stacks()`` then shows where it waits.
+
     ``preflight=True`` runs :func:`tfos_nb.doctor` for these nodes first (a few seconds, no
     TensorFlow cluster) and raises its FAILs as one ``DoctorFailed`` error before anything
     starts; a dict passes options to it (``{"export_dir": ..., "feeders": ...}``).
@@ -96,7 +101,7 @@ def run(
                            input_mode=input_mode, log_dir=log_dir, reservation_timeout=reservation_timeout,
                            release_port=release_port, name=name, env=env, num_gpus=num_gpus, keras=keras,
                            heartbeat_timeout=heartbeat_timeout, notebook_timeout=notebook_timeout,
-                           log_callback=log_callback, on_state=on_state, on_start=on_start)
+                           log_callback=log_callback, on_state=on_state, on_start=on_start, stall_after=stall_after)
     require_classic(sc, "RDDs, barrier tasks")
     if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
         msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"
@@ -104,7 +109,8 @@ def run(
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
 
     controller = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
-                             tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout)
+                             tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout,
+                             stall_after=stall_after)
     state, cluster_id = controller.state, controller.state.cluster_id
     job = DriverJob(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
                     finished=trainers_finished)

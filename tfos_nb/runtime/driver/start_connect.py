@@ -40,7 +40,7 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
                 num_gpus: int | None, keras: str, heartbeat_timeout: float, notebook_timeout: float = KERNEL_TIMEOUT_S,
                 log_callback: Callable[[str, list[str]], None] | None,
                 on_state: Callable[[S.ClusterState], None] | None,
-                on_start: Callable[[Any], None] | None) -> TFCluster:
+                on_start: Callable[[Any], None] | None, stall_after: float | None = 120.0) -> TFCluster:
     import cloudpickle
 
     if not notebook_timeout > 0:
@@ -50,7 +50,8 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
     if found is not None and found[0] < len(roles):  # else a barrier stage too big waits for Spark's own check
         raise RuntimeError(not_enough_executors(len(roles), found[0], str(found[1])))
     local = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
-                        tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout)
+                        tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout,
+                        stall_after=stall_after)
     state, num_gpus = local.state, local.num_gpus
     job = ConnectDriverJob(spark, state, RemoteController(state, local), nodes_outlive_jobs=True, linger_s=10.0,
                            join_s=5.0, finished=trainers_finished)

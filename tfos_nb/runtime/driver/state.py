@@ -21,6 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..executor import phases
+from . import stalls
+
 # Node states, in the order a healthy node goes through them.
 PENDING = "pending"  # asked for, not registered yet
 REGISTERED = "registered"  # its supervisor registered; waiting for the whole cluster
@@ -94,6 +97,9 @@ class NodeView:
     tensorboard_error: str | None = None
     curve: tuple[float, ...] = ()  # the reported loss (or first metric), thinned to CURVE_POINTS
     curve_metric: str | None = None
+    phase: str | None = None  # where a live node is (executor.phases); None once it ended
+    still_for: float | None = None  # seconds since it last moved (phase, progress or stack changed)
+    stall: str | None = None  # why it counts as stalled (driver.stalls), else None
 
     @property
     def label(self) -> str:
@@ -116,6 +122,7 @@ class ClusterView:
     rows_fed: int = 0
     feed_epoch: int = 0
     job_group: str = ""
+    stalls: tuple[str, ...] = ()  # one line per stalled node (driver.stalls)
 
 
 class _Node:
@@ -154,6 +161,11 @@ class _Node:
         self.tensorboard: str | None = None
         self.tensorboard_error: str | None = None
         self.working_dir = ""
+        self.phase: str | None = None  # the node process's own phase (executor.phases), from its heartbeats
+        self.moved_at: float | None = None  # (state clock) when it last moved; None: when the cluster started
+        self.phase_log: deque[str] = deque(maxlen=100)  # the node process's phases, in the order it went through them
+        self.stacks_asked = 0  # the last stack dump asked of it (Controller.request_stacks)
+        self.stacks: tuple[int, str] = (0, "")  # the last dump it sent: (id, text)
 
     @property
     def label(self) -> str:
@@ -172,7 +184,19 @@ class _Node:
             self._curve_stride *= 2
             self._curve_seen = (len(self.curve) - 1) * self._curve_stride + 1
 
-    def view(self, now: float) -> NodeView:
+    def current_phase(self) -> str | None:
+        """Where the node is: what the driver knows (not registered, waiting for the spec), else its own phase."""
+        if self.state in TERMINAL:
+            return None
+        if self.state == PENDING:
+            return phases.REGISTERING
+        if self.state == REGISTERED:
+            return phases.WAITING_FOR_SPEC
+        if self.state == STARTING:
+            return self.phase or phases.STARTING
+        return self.phase  # None: a peer that does not say (a parallel run's)
+
+    def view(self, now: float, t0: float = 0.0) -> NodeView:
         gpus = tuple(self.gpus)
         if gpus:
             device = ", ".join(
@@ -207,6 +231,8 @@ class _Node:
             tensorboard_error=self.tensorboard_error,
             curve=(*self.curve, self._curve_last) if self._curve_last is not None else tuple(self.curve),
             curve_metric=self.curve_metric,
+            phase=self.current_phase(),
+            still_for=None if self.state in TERMINAL else now - (t0 if self.moved_at is None else self.moved_at),
         )
 
 
@@ -231,6 +257,7 @@ class ClusterState:
         self.stop_requested = False
         self.kill_requested = False
         self.job_group = ""
+        self.stall_after: float | None = stalls.DEFAULT_STALL_AFTER  # seconds without moving that flag a node
         self._listeners: list[Callable[[ClusterState], None]] = []
         self._log_listeners: list[Callable[[str, list[str]], None]] = []
 
@@ -279,19 +306,23 @@ class ClusterState:
             end = self.ended_at if self.ended_at is not None else now
             tb = next((n.tensorboard for n in self.nodes if n.tensorboard), None)
             tb_error = next((n.tensorboard_error for n in self.nodes if n.tensorboard_error), None)
+            live = self.state in (C_RESERVING, C_RUNNING)
+            nodes, stall_lines = stalls.with_stalls(tuple(n.view(now, self._t0) for n in self.nodes),
+                                                    self.stall_after if live else None)
             return ClusterView(
                 cluster_id=self.cluster_id,
                 name=self.name,
                 state=self.state,
                 started_at=self.started_at,
                 elapsed=end - self._t0,
-                nodes=tuple(n.view(now) for n in self.nodes),
+                nodes=nodes,
                 error=self.error,
                 tensorboard=tb,
                 tensorboard_error=tb_error,
                 rows_fed=sum(n.rows_fed for n in self.nodes),
                 feed_epoch=self.feed_epoch,
                 job_group=self.job_group,
+                stalls=stall_lines,
             )
 
     def logs(self, index: int, tail: int | None = None) -> list[str]:

@@ -18,6 +18,7 @@ import traceback
 from typing import Any
 
 from ..protocol import pipes
+from . import phases
 from .context import Reporter
 
 # Frames of these modules above the user's function only hide the cause: not printed.
@@ -83,6 +84,7 @@ def _watch_owner(fd: int, role: ChildRole) -> None:
 
 
 def main(role_cls: type[ChildRole]) -> int:
+    stacks = phases.install_stack_dump()  # first: a stack is asked for once the first Phase says so
     import cloudpickle
 
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)  # unbuffered: the commands after Start stay in the pipe
@@ -92,6 +94,10 @@ def main(role_cls: type[ChildRole]) -> int:
     stdin.close()
     sys.stdin = open(os.devnull)  # noqa: SIM115 - user code must not read the owner's pipe
     reporter = Reporter(os.fdopen(int(os.environ["TFOS_REPORT_FD"]), "w", buffering=1))
+    watcher = phases.PhaseWatcher(
+        lambda phase, moved_at: reporter.send(pipes.Phase(phase=phase, moved_at=moved_at, stacks=stacks)))
+    reporter.on_step = watcher.stepped
+    watcher.start()
     role = role_cls(start.info, reporter)
     threading.Thread(target=_watch_owner, args=(0, role), name="tfos-owner", daemon=True).start()
     try:
@@ -103,6 +109,7 @@ def main(role_cls: type[ChildRole]) -> int:
     ctx = role.context()
     value = None
     try:
+        watcher.function_runs()
         value = role.call(fn, args, ctx)
     except BaseException as exc:  # noqa: BLE001 - SystemExit from user code is an error too
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
@@ -113,6 +120,8 @@ def main(role_cls: type[ChildRole]) -> int:
             role.on_error(error)
             return 1
     finally:
+        watcher.set(phases.FINISHING)
+        watcher.stop()
         reporter.flush()
         role.cleanup()
     sys.stdout.flush()

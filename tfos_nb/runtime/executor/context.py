@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ..protocol import pipes
@@ -72,6 +73,7 @@ class Reporter:
         self._pending: dict[str, Any] | None = None
         self._batch: deque[dict[str, Any]] = deque(maxlen=self.BATCH_KEPT)
         self._timer: threading.Timer | None = None  # writes the held-back report at the end of its interval
+        self.on_step: Callable[[Any], None] | None = None  # told of every report's step (the phase watcher)
 
     def send(self, msg: pipes.Frame) -> None:
         line = pipes.encode(msg).decode()
@@ -83,6 +85,8 @@ class Reporter:
                 pass
 
     def progress(self, report: dict[str, Any]) -> None:
+        if self.on_step is not None:
+            self.on_step(report.get("step"))
         now = time.monotonic()
         with self._lock:
             self._pending = report

@@ -16,6 +16,7 @@ import collections
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -24,6 +25,7 @@ from .. import procs
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
+from .phases import STACK_SIGNAL, STACKS_FD_ENV
 from .threads import thread_env
 
 LOG_BYTES_PER_BEAT = 64 * 1024
@@ -34,6 +36,8 @@ TAIL_LINES = 100
 # ended after this long.  The longer of the two values the node and run paths had (10 s, 5 s):
 # no process that used to end on its own is killed now, and no test waits on a lingering one.
 LINGER_S = 10.0
+STACKS_MAX_BYTES = 256 * 1024  # of a stack dump sent to the driver (the first threads: the signalled one first)
+STACKS_WAIT_S = 3.0
 
 
 def tf_env(env: dict[str, str], meta: dict[str, Any], gpus: list[dict], pin_gpus: bool) -> dict[str, str]:
@@ -83,6 +87,12 @@ class ChildOwner:
         self.running = False
         self.finished = False
         self.feed_closed = False  # the function stopped reading data (terminate() or returned)
+        self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at"} (its time.time())
+        self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
+        self.stacks_ready = False  # the child dumps its stacks into self._stacks on STACK_SIGNAL
+        # An anonymous file (no name in any folder: nobody can plant, open or swap it) the child's faulthandler
+        # appends to; only this process and the child hold it.
+        self._stacks: Any = None
         self._readers: list[threading.Thread] = []
 
     # -- the process ----------------------------------------------------------------------------
@@ -91,13 +101,15 @@ class ChildOwner:
         """Start ``python -m tfos_nb.runtime <role>`` with the blob and ``info`` on its stdin, and read it."""
         read_fd, write_fd = os.pipe()
         env["TFOS_REPORT_FD"] = str(write_fd)
+        self._stacks = tempfile.TemporaryFile(prefix="tfos-stacks-")  # noqa: SIM115 - held for the child's life
+        env[STACKS_FD_ENV] = str(self._stacks.fileno())
         try:
             self.child = subprocess.Popen(
                 [sys.executable, "-m", "tfos_nb.runtime", role, cluster_id],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_fd, *pass_fds),
+                pass_fds=(write_fd, self._stacks.fileno(), *pass_fds),
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
@@ -129,7 +141,39 @@ class ChildOwner:
 
     def kill(self, grace: float = 1) -> int | None:
         """End the child and its process group (stragglers too, when it exited already); its exit code."""
-        return None if self.child is None else procs.kill_tree(self.child, grace=grace)
+        code = None if self.child is None else procs.kill_tree(self.child, grace=grace)
+        self.close_stacks()
+        return code
+
+    def dump_stacks(self, wait: float = STACKS_WAIT_S) -> str:
+        """Every thread's Python stack in the child, as faulthandler writes them (or why there are none)."""
+        child, stacks = self.child, self._stacks
+        if child is None or stacks is None or child.poll() is not None:
+            return f"({self.process_name} is not running)"
+        if not self.stacks_ready:
+            return f"({self.process_name} is starting: it cannot show its stacks yet)"
+        fd = stacks.fileno()
+        start = os.fstat(fd).st_size
+        os.kill(child.pid, STACK_SIGNAL)
+        deadline = time.monotonic() + wait
+        size, still_since = start, time.monotonic()
+        while time.monotonic() < deadline:  # faulthandler writes from the signal handler: done when it stops growing
+            self.wake.wait(0.05)
+            now_size = os.fstat(fd).st_size
+            if now_size != size:
+                size, still_since = now_size, time.monotonic()
+            elif size > start and time.monotonic() - still_since > 0.2:
+                break
+        if size == start:
+            return f"({self.process_name} did not write its stacks within {wait:.0f} s)"
+        data = os.pread(fd, min(size - start, STACKS_MAX_BYTES), start)
+        text = data.decode("utf-8", "replace")
+        return text + ("\n[tfos_nb: cut at 256 KiB]" if size - start > STACKS_MAX_BYTES else "")
+
+    def close_stacks(self) -> None:
+        stacks, self._stacks = self._stacks, None
+        if stacks is not None:
+            stacks.close()
 
     def join_readers(self, timeout: float = 2) -> None:
         """Let the readers reach EOF (the child is gone): the final heartbeat carries the last lines."""
@@ -170,6 +214,11 @@ class ChildOwner:
                         self.value = msg.value
                     elif isinstance(msg, pipes.FeedClosed):
                         self.feed_closed = True
+                    elif isinstance(msg, pipes.Phase):
+                        if str(msg.phase) != self.phase.get("phase") and len(self.phases_seen) < 100:
+                            self.phases_seen.append(str(msg.phase))  # a short phase between two beats is seen too
+                        self.phase = {"phase": str(msg.phase), "moved_at": float(msg.moved_at)}
+                        self.stacks_ready = self.stacks_ready or bool(msg.stacks)
                 self.wake.set()
         finally:
             os.close(fd)

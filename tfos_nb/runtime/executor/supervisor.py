@@ -66,6 +66,9 @@ class Supervisor(ChildOwner):
         self._sent_epoch = 0
         self._sent_assigned = 0
         self._sent_stop = False
+        self._stacks_done = 0  # the last stack dump the driver asked for (BeatCommand.stacks) and got
+        self._stacks_out: dict[str, Any] = {}  # {"id", "text"}: sent with the heartbeats until one is answered
+        self._stacks_in_beat = 0  # the dump the last heartbeat carried
 
     # -- registration ---------------------------------------------------------
     def register(self) -> None:
@@ -144,12 +147,21 @@ class Supervisor(ChildOwner):
             # A node whose function failed is not "done reading": feeders that lost it wait for its failure.
             feed = {"closed": True} if self.feed_closed and self.error is None else {}
             value = self.value
+            phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
+        if phase:  # an age, not the node's clock: the driver's clock may differ
+            phase = {"phase": phase["phase"], "still_s": max(0.0, time.time() - phase["moved_at"]), "seen": seen}
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
         tb = self.tensorboard
         return {"data_port": self.data_port, "tensorboard": tb.url if tb else None,
                 "tensorboard_error": tb.error if tb else None, "report": report, "reports": reports,
-                "returned": {"value": value} if final and value is not None else {}, "feed": feed}
+                "returned": {"value": value} if final and value is not None else {}, "feed": feed,
+                "phase": phase, "stacks": self._stacks_beat()}
+
+    def _stacks_beat(self) -> dict[str, Any]:
+        out = dict(self._stacks_out)
+        self._stacks_in_beat = int(out.get("id", 0))
+        return out
 
     _gpu_checked = 0.0
 
@@ -163,7 +175,9 @@ class Supervisor(ChildOwner):
         return self.gpus
 
     def on_reply(self, cmd: m.BeatCommand) -> None:
-        """Relay the driver's commands to the node process: the end of an epoch, stop."""
+        """Relay the driver's commands to the node process: the end of an epoch, stop; take a stack dump asked for."""
+        if self._stacks_in_beat and self._stacks_out.get("id") == self._stacks_in_beat:
+            self._stacks_out = {}  # the driver has it
         for epoch, partitions in cmd.epochs_assigned:
             if int(epoch) > self._sent_assigned:
                 self._sent_assigned = int(epoch)
@@ -174,6 +188,9 @@ class Supervisor(ChildOwner):
         if cmd.stop and not self._sent_stop:
             self._sent_stop = True
             self.send(pipes.Stop())
+        if cmd.stacks > self._stacks_done:  # %tfos_stack / cluster.stacks(): answered with the next heartbeat
+            self._stacks_done = cmd.stacks
+            self._stacks_out = {"id": cmd.stacks, "text": self.dump_stacks()}
 
     def run(self) -> int:
         spec = self.await_spec()

@@ -66,13 +66,15 @@ class NodeSpec(Body):
 @dataclasses.dataclass(frozen=True)
 class BeatCommand(Body):
     """A heartbeat's answer: the last epoch fed in full, the epochs whose partitions all went to nodes (as
-    ``[epoch, partitions sent to this node]``), and whether to stop (gracefully) or be killed."""
+    ``[epoch, partitions sent to this node]``), whether to stop (gracefully) or be killed, and the last stack
+    dump asked for (``stacks``: a growing id; the node answers with ``Heartbeat.stacks``)."""
 
     epoch_done: int = 0
     stop: bool = False
     kill: bool = False
     grace: float = 2.0
     epochs_assigned: list = dataclasses.field(default_factory=list)
+    stacks: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

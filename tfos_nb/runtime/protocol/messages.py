@@ -125,6 +125,8 @@ class Heartbeat(Message):
     reports: list = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
     returned: dict = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
     feed: dict = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
+    phase: dict = dataclasses.field(default_factory=dict)  # {"phase": executor.phases name, "still_s": s not moved, "seen": [...]}
+    stacks: dict = dataclasses.field(default_factory=dict)  # {"id": BeatCommand.stacks answered, "text": the dump}
     logs: list = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0
     exit_code: int | None = None

@@ -10,7 +10,7 @@ Three pairs talk over pipes, all on one host:
   :class:`Stop`); stdin closing means the owner is gone;
 * the child → its owner (the report pipe, ``TFOS_REPORT_FD``): events
   (:class:`Ready`, :class:`Report`, :class:`Failed`, :class:`Finished`,
-  :class:`FeedClosed`).
+  :class:`FeedClosed`, :class:`Phase`).
 
 One framing: a frame is one line of JSON, ``{"v": VERSION, "t": kind, ...fields}``;
 a binary blob is a ``{"t": "blob", "size": n}`` frame followed by its ``n`` bytes.
@@ -109,6 +109,17 @@ class FeedClosed(Frame):
     kind: ClassVar[str] = "feed_closed"
 
 
+@dataclass(frozen=True)
+class Phase(Frame):
+    """Where the child is (one of ``executor.phases.PHASES``) and when its main thread last moved
+    (``moved_at``, its ``time.time()``); ``stacks``: it dumps its stacks on the owner's signal."""
+
+    kind: ClassVar[str] = "phase"
+    phase: str = ""
+    moved_at: float = 0.0
+    stacks: bool = False
+
+
 # -- the owner's commands (the child's stdin, after the blob and Start) -----------------------
 @dataclass(frozen=True)
 class EpochDone(Frame):
@@ -168,7 +179,7 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, EpochDone, EpochAssigned, Stop, Launch, Launched, Start)
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, Phase, EpochDone, EpochAssigned, Stop, Launch, Launched, Start)
 }
 BLOB = "blob"
 

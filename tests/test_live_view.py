@@ -1,0 +1,333 @@
+"""The live view, fast tier: a node's phases seen from real threads' frames, the stall flag through the real
+controller, stack dumps asked for and answered over heartbeats, the Spark Connect mirror, the panel, the magic."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+import threading
+import types
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.test_widgets import FakeDisplay, test_comm  # noqa: F401 - the widget fixture
+from tfos_nb.runtime.driver import snapshot, stacks
+from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.controller import new_cluster
+from tfos_nb.runtime.executor import phases as P
+from tfos_nb.runtime.executor.feed_hub import FeedHub
+from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import pipes
+from tfos_nb.widgets import make_renderer, panel_html, panel_model, text_line
+from tfos_nb.widgets._view import state_key
+
+
+# -- the node process's phases, from a real thread's frames ------------------------------------------
+class Gates:
+    """Events a fake library's code waits on, so that the test decides when each call returns."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.events = {n: threading.Event() for n in names}
+
+    def wait(self, name: str) -> None:
+        assert self.events[name].wait(30), f"gate {name} never opened"
+
+
+def _load(path, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_libraries(root) -> dict[str, types.ModuleType]:
+    """Code that lives where TensorFlow's and Keras' does (by path), each call waiting on a gate."""
+    files = {
+        "tensorflow/fake_tf_import.py": "import _tfos_gates\n_tfos_gates.wait('import')\n",
+        "tensorflow/python/distribute/collective_all_reduce_strategy.py":
+            "import _tfos_gates\nclass CollectiveAllReduceStrategy:\n"
+            "    def __init__(self):\n        _tfos_gates.wait('strategy')\n",
+        "tf_keras/src/engine/training.py": "import _tfos_gates\ndef fit(step):\n    _tfos_gates.wait(step)\n",
+        "keras/src/saving/saving_api.py": "import _tfos_gates\ndef save():\n    _tfos_gates.wait('save')\n",
+    }
+    for rel, code in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    return {
+        "strategy": _load(root / files_key(files, "strategy"), "fake_strategy"),
+        "training": _load(root / files_key(files, "training"), "fake_training"),
+        "saving": _load(root / files_key(files, "saving"), "fake_saving"),
+    }
+
+
+def files_key(files: dict[str, str], part: str) -> str:
+    return next(k for k in files if part in k)
+
+
+def test_watcher_follows_a_real_thread_through_the_phases(tmp_path, monkeypatch):
+    gates = Gates(["import", "strategy", "first", "later", "save", "data"])
+    monkeypatch.setitem(sys.modules, "_tfos_gates", gates)
+    libs = fake_libraries(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "tensorflow"))
+    sent: list[tuple[str, float]] = []
+    hub = FeedHub()
+    ready = threading.Event()
+
+    def node_function() -> None:
+        ready.wait()
+        import fake_tf_import  # noqa: F401 - imports "TensorFlow"
+
+        libs["strategy"].CollectiveAllReduceStrategy()
+        libs["training"].fit("first")
+        watcher.stepped(1)
+        libs["training"].fit("later")
+        libs["saving"].save()
+        gates.wait("data")
+        hub.take(10, True)  # no data comes: it waits until the hub closes
+
+    thread = threading.Thread(target=node_function, name="node-function")
+    thread.start()
+    watcher = P.PhaseWatcher(lambda phase, moved: sent.append((phase, moved)), sample_s=0.05, thread=thread.ident)
+    watcher.function_runs()
+    watcher.start()
+    try:
+        ready.set()
+        for phase, gate in [(P.IMPORTING, "import"), (P.STRATEGY, "strategy"), (P.FIRST_STEP, "first"),
+                            (P.TRAINING, "later"), (P.EXPORTING, "save"), (P.TRAINING, "data")]:
+            wait_until(lambda phase=phase: watcher.phase == phase, 10, 0.02, what=f"phase {phase}")
+            assert sent[-1][0] == phase  # sent as soon as it changed
+            gates.events[gate].set()
+        wait_until(lambda: watcher.phase == P.WAITING_FOR_DATA, 10, 0.02, what="waiting for data")
+    finally:
+        for event in gates.events.values():
+            event.set()
+        hub.close()
+        thread.join(10)
+        sys.modules.pop("fake_tf_import", None)
+        watcher.set(P.FINISHING)
+        watcher.stop()
+    seen = [phase for phase, _ in sent]
+    expected = [P.RUNNING, P.IMPORTING, P.STRATEGY, P.FIRST_STEP, P.TRAINING, P.EXPORTING, P.WAITING_FOR_DATA,
+                P.FINISHING]
+    rest = iter(seen)
+    assert all(phase in rest for phase in expected), seen  # in this order (other phases may come between)
+
+
+def test_classify_by_the_outermost_library_call():
+    tf = "/site/tensorflow/python/eager/execute.py"
+    fit = ("/site/tf_keras/src/engine/training.py", "fit")
+    user = ("/work/train.py", "main_fun")
+    assert P.classify([user], stepped=False) == P.RUNNING
+    assert P.classify([user, fit, (tf, "quick_execute")], stepped=False) == P.FIRST_STEP
+    assert P.classify([user, fit, (tf, "quick_execute")], stepped=True) == P.TRAINING
+    assert P.classify([user, ("<frozen importlib._bootstrap>", "_find_and_load"),
+                       ("/site/tensorflow/__init__.py", "<module>")], stepped=False) == P.IMPORTING
+    assert P.classify([user, ("<frozen importlib._bootstrap>", "_find_and_load"),
+                       ("/site/numpy/__init__.py", "<module>")], stepped=False) == P.RUNNING
+    run = ("/site/tensorflow/python/distribute/distribute_lib.py", "run")
+    assert P.classify([user, run, (tf, "quick_execute")], stepped=False) == P.FIRST_STEP
+    assert P.rank(P.STRATEGY) > P.rank(P.RUNNING) and P.rank(P.WAITING_FOR_DATA) is None
+
+
+def test_phase_frame_on_the_report_pipe():
+    frame = pipes.Phase(phase=P.STRATEGY, moved_at=12.5, stacks=True)
+    assert pipes.decode(pipes.encode(frame)) == frame
+
+
+# -- the stall flag, through the real controller --------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def started_cluster(roles, stall_after=3.0):
+    """A controller whose nodes registered and got their spec (real messages, a clock the test moves)."""
+    ctl = new_cluster(roles, "stuck", {}, 0, input_mode_spark=False, tensorboard=False, log_dir=None,
+                      heartbeat_timeout=60, stall_after=stall_after)
+    clock = Clock()
+    ctl.state.clock = ctl.clock = clock
+    ctl.state._t0 = clock.t
+    for i in range(len(roles)):
+        assert ctl.handle(m.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1)).ok
+    for i in range(len(roles)):
+        assert ctl.handle(m.AwaitSpec(node=i)).ok
+    return ctl, clock
+
+
+def beat(ctl, node: int, phase: str, still: float = 0.0, **kw) -> m.BeatCommand:
+    reply = ctl.handle(m.Heartbeat(node=node, state="running", phase={"phase": phase, "still_s": still}, **kw))
+    assert reply.ok, reply.error
+    return m.BeatCommand.from_dict(reply.body)
+
+
+def test_stall_names_the_phase_and_the_node_that_has_not_reached_it():
+    ctl, clock = started_cluster([("ps", 0), ("chief", 0), ("worker", 0), ("worker", 1)])
+    beat(ctl, 0, P.RUNNING)
+    beat(ctl, 1, P.STRATEGY)
+    beat(ctl, 2, P.STRATEGY)
+    beat(ctl, 3, P.RUNNING, still=1.0)
+    clock.t += 1.9
+    assert ctl.state.snapshot().stalls == ()
+    clock.t += 0.2
+    view = ctl.state.snapshot()
+    assert view.stalls == ("worker:1: no step for 3 s, in the node function",)
+    clock.t += 1.0
+    view = ctl.state.snapshot()
+    expected = ("chief:0: no step for 3 s, building the strategy (its first collective) — "
+                "worker:1 (running the node function) has not reached it")
+    assert view.stalls[0] == expected
+    assert view.nodes[1].stall == expected and view.nodes[1].phase == P.STRATEGY
+    assert view.nodes[0].stall is None  # ps nodes serve (server.join()): never flagged
+    beat(ctl, 3, P.STRATEGY)
+    beat(ctl, 1, P.TRAINING)  # it moved
+    view = ctl.state.snapshot()
+    assert [n.label for n in view.nodes if n.stall] == ["worker:0"]
+    assert "has not reached" not in view.nodes[2].stall
+
+
+def test_phases_the_driver_knows_before_the_node_process_runs():
+    ctl = new_cluster([("chief", 0), ("worker", 0)], "forming", {}, 0, input_mode_spark=False, tensorboard=False,
+                      log_dir=None, heartbeat_timeout=60, stall_after=2)
+    clock = Clock()
+    ctl.state.clock = ctl.clock = clock
+    ctl.state._t0 = clock.t
+    assert [n.phase for n in ctl.state.snapshot().nodes] == [P.REGISTERING, P.REGISTERING]
+    assert ctl.handle(m.Register(node=0, host="127.0.0.1", port=4000, executor_id="0", pid=1)).ok
+    clock.t += 2.5
+    view = ctl.state.snapshot()
+    assert [n.phase for n in view.nodes] == [P.WAITING_FOR_SPEC, P.REGISTERING]
+    assert view.stalls == (
+        "chief:0: no step for 2 s, waiting for the cluster spec — worker:0 (registering) has not reached it",
+        "worker:0: no step for 2 s, still registering (its launch task has not started its supervisor)")
+
+
+@pytest.mark.parametrize("bad", [-1, "2", True])
+def test_stall_after_is_checked(bad):
+    with pytest.raises(ValueError, match="stall_after must be a number of seconds"):
+        new_cluster([("chief", 0)], None, {}, 0, input_mode_spark=False, tensorboard=False, log_dir=None,
+                    heartbeat_timeout=60, stall_after=bad)
+
+
+def test_no_stall_flag_when_off_or_ended():
+    ctl, clock = started_cluster([("chief", 0)], stall_after=0)
+    beat(ctl, 0, P.STRATEGY)
+    clock.t += 1000
+    assert ctl.state.snapshot().stalls == ()
+    ctl.state.stall_after = 5.0
+    assert ctl.state.snapshot().stalls
+    ctl.cancel("test")
+    assert ctl.state.snapshot().stalls == ()
+
+
+# -- stack dumps over heartbeats ------------------------------------------------------------------------
+def test_stacks_are_asked_with_a_beat_reply_and_come_back_with_the_next_beat():
+    ctl, _ = started_cluster([("chief", 0), ("worker", 0)])
+    assert beat(ctl, 0, P.RUNNING).stacks == 0
+    got: dict[str, str] = {}
+    asker = threading.Thread(target=lambda: got.update(stacks.collect(ctl.state, ctl, "worker:0", timeout=10)))
+    asker.start()
+    wanted = wait_until(lambda: beat(ctl, 1, P.RUNNING).stacks, 5, 0.01, what="the ask")
+    assert beat(ctl, 0, P.RUNNING).stacks == 0  # only the node asked
+    beat(ctl, 1, P.RUNNING, stacks={"id": wanted, "text": 'File "train.py", line 7 in wait_for_release'})
+    asker.join(10)
+    assert got == {"worker:0": 'File "train.py", line 7 in wait_for_release'}
+    with pytest.raises(KeyError, match="no node 'worker:5'"):
+        stacks.collect(ctl.state, ctl, "worker:5")
+    assert "did not answer within 0 s" in stacks.collect(ctl.state, ctl, "chief:0", timeout=0.01)["chief:0"]
+
+
+def test_stacks_of_nodes_without_a_process_say_why():
+    ctl = new_cluster([("chief", 0)], None, {}, 0, input_mode_spark=False, tensorboard=False, log_dir=None,
+                      heartbeat_timeout=60)
+    assert stacks.collect(ctl.state, ctl) == {"chief:0": "(chief:0 has no process yet: registering)"}
+
+
+# -- Spark Connect: the mirror gets the phases, and flags stalls itself ---------------------------------
+def test_connect_mirror_carries_phases_and_stalls():
+    ctl, clock = started_cluster([("chief", 0), ("worker", 0)])
+    beat(ctl, 0, P.FIRST_STEP, still=4.0)
+    beat(ctl, 1, P.IMPORTING)
+    data = snapshot.to_json(ctl.state, snapshot.LogBook(2), [0, 0], [0, 0], [], 0)
+    mirror_state = S.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
+    mirror_state.stall_after = 3.0
+    snapshot.Mirror(mirror_state).apply(data)
+    view = mirror_state.snapshot()
+    assert [n.phase for n in view.nodes] == [P.FIRST_STEP, P.IMPORTING]
+    assert view.stalls == ("chief:0: no step for 4 s, in the first step (the first collective) — "
+                           "worker:0 (importing TensorFlow) has not reached it",)
+
+
+# -- the panel ---------------------------------------------------------------------------------------------
+def stalled_view():
+    ctl, clock = started_cluster([("chief", 0), ("worker", 0)])
+    beat(ctl, 0, P.STRATEGY, still=5.0)
+    beat(ctl, 1, P.RUNNING)
+    return ctl.state.snapshot()
+
+
+def test_panel_html_and_text_show_the_phase_and_the_stall():
+    model = panel_model(stalled_view())
+    html = panel_html(model)
+    assert ">running</span> <span" in html and "building the strategy</span>" in html
+    assert "&#9888; chief:0: no step for 5 s, building the strategy (its first collective) — worker:0 " in html
+    line = text_line(model)
+    assert "chief:0 running (building the strategy)" in line and "worker:0 running (running the node function)" in line
+    assert "— STALLED: chief:0: no step for 5 s" in line
+    quieter = dict(model, rows=[dict(r, phase=P.TRAINING) for r in model["rows"]])
+    assert state_key(quieter) != state_key(model)  # a new phase is a state change for the text back-end
+
+
+def test_widget_panel_state_column_shows_the_phase(test_comm):  # noqa: F811
+    r = make_renderer("widget", display=FakeDisplay())
+    r.update(stalled_view())
+    table = r.backend.panel.table.value
+    assert "building the strategy</span>" in table and "running the node function</span>" in table
+    assert "no step for 5 s" in table and "has not reached it" in table
+
+
+# -- %tfos_stack: bad input is a UsageError ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ip():
+    import IPython
+    from IPython.testing.globalipapp import start_ipython
+
+    start_ipython()
+    shell = IPython.get_ipython()
+    shell.run_line_magic("load_ext", "tfos_nb")
+    yield shell
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("", "the following arguments are required: name"),
+    ("nosuch", "no cluster named nosuch"),
+])
+def test_tfos_stack_bad_input(ip, line, message):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("tfos_stack", line)
+
+
+def test_tfos_stack_refuses_a_bad_node_and_a_cluster_not_running(ip):
+    from IPython.core.error import UsageError
+
+    from tfos_nb.magics import ClusterHandle
+
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    handle = ClusterHandle("idle", sc=None, fn=lambda a, c: None, args={}, workers=1)
+    magics.handles["idle"] = handle
+    try:
+        with pytest.raises(UsageError, match="--node takes ROLE:INDEX, e.g. worker:1; got 'worker'"):
+            ip.run_line_magic("tfos_stack", "idle --node worker")
+        with pytest.raises(UsageError, match="cluster idle is .*: no node process to show"):
+            ip.run_line_magic("tfos_stack", "idle")
+    finally:
+        del magics.handles["idle"]
+    assert textwrap.dedent(magics.tfos_stack.__doc__ or "").strip()

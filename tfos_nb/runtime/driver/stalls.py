@@ -1,0 +1,89 @@
+"""Which nodes have not moved for too long, and who they are waiting for: the stall flag.
+
+A chief/worker node *moves* when its phase changes, it reports progress, or its main thread's
+stack changes (see :mod:`..executor.phases`).  One that has not moved for the cluster's
+``stall_after`` seconds is flagged with where it is, and with the training nodes that have
+not reached that phase yet (a collective waits for every worker):
+``chief:0: no step for 120 s, building the strategy (its first collective) — worker:1 (running
+the node function) has not reached it``.  ps nodes (``server.join()``) and the evaluator
+(waiting for checkpoints) sit still by design and are never flagged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ..executor import phases as P
+
+TRAINERS = ("chief", "master", "worker")
+DEFAULT_STALL_AFTER = 120.0
+
+WHERE = {
+    P.REGISTERING: "still registering (its launch task has not started its supervisor)",
+    P.WAITING_FOR_SPEC: "waiting for the cluster spec",
+    P.STARTING: "starting its process",
+    P.IMPORTING: "importing TensorFlow",
+    P.RUNNING: "in the node function",
+    P.STRATEGY: "building the strategy (its first collective)",
+    P.FIRST_STEP: "in the first step (the first collective)",
+    P.TRAINING: "training",
+    P.WAITING_FOR_DATA: "waiting for data",
+    P.EXPORTING: "exporting",
+}
+
+
+def check_stall_after(value: Any) -> float | None:
+    """``stall_after`` as a number of seconds (None or 0: never flag); ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        msg = f"stall_after must be a number of seconds (0 or None: off), got {value!r}"
+        raise ValueError(msg)
+    return float(value) or None
+
+
+def stall_line(node: Any, nodes: Sequence[Any], stall_after: float | None) -> str | None:
+    """Why ``node`` (a NodeView) counts as stalled among ``nodes``, or None."""
+    if not stall_after or node.job_name not in TRAINERS or node.phase not in WHERE:
+        return None
+    still = node.still_for
+    if still is None or still < stall_after:
+        return None
+    line = f"{node.label}: no step for {still:.0f} s, {WHERE[node.phase]}"
+    here = P.rank(node.phase)
+    behind = [n for n in nodes if n is not node and n.job_name in TRAINERS and n.phase is not None
+              and (r := P.rank(n.phase)) is not None and here is not None and r < here]
+    if behind:
+        who = ", ".join(f"{n.label} ({n.phase})" for n in behind)
+        line += f" — {who} {'has' if len(behind) == 1 else 'have'} not reached it"
+    return line
+
+
+def with_stalls(nodes: tuple[Any, ...], stall_after: float | None) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    """``nodes`` (NodeViews) with their ``stall`` set, and the stall lines."""
+    lines = [stall_line(n, nodes, stall_after) for n in nodes]
+    out = tuple(dataclasses.replace(n, stall=line) if line else n for n, line in zip(nodes, lines))
+    return out, tuple(line for line in lines if line)
+
+
+def apply_news(node: Any, phase: dict[str, Any], stacks: dict[str, Any], now: float) -> None:
+    """A heartbeat's ``phase`` and ``stacks`` fields applied to the driver's node (its state's lock held)."""
+    name, still, seen = phase.get("phase"), phase.get("still_s"), phase.get("seen")
+    for p in [*(seen if isinstance(seen, list) else []), name]:
+        if isinstance(p, str) and p in P.PHASES and (not node.phase_log or node.phase_log[-1] != p):
+            node.phase_log.append(p)
+    if isinstance(name, str) and name in P.PHASES:
+        node.phase = name
+        if isinstance(still, (int, float)) and not isinstance(still, bool):
+            node.moved_at = now - max(0.0, float(still))
+    sid, text = stacks.get("id"), stacks.get("text")
+    if isinstance(sid, int) and isinstance(text, str) and sid > node.stacks[0]:
+        node.stacks = (sid, text)
+
+
+def ask_stacks(node: Any) -> int:
+    """The id of a new stack dump asked of ``node`` (sent with its heartbeats' replies; lock held)."""
+    node.stacks_asked = max(node.stacks_asked, node.stacks[0]) + 1
+    return int(node.stacks_asked)
