@@ -146,6 +146,20 @@ def test_not_enough_executors_fails_at_once(spark):
     assert nothing_left() is True
 
 
+def test_the_doctor_checks_a_connect_session(spark, tmp_path):
+    """The doctor's probe as a barrier mapInArrow stage: the executors' checks as on a classic session, what the
+    session allows, and too few slots as one FAIL."""
+    from tfos_nb import doctor
+
+    report = doctor(spark, nodes=2, export_dir=str(tmp_path / "export"))
+    print("\n" + report.text())
+    assert report.backend == "connect" and report.ok and not report.warnings, report.text()
+    assert {c.area for c in report.checks} >= {"session", "slots", "python", "tfos_nb", "tensorflow", "network", "storage"}
+    assert "every node reached every other (2 connections)" in report.text()
+    (fail,) = doctor(spark, nodes=3).failures
+    assert fail.area == "slots" and "3 nodes need 3 task slots" in fail.detail
+
+
 NOTEBOOK = """
 import json, pathlib, sys, time
 from pyspark.sql import SparkSession

@@ -141,6 +141,7 @@ def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_f
     if is_connect(sc):
         from .connect_jobs import ConnectSparkJob
 
+        plan["towards"] = _conf(sc, "spark.driver.host")  # Spark's driver, beside the server: executors reach it
         task = doctor_probe.connect_task(plan)
 
         def action() -> list[str]:
