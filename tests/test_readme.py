@@ -96,6 +96,7 @@ def test_magics_table_lists_every_option_and_every_setting():
         "%%tfos_cluster": TFOSMagics.tfos_cluster, "%%tfos_parallel": TFOSMagics.tfos_parallel, "%tfos_logs": TFOSMagics.tfos_logs,
         "%tfos_shutdown": TFOSMagics.tfos_shutdown, "%tfos_tensorboard": TFOSMagics.tfos_tensorboard,
     }
+    magics["%tfos_doctor"] = TFOSMagics.tfos_doctor
     for magic, func in magics.items():
         row = _table_row(magic)
         missing = [opt for opt in sorted(_options(func)) if f"`{opt}" not in row]
