@@ -481,3 +481,23 @@ def test_start_waits_for_the_executors_the_configuration_promises(monkeypatch):
     with pytest.raises(RuntimeError, match=r"asked for 3 nodes, 1 task slot\(s\) available on 1 executor"):
         slots.wait_for_slots(unsized, 3, 120)
     assert now[0] < 8
+
+
+def test_the_doctor_waits_for_executors_still_registering_on_a_master_that_does_not_say_its_size(monkeypatch):
+    """A standalone application's executors come up after its session: the doctor's slot count is the one they
+    settle at, not the 0 of the first instant (a healthy two-host cluster was once reported as "0 slots")."""
+    from types import SimpleNamespace
+
+    from tfos_nb.runtime.driver import doctor_job, slots
+
+    now = [0.0]
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(slots, "time", clock)
+    # no executor for 6 s, then one, then the second at 7 s
+    monkeypatch.setattr(slots, "available_slots", lambda sc: ((now[0] >= 6) + (now[0] >= 7),) * 2)
+    hadoop = SimpleNamespace(get=lambda key: None)
+    sc = SimpleNamespace(master="spark://h:7077", getConf=lambda: {}, parallelize=None,
+                         _jsc=SimpleNamespace(hadoopConfiguration=lambda: hadoop))
+    facts = doctor_job.session_facts(sc, 2)
+    assert (facts["slots"], facts["executors"]) == (2, 2), facts
+    assert 7 <= now[0] < 8

@@ -14,14 +14,13 @@ import select
 import socket
 import sys
 import threading
-import time
 from importlib import metadata
 from typing import Any
 
 from ..sessions import is_connect
-from .slots import available_slots, connect_slots, driver_host, expected_slots, spark_context
+from .slots import connect_slots, driver_host, expected_slots, settled_slots, spark_context
 
-SLOTS_WAIT_S = 30.0  # executors still registering: wait this long for the slots the configuration promises
+SLOTS_WAIT_S = 30.0  # executors still registering: wait at most this long for them (slots.settled_slots)
 
 
 def driver_facts() -> dict[str, Any]:
@@ -49,7 +48,7 @@ def _conf(spark: Any, key: str) -> str | None:
 
 
 def session_facts(spark: Any, nodes: int) -> dict[str, Any]:
-    """What the session says about its slots and settings (waits up to ``SLOTS_WAIT_S`` for promised executors)."""
+    """What the session says about its slots and settings (waits up to ``SLOTS_WAIT_S`` for executors still registering)."""
     sc = spark_context(spark)
     connect = is_connect(sc)
     keys = ("spark.master", "spark.dynamicAllocation.enabled", "spark.task.cpus", "spark.executor.cores",
@@ -63,11 +62,7 @@ def session_facts(spark: Any, nodes: int) -> dict[str, Any]:
         return out
     out["conf"]["spark.master"] = str(sc.master)
     expected = expected_slots(sc)
-    deadline = time.monotonic() + SLOTS_WAIT_S
-    slots, executors = available_slots(sc)
-    while slots < max(nodes, expected or 0) and expected is not None and slots < expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        slots, executors = available_slots(sc)
+    slots, executors = settled_slots(sc, max(nodes, expected or 0), SLOTS_WAIT_S)
     out.update(slots=slots, executors=executors, expected_slots=expected)
     try:
         out["default_fs"] = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"

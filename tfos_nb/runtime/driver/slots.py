@@ -92,22 +92,24 @@ def not_enough_executors(needed: int, slots: int, executors: str) -> str:
     )
 
 
-def wait_for_slots(sc: Any, needed: int, timeout: float, cancelled: Callable[[], bool] = lambda: False) -> None:
-    """Return when ``needed`` tasks can run at once; fail fast when they never will.
+def settled_slots(sc: Any, needed: int, timeout: float,
+                  cancelled: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+    """(task slots, executors) once ``needed`` tasks can run at once, or once no more will come.
 
     Executors register one by one, seconds apart on a busy machine: when the configuration
-    says how many slots will come, wait for all of them (up to ``timeout``) before deciding;
-    otherwise give up once their number has stopped changing for a few seconds.  Returns
-    early when ``cancelled()`` (the caller then sees its job cancelled).
+    says how many slots will come, wait for all of them (up to ``timeout``); otherwise until
+    some executor is up and their number has stopped changing for ``EXECUTOR_SETTLE_S``
+    (a standalone or YARN application that does not say its size).  Returns early when
+    ``cancelled()``.
     """
     expected = expected_slots(sc)
     deadline = time.monotonic() + timeout
     last = None
     stable_since = time.monotonic()
-    while not cancelled():
+    while True:
         slots, executors = available_slots(sc)
-        if slots >= needed:
-            return
+        if slots >= needed or cancelled():
+            return slots, executors
         if (slots, executors) != last:
             last, stable_since = (slots, executors), time.monotonic()
         now = time.monotonic()
@@ -116,8 +118,18 @@ def wait_for_slots(sc: Any, needed: int, timeout: float, cancelled: Callable[[],
         else:
             settled = executors > 0 and now - stable_since > EXECUTOR_SETTLE_S
         if settled or now > deadline:
-            raise RuntimeError(not_enough_executors(needed, slots, str(executors)))
+            return slots, executors
         time.sleep(0.2)
+
+
+def wait_for_slots(sc: Any, needed: int, timeout: float, cancelled: Callable[[], bool] = lambda: False) -> None:
+    """Return when ``needed`` tasks can run at once; fail fast when they never will (see :func:`settled_slots`).
+
+    Returns early when ``cancelled()`` (the caller then sees its job cancelled).
+    """
+    slots, executors = settled_slots(sc, needed, timeout, cancelled)
+    if slots < needed and not cancelled():
+        raise RuntimeError(not_enough_executors(needed, slots, str(executors)))
 
 
 def driver_host(sc: Any) -> str:
