@@ -267,7 +267,7 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.wait_for_selector(".jp-Cell:nth-child(2) .jp-InputPrompt:has-text('[*]')")
 
         # one row per node, the right roles, then a step count that grows
-        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => r[4] === 'running' && /^\\d+/.test(r[5])).length === 2",
+        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => /^running\\b/.test(r[4]) && /^\\d+/.test(r[5])).length === 2",
                                timeout=240_000)  # fmt: skip
         rows = page.evaluate(ROWS_JS)
         assert sorted(r[0] for r in rows) == ["chief:0", "worker:0"], rows
@@ -276,6 +276,7 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         rows = page.evaluate(ROWS_JS)
         assert step_of(next(r for r in rows if r[0] == "chief:0")) >= first + 40, rows
         assert all(r[3] == "CPU" and r[1] for r in rows), rows  # device and host columns
+        assert all(r[4] == "running training" for r in rows), rows  # the state and, while it lives, the node's phase
         # the metrics column holds the model's numbers (not per-replica sums: a 2-node run once read 2x)
         for r in rows:
             metrics = dict(re.findall(r"(epoch|loss|accuracy) ([\d./]+)", r[7]))
@@ -359,7 +360,7 @@ def test_panel_in_notebook7(notebook7: Lab, browser, tmp_path: Path) -> None:
         page.wait_for_function("() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText.includes('[1]')",
                                timeout=300_000)
         run.click()
-        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => r[4] === 'running' && /^\\d+/.test(r[5])).length === 2",
+        page.wait_for_function(f"() => ({ROWS_JS})().filter(r => /^running\\b/.test(r[4]) && /^\\d+/.test(r[5])).length === 2",
                                timeout=240_000)  # fmt: skip
         rows = page.evaluate(ROWS_JS)
         assert sorted(r[0] for r in rows) == ["chief:0", "worker:0"], rows

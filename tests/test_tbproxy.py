@@ -759,7 +759,14 @@ def test_start_local_that_does_not_listen_in_time_is_stopped_and_says_where_its_
     import psutil
 
     def tensorboards() -> set[int]:
-        return {p.pid for p in psutil.Process().children(recursive=True) if "tensorboard.main" in " ".join(p.cmdline())}
+        found = set()
+        for p in psutil.Process().children(recursive=True):  # other tests' children come and go meanwhile
+            try:
+                if "tensorboard.main" in " ".join(p.cmdline()):
+                    found.add(p.pid)
+            except psutil.Error:  # exited (or a zombie) between the listing and the read: not a TensorBoard running
+                continue
+        return found
 
     before = tensorboards()  # the module's upstream TensorBoard (the `tensorboard` fixture) may be running
     out = tb.start_local(str(logdir), timeout=0.5)  # TensorBoard takes seconds to import
