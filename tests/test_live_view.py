@@ -331,3 +331,139 @@ def test_tfos_stack_refuses_a_bad_node_and_a_cluster_not_running(ip):
     finally:
         del magics.handles["idle"]
     assert textwrap.dedent(magics.tfos_stack.__doc__ or "").strip()
+
+
+# -- a node process frozen in C code (holding the GIL): its phase from a stack dump ----------------------
+FROZEN_CHILD = """
+import faulthandler, os, re, signal, sys
+faulthandler.register(signal.SIGUSR2, file=int(sys.argv[1]), all_threads=True, chain=False)
+sys.path.insert(0, sys.argv[2])
+from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceStrategy
+CollectiveAllReduceStrategy()
+"""
+FROZEN_STRATEGY = """
+import re, sys
+class CollectiveAllReduceStrategy:
+    def __init__(self):
+        print("frozen", flush=True)
+        re.match(r"(a+)+$", "a" * 40 + "b")  # C code that holds the GIL (as TensorFlow's first collective does)
+"""
+
+
+def test_a_process_frozen_in_c_code_is_read_from_its_stack_dump(tmp_path):
+    import subprocess
+    import tempfile
+    import time
+
+    from tfos_nb.runtime.executor.owner import ChildOwner
+
+    strategy = tmp_path / "tensorflow" / "python" / "distribute" / "collective_all_reduce_strategy.py"
+    strategy.parent.mkdir(parents=True)
+    for folder in (strategy.parent, strategy.parent.parent, strategy.parent.parent.parent):
+        (folder / "__init__.py").write_text("")
+    strategy.write_text(FROZEN_STRATEGY)
+    owner = ChildOwner(None, 0, "chief:0", 1.0, 60.0)  # type: ignore[arg-type] - no driver: no heartbeats here
+    owner._stacks = tempfile.TemporaryFile()
+    fd = owner._stacks.fileno()
+    owner.child = subprocess.Popen([sys.executable, "-c", FROZEN_CHILD, str(fd), str(tmp_path)], pass_fds=(fd,),
+                                   stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.child.stdout is not None and owner.child.stdout.readline() == "frozen\n"
+        owner.stacks_ready = True
+        owner.phase = {"phase": P.IMPORTING, "moved_at": 12.5}  # the last frame its watcher could send
+        owner.read_frozen_phase()
+        assert owner.phase == {"phase": P.IMPORTING, "moved_at": 12.5}  # not silent for long yet
+        owner.phase_at = time.monotonic() - P.FROZEN_S - 0.1
+        owner.read_frozen_phase()
+        assert owner.phase == {"phase": P.STRATEGY, "moved_at": 12.5}, owner.phase  # it has not moved since
+        assert owner.phases_seen == [P.STRATEGY]
+    finally:
+        owner.kill(grace=0)
+
+
+def test_the_watcher_sends_even_when_nothing_moves():
+    """Its owner tells a frozen process by its silence: a healthy, blocked one still sends every TICK_S."""
+    sent: list[float] = []
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait, args=(30,), name="blocked")
+    thread.start()
+    watcher = P.PhaseWatcher(lambda phase, moved: sent.append(moved), sample_s=0.05, thread=thread.ident)
+    watcher.function_runs()
+    watcher.start()
+    try:
+        wait_until(lambda: len(sent) >= 3, 5, 0.02, what="three frames")  # one a second (TICK_S)
+        assert len(set(sent)) == 1  # the same moved_at: it did not move
+    finally:
+        release.set()
+        watcher.stop()
+        thread.join(10)
+
+
+def test_dump_phase_takes_the_main_thread_of_a_real_faulthandler_dump(tmp_path, monkeypatch):
+    import faulthandler
+
+    gates = Gates(["strategy"])
+    monkeypatch.setitem(sys.modules, "_tfos_gates", gates)
+    libs = fake_libraries(tmp_path)
+    node = threading.Thread(target=libs["strategy"].CollectiveAllReduceStrategy, name="node-function")
+    node.start()
+    try:
+        wait_until(lambda: P.classify(P._frames(sys._current_frames()[node.ident]), False) == P.STRATEGY, 10, 0.01,
+                   what="the strategy's constructor")
+        with open(tmp_path / "dump", "w+") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.seek(0)
+            text = f.read()
+    finally:
+        gates.events["strategy"].set()
+        node.join(10)
+    threads = P.dump_threads(text)
+    init = (str(tmp_path / "tensorflow/python/distribute/collective_all_reduce_strategy.py"), "__init__")
+    node_frames = next(t for t in threads if init in t)
+    assert node_frames[0][0].endswith("threading.py") and node_frames[-1][1] == "wait"  # outermost first
+    # the main thread is the one threading did not start: here the test's, in no library call
+    assert P.dump_phase(text, P.IMPORTING) == P.RUNNING
+
+
+def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
+    """``handle.stacks()`` / ``%tfos_stack`` ask the attempt's cluster while it runs (and its start's job before
+    ``run()`` returned), not only once its shutdown returned (real controller, job and TFCluster; no Spark)."""
+    from tfos_nb.magics import ClusterHandle
+    from tfos_nb.runtime.driver.cluster import InputMode, TFCluster
+    from tfos_nb.runtime.driver.job import DriverJob
+
+    ctl, _ = started_cluster([("chief", 0)])
+    beat(ctl, 0, P.STRATEGY)
+    up = threading.Event()
+
+    def start(sc, fn, args, num_nodes, *, log_callback, on_state, on_start, **kwargs):
+        job = DriverJob(None, ctl.state, ctl, nodes_outlive_jobs=True, linger_s=1.0, join_s=1.0)
+        job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
+        assert up.wait(30)  # run() returns once the nodes run: until then the handle has only the job
+        return TFCluster(job, {}, InputMode.TENSORFLOW, 1)
+
+    def answer(text: str) -> dict[str, str]:
+        got: dict[str, str] = {}
+        asker = threading.Thread(target=lambda: got.update(handle.stacks("chief:0")))
+        asker.start()
+        wanted = wait_until(lambda: beat(ctl, 0, P.STRATEGY).stacks, 5, 0.01, what="the ask")
+        beat(ctl, 0, P.STRATEGY, stacks={"id": wanted, "text": text})
+        asker.join(10)
+        return got
+
+    handle = ClusterHandle("live", sc=None, fn=None, args=None, workers=1, start_cluster=start, background=True)
+    handle.start()
+    try:
+        wait_until(lambda: handle._starting is not None, 10, 0.01, what="the start")
+        assert answer("in __init__ (starting)") == {"chief:0": "in __init__ (starting)"}
+        up.set()
+        wait_until(lambda: handle.cluster is not None, 10, 0.01, what="the cluster")
+        assert answer("in __init__ (running)") == {"chief:0": "in __init__ (running)"}
+        assert ctl.handle(m.Heartbeat(node=0, state="finished", exit_code=0)).ok
+        handle.wait(10)
+    finally:
+        up.set()
+        handle.shutdown()
+    assert handle.state == "finished", handle.error
+    with pytest.raises(RuntimeError, match="cluster live is finished: no node process to show"):
+        handle.stacks()

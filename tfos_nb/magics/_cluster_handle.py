@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..runtime.driver import stacks
 from ..runtime.driver import state as S
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
 from ..runtime.driver.start import run
@@ -218,12 +219,17 @@ class ClusterHandle(RunHandle):
 
         ``RuntimeError`` when no cluster runs now (not started yet, or ended); ``KeyError`` for an unknown node.
         """
-        cluster = self._live
-        if cluster is None or cluster.closed:
+        with self._lock:  # the attempt's cluster while it runs (``_live`` is only set once its shutdown returned)
+            cluster, job = self._cluster, self._starting
+        live = cluster is not None and not cluster.closed
+        starting = cluster is None and job is not None and not job.closed  # its start has not returned yet
+        if not (live or starting):
             msg = f"cluster {self.name} is {self.state}: no node process to show"
             raise RuntimeError(msg)
         try:
-            return cluster.stacks(node, timeout)
+            if cluster is not None:
+                return cluster.stacks(node, timeout)
+            return stacks.collect(job.state, job.controller, node, timeout)
         except KeyError:
             raise KeyError(self._no_node(str(node))) from None
 

@@ -25,7 +25,7 @@ from .. import procs
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
-from .phases import STACK_SIGNAL, STACKS_FD_ENV
+from .phases import FINISHING, FROZEN_S, STACK_SIGNAL, STACKS_FD_ENV, dump_phase
 from .threads import thread_env
 
 LOG_BYTES_PER_BEAT = 64 * 1024
@@ -90,6 +90,8 @@ class ChildOwner:
         self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at"} (its time.time())
         self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
         self.stacks_ready = False  # the child dumps its stacks into self._stacks on STACK_SIGNAL
+        self.phase_at = time.monotonic()  # when the last Phase frame came (the child sends one every TICK_S)
+        self._frozen_read = False  # the phase of this silence was read from a stack dump already
         # An anonymous file (no name in any folder: nobody can plant, open or swap it) the child's faulthandler
         # appends to; only this process and the child hold it.
         self._stacks: Any = None
@@ -170,6 +172,24 @@ class ChildOwner:
         text = data.decode("utf-8", "replace")
         return text + ("\n[tfos_nb: cut at 256 KiB]" if size - start > STACKS_MAX_BYTES else "")
 
+    def read_frozen_phase(self) -> None:
+        """A child silent for :data:`~.phases.FROZEN_S` holds the GIL in C code (TensorFlow's C++ calls do, e.g.
+        ``MultiWorkerMirroredStrategy()`` waiting for its first collective): no thread of it runs, its watcher
+        neither.  Its phase is then read from a stack dump (faulthandler answers without the GIL), once per
+        silence; its main thread has not moved since the last frame said, so ``moved_at`` stays."""
+        with self.lock:
+            last = self.phase.get("phase")
+            silent = time.monotonic() - self.phase_at > FROZEN_S
+            if not (silent and self.stacks_ready and last and last != FINISHING and not self._frozen_read):
+                return
+            self._frozen_read = True
+        phase = dump_phase(self.dump_stacks(), last)
+        with self.lock:
+            if phase is not None and phase != self.phase.get("phase") and self._frozen_read:
+                if len(self.phases_seen) < 100:
+                    self.phases_seen.append(phase)
+                self.phase = dict(self.phase, phase=phase)
+
     def close_stacks(self) -> None:
         stacks, self._stacks = self._stacks, None
         if stacks is not None:
@@ -218,6 +238,7 @@ class ChildOwner:
                         if str(msg.phase) != self.phase.get("phase") and len(self.phases_seen) < 100:
                             self.phases_seen.append(str(msg.phase))  # a short phase between two beats is seen too
                         self.phase = {"phase": str(msg.phase), "moved_at": float(msg.moved_at)}
+                        self.phase_at, self._frozen_read = time.monotonic(), False
                         self.stacks_ready = self.stacks_ready or bool(msg.stacks)
                 self.wake.set()
         finally:

@@ -20,7 +20,10 @@ Nothing is instrumented: :class:`PhaseWatcher` samples the threads' frames four 
 (``sys._current_frames``, a few microseconds) and classifies them by the code they are in.  It also
 notes when the main thread last *moved* (its stack, line numbers included, changed; a step was
 reported; the phase changed), so that the driver can tell a node blocked in one place (a collective
-nobody else joined) from one that works without reporting steps.
+nobody else joined) from one that works without reporting steps.  It sends its phase at least every
+:data:`TICK_S`: TensorFlow's C++ calls hold the GIL (``MultiWorkerMirroredStrategy()`` for as long as its first
+collective waits), so that no thread of the process runs, the watcher neither; its owner tells that by the
+silence and reads the phase from a stack dump instead (:func:`dump_phase`, :meth:`.owner.ChildOwner.read_frozen_phase`).
 
 Stacks on demand: :func:`install_stack_dump` registers :mod:`faulthandler` on :data:`STACK_SIGNAL`
 with an anonymous file the owner created and passed down (see :class:`~.owner.ChildOwner`): the
@@ -31,6 +34,7 @@ handler itself, without the GIL, so even a process stuck in C code holding it an
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -57,6 +61,8 @@ ORDER = (REGISTERING, WAITING_FOR_SPEC, STARTING, IMPORTING, RUNNING, STRATEGY, 
 PHASES = (*ORDER, WAITING_FOR_DATA, EXPORTING, FINISHING)
 
 SAMPLE_S = 0.25
+TICK_S = 1.0  # the watcher sends its phase at least this often: silence longer than FROZEN_S means a frozen process
+FROZEN_S = 2.5  # no Phase frame for this long: the process's Python is frozen (C code holding the GIL)
 DATA_WAIT_S = 1.0  # a wait for data shorter than this is a healthy pipeline's, not a phase
 
 _TF_DIRS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
@@ -101,6 +107,31 @@ def classify(main: Sequence[Frame], stepped: bool, default: str = RUNNING) -> st
     return TRAINING if stepped else default
 
 
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+")
+_FILE = re.compile(r'^\s+File "(.*)", line (?:\d+|\?+) in (.*)$')
+
+
+def dump_threads(text: str) -> list[list[Frame]]:
+    """The threads of a :mod:`faulthandler` dump, each as its frames outermost first."""
+    threads: list[list[Frame]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            threads.append([])
+        elif threads and (hit := _FILE.match(line)):
+            threads[-1].insert(0, (hit.group(1), hit.group(2)))
+    return threads
+
+
+def dump_phase(text: str, last: str | None) -> str | None:
+    """The phase of the main thread in a faulthandler dump of a process whose watcher cannot run (its main
+    thread holds the GIL in C code, e.g. in ``MultiWorkerMirroredStrategy()``'s first collective); ``last``: the
+    phase it sent last.  The main thread is the one not started by :mod:`threading`; None: no such thread."""
+    main = [t for t in dump_threads(text) if t and not t[0][0].endswith(f"{os.sep}threading.py")]
+    if not main:
+        return None
+    return classify(main[0], stepped=last == TRAINING, default=RUNNING)
+
+
 def waits_for_data(frames: Sequence[Frame]) -> bool:
     """Whether a thread with these frames (outermost first) waits in the data feed for a batch."""
     return any(f.endswith(_FEED) and n in ("take", "peek") for f, n in frames) and bool(frames) and \
@@ -125,8 +156,8 @@ def _fingerprint(frame: Any) -> tuple:
 
 
 class PhaseWatcher:
-    """Samples this process's threads and sends ``send(phase, moved_at)`` when the phase changes or the main
-    thread moved (at most once a second for the latter); ``moved_at`` is a ``time.time()``."""
+    """Samples this process's threads and sends ``send(phase, moved_at)`` when the phase changes, and at least
+    every :data:`TICK_S` (its owner tells a frozen process by the silence); ``moved_at`` is a ``time.time()``."""
 
     def __init__(self, send: Callable[[str, float], None], sample_s: float = SAMPLE_S,
                  thread: int | None = None) -> None:
@@ -141,7 +172,7 @@ class PhaseWatcher:
         self._stepped = False
         self.phase: str | None = None
         self.moved_at = time.time()
-        self._sent_moved = 0.0
+        self._sent_at = 0.0
         self._print: tuple = ()
         self._data_wait_since: float | None = None
         self._thread: threading.Thread | None = None
@@ -204,8 +235,8 @@ class PhaseWatcher:
                 self.phase = phase
                 self.moved_at = now
             moved = self.moved_at
-        if changed or (moved > self._sent_moved and now - self._sent_moved >= 1.0):
-            self._sent_moved = now
+        if changed or now - self._sent_at >= TICK_S:
+            self._sent_at = now
             self._send(phase, moved)
 
     def _loop(self) -> None:

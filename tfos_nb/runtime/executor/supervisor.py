@@ -138,6 +138,8 @@ class Supervisor(ChildOwner):
 
     # -- heartbeats -----------------------------------------------------------
     def beat_fields(self, final: bool) -> dict[str, Any]:
+        if not final:
+            self.read_frozen_phase()
         with self.lock:
             report = dict(self.report)
             reports, size = [], 0
