@@ -197,3 +197,23 @@ def test_the_zips_stay_where_they_are_the_only_copy(tmp_path):
     spark_home.mkdir(parents=True)
     (spark_home / "pyspark.zip").write_bytes(b"")
     assert import_path([str(spark_home / "pyspark.zip"), str(site)]) == [str(spark_home / "pyspark.zip"), str(site)]
+
+
+def test_kill_tree_stops_a_child_that_does_not_lead_its_own_process_group():
+    """killpg(pid) misses a child started without a new session (its group is ours): it must still end
+    (a test's child spinning in C was once left running through the rest of the suite)."""
+    import subprocess
+    import sys
+
+    from tfos_nb.runtime import procs
+
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                              "print('up', flush=True)\nwhile True: time.sleep(1)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"
+        code = procs.kill_tree(child, grace=0)
+        assert code == -9 and child.poll() == -9
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

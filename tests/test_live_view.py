@@ -366,7 +366,7 @@ def test_a_process_frozen_in_c_code_is_read_from_its_stack_dump(tmp_path):
     owner._stacks = tempfile.TemporaryFile()
     fd = owner._stacks.fileno()
     owner.child = subprocess.Popen([sys.executable, "-c", FROZEN_CHILD, str(fd), str(tmp_path)], pass_fds=(fd,),
-                                   stdout=subprocess.PIPE, text=True)
+                                   stdout=subprocess.PIPE, text=True, start_new_session=True)  # as ChildOwner starts it
     try:
         assert owner.child.stdout is not None and owner.child.stdout.readline() == "frozen\n"
         owner.stacks_ready = True
@@ -379,6 +379,7 @@ def test_a_process_frozen_in_c_code_is_read_from_its_stack_dump(tmp_path):
         assert owner.phases_seen == [P.STRATEGY]
     finally:
         owner.kill(grace=0)
+    assert owner.child.poll() is not None  # the child spinning in C is gone, not left to the rest of the run
 
 
 def test_the_watcher_sends_even_when_nothing_moves():

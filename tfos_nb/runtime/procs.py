@@ -18,6 +18,8 @@ def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> int | None:
     except subprocess.TimeoutExpired:
         pass
     _killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:  # not the leader of its own group (started without a new session): the process itself
+        proc.kill()
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
