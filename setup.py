@@ -28,6 +28,7 @@ class _Distribution(Distribution):
 
 NOTEBOOK = ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"]
 EXAMPLES = ["scikit-learn>=1.2"]  # tfos_nb.examples: the digits data set ships inside scikit-learn
+MLFLOW = ["mlflow-skinny>=2.16"]  # experiment tracking: the MLflow client only (the notebook logs; nodes need nothing)
 
 setup(
     name="tfos_nb",
@@ -51,7 +52,8 @@ setup(
         "notebook": NOTEBOOK,
         "connect": ["pyspark[connect]>=3.5"],  # Spark Connect sessions (Databricks serverless, standard access)
         "examples": EXAMPLES,
-        "all": NOTEBOOK + EXAMPLES + ["pyspark[connect]>=3.5"],
+        "mlflow": MLFLOW,
+        "all": NOTEBOOK + EXAMPLES + MLFLOW + ["pyspark[connect]>=3.5"],
     },
     # Enables the TensorBoard proxy server extension on install (jupyter server extension list);
     # editable installs too, through _Distribution.

@@ -21,7 +21,7 @@ from IPython.core.error import UsageError
 from ..runtime.args import Namespace
 from ._run_handle import RunHandle
 
-__all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "usage"]
+__all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "tracking", "usage"]
 
 
 def usage(msg: str) -> UsageError:
@@ -120,3 +120,18 @@ def node_env(tf_threads: int) -> dict[str, str]:
             OMP_NUM_THREADS=str(tf_threads),
         )
     return env
+
+
+def tracking(setting: Any, kind: str, **arguments: Any) -> Any:
+    """``--mlflow [EXPERIMENT]`` (or ``TFOSMagics.mlflow``): the job's MLflow run, started now, on the cell's
+    thread (where ``with mlflow.start_run():`` is active); None when the job is not tracked.
+
+    The handle ends it with the job (:mod:`tfos_nb.runtime.driver.tracking`).  Without MLflow
+    installed, asking for it raises ImportError naming the ``tfos_nb[mlflow]`` extra.
+    """
+    from ..runtime.driver import tracking as T
+
+    wanted = T.request(setting)
+    if wanted is None:
+        return None
+    return T.job_run(wanted, kind, arguments)[0]

@@ -73,10 +73,11 @@ class ClusterHandle(RunHandle):
         retries: int = 0,
         start_cluster: Callable[..., Any] = run,
         clock: Callable[[], float] = time.time,
+        tracking: Any = None,
         stall_after: float | None = 120.0,
     ) -> None:
         super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
-                         background=background, clock=clock)
+                         background=background, clock=clock, tracking=tracking)
         self.retries = retries
         self.attempt = 1  # 2, 3, … after a node failure started the cluster again (--retries)
         self.failures: list[str] = []  # first line of each failed attempt's error
@@ -109,6 +110,9 @@ class ClusterHandle(RunHandle):
     def _start_job(self) -> TFCluster:
         kwargs = dict(self._run_kwargs)
         kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt))
+        # every attempt logs into the job's one run; untracked, as the cell decided on its own thread (where an
+        # active MLflow run is seen), not as this thread would
+        kwargs["mlflow"] = self.tracking if self.tracking is not None else False
         return self._run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
                          on_state=self._on_state, on_start=self._on_start, **kwargs)
 

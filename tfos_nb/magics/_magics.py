@@ -9,12 +9,12 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Enum, Float, Integer, Unicode
+from traitlets import Bool, Enum, Float, Integer, Unicode, Union
 
 from ..runtime.driver import parallel as P
 from ..runtime.driver.start import add_start_listener, remove_start_listener
 from . import _cell_panel, _doctor, _render
-from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, usage
+from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, tracking, usage
 from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
 from ._parallel_handle import ParallelHandle
@@ -70,6 +70,13 @@ class TFOSMagics(Magics):
         "(TFCluster.run, TFEstimator.fit), in that cell's output.",
     ).tag(config=True)
 
+    mlflow = Union(
+        [Bool(), Unicode()], default_value=None, allow_none=True,
+        help="Experiment tracking when a cell gives no --mlflow: None (default) logs a job to MLflow only inside an "
+        "active MLflow run (with mlflow.start_run(): around the cell); True: one run per job in MLflow's current "
+        "experiment; a string: in that experiment; False: never.",
+    ).tag(config=True)
+
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self.handles: dict[str, RunHandle] = {}
@@ -114,6 +121,8 @@ class TFOSMagics(Magics):
               help="start the cluster again up to N times when a node fails (resume from your checkpoints)")
     @argument("--timeout", type=float, default=None, metavar="SECONDS",
               help="stop the cluster if the run takes longer (default: TFOSMagics.timeout)")
+    @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+              help="log the job as one MLflow run, in EXPERIMENT if given (default: TFOSMagics.mlflow)")
     @cell_magic
     def tfos_cluster(self, line: str, cell: str) -> None:
         """Run this cell on a TensorFlow cluster of Spark executors.
@@ -140,7 +149,8 @@ class TFOSMagics(Magics):
         handle (--name, default ``_tfos``) has ``wait()``, ``shutdown()``,
         ``result``, ``value`` (what the chief's function returned: plain data),
         ``history`` (every reported metric, a pandas DataFrame), ``nodes``,
-        ``metrics``, ``tensorboard_url``, ``logs()``.
+        ``metrics``, ``tensorboard_url``, ``logs()``.  ``--mlflow [EXPERIMENT]`` logs the job as
+        one MLflow run (params, the chief's metrics by step, the model in ``args.export_dir``).
 
         Example::
 
@@ -192,7 +202,10 @@ class TFOSMagics(Magics):
 
         self._stop_running(name, f"cluster {name}")
         sc = spark_for_cell(ns, self.spark_master_local, nodes)
-        handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps,
+        run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "cluster", sc=sc, tf_args=args,
+                       num_executors=nodes, num_ps=opts.ps, eval_node=opts.evaluator, name=name, log_dir=opts.logdir,
+                       input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries)
+        handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps, tracking=run,
                                evaluator=opts.evaluator, data=data, epochs=epochs, tensorboard=opts.tensorboard,
                                log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
                                retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after)
@@ -229,6 +242,8 @@ class TFOSMagics(Magics):
               help="never gang-schedule the runs (by default they start together when there is a slot per run)")
     @argument("--background", action="store_true", help="return at once; the handle's wait() waits")
     @argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop the runs if they take longer")
+    @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
+              help="log a parent MLflow run and one child run per run, in EXPERIMENT if given (default: TFOSMagics.mlflow)")
     @cell_magic
     def tfos_parallel(self, line: str, cell: str) -> None:
         """Run this cell as N independent TensorFlow runs on Spark executors (a hyper-parameter sweep).
@@ -282,7 +297,10 @@ class TFOSMagics(Magics):
 
         self._stop_running(name, name)
         sc = spark_for_cell(ns, self.spark_master_local, 0, embedded_slots=max(1, min(n, os.cpu_count() or 1)))
+        run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "parallel", sc=sc, tf_args=runs_args,
+                       num_executors=n, per_run=True, params=params, name=name)
         handle = ParallelHandle(name, sc=sc, fn=fn, runs_args=runs_args, params=params, env=node_env(self.tf_threads),
+                                tracking=run,
                                 metric=opts.metric, mode=opts.mode, use_barrier=False if opts.no_barrier else None,
                                 timeout=opts.timeout, background=opts.background)
         if self._launch(handle, f"({n} runs); {name}.wait() waits for them, %tfos_status shows them, "

@@ -50,8 +50,10 @@ class ParallelHandle(RunHandle):
     def __init__(self, name: str, *, sc: Any, fn: Any, runs_args: list[Any], params: list[dict] | None,
                  env: dict[str, str], metric: str | None, mode: str | None, use_barrier: bool | None = None,
                  timeout: float | None = None, background: bool = False,
-                 start_runs: Callable[..., P.ParallelRuns] = P.start, clock: Callable[[], float] = time.time) -> None:
-        super().__init__(name, sc=sc, num_nodes=len(runs_args), timeout=timeout, background=background, clock=clock)
+                 start_runs: Callable[..., P.ParallelRuns] = P.start, clock: Callable[[], float] = time.time,
+                 tracking: Any = None) -> None:
+        super().__init__(name, sc=sc, num_nodes=len(runs_args), timeout=timeout, background=background, clock=clock,
+                         tracking=tracking)
         self.params = params
         self.metric = metric
         self.mode = mode
@@ -63,7 +65,8 @@ class ParallelHandle(RunHandle):
     def _start_job(self) -> P.ParallelRuns:
         return self._start(self._sc, self._fn, self._runs_args, len(self._runs_args), self._use_barrier,
                            name=self.name, env=self._env, log_callback=self._on_log, on_state=self._on_state,
-                           per_run=True, params=self.params, metric=self.metric, mode=self.mode)
+                           per_run=True, params=self.params, metric=self.metric, mode=self.mode,
+                           mlflow=self.tracking if self.tracking is not None else False)
 
     def _stop_job(self, reason: str) -> None:
         runs = self._runs

@@ -95,8 +95,9 @@ class RunHandle:
     _REPR: ClassVar[str] = "<tfos_nb run {name!r}: {state}, {n} node(s)>"
 
     def __init__(self, name: str, *, sc: Any, num_nodes: int, timeout: float | None = None,
-                 background: bool = False, clock: Callable[[], float] = time.time) -> None:
+                 background: bool = False, clock: Callable[[], float] = time.time, tracking: Any = None) -> None:
         self.name = name
+        self.tracking = tracking  # the job's MLflow run (runtime.driver.tracking.JobRun), ended with the job
         self.num_nodes = num_nodes
         self.timeout = timeout
         self.background = background
@@ -161,10 +162,27 @@ class RunHandle:
             finally:
                 self._finished()
                 self._final_state = self._state_now(ended=True)
+                self._end_tracking()
                 # observers first (the panel's final state, the TensorBoard route withdrawn): once wait() or
                 # shutdown() returns, they have run
                 self._tell_observers(final=True)
                 self._done.set()
+
+    def _end_tracking(self) -> None:
+        """End the job's MLflow run as the job ended: stopped (■, shutdown, timeout), failed or finished."""
+        if self.tracking is None:
+            return
+        stopped = self._stop_reason is not None
+        try:
+            self.tracking.finish(S.C_STOPPED if stopped else self._final_state or S.C_STOPPED,
+                                 error=None if stopped else self._error)
+        except Exception:  # noqa: BLE001 - tracking never fails the cell
+            pass
+
+    @property
+    def tracking_url(self) -> str | None:
+        """The job's run in the MLflow tracking UI, when the job is tracked and the server has a UI."""
+        return None if self.tracking is None else self.tracking.url
 
     def stop(self, reason: str = "shut down") -> None:
         """Stop the job now (kill its nodes), from any thread; returns at once."""

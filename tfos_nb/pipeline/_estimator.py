@@ -110,7 +110,10 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
     ``ring``, ``nccl``) that ``train_fn`` passes to its strategy, e.g. with
     :func:`communication_options`; TensorFlow 2 has no RDMA verbs transport.
     ``env`` adds environment variables to the nodes (e.g. thread counts).
-    ``train_fn``, ``tf_args``, ``export_fn``, ``model_fn`` and ``env`` are
+    ``mlflow`` tracks each ``fit`` as one MLflow run (``True``, an experiment name or a dict, as
+    ``TFCluster.run(mlflow=…)``); ``None`` (the default) only inside an active MLflow run
+    (``with mlflow.start_run(): est.fit(df)``), ``False`` never; ``ExportDir``'s SavedModel is the
+    run's model.  ``train_fn``, ``tf_args``, ``export_fn``, ``model_fn`` and ``env`` are
     cloudpickled into the save directory by ``save`` and restored by ``load``:
     functions from ``__main__`` or a notebook travel by value, functions from an
     importable module by reference (that module must be importable where it is loaded).
@@ -118,13 +121,13 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
 
     def __init__(self, train_fn: Callable[[Any, Any], Any] | None = None, tf_args: Any = None,
                  export_fn: Callable[[Any], Any] | None = None, *, model_fn: Callable[[], Any] | None = None,
-                 env: dict[str, str] | None = None, **params: Any) -> None:
+                 env: dict[str, str] | None = None, mlflow: Any = None, **params: Any) -> None:
         super().__init__()
         self._setDefault(clusterSize=1, numPS=0, driverPSNodes=False, readers=1, tensorboard=False, steps=1000,
                          epochs=1, protocol="grpc", inputMode=1, masterNode="chief", graceSecs=0.0)
         self.args = Namespace(tf_args)  # TypeError for anything but a dict, a namespace or an argv list
         self.train_fn, self.tf_args, self.export_fn = train_fn, tf_args, export_fn
-        self.model_fn, self.env = model_fn, env
+        self.model_fn, self.env, self.mlflow = model_fn, env, mlflow
         if params:
             self._set(**params)
 
@@ -196,7 +199,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
                     num_ps=num_ps, tensorboard=self.getOrDefault(self.tensorboard),
                     input_mode=mode, master_node=master, env=self.env,
                     driver_ps_nodes=self.getOrDefault(self.driverPSNodes),
-                    log_dir=args.get("model_dir"), name=f"{self.uid}.fit")
+                    log_dir=args.get("model_dir"), name=f"{self.uid}.fit", mlflow=self.mlflow)
         return self._model_for(args)
 
     def _export_tfrecords(self, dataset: Any) -> str:

@@ -134,10 +134,25 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
         "error": (str(view.error).strip().splitlines() or [""])[0] if view.error else "",
         "final": not live,
         "rows": [node_row(n, live) for n in view.nodes],
+        # the job's MLflow run in the tracking UI (experiment tracking), when it is tracked
+        "tracking_url": _web_url(getattr(view, "tracking_url", None)),
     }
     if hasattr(view, "params"):  # parallel runs (runtime.parallel.ParallelView)
         _add_runs(model, view)
     return model
+
+
+def _web_url(url: Any) -> str | None:
+    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+def mlflow_link(model: Mapping[str, Any]) -> str:
+    """The header's link to the job's MLflow run (a plain link: it needs no script), or ""."""
+    url = model.get("tracking_url")
+    if not url:
+        return ""
+    return (f'<a id="tfos-mlflow-{_e(model["cluster_id"])}" href="{_e(url)}" target="_blank" rel="noopener" '
+            f'title="this job\'s run in the MLflow tracking UI">MLflow run &#8599;</a>')
 
 
 def _tensorboard_error(view: Any) -> str:
@@ -203,6 +218,8 @@ def text_line(model: Mapping[str, Any]) -> str:
         parts.append(model["tensorboard_error"])
     if model.get("best"):
         parts.append(f"best {model['best']}")
+    if model.get("tracking_url") and model["final"]:
+        parts.append(f"MLflow run {model['tracking_url']}")
     return " | ".join(parts)
 
 
@@ -274,6 +291,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
         head.append(f"{_e(model['rows_fed'])} rows fed")
     if tensorboard and model["tensorboard"]:
         head.append(tensorboard_link(model))
+    if model.get("tracking_url"):
+        head.append(mlflow_link(model))
     if model.get("best"):
         head.append(f"<b>best: {_e(model['best'])}</b>")
     runs = "param_keys" in model  # parallel runs: node, parameters, the ranking metric, then the rest

@@ -83,6 +83,7 @@ class DriverJob:
         self._up = False
         self._closed = False
         self.cancel_reason: str | None = None
+        self._end_listeners: list[Callable[[DriverJob], None]] = []
         atexit.register(self._atexit)
 
     # -- start -----------------------------------------------------------------
@@ -99,6 +100,13 @@ class DriverJob:
                 fn(self)
             except Exception:  # noqa: BLE001 - a UI bug must not stop a job from starting
                 pass
+
+    def add_end_listener(self, fn: Callable[[DriverJob], None]) -> None:
+        """Call ``fn(job)`` once the job is torn down (its state final), on the closing thread; errors ignored.
+
+        How experiment tracking (:mod:`.tracking`) learns that a job ended, whoever ended it.
+        """
+        self._end_listeners.append(fn)
 
     def open_control(self) -> tuple[str, int]:
         """Start the control server; returns the address tasks reach it at."""
@@ -186,6 +194,11 @@ class DriverJob:
                 return
             self._closed = True
             self._teardown(self.linger_s if wait is None else wait)
+        for fn in list(self._end_listeners):
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - a listener's bug must not break the teardown
+                pass
 
     def _teardown(self, wait: float) -> None:
         try:

@@ -50,6 +50,7 @@ from .parallel_results import (
 )
 from .slots import available_slots, connect_slots, require_classic, require_keras
 from .sparkjob import SparkJob
+from .tracking import tracked
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class ParallelRuns:
         self._spark_job: SparkJob | ConnectSparkJob | None = None
         self._stop_reason: str | None = None
         self._results: list[RunResult] | None = None
+        self.tracking: Any = None  # the MLflow run (driver.tracking.JobRun) when the runs are tracked
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> ParallelRuns:
@@ -254,6 +256,8 @@ class ParallelRuns:
             self.close()
             raise self._error()
         self._results = results
+        if self.tracking is not None:
+            self.tracking.log_returned(results, self.state)
         self.close()
         return results
 
@@ -290,6 +294,7 @@ class ParallelRuns:
         return f"<tfos_nb parallel runs {self.name!r}: {self.state.snapshot().state}, {self.num_runs} run(s)>"
 
 
+@tracked("parallel")
 def start(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -315,7 +320,9 @@ def start(
     ``per_run=True``: ``tf_args`` is a list with one entry per run, of any type
     (a list of dicts always is).  ``params``: what the panel shows as each run's
     parameters (default: the run's dict of a grid).  ``metric``/``mode``: how the
-    best run is picked (default: :func:`default_metric`, :func:`default_mode`).
+    best run is picked (default: :func:`default_metric`, :func:`default_mode`).  ``mlflow=``:
+    experiment tracking, a parent MLflow run and one child run per run (see
+    :mod:`~tfos_nb.runtime.driver.tracking`; the values as for ``TFCluster.run``).
     """
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"

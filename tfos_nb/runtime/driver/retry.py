@@ -80,7 +80,10 @@ def run_job(
     Each attempt is one :func:`run_once`: ``data`` (an RDD or DataFrame) is fed for
     ``num_epochs`` epochs with ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``);
     without it the nodes read their own data; then ``shutdown(grace_secs, shutdown_timeout)``.
-    Other keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`.  ``on_retry(attempt,
+    Other keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`; ``mlflow=`` (as
+    there) tracks the whole job as one MLflow run: every attempt logs into it (tags
+    ``tfos_nb.attempts``, ``tfos_nb.failures``), not into nested runs — a retry resumes the same
+    training from its checkpoints.  ``on_retry(attempt,
     error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Raises the last
     attempt's error when every attempt failed.
     """
@@ -89,6 +92,36 @@ def run_job(
         raise ValueError(msg)
     if kwargs.get("data") is not None:
         kwargs.setdefault("input_mode", InputMode.SPARK)
+    tracking, owned = _tracking(kwargs.pop("mlflow", None), sc, tf_args, num_executors, retries, kwargs)
+    if not owned:
+        return _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, kwargs)
+    try:
+        outcome = _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, kwargs)
+    except BaseException as exc:
+        tracking.finish(S.C_STOPPED if isinstance(exc, KeyboardInterrupt) else S.C_FAILED, error=exc)
+        raise
+    tracking.finish(outcome.status.state)
+    return outcome
+
+
+def _tracking(setting: Any, sc: Any, tf_args: Any, num_executors: int, retries: int,
+              kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """The job's one MLflow run (resolved here, on the caller's thread), and whether run_job ends it."""
+    from . import tracking as T
+
+    wanted = T.request(setting)
+    if wanted is None:
+        return None, False
+    run, owned = T.job_run(wanted, "cluster", {**kwargs, "sc": sc, "tf_args": tf_args,
+                                               "num_executors": num_executors, "retries": retries})
+    return run, owned
+
+
+def _attempts(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors: int, retries: int,
+              on_retry: Callable[[int, TFClusterError], None] | None, tracking: Any,
+              kwargs: dict[str, Any]) -> RunOutcome:
+    if tracking is not None:
+        kwargs["mlflow"] = tracking  # every attempt logs into the one run
     base_env = dict(kwargs.pop("env", None) or {})
     started = time.monotonic()
     failures: list[str] = []

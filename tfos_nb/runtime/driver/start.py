@@ -20,10 +20,12 @@ from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
 from .node_output import with_stderr
 from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
+from .tracking import tracked
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run"]
 
 
+@tracked("cluster")
 def run(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -79,6 +81,12 @@ def run(
     ``stall_after``: a chief/worker that has not moved (no new phase, progress or stack) for this
     many seconds is flagged in ``status().stalls`` and the panel, naming its phase and the nodes
     that have not reached it (None or 0: never); ``cluster.stacks()`` then shows where it waits.
+
+    ``mlflow=`` (keyword): experiment tracking, one MLflow run for the cluster, logged from here
+    and ended when the cluster is shut down or closed (see :mod:`~tfos_nb.runtime.driver.tracking`):
+    ``True`` (MLflow's current experiment), an experiment name, or a dict (``experiment``,
+    ``all_nodes``, ``run_name``); ``None`` (the default) tracks only inside an active MLflow run
+    (``with mlflow.start_run():``), ``False`` never.  ``args["export_dir"]`` is logged as the model.
 
     ``preflight=True`` runs :func:`tfos_nb.doctor` for these nodes first (a few seconds, no
     TensorFlow cluster) and raises its FAILs as one ``DoctorFailed`` error before anything

@@ -122,6 +122,7 @@ class ClusterView:
     rows_fed: int = 0
     feed_epoch: int = 0
     job_group: str = ""
+    tracking_url: str | None = None  # the job's MLflow run in the tracking UI (experiment tracking)
     stalls: tuple[str, ...] = ()  # one line per stalled node (driver.stalls)
 
 
@@ -257,6 +258,7 @@ class ClusterState:
         self.stop_requested = False
         self.kill_requested = False
         self.job_group = ""
+        self.tracking_url: str | None = None  # set once, before the job starts (tracking.JobRun.attach)
         self.stall_after: float | None = stalls.DEFAULT_STALL_AFTER  # seconds without moving that flag a node
         self._listeners: list[Callable[[ClusterState], None]] = []
         self._log_listeners: list[Callable[[str, list[str]], None]] = []
@@ -322,6 +324,7 @@ class ClusterState:
                 rows_fed=sum(n.rows_fed for n in self.nodes),
                 feed_epoch=self.feed_epoch,
                 job_group=self.job_group,
+                tracking_url=self.tracking_url,
                 stalls=stall_lines,
             )
 

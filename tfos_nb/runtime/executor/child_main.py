@@ -107,6 +107,9 @@ def main(role_cls: type[ChildRole]) -> int:
         reporter.send(pipes.Failed(error=f"cannot load {role.what}: {type(exc).__name__}: {exc}"))
         return 1
     ctx = role.context()
+    from .mlflow_node import setup as mlflow_setup
+
+    mlflow_setup(ctx)  # ctx.mlflow_run_id; MLflow autologging off on all but the chief
     value = None
     try:
         watcher.function_runs()

@@ -152,6 +152,8 @@ class NodeContext:
         self.cluster_id: str = info.get("cluster_id", "")
         #: 1 for a first run; 2, 3, … when ``run_job(retries=…)`` / ``--retries`` started the cluster again
         self.attempt: int = int(os.environ.get("TFOS_ATTEMPT", "1") or 1)
+        #: the job's MLflow run when it is tracked (a sweep's trial: its own run), else None; see executor.mlflow_node
+        self.mlflow_run_id: str | None = None
         self.mgr = hub  # what TFNode.DataFeed(ctx.mgr, ...) takes
         self._reporter = reporter
         self._total_steps: int | None = None
