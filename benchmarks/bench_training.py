@@ -361,11 +361,20 @@ class Bench:
         self.spark.sparkContext.setLogLevel("ERROR")
         self.df = self.spark.read.parquet(parts).persist(StorageLevel.MEMORY_AND_DISK)
         assert self.df.count() == o.rows
-        self.rdd = self.df.rdd.map(lambda r: (r.features, int(r.label))).persist(StorageLevel.MEMORY_AND_DISK)
-        assert self.rdd.count() == o.rows
+        self._rdd = None  # Python rows for the TensorFlowOnSpark variants, made on first use (at 160k rows,
+        # persisting it beside the DataFrame ran the executors out of memory: exit code 52)
         self.extra = self.df.limit(GLOBAL_BATCH * 40).repartition(NODES).persist(StorageLevel.MEMORY_AND_DISK)
         self.extra.count()
         log.info("data: %d train + %d test rows, %d partitions", o.rows, o.test_rows, self.df.rdd.getNumPartitions())
+
+    @property
+    def rdd(self):
+        if self._rdd is None:
+            from pyspark import StorageLevel
+
+            self._rdd = self.df.rdd.map(lambda r: (r.features, int(r.label))).persist(StorageLevel.MEMORY_AND_DISK)
+            assert self._rdd.count() == self.opts.rows
+        return self._rdd
 
     def accuracy(self, export_dir):
         import tensorflow as tf
