@@ -5,8 +5,10 @@ and stopped by a module fixture) and one real kernel (its embedded ``local-clust
 the server with ``MlflowClient``: a ``%%tfos_cluster --mlflow`` cell (params, the chief's metrics by step
 equal to ``NAME.history``, the SavedModel loadable with ``mlflow.tensorflow``, the panel's link), a node
 function calling ``mlflow.tensorflow.autolog()`` (still one run), a failing node (FAILED, the error
-tail), ■ (KILLED), a ``%%tfos_parallel`` sweep (a parent and a child per trial), ``TFEstimator.fit``
-inside ``with mlflow.start_run()``; then the same cell in a kernel on Spark Connect.  The fast tests
+tail), ■ (KILLED), ``run_job(retries=1)`` with ``all_nodes`` and a ``log_dir`` (one run over both attempts,
+the other node's metrics under ``worker_1/``, the log directory under ``tensorboard/``), a ``--background
+--retries 1`` cell ended by ``%tfos_shutdown`` (one run, KILLED), a ``%%tfos_parallel`` sweep (a parent and a
+child per trial), ``TFEstimator.fit`` inside ``with mlflow.start_run()``; then the same cell in a kernel on Spark Connect.  The fast tests
 cover the missing-MLflow error (a real failed import, in a fresh interpreter), the nodes' side of the
 rule for node functions that call MLflow (in a fresh interpreter), and the panel's link.
 """
@@ -318,6 +320,37 @@ active_id = active.info.run_id
 """
 
 
+RETRY_CELL = """
+from tfos_nb import TFCluster
+
+def flaky(args, ctx):
+    if ctx.attempt == 1:  # the first attempt: worker 1 fails, so run_job starts the cluster again
+        if ctx.task_index == 1:
+            print("failing on attempt", ctx.attempt, flush=True)
+            raise ValueError("flaky on attempt 1")
+        return
+    for step in range(1, 4):
+        ctx.report(step=step, loss=1.0 / step + ctx.task_index)
+    if ctx.task_index == 0:  # something TensorBoard would read, in the job's log directory
+        os.makedirs(ctx.log_dir, exist_ok=True)
+        with open(os.path.join(ctx.log_dir, "events.out.tfevents.1.test"), "w") as f:
+            f.write("not a real event file")
+
+outcome = TFCluster.run_job(spark, flaky, {{"lr": 0.1}}, 2, retries=1, name="flaky", log_dir={log_dir!r},
+                            mlflow={{"experiment": "tfos-tracking", "all_nodes": True}})
+print("attempts", outcome.attempts, flush=True)
+"""
+
+BACKGROUND_CELL = """%%tfos_cluster --workers 2 --name bg --mlflow tfos-tracking --background --retries 1
+import time
+if ctx.attempt == 1 and ctx.job_name == "worker":  # the cell starts the cluster again: attempt 2 runs on
+    raise ValueError("bg fails on attempt 1")
+for step in range(1, 100000):
+    ctx.report(step=step, loss=1.0 / step)
+    time.sleep(0.1)
+"""
+
+
 @pytest.mark.slow
 def test_one_mlflow_run_per_job_from_a_notebook(mlflow_server, client, kernel_specs, tmp_path):
     kernel = Kernel(kernel_specs, tmp_path)
@@ -376,6 +409,42 @@ def test_one_mlflow_run_per_job_from_a_notebook(mlflow_server, client, kernel_sp
         run = _one_run(client, "looping")
         assert run.info.status == "KILLED" and run.data.tags["tfos_nb.outcome"] == "stopped"
         assert client.get_metric_history(run.info.run_id, "loss")  # what the nodes reported until then
+
+        # run_job(retries=1) with all_nodes: attempt 1 fails on worker 1, attempt 2 finishes -- still ONE run
+        _, msgs = kernel.run(RETRY_CELL.format(log_dir=str(tmp_path / "tb")))
+        assert "attempts 2" in _text(msgs), _text(msgs)[-3000:]
+        run = _one_run(client, "flaky")
+        run_id = run.info.run_id
+        assert run.info.status == "FINISHED" and run.data.tags["tfos_nb.outcome"] == "finished"
+        assert run.data.tags["tfos_nb.attempts"] == "2" and run.data.params["tfos_nb.retries"] == "1"
+        failures = run.data.tags["tfos_nb.failures"]  # the failed attempt, its node and its error
+        assert failures.startswith("attempt 1: worker:1 failed") and "ValueError: flaky on attempt 1" in failures, failures
+        assert "tfos_nb.error" not in run.data.tags  # it finished: the failure is history, not the outcome
+        assert [a.path for a in client.list_artifacts(run_id, "errors")] == ["errors/attempt1_worker_1.txt"]
+        # the chief (worker 0: no chief node) under its own keys, the other node under worker_1/ (all_nodes)
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss")) == \
+            [(s, 1.0 / s) for s in (1, 2, 3)]
+        assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "worker_1/loss")) == \
+            [(s, 1.0 / s + 1) for s in (1, 2, 3)]
+        # the job's TensorBoard log directory (log_dir=, --logdir) under tensorboard/
+        assert [a.path for a in client.list_artifacts(run_id, "tensorboard")] == \
+            ["tensorboard/events.out.tfevents.1.test"]
+
+        # a --background --retries 1 cell: its worker fails on attempt 1, attempt 2 runs on in the same run;
+        # %tfos_shutdown NAME ends it KILLED
+        kernel.run(BACKGROUND_CELL)
+        wait_until(lambda: kernel.value("len(bg.history.query('attempt == 2')) if len(bg.history) else 0") >= 2,
+                   120, interval=0.5, what="bg's reports on attempt 2")
+        assert _one_run(client, "bg").info.status == "RUNNING"
+        kernel.run("%tfos_shutdown bg")
+        wait_until(lambda: _one_run(client, "bg").info.status != "RUNNING", 60)
+        run = _one_run(client, "bg")
+        assert run.info.status == "KILLED" and run.data.tags["tfos_nb.outcome"] == "stopped"
+        assert run.data.tags["tfos_nb.attempts"] == "2", run.data.tags
+        failures = run.data.tags["tfos_nb.failures"]
+        assert failures.startswith("attempt 1: worker:0 failed") and "ValueError: bg fails on attempt 1" in failures, failures
+        assert [a.path for a in client.list_artifacts(run.info.run_id, "errors")] == ["errors/attempt1_worker_0.txt"]
+        assert client.get_metric_history(run.info.run_id, "loss")
 
         # a sweep: a parent run, one child per trial with its grid entry and its returned metric
         kernel.run("grid = [{'lr': 0.5}, {'lr': 2.0}]")

@@ -214,8 +214,12 @@ class JobRun:
             else:
                 self._log_history(state, view, attempt)
             self._log_failures(view, attempt)
-            if view.state == S.C_FAILED and view.error:
-                self.failures.append(str(view.error).splitlines()[0][:500])
+            if view.state == S.C_FAILED:  # the failing node and its error, as the job's error's first line says it
+                from .errors import failure_message
+
+                what = f"cluster {view.name}" if self.kind == "cluster" else f"parallel runs {view.name}"
+                line = failure_message(view, what).splitlines()[0]
+                self.failures.append(f"attempt {attempt}: {line}"[:500])
         except Exception as exc:  # noqa: BLE001
             log.warning("tfos_nb: MLflow logging of %s failed: %s", self.name, exc)
 

@@ -26,8 +26,9 @@ Metrics: every report of the chief (worker 0 without a chief) with its step
 steps/s as ``system/steps_per_sec/<role>_<index>``.  Tags ``tfos_nb.*``: kind, name,
 outcome, attempts, failures, error.  Artifacts: the SavedModel in ``args["export_dir"]`` (an
 MLflow model of the ``tensorflow`` flavour under ``model/``: ``mlflow.tensorflow.load_model(
-"runs:/<id>/model")``), the TensorBoard log directory under ``tensorboard/`` (both when the
-notebook's machine can read them), and each failed node's output tail under ``errors/``.
+"runs:/<id>/model")``), the TensorBoard log directory (``log_dir=``, ``--logdir``) under
+``tensorboard/`` (both when the notebook's machine can read them), and each failed node's output
+tail under ``errors/``.
 The run ends FINISHED, FAILED or KILLED (stopped: ■, ``%tfos_shutdown``, a timeout) with the
 job; a run the caller opened is left for the caller's ``with`` block to end.
 
