@@ -50,7 +50,10 @@ def ip(spark):
     shell.run_line_magic("load_ext", "tfos_nb")
     shell.user_ns["spark"] = spark
     yield shell
-    shell.magics_manager.registry["TFOSMagics"].shutdown_all()
+    magics = shell.magics_manager.registry["TFOSMagics"]
+    magics.shutdown_all()
+    magics.handles.clear()  # the shell is the process's one global shell: later modules start with no clusters
+    shell.user_ns.pop("stuck", None)
 
 
 def in_order(seen: list[str], expected: list[str]) -> bool:

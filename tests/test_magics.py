@@ -26,6 +26,8 @@ def ip():
     start_ipython()
     shell = IPython.get_ipython()
     shell.run_line_magic("load_ext", "tfos_nb")
+    leftover = shell.magics_manager.registry["TFOSMagics"].handles  # the global shell: an earlier module's clusters
+    assert not leftover, f"an earlier test module left clusters in the global IPython shell: {sorted(leftover)}"
     shell.run_cell(
         textwrap.dedent(
             """
