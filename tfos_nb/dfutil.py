@@ -24,8 +24,8 @@ from .runtime.sessions import is_connect
 __all__ = ["fromTFExample", "infer_schema", "isLoadedDF", "loadTFRecords", "loadedDF", "saveAsTFRecords",
            "toTFExample"]
 
-#: DataFrames read by :func:`loadTFRecords` → their directory (TensorFlowOnSpark's ``dfutil.loadedDF``)
 loadedDF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # noqa: N816
+"""DataFrames read by :func:`loadTFRecords` → their directory (TensorFlowOnSpark's ``dfutil.loadedDF``)."""
 
 
 def _feature(tf: Any, value: Any, dtype: Any) -> Any:

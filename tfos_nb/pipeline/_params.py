@@ -87,6 +87,8 @@ class TFTypeConverters:
 
 # -- TensorFlowOnSpark's Param mixins: setX/getX as there; Param names are Spark ML's camelCase ---------------
 class HasBatchSize(Params):
+    """TensorFlowOnSpark's Param mixin: ``BatchSize`` (rows per batch (training feed / inference):
+    ``setBatchSize``/``getBatchSize``)."""
     batchSize = _param("batchSize", "rows per batch (training feed / inference)", TypeConverters.toInt)
 
     def __init__(self) -> None:
@@ -99,6 +101,8 @@ class HasBatchSize(Params):
 
 
 class HasClusterSize(Params):
+    """TensorFlowOnSpark's Param mixin: ``ClusterSize`` (number of TensorFlow nodes:
+    ``setClusterSize``/``getClusterSize``)."""
     clusterSize = _param("clusterSize", "number of TensorFlow nodes", TypeConverters.toInt)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -107,6 +111,8 @@ class HasClusterSize(Params):
 
 
 class HasEpochs(Params):
+    """TensorFlowOnSpark's Param mixin: ``Epochs`` (passes over the DataFrame (InputMode.SPARK):
+    ``setEpochs``/``getEpochs``)."""
     epochs = _param("epochs", "passes over the DataFrame (InputMode.SPARK)", TypeConverters.toInt)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -115,6 +121,8 @@ class HasEpochs(Params):
 
 
 class HasGraceSecs(Params):
+    """TensorFlowOnSpark's Param mixin: ``GraceSecs`` (seconds to wait after the nodes finish before teardown:
+    ``setGraceSecs``/``getGraceSecs``)."""
     graceSecs = _param("graceSecs", "seconds to wait after the nodes finish before teardown", TypeConverters.toFloat)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -123,6 +131,8 @@ class HasGraceSecs(Params):
 
 
 class HasInputMapping(Params):
+    """TensorFlowOnSpark's Param mixin: ``InputMapping`` (DataFrame column -> input tensor name, signature alias or
+    feature name: ``setInputMapping``/``getInputMapping``)."""
     inputMapping = _param(
         "inputMapping", "DataFrame column -> input tensor name, signature alias or feature name", _to_mapping
     )
@@ -133,6 +143,8 @@ class HasInputMapping(Params):
 
 
 class HasInputMode(Params):
+    """TensorFlowOnSpark's Param mixin: ``InputMode`` (InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW:
+    ``setInputMode``/``getInputMode``)."""
     inputMode = _param("inputMode", "InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW", _to_input_mode)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -141,6 +153,8 @@ class HasInputMode(Params):
 
 
 class HasMasterNode(Params):
+    """TensorFlowOnSpark's Param mixin: ``MasterNode`` (role name of the first trainer ('chief'), or None:
+    ``setMasterNode``/``getMasterNode``)."""
     masterNode = _param("masterNode", "role name of the first trainer ('chief'), or None", _to_opt_str)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -149,6 +163,8 @@ class HasMasterNode(Params):
 
 
 class HasModelDir(Params):
+    """TensorFlowOnSpark's Param mixin: ``ModelDir`` (directory of the training checkpoints:
+    ``setModelDir``/``getModelDir``)."""
     modelDir = _param("modelDir", "directory of the training checkpoints", TypeConverters.toString)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -157,6 +173,9 @@ class HasModelDir(Params):
 
 
 class HasNumPS(Params):
+    """TensorFlowOnSpark's Param mixin: ``NumPS`` (number of parameter servers among the nodes:
+    ``setNumPS``/``getNumPS``); ``DriverPSNodes`` (run the parameter servers on the driver:
+    ``setDriverPSNodes``/``getDriverPSNodes``)."""
     numPS = _param("numPS", "number of parameter servers among the nodes", TypeConverters.toInt)
     driverPSNodes = _param("driverPSNodes", "run the parameter servers on the driver", TypeConverters.toBoolean)
 
@@ -168,6 +187,8 @@ class HasNumPS(Params):
 
 
 class HasOutputMapping(Params):
+    """TensorFlowOnSpark's Param mixin: ``OutputMapping`` (output tensor name / signature alias -> output column:
+    ``setOutputMapping``/``getOutputMapping``)."""
     outputMapping = _param("outputMapping", "output tensor name / signature alias -> output column", _to_mapping)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -176,6 +197,8 @@ class HasOutputMapping(Params):
 
 
 class HasProtocol(Params):
+    """TensorFlowOnSpark's Param mixin: ``Protocol`` (collective implementation: grpc (AUTO), ring or nccl; TF2 has
+    no RDMA verbs: ``setProtocol``/``getProtocol``)."""
     protocol = _param("protocol", "collective implementation: grpc (AUTO), ring or nccl; TF2 has no RDMA verbs",
                       _to_protocol)
 
@@ -185,6 +208,8 @@ class HasProtocol(Params):
 
 
 class HasReaders(Params):
+    """TensorFlowOnSpark's Param mixin: ``Readers`` (number of reader threads (passed to train_fn as args.readers):
+    ``setReaders``/``getReaders``)."""
     readers = _param("readers", "number of reader threads (passed to train_fn as args.readers)",
                      TypeConverters.toInt)
 
@@ -194,6 +219,8 @@ class HasReaders(Params):
 
 
 class HasSteps(Params):
+    """TensorFlowOnSpark's Param mixin: ``Steps`` (maximum training steps (passed to train_fn as args.steps):
+    ``setSteps``/``getSteps``)."""
     steps = _param("steps", "maximum training steps (passed to train_fn as args.steps)", TypeConverters.toInt)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -202,6 +229,8 @@ class HasSteps(Params):
 
 
 class HasTensorboard(Params):
+    """TensorFlowOnSpark's Param mixin: ``Tensorboard`` (start TensorBoard on the chief:
+    ``setTensorboard``/``getTensorboard``)."""
     tensorboard = _param("tensorboard", "start TensorBoard on the chief", TypeConverters.toBoolean)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -210,6 +239,8 @@ class HasTensorboard(Params):
 
 
 class HasTFRecordDir(Params):
+    """TensorFlowOnSpark's Param mixin: ``TFRecordDir`` (InputMode.TENSORFLOW: write the DataFrame's InputMapping
+    columns here as TFRecords before training, ``args.tfrecord_dir``: ``setTFRecordDir``/``getTFRecordDir``)."""
     tfrecordDir = _param("tfrecordDir", "InputMode.TENSORFLOW: write the DataFrame's InputMapping columns here as "
                          "TFRecords before training (args.tfrecord_dir)", _to_opt_str)
 
@@ -219,6 +250,8 @@ class HasTFRecordDir(Params):
 
 
 class HasExportDir(Params):
+    """TensorFlowOnSpark's Param mixin: ``ExportDir`` (directory of the exported SavedModel:
+    ``setExportDir``/``getExportDir``)."""
     exportDir = _param("exportDir", "directory of the exported SavedModel", TypeConverters.toString)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -227,6 +260,8 @@ class HasExportDir(Params):
 
 
 class HasSignatureDefKey(Params):
+    """TensorFlowOnSpark's Param mixin: ``SignatureDefKey`` (signature of the SavedModel to run; None runs the
+    SavedModel's graph by tensor names: ``setSignatureDefKey``/``getSignatureDefKey``)."""
     signatureDefKey = _param(
         "signatureDefKey", "signature of the SavedModel to run; None runs the SavedModel's graph by tensor names",
         _to_opt_str)
@@ -237,6 +272,8 @@ class HasSignatureDefKey(Params):
 
 
 class HasTagSet(Params):
+    """TensorFlowOnSpark's Param mixin: ``TagSet`` (comma-separated tags of the SavedModel's MetaGraph:
+    ``setTagSet``/``getTagSet``)."""
     tagSet = _param("tagSet", "comma-separated tags of the SavedModel's MetaGraph", TypeConverters.toString)
 
     if TYPE_CHECKING:  # added by _accessors() below

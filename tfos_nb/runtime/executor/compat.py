@@ -28,12 +28,14 @@ def export_saved_model(model: Any, export_dir: str, is_chief: bool = False) -> N
 
 
 def disable_auto_shard(options: Any) -> None:
+    """Turn tf.data auto-sharding off in ``options`` (a ``tf.data.Options``): each node reads only its own rows."""
     import tensorflow as tf
 
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
 
 
 def is_gpu_available() -> bool:
+    """Whether TensorFlow sees a GPU in this process (on a node: the GPUs it was given, ``ctx.gpus``)."""
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU")) > 0

@@ -42,12 +42,15 @@ def hdfs_path(ctx: Any, path: str) -> str:
 
 
 def next_batch(mgr: FeedHub, batch_size: int, qname: str = "input") -> Any:
+    """Up to ``batch_size`` fed rows: ``TFNode.DataFeed(mgr).next_batch(batch_size)`` (TensorFlowOnSpark's form)."""
     return _DataFeed(mgr, True, qname).next_batch(batch_size)
 
 
 def batch_results(mgr: FeedHub, data: Any, qname: str = "output") -> None:
+    """Answer the batch just read with one result per row: ``TFNode.DataFeed(mgr, False).batch_results(data)``."""
     _DataFeed(mgr, False, qname_out=qname).batch_results(data)
 
 
 def terminate(mgr: FeedHub, qname: str = "input") -> None:
+    """Stop reading: the rows still routed to this node are skipped and ``train()`` returns normally."""
     _DataFeed(mgr, True, qname).terminate()
