@@ -25,7 +25,7 @@ if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] && ! command -v ip >/dev/null && [ "$(id -u
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.tfos_nb-stamp
-want=$(cat requirements.txt requirements-test.txt setup.py scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt requirements-test.txt requirements-docs.txt setup.py scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-test.txt

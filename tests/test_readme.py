@@ -1,13 +1,16 @@
-"""The README is checked by running its examples.
+"""The README and the documentation pages (docs/) are checked by running their examples.
 
-Rules (they keep this test honest as the README changes):
+Rules (they keep this test honest as the pages change):
 
-* Every fenced ``python`` block compiles, and every name it imports from tfos_nb exists.
+* Every fenced ``python`` block of README.md and docs/**/*.md compiles, and every name it imports from tfos_nb
+  exists.
 * A ``python`` block right after an HTML comment ``<!-- readme-test: run; given: NAMES ... -->`` is
   executed for real (slow tier) on a small local-cluster, with only the names the comment lists
   given to it (``sc``, ``args``, ``train_df``: see ``GIVEN``); anything else it uses it must define.
-* Links and images point inside the repository (a user's clone has nothing beside it) and exist.
-* The magics table lists every option of every magic, and the settings tables every configurable trait.
+* The README's links and images point inside the repository (a user's clone has nothing beside it) and exist
+  (the docs' links are checked by ``mkdocs build --strict``: tests/test_docs.py).
+* The magics table (docs/notebooks.md) lists every option of every magic, and the settings tables every
+  configurable trait.
 """
 
 from __future__ import annotations
@@ -21,14 +24,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+PAGES = {"README.md": README} | {str(p.relative_to(REPO)): p.read_text(encoding="utf-8")
+                                 for p in sorted((REPO / "docs").rglob("*.md"))}
+NOTEBOOKS_PAGE = PAGES["docs/notebooks.md"]  # the magics and settings tables
 FENCE = re.compile(r"(?:<!--\s*readme-test:\s*run;\s*given:(?P<given>[^>]*)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)\n```",
                    re.S)
 
 
-def blocks(lang: str) -> list[tuple[str, list[str] | None]]:
-    """(code, names given to it if it is to be run, else None) of each fenced block in ``lang``."""
+def blocks(lang: str, pages: tuple[str, ...] | None = None) -> list[tuple[str, list[str] | None]]:
+    """(code, names given to it if it is to be run, else None) of each fenced block in ``lang``, README first."""
     found = []
-    for m in FENCE.finditer(README):
+    text = "\n".join(PAGES[name] for name in (pages or tuple(PAGES)))
+    for m in FENCE.finditer(text):
         if m.group("lang") != lang:
             continue
         given = None
@@ -40,7 +47,7 @@ def blocks(lang: str) -> list[tuple[str, list[str] | None]]:
 
 def test_python_blocks_compile_and_their_tfos_nb_imports_resolve():
     code_blocks = blocks("python")
-    assert len(code_blocks) >= 2, "the README's python examples were not found"
+    assert len(code_blocks) >= 3, "the README's and the docs' python examples were not found"
     for code, _ in code_blocks:
         tree = ast.parse(code)  # a SyntaxError names the block's line
         for node in ast.walk(tree):
@@ -48,7 +55,7 @@ def test_python_blocks_compile_and_their_tfos_nb_imports_resolve():
                 module = importlib.import_module(node.module)
                 for alias in node.names:
                     assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), (
-                        f"README imports {alias.name} from {node.module}, which has no such name")
+                        f"a page imports {alias.name} from {node.module}, which has no such name")
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.startswith("tfos_nb"):
@@ -56,7 +63,7 @@ def test_python_blocks_compile_and_their_tfos_nb_imports_resolve():
 
 
 def test_first_example_is_the_run_one_and_imports_what_it_uses():
-    code, given = blocks("python")[0]
+    code, given = blocks("python", ("README.md",))[0]
     assert given == ["sc", "args", "train_df"], given
     tree = ast.parse(code)
     defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
@@ -83,8 +90,8 @@ def _options(func) -> set[str]:
 
 
 def _table_row(magic: str) -> str:
-    row = next((ln for ln in README.splitlines() if ln.startswith(f"| `{magic}` |")), None)
-    assert row is not None, f"the README's magics table has no row for {magic}"
+    row = next((ln for ln in NOTEBOOKS_PAGE.splitlines() if ln.startswith(f"| `{magic}` |")), None)
+    assert row is not None, f"the magics table of docs/notebooks.md has no row for {magic}"
     return row
 
 
@@ -100,12 +107,13 @@ def test_magics_table_lists_every_option_and_every_setting():
     for magic, func in magics.items():
         row = _table_row(magic)
         missing = [opt for opt in sorted(_options(func)) if f"`{opt}" not in row]
-        assert not missing, f"README's row for {magic} does not list {missing}"
+        assert not missing, f"docs/notebooks.md's row for {magic} does not list {missing}"
     _table_row("%tfos_status")
     for name in TFOSMagics.class_traits(config=True):
-        assert f"| `TFOSMagics.{name}` |" in README, f"README's settings table has no TFOSMagics.{name}"
+        assert f"| `TFOSMagics.{name}` |" in NOTEBOOKS_PAGE, f"docs/notebooks.md's settings table has no TFOSMagics.{name}"
     for name in TensorBoardProxy.class_traits(config=True):
-        assert f"| `c.TensorBoardProxy.{name}` |" in README, f"README's server settings have no TensorBoardProxy.{name}"
+        assert f"| `c.TensorBoardProxy.{name}` |" in NOTEBOOKS_PAGE, (
+            f"docs/notebooks.md's server settings have no TensorBoardProxy.{name}")
 
 
 # -- running the runnable blocks --------------------------------------------------------------
@@ -126,10 +134,10 @@ def given(tmp_path_factory):
 @pytest.mark.slow
 def test_runnable_blocks_run(given, no_leaks):
     runnable = [(code, names) for code, names in blocks("python") if names is not None]
-    assert runnable, "no README block is marked to run"
+    assert runnable, "no README or docs block is marked to run"
     for code, names in runnable:
         assert set(names) <= set(given), f"the test does not provide {set(names) - set(given)}"
         namespace = {"__name__": "__readme__", **{k: given[k] for k in names}}
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's own example
+        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's (or a page's) own example
     export = Path(given["args"]["export_dir"])
     assert (export / "saved_model.pb").is_file(), sorted(p.name for p in export.parent.iterdir())

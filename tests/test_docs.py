@@ -1,0 +1,79 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with warnings as errors, every public name has a
+docstring (the API reference is generated from them), and the notebook pages are the real notebooks.
+
+Nothing here starts Spark or imports TensorFlow: mkdocstrings (griffe) and these checks read the sources.
+The README's and the pages' Python blocks are checked by tests/test_readme.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import griffe
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The public modules: each one's __all__ is its public names (the API reference's pages document them).
+PUBLIC_MODULES = ["tfos_nb", "tfos_nb.TFCluster", "tfos_nb.TFNode", "tfos_nb.TFParallel", "tfos_nb.compat",
+                  "tfos_nb.dfutil", "tfos_nb.util", "tfos_nb.pipeline", "tfos_nb.magics"]
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    """A broken link or anchor, a page left out of the nav, a reference mkdocstrings cannot resolve: an error."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
+                          "-d", str(tmp_path / "site")], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=env, stdin=subprocess.DEVNULL)
+    problems = [ln for ln in run.stderr.splitlines() if ln.startswith(("WARNING", "ERROR"))]
+    assert run.returncode == 0 and not problems, "\n".join(problems) or run.stderr[-3000:]
+    for page in ("index.html", "reference/TFCluster/index.html", "notebooks/quickstart/index.html"):
+        assert (tmp_path / "site" / page).is_file(), page
+
+
+def _public_names() -> list[tuple[str, str]]:
+    """(module, name) of every name in a public module's ``__all__``."""
+    names = []
+    for module in PUBLIC_MODULES:
+        for name in importlib.import_module(module).__all__:
+            if name != "__version__":
+                names.append((module, name))
+    return names
+
+
+def test_every_public_name_has_a_docstring():
+    """Read statically, as the API reference is: a lazily exported name is looked up where it is defined."""
+    package = griffe.load("tfos_nb", search_paths=[str(REPO)], resolve_aliases=True, resolve_external=False)
+    missing = []
+    for module, name in _public_names():
+        node = package if module == "tfos_nb" else package[module.removeprefix("tfos_nb.")]
+        if name in node.members:
+            obj = node[name]
+        else:  # a module __getattr__ gives it (tfos_nb.doctor, tfos_nb.magics.*): where it is defined
+            target = getattr(importlib.import_module(module), name)
+            obj = package[f"{target.__module__}.{name}".removeprefix("tfos_nb.")]
+        if obj.is_alias:
+            obj = obj.final_target
+        if not (obj.docstring and obj.docstring.value.strip()):
+            missing.append(f"{module}.{name}")
+    assert not missing, f"public names without a docstring: {missing}"
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in (REPO / "docs" / "notebooks").glob("*.ipynb")))
+def test_notebook_pages_are_the_notebooks(page):
+    """docs/notebooks/X.ipynb is an executed copy of notebooks/X.ipynb (scripts/docs_notebooks.py): same cells,
+    every code cell ran, none failed."""
+    doc = nbformat.read(REPO / "docs" / "notebooks" / page, as_version=4)
+    src = nbformat.read(REPO / "notebooks" / page, as_version=4)
+    assert [(c.cell_type, c.source) for c in doc.cells] == [(c.cell_type, c.source) for c in src.cells], (
+        f"docs/notebooks/{page} differs from notebooks/{page}: run .venv/bin/python scripts/docs_notebooks.py")
+    for cell in doc.cells:
+        if cell.cell_type == "code":
+            assert cell.execution_count is not None, f"a cell of docs/notebooks/{page} was not executed"
+            errors = [o for o in cell.outputs if o.output_type == "error"]
+            assert not errors, f"a cell of docs/notebooks/{page} failed: {errors[0].get('ename')}"
