@@ -55,7 +55,7 @@ def cell_args(expr: str | None, ns: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def grid(var: str, ns: Mapping[str, Any]) -> list[dict]:
+def grid(var: str, ns: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``--grid VAR``: the notebook's list of dicts, one per run."""
     if var not in ns:
         raise usage(f"--grid {var}: no such variable in the notebook")

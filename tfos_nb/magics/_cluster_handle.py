@@ -71,7 +71,7 @@ class ClusterHandle(RunHandle):
         timeout: float | None = None,
         background: bool = False,
         retries: int = 0,
-        start_cluster: Callable[..., Any] = run,
+        start_cluster: Callable[..., TFCluster] = run,
         clock: Callable[[], float] = time.time,
         tracking: Any = None,
         stall_after: float | None = 120.0,

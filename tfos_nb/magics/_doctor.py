@@ -5,9 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-
 from ..runtime.doctor import FAIL, OK, WARN, Report
+from ._magic_args import argument, magic_arguments, parse_argstring
 
 __all__ = ["ReportView", "report_html", "tfos_doctor"]
 

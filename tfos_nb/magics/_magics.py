@@ -7,8 +7,7 @@ import atexit
 import os
 from typing import Any
 
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic import Magics, magics_class
 from traitlets import Bool, Enum, Float, Integer, Unicode, Union
 
 from ..runtime.driver import parallel as P
@@ -17,6 +16,7 @@ from . import _cell_panel, _doctor, _render
 from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, tracking, usage
 from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
+from ._magic_args import argument, cell_magic, line_magic, magic_arguments, no_var_expand, parse_argstring
 from ._parallel_handle import ParallelHandle
 from ._run_handle import RunHandle
 from ._spark import before_embedded_stop, spark_for_cell
@@ -78,7 +78,7 @@ class TFOSMagics(Magics):
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        super().__init__(shell=shell, **kwargs)
+        super().__init__(shell=shell, **kwargs)  # type: ignore[no-untyped-call]  # IPython: no annotations
         self.handles: dict[str, RunHandle] = {}
         self._local_tensorboards: dict[str, Any] = {}
         atexit.register(self.shutdown_all)  # and before an embedded Spark stops, never under it:
@@ -92,7 +92,8 @@ class TFOSMagics(Magics):
     @property
     def _user_ns(self) -> dict[str, Any]:
         assert self.shell is not None  # the kernel's namespace: magics are only registered on a shell
-        return self.shell.user_ns
+        user_ns: dict[str, Any] = self.shell.user_ns
+        return user_ns
 
     def detach(self) -> None:
         """Stop showing panels for API-started clusters (``%unload_ext``)."""

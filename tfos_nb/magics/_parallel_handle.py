@@ -47,7 +47,7 @@ class ParallelHandle(RunHandle):
     cluster = None  # no TensorFlow cluster (and no TensorBoard) behind parallel runs
     tensorboard_url = None
 
-    def __init__(self, name: str, *, sc: Any, fn: Any, runs_args: list[Any], params: list[dict] | None,
+    def __init__(self, name: str, *, sc: Any, fn: Any, runs_args: list[Any], params: list[dict[str, Any]] | None,
                  env: dict[str, str], metric: str | None, mode: str | None, use_barrier: bool | None = None,
                  timeout: float | None = None, background: bool = False,
                  start_runs: Callable[..., P.ParallelRuns] = P.start, clock: Callable[[], float] = time.time,
@@ -102,7 +102,8 @@ class ParallelHandle(RunHandle):
     @property
     def results(self) -> list[P.RunResult]:
         """Every run's result in grid order (after ``wait()``; raises the run's error if one failed)."""
-        return self.wait(0) if self._done.is_set() else self.wait()
+        results: list[P.RunResult] = self.wait(0) if self._done.is_set() else self.wait()
+        return results
 
     @property
     def values(self) -> list[Any]:

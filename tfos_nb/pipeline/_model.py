@@ -251,7 +251,7 @@ def _use_arrow_udf() -> bool:
 
 def _scalar_udf(scorer: _Scorer, rtype: Any) -> Any:
     """The scoring UDF: an Arrow UDF where pyspark has them, else a pandas UDF around the same scorer."""
-    from pyspark.sql import functions as F
+    from pyspark.sql.pandas import functions as udfs  # where pyspark.sql.functions re-exports them from
 
     with warnings.catch_warnings():  # "prefer type hints": these would have to be pyarrow at import time
         warnings.simplefilter("ignore", UserWarning)
@@ -259,7 +259,7 @@ def _scalar_udf(scorer: _Scorer, rtype: Any) -> Any:
             def tfmodel_predict(*cols: Any) -> Any:
                 return scorer(*cols)
 
-            return F.arrow_udf(tfmodel_predict, rtype, F.ArrowUDFType.SCALAR)
+            return udfs.arrow_udf(tfmodel_predict, rtype, udfs.ArrowUDFType.SCALAR)
 
         def tfmodel_predict_pandas(*series: Any) -> Any:  # pyspark < 4.1
             import pandas as pd
@@ -269,7 +269,7 @@ def _scalar_udf(scorer: _Scorer, rtype: Any) -> Any:
             names = [out.type.field(i).name for i in range(out.type.num_fields)]
             return pd.DataFrame({name: out.field(i).to_pandas() for i, name in enumerate(names)})
 
-        return F.pandas_udf(tfmodel_predict_pandas, rtype, F.PandasUDFType.SCALAR)
+        return udfs.pandas_udf(tfmodel_predict_pandas, rtype, udfs.PandasUDFType.SCALAR)
 
 
 def _names(infos: dict[str, model_runners.TensorInfo], ref: model_runners.ModelRef) -> list[str]:
