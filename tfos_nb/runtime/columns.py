@@ -146,7 +146,8 @@ def array_to_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     several times that while every core is busy starting Spark's tasks."""
     dtype = _NUMPY_TYPES.get(arr.type)
     if dtype is None or arr.null_count or not isinstance(arr, pa.Array):
-        return arr.to_numpy(zero_copy_only=False)
+        converted: np.ndarray = arr.to_numpy(zero_copy_only=False)
+        return converted
     if not len(arr):
         return np.empty(0, dtype)
     view = np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
@@ -254,11 +255,12 @@ def _pylist(col: pa.Array | pa.ChunkedArray) -> list[Any]:
     if not col.null_count and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         out: list[Any] = array_to_numpy(col).tolist()
         return out
-    return col.to_pylist()
+    values: list[Any] = col.to_pylist()
+    return values
 
 
 def _is_list_type(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def batch_to_rows(batch: pa.RecordBatch | pa.Table, numpy_arrays: bool = False) -> list[Any]:
@@ -273,7 +275,8 @@ def batch_to_rows(batch: pa.RecordBatch | pa.Table, numpy_arrays: bool = False) 
     meta = batch.schema.metadata or {}
     kind = meta.get(KIND_KEY, b"row").decode()
     if kind in ("scalar",):
-        return batch.column(0).to_pylist()
+        scalars: list[Any] = batch.column(0).to_pylist()
+        return scalars
     if kind in ("vector", "ndarray"):
         if kind == "ndarray":
             return list(column_to_numpy(batch, 0))

@@ -11,6 +11,7 @@ import csv
 import io
 import shutil
 import subprocess
+from typing import Any
 
 QUERY = "index,uuid,name,memory.total,memory.used"
 
@@ -22,7 +23,7 @@ def _int(x: str) -> int | None:
         return None
 
 
-def query(indices: list[str] | None = None, timeout: float = 10.0) -> list[dict]:
+def query(indices: list[str] | None = None, timeout: float = 10.0) -> list[dict[str, Any]]:
     """GPUs as dicts (index, uuid, name, memory_total, memory_used in MiB); [] without nvidia-smi."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
@@ -47,7 +48,7 @@ def query(indices: list[str] | None = None, timeout: float = 10.0) -> list[dict]
     return gpus
 
 
-def assign(available: list[dict], local_rank: int, local_count: int, num_gpus: int) -> list[dict]:
+def assign(available: list[dict[str, Any]], local_rank: int, local_count: int, num_gpus: int) -> list[dict[str, Any]]:
     """Split a host's GPUs among the nodes on it: node ``local_rank`` of ``local_count``."""
     if not available or num_gpus <= 0:
         return []

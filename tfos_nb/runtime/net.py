@@ -24,7 +24,8 @@ def local_ip_towards(host: str, port: int) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         try:
             s.connect((host, port))
-            return s.getsockname()[0]
+            address: str = s.getsockname()[0]
+            return address
         except OSError:
             return "127.0.0.1"
 
@@ -65,7 +66,8 @@ def free_port(host: str) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        bound: int = s.getsockname()[1]
+        return bound
 
 
 def reserve_port(port: int) -> socket.socket | None:

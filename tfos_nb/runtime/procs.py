@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import Any
 
 
-def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> int | None:
+def kill_tree(proc: subprocess.Popen[Any], grace: float = 3.0) -> int | None:
     """Stop ``proc`` and its process group; returns its exit code."""
     if proc.poll() is not None:
         _killpg(proc.pid, signal.SIGKILL)  # stragglers it left in its group

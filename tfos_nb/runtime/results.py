@@ -78,7 +78,8 @@ def results_to_batch(results: Any) -> pa.RecordBatch:
 
 
 def _kind(batch: pa.RecordBatch) -> str:
-    return (batch.schema.metadata or {}).get(columns.KIND_KEY, b"scalar").decode()
+    kind: bytes = (batch.schema.metadata or {}).get(columns.KIND_KEY, b"scalar")
+    return kind.decode()
 
 
 def result_rows(batch: pa.RecordBatch) -> list[Any]:
@@ -91,7 +92,7 @@ def result_rows(batch: pa.RecordBatch) -> list[Any]:
 
 
 def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def _first(batch: pa.RecordBatch) -> str:

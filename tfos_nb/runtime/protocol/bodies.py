@@ -54,9 +54,9 @@ class Retry(Body):
 class NodeSpec(Body):
     """AwaitSpec's answer once every node registered: the node's part in the cluster."""
 
-    cluster_spec: dict
-    tf_config: dict
-    gpus: list
+    cluster_spec: dict[str, list[str]]
+    tf_config: dict[str, Any]
+    gpus: list[dict[str, Any]]
     host_has_gpus: bool
     feed: bool
     tensorboard: bool
@@ -73,7 +73,7 @@ class BeatCommand(Body):
     stop: bool = False
     kill: bool = False
     grace: float = 2.0
-    epochs_assigned: list = dataclasses.field(default_factory=list)
+    epochs_assigned: list[list[int]] = dataclasses.field(default_factory=list)
     stacks: int = 0
 
 
@@ -114,14 +114,14 @@ class LaunchMeta(Body):
 
     cluster_id: str
     secret: str  # hex
-    control: list  # [host, port]
+    control: list[Any]  # [host, port]
     hb_interval: float
     driver_timeout: float
-    env: dict
+    env: dict[str, str]
     keras: str
     default_fs: str
     driver_pid: int
-    roles: list = dataclasses.field(default_factory=list)  # [[job_name, task_index], ...]
+    roles: list[list[Any]] = dataclasses.field(default_factory=list)  # [[job_name, task_index], ...]
     first_node: int = 0
     reservation_timeout: float = 600.0
     release_port: bool = True

@@ -7,7 +7,12 @@ field's annotation, so nothing shaped wrong gets past the codec.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T", bound="DataclassInstance")
 
 
 class ProtocolError(Exception):
@@ -43,7 +48,7 @@ def check_field(cls: type, name: str, value: Any, typ: Any) -> Any:
     return value
 
 
-def from_dict(cls: type, data: dict[str, Any]) -> Any:
+def from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
     """Build ``cls`` from decoded JSON, checking every field's type (ProtocolError)."""
     kwargs = {}
     for f in dataclasses.fields(cls):

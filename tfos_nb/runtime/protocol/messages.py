@@ -96,8 +96,8 @@ class Register(Message):
     port: int
     executor_id: str
     pid: int
-    gpus: list = dataclasses.field(default_factory=list)  # [{"index","name","memory_total","memory_used"}]
-    spark_gpus: list = dataclasses.field(default_factory=list)  # addresses Spark gave the task
+    gpus: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # [{"index","name","memory_total","memory_used"}]
+    spark_gpus: list[str] = dataclasses.field(default_factory=list)  # addresses Spark gave the task
     working_dir: str = ""
     attempt: int = 0
 
@@ -121,17 +121,17 @@ class Heartbeat(Message):
     data_port: int | None = None
     tensorboard: str | None = None  # the chief's TensorBoard, once verified to listen and answer (http://host:port)
     tensorboard_error: str | None = None  # why the chief has no TensorBoard (it exited or never listened)
-    report: dict = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
-    reports: list = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
-    returned: dict = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
-    feed: dict = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
-    phase: dict = dataclasses.field(default_factory=dict)  # {"phase": executor.phases name, "still_s": s not moved, "seen": [...]}
-    stacks: dict = dataclasses.field(default_factory=dict)  # {"id": BeatCommand.stacks answered, "text": the dump}
-    logs: list = dataclasses.field(default_factory=list)  # new output lines
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
+    reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
+    returned: dict[str, Any] = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
+    feed: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
+    phase: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"phase": executor.phases name, "still_s": idle s, "seen": [...]}
+    stacks: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"id": BeatCommand.stacks answered, "text": the dump}
+    logs: list[str] = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0
     exit_code: int | None = None
     error: str | None = None  # one line
-    tail: list = dataclasses.field(default_factory=list)  # last lines of output on failure
+    tail: list[str] = dataclasses.field(default_factory=list)  # last lines of output on failure
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +183,7 @@ class Reply(Message):
 
     TYPE: ClassVar[str] = "reply"
     ok: bool
-    body: dict = dataclasses.field(default_factory=dict)
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)
     error: str | None = None
 
 

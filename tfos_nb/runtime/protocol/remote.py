@@ -9,7 +9,7 @@ signed messages and returns the reply body (plain JSON) to the notebook.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .messages import Message
 
@@ -23,8 +23,8 @@ class Snapshot(Message):
     """The notebook asks for the cluster's state; ``logs``/``history``: per node, how many it has already."""
 
     TYPE: ClassVar[str] = "snapshot"
-    logs: list = dataclasses.field(default_factory=list)
-    history: list = dataclasses.field(default_factory=list)
+    logs: list[Any] = dataclasses.field(default_factory=list)
+    history: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
