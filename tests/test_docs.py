@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,15 @@ def test_notebook_pages_are_the_notebooks(page):
             assert cell.execution_count is not None, f"a cell of docs/notebooks/{page} was not executed"
             errors = [o for o in cell.outputs if o.output_type == "error"]
             assert not errors, f"a cell of docs/notebooks/{page} failed: {errors[0].get('ename')}"
+
+
+def test_the_readme_benchmark_figures_are_measured_ones():
+    """Each figure of the README's benchmark table (a ratio, seconds) is in a results file of benchmarks/results/."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    figures = {f for row in section.splitlines() if row.startswith("| ") and "---" not in row
+               for f in re.findall(r"\+?\d+\.\d+(?:×| s)", row)}
+    assert len(figures) >= 8, figures
+    results = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "benchmarks" / "results").glob("*.md"))
+    unmeasured = sorted(f for f in figures if f not in results)
+    assert not unmeasured, f"README benchmark figures in no benchmarks/results/*.md file: {unmeasured}"
