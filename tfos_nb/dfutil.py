@@ -24,7 +24,7 @@ from .runtime.sessions import is_connect
 __all__ = ["fromTFExample", "infer_schema", "isLoadedDF", "loadTFRecords", "loadedDF", "saveAsTFRecords",
            "toTFExample"]
 
-loadedDF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # noqa: N816
+loadedDF: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # noqa: N816
 """DataFrames read by :func:`loadTFRecords` → their directory (TensorFlowOnSpark's ``dfutil.loadedDF``)."""
 
 
@@ -241,7 +241,7 @@ def loadTFRecords(sc: Any, input_dir: str, binary_features: list[str] | None = N
     names = [(f.name, f.dataType) for f in schema.fields]
     binary = set(binary_features)
 
-    def read(paths: Iterator[str]) -> Iterator[tuple]:
+    def read(paths: Iterator[str]) -> Iterator[tuple[Any, ...]]:
         import tensorflow as tf
         from pyspark.sql import types as T
 

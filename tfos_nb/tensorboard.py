@@ -192,7 +192,7 @@ class LocalStartFailed:
 
 
 # TensorBoards started by start_local, by cluster id: the one owner of each process (stop_local, atexit).
-_local: dict[str, tuple[subprocess.Popen, LocalTensorBoard]] = {}
+_local: dict[str, tuple[subprocess.Popen[bytes], LocalTensorBoard]] = {}
 _local_dir: list[str] = []  # the private directory of their logs (and TensorBoard's own info files)
 _local_lock = threading.Lock()  # held while one starts: a second call for the same directory reuses it
 _local_atexit = False
@@ -258,7 +258,7 @@ def _private_dir() -> str:
     return _local_dir[0]
 
 
-def _spawn(logdir: str, cluster_id: str) -> tuple[subprocess.Popen, str]:
+def _spawn(logdir: str, cluster_id: str) -> tuple[subprocess.Popen[bytes], str]:
     directory = _private_dir()
     log = os.path.join(directory, f"{cluster_id}-{time.time_ns()}.log")
     fd = private.open_log(log)
@@ -276,7 +276,7 @@ def _spawn(logdir: str, cluster_id: str) -> tuple[subprocess.Popen, str]:
     return proc, log
 
 
-def _await_port(proc: subprocess.Popen, timeout: float) -> int | None:
+def _await_port(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
     """The loopback port our child listens on, from its own sockets; None if it exits or the time is up."""
     import psutil
 
@@ -288,7 +288,8 @@ def _await_port(proc: subprocess.Popen, timeout: float) -> int | None:
         except psutil.Error:
             ports = set()
         if ports:
-            return min(ports)
+            port: int = min(ports)
+            return port
         time.sleep(0.1)
     return None
 

@@ -27,7 +27,8 @@ def _sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
         err = ImportError(SKLEARN_MISSING)
         err.name = "sklearn"
         raise err from exc
-    return load_digits(return_X_y=True)
+    features, labels = load_digits(return_X_y=True)
+    return features, labels
 
 
 def load_digits_arrays(seed: int = 0, test_fraction: float = 0.25) -> tuple[np.ndarray, ...]:

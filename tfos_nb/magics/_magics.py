@@ -313,7 +313,7 @@ class TFOSMagics(Magics):
             metric = handle.metric or P.default_metric([r.metrics for r in handle.results])
             given = P.describe_args(params[best.index]) if params else ""
             print(f"tfos_nb: best of {n} runs: {best.label}" + (f" ({given})" if given else "")
-                  + f": {metric} {best.metrics.get(metric)}; {name}.best, {name}.table()")
+                  + f": {metric} {best.metrics.get(metric) if metric else None}; {name}.best, {name}.table()")
         else:
             print(f"tfos_nb: {n} runs finished; {name}.results, {name}.values")
 

@@ -66,9 +66,9 @@ class _TrainThenExport:
         return result
 
 
-class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode,
+class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode,
                   HasProtocol, HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize,
-                  HasEpochs, HasReaders, HasSteps, DefaultParamsReadable, DefaultParamsWritable):
+                  HasEpochs, HasReaders, HasSteps, DefaultParamsReadable["TFEstimator"], DefaultParamsWritable):
     """Train ``train_fn(args, ctx)`` on a tfos_nb cluster from a DataFrame; ``fit`` returns a :class:`TFModel`.
 
     ``fit(df)`` selects the ``InputMapping`` columns (in the mapping's order;
@@ -208,7 +208,7 @@ class TFEstimator(Estimator, TFParams, HasInputMapping, HasClusterSize, HasNumPS
 
         if dfutil.isLoadedDF(dataset):
             return dfutil.loadedDF[dataset]  # read from TFRecords already: point at them
-        target = self.getOrDefault(self.tfrecordDir)
+        target: str = self.getOrDefault(self.tfrecordDir)
         cols = list(self.getInputMapping()) if self.isDefined(self.inputMapping) else dataset.columns
         missing = [c for c in cols if c not in dataset.columns]
         if missing:

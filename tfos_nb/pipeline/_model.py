@@ -57,7 +57,7 @@ def _empty_dtype(t: model_runners.TensorInfo) -> str:
 
 
 class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir,
-              HasSignatureDefKey, HasTagSet, DefaultParamsReadable, DefaultParamsWritable):
+              HasSignatureDefKey, HasTagSet, DefaultParamsReadable["TFModel"], DefaultParamsWritable):
     """Batch inference with a TensorFlow model as a Spark ML ``Model``.
 
     ``transform(df)`` adds one column per ``OutputMapping`` entry, keeping every
@@ -111,7 +111,7 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         self.tf_args = tf_args
         self._setDefault(signatureDefKey="serving_default", tagSet="serve")
         self._model_fn = model_fn
-        self._described: dict[tuple, Any] = {}
+        self._described: dict[tuple[Any, ...], Any] = {}
         if params:
             self._set(**params)
 

@@ -39,7 +39,7 @@ class ModelRef:
     signature: str | None = None
     model_fn_blob: bytes | None = field(default=None, repr=False)
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         digest = hashlib.sha1(self.model_fn_blob).hexdigest() if self.model_fn_blob else None
         return (self.style, os.path.abspath(self.path) if "://" not in self.path else self.path,
                 self.tags, self.signature, digest)
@@ -190,12 +190,11 @@ class _CheckpointRunner:
         self._outputs = outputs
         self._out_names = list(model.output_names)
 
-        @tf.function(reduce_retracing=True)
         def predict(xs: Any) -> Any:
             return model(xs if len(xs) > 1 else xs[0], training=False)
 
         self._model = model
-        self._predict = predict
+        self._predict = tf.function(predict, reduce_retracing=True)
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self._predict([feeds[n] for n in self._names])
@@ -209,12 +208,12 @@ class _CheckpointRunner:
 
 _RUNNERS: dict[str, Callable[..., Any]] = {SIGNATURE: _SignatureRunner, TENSORS: _TensorRunner,
                                            CHECKPOINT: _CheckpointRunner}
-_CACHE: dict[tuple, Any] = {}
+_CACHE: dict[tuple[Any, ...], Any] = {}
 _CACHE_LOCK = threading.Lock()
 _CACHE_MAX = 4
 
 
-def runner(ref: ModelRef, inputs: list[str], outputs: list[str]) -> Callable[[dict[str, np.ndarray]], dict]:
+def runner(ref: ModelRef, inputs: list[str], outputs: list[str]) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """The loaded model for ``ref``, loaded at most once per Python worker process."""
     key = (ref.key(), tuple(inputs), tuple(outputs))
     with _CACHE_LOCK:
@@ -225,4 +224,5 @@ def runner(ref: ModelRef, inputs: list[str], outputs: list[str]) -> Callable[[di
             if len(_CACHE) >= _CACHE_MAX:
                 _CACHE.pop(next(iter(_CACHE)))
             _CACHE[key] = hit
-    return hit
+    loaded: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = hit
+    return loaded

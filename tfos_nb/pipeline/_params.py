@@ -30,7 +30,7 @@ def _to_opt_str(value: Any) -> str | None:
     return None if value is None or value == "" else TypeConverters.toString(value)
 
 
-def _param(name: str, doc: str, conv: Any) -> Param:
+def _param(name: str, doc: str, conv: Any) -> Param[Any]:
     return Param(Params._dummy(), name, doc, typeConverter=conv)
 
 
@@ -57,12 +57,12 @@ _MODES = {"SPARK": 1, "TENSORFLOW": 0}
 
 
 def _to_protocol(value: Any) -> str:
-    value = TypeConverters.toString(value).lower()
-    if value not in _PROTOCOLS:
-        msg = (f"Protocol must be one of {list(_PROTOCOLS)}, got {value!r} (TensorFlow 2 has no RDMA verbs "
+    protocol: str = TypeConverters.toString(value).lower()
+    if protocol not in _PROTOCOLS:
+        msg = (f"Protocol must be one of {list(_PROTOCOLS)}, got {protocol!r} (TensorFlow 2 has no RDMA verbs "
                "transport: 'grpc+verbs' and 'grpc+gdr' are gone)")
         raise ValueError(msg)
-    return value
+    return protocol
 
 
 def _to_input_mode(value: Any) -> int:
@@ -78,7 +78,7 @@ class TFTypeConverters:
     """TensorFlowOnSpark's extra Param type converter (dicts, which Spark's ``TypeConverters`` lack)."""
 
     @staticmethod
-    def toDict(value: Any) -> dict:  # noqa: N802 - TensorFlowOnSpark's name
+    def toDict(value: Any) -> dict[Any, Any]:  # noqa: N802 - TensorFlowOnSpark's name
         if isinstance(value, dict):
             return value
         msg = f"Could not convert {value!r} to a dict"
@@ -380,7 +380,7 @@ class _CallablesWriter(DefaultParamsWriter):
         frame.coalesce(1).write.parquet(os.path.join(path, _FNS_TABLE))
 
 
-class _CallablesReader(DefaultParamsReader):
+class _CallablesReader(DefaultParamsReader[Any]):
     """Loads what :class:`_CallablesWriter` saved (and the ``saveAsPickleFile`` format before it, on classic)."""
 
     def load(self, path: str) -> Any:

@@ -250,7 +250,8 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         """Why tornado's websocket handshake would refuse this request's origin, else None (its own algorithm)."""
         check = getattr(self, "_check_cross_origin", None)
         if check is not None:  # tornado >= 6.5: Sec-Fetch-Site, then Origin
-            return check(self.check_origin)
+            refused: str | None = check(self.check_origin)
+            return refused
         origin = self.request.headers.get("Origin") or self.request.headers.get("Sec-Websocket-Origin")
         return None if origin is None or self.check_origin(origin) else f"Origin {origin!r} not allowed"
 

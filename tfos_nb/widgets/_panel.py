@@ -49,7 +49,7 @@ def _html_output(html: str, text: str) -> dict[str, Any]:
     return {"output_type": "display_data", "data": {"text/html": html, "text/plain": text}, "metadata": {}}
 
 
-class ClusterPanel(ipywidgets.VBox):
+class ClusterPanel(ipywidgets.VBox):  # type: ignore[misc]  # ipywidgets: no type information
     """A cluster's live panel; ``show(model)`` is its only input.
 
     Children: the Stop button and the node table; once the cluster's TensorBoard runs

@@ -54,7 +54,7 @@ class TextBackend:
 
     def __init__(self, write: Callable[[str], None] = print) -> None:
         self._write = write
-        self._key: tuple | None = None
+        self._key: tuple[Any, ...] | None = None
 
     def start(self, name: str) -> None:
         pass

@@ -181,7 +181,7 @@ def _add_runs(model: dict[str, Any], view: Any) -> None:
             model["best"] = f"{row['node']} {view.metric} {row['result']}"
 
 
-def state_key(model: Mapping[str, Any]) -> tuple:
+def state_key(model: Mapping[str, Any]) -> tuple[Any, ...]:
     """What counts as a state change for the text back-end (not steps, not elapsed time)."""
     return (model["state"], tuple((r["node"], r["state"], r.get("phase"), bool(r.get("stall")), r["missing_heartbeat"])
                                   for r in model["rows"]))

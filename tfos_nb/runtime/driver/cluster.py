@@ -213,12 +213,12 @@ class TFCluster(ClusterStreams):
             if is_df:
                 fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows)
 
-                def action(fn: Callable = fn) -> list:
+                def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
                     return [r.asDict() for r in dataRDD.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
             else:
                 fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows)
 
-                def action(fn: Callable = fn) -> list:
+                def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
                     return [json.loads(s) for s in dataRDD.mapPartitionsWithIndex(fn).collect()]
 
             inflight.append((epoch, self.job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",

@@ -16,6 +16,11 @@ import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from . import state as S
+    from .controller import Controller
+    from .job import DriverJob
+
 from ..executor.feeder import make_arrow_feeder
 from ..executor.stream_feeder import make_batch_feeder
 from ..sessions import is_connect
@@ -55,13 +60,13 @@ class ClusterStreams:
     """Mixed into TFCluster: its streaming feeds."""
 
     _streams: list[StreamingFeed]
-    state: Any
+    state: S.ClusterState
     cluster_id: str
     name: str
     sc: Any
     _meta: dict[str, Any]
-    controller: Any
-    job: Any
+    controller: Controller
+    job: DriverJob
 
     if TYPE_CHECKING:  # provided by TFCluster
         def _require_spark_mode(self, what: str) -> None: ...
@@ -176,11 +181,12 @@ class ClusterStreams:
         self._require_alive()
         fn = make_arrow_feeder(self._meta, epoch, feed_timeout, batch_rows)
 
-        def action() -> list:
+        def action() -> list[dict[str, int]]:
             return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
 
-        return self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: stream micro-batch {batch_id}", action,
-                           f"feeding micro-batch {batch_id}")
+        counts: list[dict[str, int]] = self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: stream micro-batch {batch_id}",
+                                                   action, f"feeding micro-batch {batch_id}")
+        return counts
 
     def refresh_state(self) -> None:
         """Spark Connect: wait for a fresh snapshot of the coordinator (a no-op on a classic session)."""

@@ -350,7 +350,7 @@ class Controller:
             # The least busy node takes the partition (a node serves several inference feeders at once, each
             # one's results routed back in order), so that a feeder that never released its node (its Python
             # worker was killed) cannot make a re-run of the partition wait.
-            def key(n: S._Node) -> tuple:
+            def key(n: S._Node) -> tuple[int, int, bool, int]:
                 local = n.executor_id == msg.executor_id if msg.executor_id else False
                 return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
 

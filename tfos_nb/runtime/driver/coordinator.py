@@ -95,7 +95,7 @@ class Coordinator:
                 self.last_kernel = now
         return self.controller.handle(msg)
 
-    def _snapshot(self, logs: list, history: list) -> dict[str, Any]:
+    def _snapshot(self, logs: list[Any], history: list[Any]) -> dict[str, Any]:
         return snapshot.to_json(self.state, self.logbook, [int(x) for x in logs], [int(x) for x in history],
                                 self.controller.feed_errors, self.controller.lost_feeds, self.streams)
 

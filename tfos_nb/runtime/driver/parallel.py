@@ -83,7 +83,7 @@ class ParallelRuns:
     interpreter exit).  ``status()`` is a live :class:`ParallelView`.
     """
 
-    def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], args: list[Any], params: list[dict] | None,
+    def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], args: list[Any], params: list[dict[str, Any]] | None,
                  *, name: str | None, env: dict[str, str] | None, keras: str, num_gpus: int,
                  use_barrier: bool | None, heartbeat_timeout: float, metric: str | None = None,
                  mode: str | None = None) -> None:
@@ -134,9 +134,10 @@ class ParallelRuns:
                 return self
             task = make_run_task(meta, self._blob, barrier)
 
-            def action() -> list:
+            def action() -> list[Any]:
                 rdd = sc.parallelize(range(n), n)
-                return (rdd.barrier() if barrier else rdd).mapPartitions(task).collect()
+                results: list[Any] = (rdd.barrier() if barrier else rdd).mapPartitions(task).collect()
+                return results
 
             # One job; named like a cluster's launch job so the panel's Spark progress finds it.
             self._spark_job = self.job.spark_job("launch", f"tfos_nb {self.name}: {n} parallel runs", action)
@@ -236,7 +237,7 @@ class ParallelRuns:
             raise RuntimeError(msg) from None
         import cloudpickle
 
-        outcomes: dict[int, tuple[dict, bytes | None]] = {}
+        outcomes: dict[int, tuple[dict[str, Any], bytes | None]] = {}
         for index, status, value in job.result():
             outcomes[int(index)] = (json.loads(status), value)
         results: list[RunResult] = []

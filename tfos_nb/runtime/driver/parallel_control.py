@@ -89,7 +89,7 @@ def barrier_refusal(n: int, slots: int, executors: int) -> str:
             "or give Spark more executors.")
 
 
-def runs_args(tf_args: Any, num_executors: int | None, per_run: bool = False) -> tuple[list[Any], list[dict] | None]:
+def runs_args(tf_args: Any, num_executors: int | None, per_run: bool = False) -> tuple[list[Any], list[dict[str, Any]] | None]:
     """(args of each run, the grid's dicts or None): a list of dicts is a grid, one dict per run."""
     if per_run and not (isinstance(tf_args, (list, tuple)) and tf_args):
         msg = f"per_run=True needs a non-empty list of run arguments, got {type(tf_args).__name__}"

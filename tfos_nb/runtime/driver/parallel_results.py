@@ -31,7 +31,7 @@ class RunResult:
     index: int
     args: Any
     value: Any
-    metrics: dict
+    metrics: dict[str, Any]
     host: str = ""
     executor_id: str = ""
     elapsed: float = 0.0
@@ -50,7 +50,7 @@ class RunResult:
 class ParallelView(S.ClusterView):
     """A :class:`~.state.ClusterView` of parallel runs, plus each run's parameters and the best run so far."""
 
-    params: tuple = ()  # one dict per run (the grid), or () when every run got the same args
+    params: tuple[Mapping[str, Any], ...] = ()  # one dict per run (the grid), or () when every run got the same args
     best: int | None = None  # index of the best finished run by ``metric``
     metric: str | None = None
     mode: str = "max"

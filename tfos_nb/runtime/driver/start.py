@@ -144,7 +144,7 @@ def run(
         job.check_cancelled()
         launcher = make_launcher(meta, blob)
 
-        def launch() -> list:
+        def launch() -> list[dict[str, Any]]:
             rdd = sc.parallelize(range(on_executors), on_executors)
             return [json.loads(s) for s in rdd.barrier().mapPartitions(launcher).collect()]
 
@@ -196,7 +196,7 @@ def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_no
     return roles
 
 
-def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict, Any]:
+def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict[str, Any], Any]:
     """A ps node on the driver (TensorFlowOnSpark's ``driver_ps_nodes``)."""
     return start_supervisor(meta, blob, driver_log_path(cluster_id, i))
 

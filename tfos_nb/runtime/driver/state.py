@@ -63,7 +63,8 @@ def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
     dt = t_end - first[0]
     if dt <= 0 or s_end < first[1]:
         return None
-    return (s_end - first[1]) / dt
+    rate: float = (s_end - first[1]) / dt
+    return rate
 
 
 
@@ -82,12 +83,12 @@ class NodeView:
     pid: int = 0
     child_pid: int | None = None
     device: str = "CPU"
-    gpus: tuple[dict, ...] = ()
+    gpus: tuple[dict[str, Any], ...] = ()
     step: int | None = None
     total_steps: int | None = None
     total_epochs: int | None = None
     steps_per_sec: float | None = None
-    metrics: dict = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     last_heartbeat_age: float | None = None
     rows_fed: int = 0
     error: str | None = None
@@ -138,13 +139,13 @@ class _Node:
         self.pid = 0
         self.child_pid: int | None = None
         self.data_port: int | None = None
-        self.gpus: list[dict] = []
+        self.gpus: list[dict[str, Any]] = []
         self.step: int | None = None
         self.total_steps: int | None = None
         self.total_epochs: int | None = None
         self.rate: float | None = None
         self._rate_points: deque[tuple[float, int]] = deque(maxlen=256)
-        self.history: deque[tuple[float | None, int | None, dict]] = deque(maxlen=HISTORY_KEPT)
+        self.history: deque[tuple[float | None, int | None, dict[str, Any]]] = deque(maxlen=HISTORY_KEPT)
         self.curve: list[float] = []
         self._curve_stride = 1
         self._curve_seen = 0
@@ -377,7 +378,7 @@ class ClusterState:
         if rate is not None:
             node.rate = rate
 
-    def history(self) -> list[tuple[str, int, int, float | None, int | None, dict]]:
+    def history(self) -> list[tuple[str, int, int, float | None, int | None, dict[str, Any]]]:
         """Every recorded report: ``(role, task_index, node index, time, step, metrics)``, node by node."""
         with self.lock:
             return [(n.job_name, n.task_index, n.index, t, step, dict(metrics))

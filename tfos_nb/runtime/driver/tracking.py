@@ -59,13 +59,14 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from . import state as S
 from .mlflow_run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
 
 __all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "tracked"]
 
+_R = TypeVar("_R")
 _OPTIONS = ("experiment", "all_nodes", "run_name")
 
 
@@ -173,7 +174,7 @@ def job_run(wanted: Request | JobRun, kind: str, a: Mapping[str, Any]) -> tuple[
     return run, True
 
 
-def tracked(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def tracked(kind: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """Give a start function (``start.run``, ``parallel.start``) the ``mlflow=`` keyword.
 
     The hook into the one job lifecycle: the run starts here (on the caller's thread), the nodes
@@ -182,11 +183,11 @@ def tracked(kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     the job; a :class:`JobRun` passed in (a retrying owner's) is only attached.
     """
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def decorate(fn: Callable[..., _R]) -> Callable[..., _R]:
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
-        def start(*args: Any, mlflow: Any = None, **kwargs: Any) -> Any:
+        def start(*args: Any, mlflow: Any = None, **kwargs: Any) -> _R:
             wanted = request(mlflow)
             if wanted is None:
                 return fn(*args, **kwargs)

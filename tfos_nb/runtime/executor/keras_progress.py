@@ -59,7 +59,7 @@ def replica_scale(model: Any, tf: Any) -> float:
 def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
     import tensorflow as tf
 
-    class ProgressCallback(tf.keras.callbacks.Callback):
+    class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]  # tensorflow: no type information
         """Reports step, epoch and metrics to the driver through ``ctx.report``."""
 
         def __init__(self) -> None:
