@@ -87,8 +87,7 @@ class TFTypeConverters:
 
 # -- TensorFlowOnSpark's Param mixins: setX/getX as there; Param names are Spark ML's camelCase ---------------
 class HasBatchSize(Params):
-    """TensorFlowOnSpark's Param mixin: ``BatchSize`` (rows per batch (training feed / inference):
-    ``setBatchSize``/``getBatchSize``)."""
+    """TensorFlowOnSpark's Param mixin: the ``BatchSize`` Param (``setBatchSize``/``getBatchSize``)."""
     batchSize = _param("batchSize", "rows per batch (training feed / inference)", TypeConverters.toInt)
 
     def __init__(self) -> None:
@@ -101,8 +100,7 @@ class HasBatchSize(Params):
 
 
 class HasClusterSize(Params):
-    """TensorFlowOnSpark's Param mixin: ``ClusterSize`` (number of TensorFlow nodes:
-    ``setClusterSize``/``getClusterSize``)."""
+    """TensorFlowOnSpark's Param mixin: the ``ClusterSize`` Param (``setClusterSize``/``getClusterSize``)."""
     clusterSize = _param("clusterSize", "number of TensorFlow nodes", TypeConverters.toInt)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -111,8 +109,7 @@ class HasClusterSize(Params):
 
 
 class HasEpochs(Params):
-    """TensorFlowOnSpark's Param mixin: ``Epochs`` (passes over the DataFrame (InputMode.SPARK):
-    ``setEpochs``/``getEpochs``)."""
+    """TensorFlowOnSpark's Param mixin: the ``Epochs`` Param (``setEpochs``/``getEpochs``)."""
     epochs = _param("epochs", "passes over the DataFrame (InputMode.SPARK)", TypeConverters.toInt)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -121,8 +118,7 @@ class HasEpochs(Params):
 
 
 class HasGraceSecs(Params):
-    """TensorFlowOnSpark's Param mixin: ``GraceSecs`` (seconds to wait after the nodes finish before teardown:
-    ``setGraceSecs``/``getGraceSecs``)."""
+    """TensorFlowOnSpark's Param mixin: the ``GraceSecs`` Param (``setGraceSecs``/``getGraceSecs``)."""
     graceSecs = _param("graceSecs", "seconds to wait after the nodes finish before teardown", TypeConverters.toFloat)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -131,8 +127,7 @@ class HasGraceSecs(Params):
 
 
 class HasInputMapping(Params):
-    """TensorFlowOnSpark's Param mixin: ``InputMapping`` (DataFrame column -> input tensor name, signature alias or
-    feature name: ``setInputMapping``/``getInputMapping``)."""
+    """TensorFlowOnSpark's Param mixin: the ``InputMapping`` Param (``setInputMapping``/``getInputMapping``)."""
     inputMapping = _param(
         "inputMapping", "DataFrame column -> input tensor name, signature alias or feature name", _to_mapping
     )
@@ -143,8 +138,7 @@ class HasInputMapping(Params):
 
 
 class HasInputMode(Params):
-    """TensorFlowOnSpark's Param mixin: ``InputMode`` (InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW:
-    ``setInputMode``/``getInputMode``)."""
+    """TensorFlowOnSpark's Param mixin: the ``InputMode`` Param (``setInputMode``/``getInputMode``)."""
     inputMode = _param("inputMode", "InputMode.SPARK (feed the DataFrame) or InputMode.TENSORFLOW", _to_input_mode)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -153,8 +147,7 @@ class HasInputMode(Params):
 
 
 class HasMasterNode(Params):
-    """TensorFlowOnSpark's Param mixin: ``MasterNode`` (role name of the first trainer ('chief'), or None:
-    ``setMasterNode``/``getMasterNode``)."""
+    """TensorFlowOnSpark's Param mixin: the ``MasterNode`` Param (``setMasterNode``/``getMasterNode``)."""
     masterNode = _param("masterNode", "role name of the first trainer ('chief'), or None", _to_opt_str)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -163,8 +156,7 @@ class HasMasterNode(Params):
 
 
 class HasModelDir(Params):
-    """TensorFlowOnSpark's Param mixin: ``ModelDir`` (directory of the training checkpoints:
-    ``setModelDir``/``getModelDir``)."""
+    """TensorFlowOnSpark's Param mixin: the ``ModelDir`` Param (``setModelDir``/``getModelDir``)."""
     modelDir = _param("modelDir", "directory of the training checkpoints", TypeConverters.toString)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -173,9 +165,7 @@ class HasModelDir(Params):
 
 
 class HasNumPS(Params):
-    """TensorFlowOnSpark's Param mixin: ``NumPS`` (number of parameter servers among the nodes:
-    ``setNumPS``/``getNumPS``); ``DriverPSNodes`` (run the parameter servers on the driver:
-    ``setDriverPSNodes``/``getDriverPSNodes``)."""
+    """TensorFlowOnSpark's Param mixin: the ``NumPS`` and ``DriverPSNodes`` Params (``setX``/``getX`` for each)."""
     numPS = _param("numPS", "number of parameter servers among the nodes", TypeConverters.toInt)
     driverPSNodes = _param("driverPSNodes", "run the parameter servers on the driver", TypeConverters.toBoolean)
 
@@ -187,8 +177,7 @@ class HasNumPS(Params):
 
 
 class HasOutputMapping(Params):
-    """TensorFlowOnSpark's Param mixin: ``OutputMapping`` (output tensor name / signature alias -> output column:
-    ``setOutputMapping``/``getOutputMapping``)."""
+    """TensorFlowOnSpark's Param mixin: the ``OutputMapping`` Param (``setOutputMapping``/``getOutputMapping``)."""
     outputMapping = _param("outputMapping", "output tensor name / signature alias -> output column", _to_mapping)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -197,8 +186,7 @@ class HasOutputMapping(Params):
 
 
 class HasProtocol(Params):
-    """TensorFlowOnSpark's Param mixin: ``Protocol`` (collective implementation: grpc (AUTO), ring or nccl; TF2 has
-    no RDMA verbs: ``setProtocol``/``getProtocol``)."""
+    """TensorFlowOnSpark's Param mixin: the ``Protocol`` Param (``setProtocol``/``getProtocol``)."""
     protocol = _param("protocol", "collective implementation: grpc (AUTO), ring or nccl; TF2 has no RDMA verbs",
                       _to_protocol)
 
@@ -208,8 +196,7 @@ class HasProtocol(Params):
 
 
 class HasReaders(Params):
-    """TensorFlowOnSpark's Param mixin: ``Readers`` (number of reader threads (passed to train_fn as args.readers):
-    ``setReaders``/``getReaders``)."""
+    """TensorFlowOnSpark's Param mixin: the ``Readers`` Param (``setReaders``/``getReaders``)."""
     readers = _param("readers", "number of reader threads (passed to train_fn as args.readers)",
                      TypeConverters.toInt)
 
@@ -219,8 +206,7 @@ class HasReaders(Params):
 
 
 class HasSteps(Params):
-    """TensorFlowOnSpark's Param mixin: ``Steps`` (maximum training steps (passed to train_fn as args.steps):
-    ``setSteps``/``getSteps``)."""
+    """TensorFlowOnSpark's Param mixin: the ``Steps`` Param (``setSteps``/``getSteps``)."""
     steps = _param("steps", "maximum training steps (passed to train_fn as args.steps)", TypeConverters.toInt)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -229,8 +215,7 @@ class HasSteps(Params):
 
 
 class HasTensorboard(Params):
-    """TensorFlowOnSpark's Param mixin: ``Tensorboard`` (start TensorBoard on the chief:
-    ``setTensorboard``/``getTensorboard``)."""
+    """TensorFlowOnSpark's Param mixin: the ``Tensorboard`` Param (``setTensorboard``/``getTensorboard``)."""
     tensorboard = _param("tensorboard", "start TensorBoard on the chief", TypeConverters.toBoolean)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -239,8 +224,7 @@ class HasTensorboard(Params):
 
 
 class HasTFRecordDir(Params):
-    """TensorFlowOnSpark's Param mixin: ``TFRecordDir`` (InputMode.TENSORFLOW: write the DataFrame's InputMapping
-    columns here as TFRecords before training, ``args.tfrecord_dir``: ``setTFRecordDir``/``getTFRecordDir``)."""
+    """TensorFlowOnSpark's Param mixin: the ``TFRecordDir`` Param (``setTFRecordDir``/``getTFRecordDir``)."""
     tfrecordDir = _param("tfrecordDir", "InputMode.TENSORFLOW: write the DataFrame's InputMapping columns here as "
                          "TFRecords before training (args.tfrecord_dir)", _to_opt_str)
 
@@ -250,8 +234,7 @@ class HasTFRecordDir(Params):
 
 
 class HasExportDir(Params):
-    """TensorFlowOnSpark's Param mixin: ``ExportDir`` (directory of the exported SavedModel:
-    ``setExportDir``/``getExportDir``)."""
+    """TensorFlowOnSpark's Param mixin: the ``ExportDir`` Param (``setExportDir``/``getExportDir``)."""
     exportDir = _param("exportDir", "directory of the exported SavedModel", TypeConverters.toString)
 
     if TYPE_CHECKING:  # added by _accessors() below
@@ -260,8 +243,7 @@ class HasExportDir(Params):
 
 
 class HasSignatureDefKey(Params):
-    """TensorFlowOnSpark's Param mixin: ``SignatureDefKey`` (signature of the SavedModel to run; None runs the
-    SavedModel's graph by tensor names: ``setSignatureDefKey``/``getSignatureDefKey``)."""
+    """TensorFlowOnSpark's Param mixin: the ``SignatureDefKey`` Param (``setSignatureDefKey``/``getSignatureDefKey``)."""
     signatureDefKey = _param(
         "signatureDefKey", "signature of the SavedModel to run; None runs the SavedModel's graph by tensor names",
         _to_opt_str)
@@ -272,8 +254,7 @@ class HasSignatureDefKey(Params):
 
 
 class HasTagSet(Params):
-    """TensorFlowOnSpark's Param mixin: ``TagSet`` (comma-separated tags of the SavedModel's MetaGraph:
-    ``setTagSet``/``getTagSet``)."""
+    """TensorFlowOnSpark's Param mixin: the ``TagSet`` Param (``setTagSet``/``getTagSet``)."""
     tagSet = _param("tagSet", "comma-separated tags of the SavedModel's MetaGraph", TypeConverters.toString)
 
     if TYPE_CHECKING:  # added by _accessors() below
