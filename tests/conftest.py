@@ -102,25 +102,76 @@ def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     return spark
 
 
+_SPARK_MODULES: dict[str, tuple] = {}  # test module -> the settings of its classic session (spark_fixture)
+_spark_shared: dict[str, Any] = {}  # "key", "session": the classic session consecutive modules share
+
+
 def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None, *,
                   callback_server: bool = False) -> Any:
     """A module-scoped ``spark`` fixture: ``spark = spark_fixture(2)`` at a test module's top level.
 
     ``callback_server``: start PySpark's py4j callback server with the session (``foreachBatch``
     starts it, one per SparkContext, stopped with it), so ``no_leaks`` counts its port as Spark's.
+
+    Modules asking for the same settings run one after another (:func:`pytest_collection_modifyitems`)
+    and share one session: a module's teardown stops it unless the next module to run wants the same
+    one.  A module that builds its own session (``spark_session``) never finds one left running.
     """
+    key = (executors, memory_mb, tuple(sorted((conf or {}).items())), callback_server)
+    _SPARK_MODULES[sys._getframe(1).f_globals["__name__"]] = key  # noqa: SLF001
 
     @pytest.fixture(scope="module")
-    def spark() -> Iterator[Any]:
-        session = spark_session(executors, memory_mb, conf)
-        if callback_server:
-            from pyspark.java_gateway import ensure_callback_server_started
+    def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
+        shared = _spark_shared.get("session")
+        if _spark_shared.get("key") != key or shared is None or shared.sparkContext._jsc is None:  # noqa: SLF001
+            _stop_shared_spark()
+            session = spark_session(executors, memory_mb, conf)
+            if callback_server:
+                from pyspark.java_gateway import ensure_callback_server_started
 
-            ensure_callback_server_started(session.sparkContext._gateway)
-        yield session
-        session.stop()
+                ensure_callback_server_started(session.sparkContext._gateway)  # noqa: SLF001
+            _spark_shared.update(key=key, session=session)
+        yield _spark_shared["session"]
+        if _next_module(request, _SPARK_MODULES) != key:
+            _stop_shared_spark()
 
     return spark
+
+
+def _stop_shared_spark() -> None:
+    session = _spark_shared.pop("session", None)
+    _spark_shared.pop("key", None)
+    if session is not None:
+        session.stop()
+
+
+def _next_module(request: pytest.FixtureRequest, registry: dict[str, tuple]) -> tuple | None:
+    """The settings the module run right after this one registered in ``registry`` (None: none)."""
+    items, here = request.session.items, request.module.__name__
+    later = [i for i, item in enumerate(items) if item.module.__name__ == here]
+    rest = items[(later[-1] + 1 if later else len(items)):]
+    return registry.get(rest[0].module.__name__) if rest else None
+
+
+def group_modules(names: list[str], keys: dict[str, tuple]) -> list[str]:
+    """``names`` (test modules in run order) with the modules of one ``keys`` entry moved up to the first of
+    them, in their own order; the other modules keep their places."""
+    order: list[str] = []
+    for name in names:
+        if name in order:
+            continue
+        key = keys.get(name)
+        order += [name] if key is None else [n for n in names if keys.get(n) == key and n not in order]
+    return order
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the modules that share a classic Spark session's settings one after another (each session
+    start is ~15 s of JVMs), tests inside a module in their own order."""
+    by_module: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_module.setdefault(getattr(item.module, "__name__", ""), []).append(item)
+    items[:] = [item for name in group_modules(list(by_module), _SPARK_MODULES) for item in by_module[name]]
 
 
 class StreamSource:

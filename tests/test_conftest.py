@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.conftest import REQUIRE_ALL_TIERS, free_port, import_or_skip, skip_environment
+from tests.conftest import REQUIRE_ALL_TIERS, free_port, group_modules, import_or_skip, skip_environment
 
 
 @pytest.mark.parametrize("value", [None, "", "0"])
@@ -46,3 +46,18 @@ def test_free_port_is_below_the_ephemeral_range_and_free():
         assert 1024 <= port < low, (port, low)
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_modules_that_share_a_spark_session_run_one_after_another():
+    names = ["a", "b2", "c", "d3", "e2", "f", "g3", "h2"]
+    keys = {"b2": (2,), "e2": (2,), "h2": (2,), "d3": (3,), "g3": (3,)}
+    assert group_modules(names, keys) == ["a", "b2", "e2", "h2", "c", "d3", "g3", "f"]
+    assert group_modules(names, {}) == names
+
+
+def test_the_suite_runs_each_shared_session_s_modules_together(request):
+    from tests import conftest
+
+    order = list(dict.fromkeys(item.module.__name__ for item in request.session.items))
+    runs = [conftest._SPARK_MODULES[n] for n in order if n in conftest._SPARK_MODULES]
+    assert all(key not in runs[:i] or runs[i - 1] == key for i, key in enumerate(runs)), order
