@@ -85,7 +85,9 @@ def _owner(driver: Driver, fn_name: str, args: dict, tmp_path, driver_timeout: f
     owner = ChildOwner(client, 0, "run:0", hb_interval=0.05, driver_timeout=driver_timeout)
     info = {"index": 0, "num_runs": 1, "cluster_id": "c1", "result_path": str(tmp_path / "result.pkl")}
     blob = cloudpickle.dumps((FUNCS[fn_name], [args]))
-    owner.start("run", "c1", _child_env({"cluster_id": "c1"}), blob, info)
+    meta = m.LaunchMeta(cluster_id="c1", secret=SECRET.hex(), control=list(driver.server.address), hb_interval=0.05,
+                        driver_timeout=driver_timeout, env={}, keras="tf_keras", default_fs="file:///", driver_pid=os.getpid())
+    owner.start("run", "c1", _child_env(meta), blob, info)
     return owner
 
 

@@ -96,6 +96,8 @@ def test_stream_batch_reports_reach_the_mirror():
     from tfos_nb.runtime.driver.coordinator import Coordinator
 
     meta = {"cluster_id": "c1", "secret": "ab" * 16, "roles": [list(r) for r in ROLES],
+            "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",
+            "default_fs": "file:///", "driver_pid": 1,
             "coordinator": {"name": "demo", "input_mode_spark": True, "tensorboard": False, "log_dir": None,
                             "num_gpus": 0, "heartbeat_timeout": 10.0, "kernel_timeout": 120.0}}
     coord = Coordinator(meta)  # its server is not started: handle() is called directly

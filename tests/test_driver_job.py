@@ -255,9 +255,11 @@ def test_a_coordinator_address_its_executor_cannot_bind_is_a_clear_error_never_e
     from tfos_nb.runtime.executor.launch_connect import start_coordinator
 
     meta = {"cluster_id": "c0ffee", "secret": "00" * 32, "roles": [["chief", 0]], "driver_pid": 0,
+            "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",
+            "default_fs": "file:///",
             "coordinator": {"name": "t", "input_mode_spark": False, "tensorboard": False, "log_dir": None, "num_gpus": 0,
                             "heartbeat_timeout": 10.0, "kernel_timeout": 10.0, "bind": "192.0.2.1"}}  # TEST-NET-1
-    status, proc = start_coordinator(meta, str(tmp_path / "coordinator.log"))
+    status, proc = start_coordinator(m.LaunchMeta.parse(meta), str(tmp_path / "coordinator.log"))
     try:
         assert proc.poll() is not None  # it exited: nothing listens anywhere
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 from tfos_nb.runtime.executor import threads
 from tfos_nb.runtime.executor.owner import tf_env
+from tfos_nb.runtime.protocol import messages as m
 
 # The runs' functions travel by value: executors cannot import this test module (no repo root on their path).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -43,9 +45,12 @@ def test_thread_env_keeps_an_explicit_setting_and_honours_the_override(monkeypat
     cpus = len(os.sched_getaffinity(0))
     assert threads.thread_env({}, 64)["TF_NUM_INTRAOP_THREADS"] == str(min(64, cpus))
     # tf_env: a cell's env= is applied first, so it wins over the derivation
-    env = tf_env({}, {"env": {"TF_NUM_INTRAOP_THREADS": "2"}, "task_cpus": 8}, [], False)
+    meta = m.LaunchMeta(cluster_id="c1", secret="00", control=["127.0.0.1", 9], hb_interval=0.5, driver_timeout=10.0,
+                        env={"TF_NUM_INTRAOP_THREADS": "2"}, keras="tf_keras", default_fs="file:///", driver_pid=1,
+                        task_cpus=8)
+    env = tf_env({}, meta, [], False)
     assert env["TF_NUM_INTRAOP_THREADS"] == "2" and "TF_NUM_INTEROP_THREADS" not in env
-    assert tf_env({}, {"task_cpus": 1}, [], False)["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert tf_env({}, dataclasses.replace(meta, env={}, task_cpus=1), [], False)["TF_NUM_INTRAOP_THREADS"] == "1"
 
 
 def report_threads(args, ctx):

@@ -24,6 +24,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..protocol import messages as m
@@ -49,10 +50,11 @@ def _all_finished(nodes: list[Any]) -> bool:
 
 
 class Coordinator:
-    def __init__(self, meta: dict[str, Any]) -> None:
-        c = meta["coordinator"]
-        roles = [(str(job), int(idx)) for job, idx in meta["roles"]]
-        self.state = S.ClusterState(meta["cluster_id"], c["name"], roles)
+    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta) -> None:
+        meta = m.LaunchMeta.parse(launch_meta)
+        c = meta.coordinator
+        roles = [(str(job), int(idx)) for job, idx in meta.roles]
+        self.state = S.ClusterState(meta.cluster_id, c["name"], roles)
         # kind "parallel": TFParallel's runs, which are tasks of the notebook's own Spark job (they speak
         # only while that job runs, so they count as the notebook being heard of)
         self.runs = c.get("kind") == "parallel"
@@ -69,8 +71,8 @@ class Coordinator:
         self.closing_since: float | None = None
         self.streams: dict[str, dict[str, Any]] = {}  # a training stream's counts, by its epoch (see StreamBatch)
         self.done = threading.Event()
-        secret = bytes.fromhex(meta["secret"])
-        self.server = ControlServer(m.Codec(secret, meta["cluster_id"], "coordinator"), self.handle,
+        secret = bytes.fromhex(meta.secret)
+        self.server = ControlServer(m.Codec(secret, meta.cluster_id, "coordinator"), self.handle,
                                     c.get("bind") or "127.0.0.1", on_tick=self.tick)
 
     def _log(self, label: str, lines: list[str]) -> None:

@@ -6,12 +6,14 @@ its function; any failure on the way tears down what was started and raises.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
 from ..executor.launch import make_launcher, start_supervisor
+from ..protocol import messages as m
 from ..sessions import is_connect
 from . import state as S
 from .awaiting import await_running as _await_running
@@ -136,7 +138,8 @@ def run(
         if driver_ps_nodes:
             for i in range(num_ps):
                 job.check_cancelled()
-                local = dict(meta, node=i, executor_id="driver", working_dir=os.getcwd(), watch_jvm=False)
+                local = dataclasses.replace(m.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
+                                            watch_jvm=False)
                 status, proc = _start_local_supervisor(local, blob, cluster_id, i)
                 cluster.local_nodes.append(proc)
                 if not status.get("ok"):
@@ -196,7 +199,7 @@ def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_no
     return roles
 
 
-def _start_local_supervisor(meta: dict[str, Any], blob: bytes, cluster_id: str, i: int) -> tuple[dict[str, Any], Any]:
+def _start_local_supervisor(meta: m.LaunchMeta, blob: bytes, cluster_id: str, i: int) -> tuple[dict[str, Any], Any]:
     """A ps node on the driver (TensorFlowOnSpark's ``driver_ps_nodes``)."""
     return start_supervisor(meta, blob, driver_log_path(cluster_id, i))
 

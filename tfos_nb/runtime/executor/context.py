@@ -147,7 +147,7 @@ class NodeContext:
         self.defaultFS: str = info.get("default_fs", "file:///")
         self.working_dir: str = info.get("working_dir") or os.getcwd()
         self.log_dir: str | None = info.get("log_dir")
-        self.gpus: list[dict] = info.get("gpus", [])
+        self.gpus: list[dict[str, Any]] = info.get("gpus", [])
         self.num_gpus = len(self.gpus)
         self.cluster_id: str = info.get("cluster_id", "")
         #: 1 for a first run; 2, 3, … when ``run_job(retries=…)`` / ``--retries`` started the cluster again

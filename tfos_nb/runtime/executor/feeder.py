@@ -23,7 +23,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import columns as C
@@ -63,11 +63,11 @@ def _recv_answer(sock: socket.socket) -> dict[str, Any]:
 
 
 class _Feeder:
-    def __init__(self, meta: dict[str, Any], partition: int, gen: int, mode: str, timeout: float) -> None:
+    def __init__(self, meta: m.LaunchMeta, partition: int, gen: int, mode: str, timeout: float) -> None:
         self.meta = meta
-        self.secret = bytes.fromhex(meta["secret"])
-        self.codec = m.Codec(self.secret, meta["cluster_id"], f"feeder-p{partition}")
-        self.client = ControlClient(self.codec, (meta["control"][0], int(meta["control"][1])), timeout=30)
+        self.secret = bytes.fromhex(meta.secret)
+        self.codec = m.Codec(self.secret, meta.cluster_id, f"feeder-p{partition}")
+        self.client = ControlClient(self.codec, meta.address, timeout=30)
         self.partition = partition
         self.gen = gen
         self.mode = mode
@@ -141,7 +141,7 @@ class _Feeder:
         if isinstance(exc, _NodeAnswer) and not node_failed:
             return "error", None
         patient = node_failed or not (isinstance(exc, TimeoutError) or "timed out" in str(exc))
-        deadline = time.monotonic() + float(self.meta.get("driver_timeout", 10.0)) + _CHECK_GRACE_S
+        deadline = time.monotonic() + self.meta.driver_timeout + _CHECK_GRACE_S
         delay = 0.05
         while True:
             try:
@@ -179,7 +179,7 @@ def _count(batches: Iterator[Any]) -> int:
     return sum(b.num_rows for b in batches)
 
 
-def feed_train(meta: dict[str, Any], partition: int, gen: int, batches: Iterable[Any], timeout: float) -> dict:
+def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float) -> dict[str, Any]:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them)."""
     feeder = _Feeder(meta, partition, gen, "train", timeout)
     try:
@@ -232,7 +232,7 @@ def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
     return feeder.fail(exc, sent, verdict, error)
 
 
-def feed_infer(meta: dict[str, Any], partition: int, batches: Iterable[Any], timeout: float,
+def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
                convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
     """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
     feeder = _Feeder(meta, partition, 0, "infer", timeout)
@@ -303,9 +303,12 @@ def _rechunk(batches: Iterable[Any], batch_rows: int) -> Iterator[Any]:
             yield b.slice(off, batch_rows)
 
 
-def make_rdd_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: int) -> Callable:
+def make_rdd_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
+                    batch_rows: int) -> Callable[[int, Iterable[Any]], Iterator[str]]:
+    launch_meta = m.LaunchMeta.parse(meta)
+
     def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
-        yield json.dumps(feed_train(meta, partition, gen, rows_to_batches(rows, batch_rows), timeout))
+        yield json.dumps(feed_train(launch_meta, partition, gen, rows_to_batches(rows, batch_rows), timeout))
 
     return feed
 
@@ -319,11 +322,14 @@ def _partition_id() -> int:
     return tctx.partitionId()
 
 
-def make_arrow_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows: int) -> Callable:
+def make_arrow_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
+                      batch_rows: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    launch_meta = m.LaunchMeta.parse(meta)
+
     def feed(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
         partition = _partition_id()
-        stats = feed_train(meta, partition, gen, _rechunk(batches, batch_rows), timeout)
+        stats = feed_train(launch_meta, partition, gen, _rechunk(batches, batch_rows), timeout)
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
             schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64())]),
@@ -332,24 +338,29 @@ def make_arrow_feeder(meta: dict[str, Any], gen: int, timeout: float, batch_rows
     return feed
 
 
-def make_rdd_inferer(meta: dict[str, Any], timeout: float, batch_rows: int) -> Callable:
+def make_rdd_inferer(meta: Mapping[str, Any] | m.LaunchMeta, timeout: float,
+                     batch_rows: int) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
+    launch_meta = m.LaunchMeta.parse(meta)
+
     def infer(partition: int, rows: Iterable[Any]) -> Iterator[Any]:
-        for rows_out in feed_infer(meta, partition, rows_to_batches(rows, batch_rows), timeout,
+        for rows_out in feed_infer(launch_meta, partition, rows_to_batches(rows, batch_rows), timeout,
                                    lambda batch, _: R.result_rows(batch)):
             yield from rows_out
 
     return infer
 
 
-def make_arrow_inferer(meta: dict[str, Any], timeout: float, batch_rows: int, schema: Any) -> Callable:
+def make_arrow_inferer(meta: Mapping[str, Any] | m.LaunchMeta, timeout: float, batch_rows: int,
+                       schema: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """``mapInArrow`` body: the nodes' results mapped onto ``schema`` (a StructType)."""
+    launch_meta = m.LaunchMeta.parse(meta)
 
     def infer(batches: Iterable[Any]) -> Iterator[Any]:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         target = to_arrow_schema(schema)
         partition = _partition_id()
-        yield from feed_infer(meta, partition, _rechunk(batches, batch_rows), timeout,
+        yield from feed_infer(launch_meta, partition, _rechunk(batches, batch_rows), timeout,
                               lambda batch, node: R.to_schema(batch, target, node))
 
     return infer

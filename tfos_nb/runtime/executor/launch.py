@@ -7,6 +7,7 @@ modules — never TensorFlow.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -14,10 +15,11 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import private
+from ..protocol import messages as m
 from ..protocol import pipes
 from .threads import task_cpus
 
@@ -61,10 +63,10 @@ def import_path(paths: list[str]) -> list[str]:
     return [p for p in paths if p and not _bundled_copy(p, dirs)]
 
 
-def _child_env(meta: dict[str, Any]) -> dict[str, str]:
+def _child_env(meta: m.LaunchMeta) -> dict[str, str]:
     env = dict(os.environ)
-    env["TFOS_CLUSTER_ID"] = meta["cluster_id"]
-    env["TFOS_DRIVER_PID"] = str(meta.get("driver_pid", ""))
+    env["TFOS_CLUSTER_ID"] = meta.cluster_id
+    env["TFOS_DRIVER_PID"] = str(meta.driver_pid)
     # The supervisor must import what this worker imports (pyspark, --py-files, ...).
     env["PYTHONPATH"] = os.pathsep.join(import_path(sys.path))
     for var in ("PYTHON_WORKER_FACTORY_SECRET", "_PYSPARK_DRIVER_CONN_INFO_PATH"):
@@ -72,8 +74,8 @@ def _child_env(meta: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def spawn_detached(role: str, meta: dict[str, Any], log_path: str,
-                   feed: Callable[[Any], None]) -> tuple[subprocess.Popen, bytes]:
+def spawn_detached(role: str, meta: m.LaunchMeta, log_path: str,
+                   feed: Callable[[Any], None]) -> tuple[subprocess.Popen[bytes], bytes]:
     """Start ``python -m tfos_nb.runtime ROLE`` in a session of its own, ``feed`` its stdin, read its first line.
 
     The line is ``b""`` when the process said nothing within ``LAUNCH_WAIT_S``.
@@ -81,7 +83,7 @@ def spawn_detached(role: str, meta: dict[str, Any], log_path: str,
     log = private.open_log(log_path)  # 0600, no symlink, ours: the directory may be shared
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tfos_nb.runtime", role, meta["cluster_id"]],
+            [sys.executable, "-m", "tfos_nb.runtime", role, meta.cluster_id],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
@@ -102,7 +104,7 @@ def spawn_detached(role: str, meta: dict[str, Any], log_path: str,
     return proc, line
 
 
-def start_failed(proc: subprocess.Popen, log_path: str, what: str) -> dict[str, Any]:
+def start_failed(proc: subprocess.Popen[bytes], log_path: str, what: str) -> dict[str, Any]:
     """End a process that did not start; its status names it with the tail of its log."""
     if proc.poll() is None:
         proc.kill()
@@ -114,11 +116,11 @@ def start_failed(proc: subprocess.Popen, log_path: str, what: str) -> dict[str, 
     return {"ok": False, "error": f"{what} did not start ({proc.returncode}): {tail}"}
 
 
-def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
+def start_supervisor(meta: m.LaunchMeta, blob: bytes, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
     """Start a node supervisor and wait until it registered with the driver."""
 
     def feed(stdin: Any) -> None:
-        pipes.write(stdin, pipes.Launch(meta=meta))
+        pipes.write(stdin, pipes.Launch(meta=meta.to_dict()))
         pipes.write_blob(stdin, blob)
 
     proc, line = spawn_detached("supervisor", meta, log_path, feed)
@@ -133,17 +135,18 @@ def start_supervisor(meta: dict[str, Any], blob: bytes, log_path: str) -> tuple[
     return status, proc
 
 
-def make_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterable[Any]], Iterator[str]]:
+def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callable[[Iterable[Any]], Iterator[str]]:
     """The barrier-stage task body: one node per task."""
+    launch_meta = m.LaunchMeta.parse(meta)
 
     def launch(_: Iterable[Any]) -> Iterator[str]:
         from pyspark import BarrierTaskContext
 
         tctx = BarrierTaskContext.get()
-        node = meta["first_node"] + tctx.partitionId()
+        node = launch_meta.first_node + tctx.partitionId()
         res = tctx.resources().get("gpu")
-        node_meta = dict(meta)
-        node_meta.update(
+        node_meta = dataclasses.replace(
+            launch_meta,
             node=node,
             attempt=tctx.attemptNumber(),
             executor_id=executor_id(),
@@ -151,7 +154,7 @@ def make_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterable[Any]]
             working_dir=os.getcwd(),
             task_cpus=task_cpus(tctx),
         )
-        log_path = os.path.join(os.getcwd(), f"tfos_nb-{meta['cluster_id']}-node{node}.log")
+        log_path = os.path.join(os.getcwd(), f"tfos_nb-{launch_meta.cluster_id}-node{node}.log")
         try:
             status, proc = start_supervisor(node_meta, blob, log_path)
             # The supervisor outlives this task; reap it when it ends (no zombie in the worker).

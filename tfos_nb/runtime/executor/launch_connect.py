@@ -10,21 +10,23 @@ start status as JSON).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ..protocol import messages as m
 from .launch import executor_id, spawn_detached, start_failed, start_supervisor
 from .threads import task_cpus
 
 
-def start_coordinator(meta: dict[str, Any], log_path: str) -> tuple[dict[str, Any], subprocess.Popen]:
+def start_coordinator(meta: m.LaunchMeta, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
     """Start the coordinator process; returns its status (``control``: its address) once it listens."""
     proc, line = spawn_detached("coordinator", meta, log_path,
-                                lambda stdin: stdin.write(json.dumps(meta).encode() + b"\n"))
+                                lambda stdin: stdin.write(json.dumps(meta.to_dict()).encode() + b"\n"))
     try:
         status = json.loads(line) if line else {}
     except ValueError:
@@ -37,13 +39,14 @@ def start_coordinator(meta: dict[str, Any], log_path: str) -> tuple[dict[str, An
     return status, proc
 
 
-def _reap(proc: subprocess.Popen) -> None:
+def _reap(proc: subprocess.Popen[bytes]) -> None:
     """The process outlives this task; reap it when it ends (no zombie in the worker)."""
     threading.Thread(target=proc.wait, name="tfos-reaper", daemon=True).start()
 
 
-def make_connect_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def make_connect_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The barrier ``mapInArrow`` body: task 0 starts the coordinator, then every task starts one node."""
+    launch_meta = m.LaunchMeta.parse(meta)
 
     def launch(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -53,12 +56,13 @@ def make_connect_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterab
             pass
         tctx = BarrierTaskContext.get()
         task = tctx.partitionId()
-        node = meta["first_node"] + task
+        node = launch_meta.first_node + task
         cdir = os.getcwd()
         coordinator: dict[str, Any] = {}
         if task == 0:
             try:
-                coordinator, proc = start_coordinator(meta, os.path.join(cdir, f"tfos_nb-{meta['cluster_id']}-coordinator.log"))
+                coordinator, proc = start_coordinator(launch_meta,
+                                                      os.path.join(cdir, f"tfos_nb-{launch_meta.cluster_id}-coordinator.log"))
                 if coordinator.get("ok"):
                     _reap(proc)
             except Exception as exc:  # noqa: BLE001 - reported to every task and to the notebook
@@ -67,12 +71,13 @@ def make_connect_launcher(meta: dict[str, Any], blob: bytes) -> Callable[[Iterab
         first = gathered[0]
         if first.get("ok"):
             res = tctx.resources().get("gpu")
-            node_meta = dict(meta)
-            node_meta.update(node=node, attempt=tctx.attemptNumber(), executor_id=executor_id(),
-                             spark_gpus=list(res.addresses) if res is not None else [], working_dir=cdir,
-                             task_cpus=task_cpus(tctx), control=list(first["control"]))
+            node_meta = dataclasses.replace(
+                launch_meta, node=node, attempt=tctx.attemptNumber(), executor_id=executor_id(),
+                spark_gpus=list(res.addresses) if res is not None else [], working_dir=cdir,
+                task_cpus=task_cpus(tctx), control=list(first["control"]))
             try:
-                status, proc = start_supervisor(node_meta, blob, os.path.join(cdir, f"tfos_nb-{meta['cluster_id']}-node{node}.log"))
+                status, proc = start_supervisor(node_meta, blob,
+                                                os.path.join(cdir, f"tfos_nb-{launch_meta.cluster_id}-node{node}.log"))
                 _reap(proc)
             except Exception as exc:  # noqa: BLE001 - the notebook decides; Spark must not retry
                 status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

@@ -40,15 +40,15 @@ STACKS_MAX_BYTES = 256 * 1024  # of a stack dump sent to the driver (the first t
 STACKS_WAIT_S = 3.0
 
 
-def tf_env(env: dict[str, str], meta: dict[str, Any], gpus: list[dict], pin_gpus: bool) -> dict[str, str]:
+def tf_env(env: dict[str, str], meta: m.LaunchMeta, gpus: list[dict[str, Any]], pin_gpus: bool) -> dict[str, str]:
     """``env`` plus what every TensorFlow child gets: the cell's env, its thread pools (``threads.py``),
     quiet C++ logs, unbuffered output, the Keras flavour, and its GPUs (``pin_gpus``:
     CUDA_VISIBLE_DEVICES, empty for none)."""
-    env.update({k: str(v) for k, v in meta.get("env", {}).items()})
-    env.update(thread_env(env, meta.get("task_cpus")))
+    env.update({k: str(v) for k, v in meta.env.items()})
+    env.update(thread_env(env, meta.task_cpus))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    if meta.get("keras", "tf_keras") == "tf_keras":
+    if meta.keras == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
     if pin_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g["index"]) for g in gpus)
@@ -72,7 +72,7 @@ class ChildOwner:
         self.driver_timeout = driver_timeout
         self.executor_id = executor_id
         self.jvm_pid = jvm_pid  # watched when set: the child dies with its executor
-        self.child: subprocess.Popen | None = None
+        self.child: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)

@@ -147,8 +147,8 @@ def _frames(frame: Any) -> list[Frame]:
     return out
 
 
-def _fingerprint(frame: Any) -> tuple:
-    out = []
+def _fingerprint(frame: Any) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
     while frame is not None:
         out.append((id(frame.f_code), frame.f_lineno))
         frame = frame.f_back
@@ -173,7 +173,7 @@ class PhaseWatcher:
         self.phase: str | None = None
         self.moved_at = time.time()
         self._sent_at = 0.0
-        self._print: tuple = ()
+        self._print: tuple[tuple[int, int], ...] = ()
         self._data_wait_since: float | None = None
         self._thread: threading.Thread | None = None
 

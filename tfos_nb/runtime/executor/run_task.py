@@ -25,13 +25,14 @@ was lost); the task kills it when the driver stops answering.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import gpus as gpu_mod
@@ -50,8 +51,9 @@ from .threads import task_cpus
 # ---------------------------------------------------------------------------
 
 
-def make_run_task(meta: dict[str, Any], blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def make_run_task(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The task body for ``mapPartitions``: partition ``i`` runs run ``i``; yields ``(i, status, value)``."""
+    launch_meta = m.LaunchMeta.parse(meta)  # a bad meta fails here, on the driver, not in every task
 
     def task(_: Iterable[Any]) -> Iterator[Any]:
         from pyspark import BarrierTaskContext, TaskContext
@@ -64,7 +66,8 @@ def make_run_task(meta: dict[str, Any], blob: bytes, barrier: bool) -> Callable[
         peers: list[str] = []
         if barrier:
             peers = [t.address.rsplit(":", 1)[0] for t in BarrierTaskContext.get().getTaskInfos()]
-        run = RunOwner(dict(meta, task_cpus=task_cpus(tctx)), index, tctx.attemptNumber(), spark_gpus, peers)
+        run = RunOwner(dataclasses.replace(launch_meta, task_cpus=task_cpus(tctx)), index, tctx.attemptNumber(),
+                       spark_gpus, peers)
         try:
             status, value = run.run(blob)
         except Exception as exc:  # noqa: BLE001 - the driver reports it; Spark must not retry
@@ -81,22 +84,22 @@ class RunOwner(ChildOwner):
 
     process_name = "the run's process"
 
-    def __init__(self, meta: dict[str, Any], index: int, attempt: int, spark_gpus: list[str],
+    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta, index: int, attempt: int, spark_gpus: list[str],
                  peers: list[str]) -> None:
-        control = (meta["control"][0], int(meta["control"][1]))
-        codec = m.Codec(bytes.fromhex(meta["secret"]), meta["cluster_id"], f"run{index}")
+        meta = m.LaunchMeta.parse(launch_meta)
+        control = meta.address
+        codec = m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"run{index}")
         super().__init__(ControlClient(codec, control, timeout=10), index, f"run:{index}",
-                         hb_interval=float(meta.get("hb_interval", 0.5)),
-                         driver_timeout=float(meta.get("driver_timeout", 10.0)), executor_id=executor_id())
+                         hb_interval=meta.hb_interval, driver_timeout=meta.driver_timeout, executor_id=executor_id())
         self.meta = meta
         self.attempt = attempt
         self.spark_gpus = spark_gpus
         self.peers = peers
         self.host = net.local_ip_towards(*control)
-        self.gpus: list[dict] = []
+        self.gpus: list[dict[str, Any]] = []
 
     # -- devices ----------------------------------------------------------------
-    def _pick_gpus(self) -> list[dict]:
+    def _pick_gpus(self) -> list[dict[str, Any]]:
         """Spark's task GPUs; else, in a barrier stage, a share of the host's GPUs; else none pinned."""
         available = gpu_mod.query()
         if self.spark_gpus:
@@ -106,7 +109,7 @@ class RunOwner(ChildOwner):
             mine = self.peers[self.index] if self.index < len(self.peers) else ""
             local = [i for i, host in enumerate(self.peers) if host == mine]
             rank = local.index(self.index) if self.index in local else 0
-            return gpu_mod.assign(available, rank, len(local), int(self.meta.get("num_gpus", 1)))
+            return gpu_mod.assign(available, rank, len(local), self.meta.num_gpus)
         return []
 
     # -- the run ------------------------------------------------------------------
@@ -119,7 +122,7 @@ class RunOwner(ChildOwner):
         if not reply.ok:
             self.client.close()
             return {"ok": False, "refused": True, "error": reply.error or "refused"}, None
-        workdir = tempfile.mkdtemp(prefix=f"tfos_nb-{self.meta['cluster_id']}-run{self.index}-")
+        workdir = tempfile.mkdtemp(prefix=f"tfos_nb-{self.meta.cluster_id}-run{self.index}-")
         result_path = os.path.join(workdir, "result.pkl")
         started = time.monotonic()
         try:
@@ -161,16 +164,16 @@ class RunOwner(ChildOwner):
         env.pop("TF_CONFIG", None)  # a single-node run: no cluster for TensorFlow to join
         info = {
             "index": self.index,
-            "num_runs": meta["num_runs"],
+            "num_runs": meta.num_runs,
             "executor_id": self.executor_id,
             "host": self.host,
-            "default_fs": meta.get("default_fs", "file:///"),
+            "default_fs": meta.default_fs,
             "working_dir": os.getcwd(),
             "gpus": self.gpus,
-            "cluster_id": meta["cluster_id"],
+            "cluster_id": meta.cluster_id,
             "result_path": result_path,
         }
-        self.start("run", meta["cluster_id"], env, blob, info)
+        self.start("run", meta.cluster_id, env, blob, info)
 
 
 # ---------------------------------------------------------------------------

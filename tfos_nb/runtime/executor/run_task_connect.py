@@ -13,26 +13,28 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ..protocol import messages as m
 from .launch_connect import _reap, start_coordinator
 from .run_task import make_run_task
 
 RESULT_SCHEMA = "i int, s string, v binary"  # run index, status (JSON), cloudpickled value (or null)
 
 
-def make_coordinator_starter(meta: dict[str, Any]) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def make_coordinator_starter(meta: Mapping[str, Any] | m.LaunchMeta) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The one-task ``mapInArrow`` body that starts the coordinator; one row, its status as JSON (``s``)."""
+    launch_meta = m.LaunchMeta.parse(meta)
 
     def start(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         for _ in batches:
             pass
-        log_path = os.path.join(os.getcwd(), f"tfos_nb-{meta['cluster_id']}-coordinator.log")
+        log_path = os.path.join(os.getcwd(), f"tfos_nb-{launch_meta.cluster_id}-coordinator.log")
         try:
-            status, proc = start_coordinator(meta, log_path)
+            status, proc = start_coordinator(launch_meta, log_path)
             if status.get("ok"):
                 _reap(proc)
         except Exception as exc:  # noqa: BLE001 - reported to the notebook
@@ -42,7 +44,7 @@ def make_coordinator_starter(meta: dict[str, Any]) -> Callable[[Iterable[Any]], 
     return start
 
 
-def make_connect_run_task(meta: dict[str, Any], blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def make_connect_run_task(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The runs' ``mapInArrow`` body: partition ``i`` runs run ``i``; one row ``(i, status, value)``."""
     body = make_run_task(meta, blob, barrier)
 

@@ -14,7 +14,7 @@ snapshots of the coordinator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..protocol import messages as m
@@ -25,10 +25,10 @@ from .feeder import feed_totals, make_arrow_feeder
 ERROR_CHARS = 16000  # the start of a failed micro-batch's Spark error: the failed task's Python traceback
 
 
-def report_batch(meta: dict[str, Any], msg: remote.StreamBatch) -> None:
+def report_batch(meta: m.LaunchMeta, msg: remote.StreamBatch) -> None:
     """Send one micro-batch's outcome to the coordinator (raises when it cannot be reached or refuses)."""
-    codec = m.Codec(bytes.fromhex(meta["secret"]), meta["cluster_id"], "stream")
-    client = ControlClient(codec, (meta["control"][0], int(meta["control"][1])), timeout=30)
+    codec = m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, "stream")
+    client = ControlClient(codec, meta.address, timeout=30)
     try:
         reply = client.request(msg)
     finally:
@@ -37,23 +37,24 @@ def report_batch(meta: dict[str, Any], msg: remote.StreamBatch) -> None:
         raise RuntimeError(f"the cluster's coordinator refused the micro-batch report: {reply.error}")
 
 
-def make_batch_feeder(meta: dict[str, Any], epoch: int, timeout: float,
+def make_batch_feeder(meta: Mapping[str, Any] | m.LaunchMeta, epoch: int, timeout: float,
                       batch_rows: int) -> Callable[[Any, int], None]:
     """The ``foreachBatch`` function of a training stream on Spark Connect (the stream is the one ``epoch``)."""
-    feeder = make_arrow_feeder(meta, epoch, timeout, batch_rows)
+    launch_meta = m.LaunchMeta.parse(meta)
+    feeder = make_arrow_feeder(launch_meta, epoch, timeout, batch_rows)
 
     def on_batch(batch_df: Any, batch_id: int) -> None:
         try:
             stats = batch_df.mapInArrow(feeder, "partition int, rows long, skipped long").collect()
         except Exception as exc:
             try:
-                report_batch(meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id),
+                report_batch(launch_meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id),
                                                       error=str(exc)[:ERROR_CHARS]))
             except Exception:  # noqa: BLE001 - the feeding error is the one to raise
                 pass
             raise
         fed = feed_totals(stats)
-        report_batch(meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id), rows=fed["rows"],
+        report_batch(launch_meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id), rows=fed["rows"],
                                               skipped=fed["skipped"], partitions=fed["partitions"]))
 
     return on_batch

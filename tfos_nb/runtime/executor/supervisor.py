@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .. import gpus as gpu_mod
@@ -39,20 +40,22 @@ class Supervisor(ChildOwner):
     keep_history = True
     echo_output = True  # the supervisor's stderr is the node's log file
 
-    def __init__(self, meta: dict[str, Any], blob: bytes) -> None:
+    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> None:
+        meta = m.LaunchMeta.parse(launch_meta)
+        if meta.node is None:
+            raise m.ProtocolError("LaunchMeta: a supervisor's meta names its node")
         # run(env=...) applies to the whole node, GPU discovery (PATH to nvidia-smi) included.
-        os.environ.update({k: str(v) for k, v in meta.get("env", {}).items()})
-        index: int = meta["node"]
-        secret = bytes.fromhex(meta["secret"])
-        control = (meta["control"][0], int(meta["control"][1]))
-        client = ControlClient(m.Codec(secret, meta["cluster_id"], f"node{index}"), control, timeout=10)
-        job_name, task_index = meta["roles"][index]
+        os.environ.update({k: str(v) for k, v in meta.env.items()})
+        index = meta.node
+        control = meta.address
+        client = ControlClient(m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"node{index}"), control, timeout=10)
+        job_name, task_index = str(meta.roles[index][0]), int(meta.roles[index][1])
         super().__init__(
             client, index, f"{job_name}:{task_index}",
-            hb_interval=float(meta.get("hb_interval", 0.5)),
-            driver_timeout=float(meta.get("driver_timeout", 15.0)),
-            executor_id=str(meta.get("executor_id")),
-            jvm_pid=procs.executor_jvm_pid() if meta.get("watch_jvm", True) else None,
+            hb_interval=meta.hb_interval,
+            driver_timeout=meta.driver_timeout,
+            executor_id=meta.executor_id,
+            jvm_pid=procs.executor_jvm_pid() if meta.watch_jvm else None,
         )
         self.meta = meta
         self.blob = blob
@@ -62,7 +65,7 @@ class Supervisor(ChildOwner):
         # Held until the node's function runs (TensorFlowOnSpark's ctx.tmp_socket / release_port).
         self.port_socket = net.reserve_port(self.port)
         self.tensorboard: ChiefTensorBoard | None = None
-        self.gpus: list[dict] = []
+        self.gpus: list[dict[str, Any]] = []
         self._sent_epoch = 0
         self._sent_assigned = 0
         self._sent_stop = False
@@ -78,19 +81,19 @@ class Supervisor(ChildOwner):
                 node=self.index,
                 host=self.host,
                 port=self.port,
-                executor_id=str(self.meta.get("executor_id", "")),
+                executor_id=self.meta.executor_id,
                 pid=os.getpid(),
                 gpus=available,
-                spark_gpus=list(self.meta.get("spark_gpus", [])),
-                working_dir=self.meta.get("working_dir", os.getcwd()),
-                attempt=int(self.meta.get("attempt", 0)),
+                spark_gpus=list(self.meta.spark_gpus),
+                working_dir=self.meta.working_dir or os.getcwd(),
+                attempt=self.meta.attempt,
             )
         )
         if not reply.ok:
             raise RuntimeError(reply.error or "registration refused")
 
     def await_spec(self) -> m.NodeSpec:
-        deadline = time.monotonic() + float(self.meta.get("reservation_timeout", 600))
+        deadline = time.monotonic() + self.meta.reservation_timeout
         while time.monotonic() < deadline:
             reply = self.client.request(m.AwaitSpec(node=self.index))
             if reply.ok:
@@ -103,31 +106,32 @@ class Supervisor(ChildOwner):
     # -- the node process -------------------------------------------------------
     def start_child(self, spec: m.NodeSpec) -> None:
         self.gpus = spec.gpus
-        pin = bool(self.meta.get("spark_gpus") or self.gpus or spec.host_has_gpus)
+        pin = bool(self.meta.spark_gpus or self.gpus or spec.host_has_gpus)
         env = tf_env(dict(os.environ), self.meta, self.gpus, pin)
         env["TF_CONFIG"] = json.dumps(spec.tf_config)
-        info = {
+        info: dict[str, Any] = {
             "node": self.index,
             "job_name": self.job_name,
             "task_index": self.task_index,
             "cluster_spec": spec.cluster_spec,
-            "executor_id": self.meta.get("executor_id", ""),
-            "default_fs": self.meta.get("default_fs", "file:///"),
-            "working_dir": self.meta.get("working_dir", os.getcwd()),
+            "executor_id": self.meta.executor_id,
+            "default_fs": self.meta.default_fs,
+            "working_dir": self.meta.working_dir or os.getcwd(),
             "log_dir": spec.log_dir,
             "gpus": self.gpus,
             "feed": spec.feed,
-            "secret": self.meta["secret"],
+            "secret": self.meta.secret,
             "host": self.host,
-            "cluster_id": self.meta["cluster_id"],
-            "release_port": bool(self.meta.get("release_port", True)),
+            "cluster_id": self.meta.cluster_id,
+            "release_port": self.meta.release_port,
         }
         fds: tuple[int, ...] = ()
         if self.port_socket is not None:
-            info["port_fd"] = self.port_socket.fileno()
-            fds = (info["port_fd"],)
-        self.start("node", self.meta["cluster_id"], env, self.blob, info, pass_fds=fds,
-                   cwd=self.meta.get("working_dir") or None)
+            port_fd = self.port_socket.fileno()
+            info["port_fd"] = port_fd
+            fds = (port_fd,)
+        self.start("node", self.meta.cluster_id, env, self.blob, info, pass_fds=fds,
+                   cwd=self.meta.working_dir or None)
         if self.port_socket is not None:  # the node process holds the reservation now
             self.port_socket.close()
             self.port_socket = None
@@ -167,7 +171,7 @@ class Supervisor(ChildOwner):
 
     _gpu_checked = 0.0
 
-    def _gpu_usage(self) -> list[dict]:
+    def _gpu_usage(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         if now - self._gpu_checked > 5:
             self._gpu_checked = now

@@ -94,7 +94,7 @@ class ChiefTensorBoard:
         self.host = host
         self.logdir = logdir
         self.listen_timeout = listen_timeout
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._url: str | None = None
         self._error: str | None = None

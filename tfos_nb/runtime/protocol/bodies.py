@@ -7,9 +7,13 @@ them, peers read them with ``Body.from_dict(reply.body)``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import json
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from .fields import ProtocolError, from_dict
+
+_B = TypeVar("_B", bound="Body")
 
 # Kinds of feeding errors (FeedRelease.error_kind).
 ERROR_LOST_CONNECTION = "lost_connection"  # the node (or its supervisor) probably died
@@ -37,7 +41,7 @@ class Body:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> Any:
+    def from_dict(cls: type[_B], data: Any) -> _B:
         if not isinstance(data, dict):
             raise ProtocolError(f"{cls.__name__}: body is not an object")
         return from_dict(cls, data)
@@ -107,9 +111,12 @@ class FeedReleased(Body):
 class LaunchMeta(Body):
     """What the driver gives every Spark task that starts a cluster node or a parallel run.
 
-    It travels inside the task's closure (with the secret, which never crosses our sockets).
-    Cluster launches use ``roles``/``first_node``/``reservation_timeout``/``release_port``,
-    parallel runs ``num_runs``/``num_gpus``.
+    It travels inside the task's closure (with the secret, which never crosses our sockets) as
+    the dict ``to_dict()`` makes; every receiver on the executor side reads it through
+    :meth:`parse` (one default per field, here).  Cluster launches use
+    ``roles``/``first_node``/``reservation_timeout``/``release_port``, parallel runs
+    ``num_runs``/``num_gpus``, Spark Connect ``coordinator``.  The launch task adds what only it
+    knows (``node`` ... ``task_cpus``) before it hands the meta to a node's supervisor.
     """
 
     cluster_id: str
@@ -127,3 +134,28 @@ class LaunchMeta(Body):
     release_port: bool = True
     num_runs: int = 0
     num_gpus: int = 1
+    coordinator: dict[str, Any] = dataclasses.field(default_factory=dict)  # Spark Connect: {"name", "bind", ...}
+    # added by the launch task for the node's supervisor
+    node: int | None = None  # the node's index in ``roles``
+    attempt: int = 0  # Spark's task attempt
+    executor_id: str = ""
+    spark_gpus: list[str] = dataclasses.field(default_factory=list)  # the addresses Spark gave the task
+    working_dir: str = ""  # the task's working directory ("": the process's own)
+    task_cpus: int | None = None  # spark.task.cpus, for the node's thread pools
+    watch_jvm: bool = True  # the node dies with its executor's JVM (a ps node on the driver has none)
+
+    @classmethod
+    def parse(cls, meta: Mapping[str, Any] | LaunchMeta) -> LaunchMeta:
+        """The meta a task got (the dict, or its JSON on a supervisor's stdin), checked field by field.
+
+        A missing field takes its default here; a missing required one, or a value of the wrong
+        type, raises :class:`ProtocolError`; keys this version does not know are left out.
+        """
+        if isinstance(meta, LaunchMeta):
+            return meta
+        return cls.from_dict(json.loads(json.dumps(dict(meta))))  # as the wire has it: tuples are lists
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The control server's ``(host, port)`` (the driver's, or the Connect coordinator's)."""
+        return str(self.control[0]), int(self.control[1])

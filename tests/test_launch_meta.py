@@ -1,0 +1,71 @@
+"""The launch meta a Spark task gets: parsed once into ``LaunchMeta`` on the executor side, one default per field.
+
+Every receiver (a node's supervisor, a parallel run's owner, a feeder, the Connect coordinator) reads the
+dict the driver put in the task's closure through ``LaunchMeta.parse``: a field the dict lacks takes the
+one default declared on ``LaunchMeta``, a required one it lacks is a ``ProtocolError`` naming it, and keys
+this version does not know are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from tfos_nb.runtime.executor.run_task import RunOwner
+from tfos_nb.runtime.executor.supervisor import Supervisor
+from tfos_nb.runtime.protocol import messages as m
+
+REQUIRED = ("cluster_id", "secret", "control", "hb_interval", "driver_timeout", "env", "keras", "default_fs",
+            "driver_pid")
+
+
+def _meta(**changes: Any) -> m.LaunchMeta:
+    meta = m.LaunchMeta(cluster_id="c1", secret="ab" * 16, control=["127.0.0.1", 9], hb_interval=0.5,
+                        driver_timeout=12.0, env={}, keras="tf_keras", default_fs="file:///", driver_pid=1,
+                        roles=[["worker", 0]])
+    return dataclasses.replace(meta, **changes)
+
+
+def test_a_missing_optional_field_takes_its_one_default_and_unknown_keys_are_left_out():
+    wire = {k: v for k, v in _meta().to_dict().items() if k in REQUIRED}
+    wire["a_newer_drivers_key"] = 1
+    parsed = m.LaunchMeta.parse(wire)
+    assert parsed == m.LaunchMeta(**{k: wire[k] for k in REQUIRED})
+    assert (parsed.node, parsed.attempt, parsed.executor_id, parsed.working_dir, parsed.task_cpus, parsed.watch_jvm,
+            parsed.reservation_timeout, parsed.release_port, parsed.num_gpus) == (None, 0, "", "", None, True,
+                                                                                   600.0, True, 1)
+    # the closure's dict may hold tuples (roles built on the driver): read as the JSON wire has them
+    assert m.LaunchMeta.parse(dict(wire, roles=[("run", 0), ("run", 1)])).roles == [["run", 0], ["run", 1]]
+    assert m.LaunchMeta.parse(parsed) is parsed
+
+
+@pytest.mark.parametrize("field", ["driver_timeout", "hb_interval", "secret"])
+def test_every_receiver_refuses_a_meta_without_a_required_field(field):
+    """Before, each receiver read ``meta.get(...)`` with its own default (driver_timeout: 15 s in the
+    supervisor, 10 s in a run's owner and the feeders): a driver that left a field out went unnoticed."""
+    wire = _meta(node=0, watch_jvm=False).to_dict()
+    del wire[field]
+    with pytest.raises(m.ProtocolError, match=field):
+        m.LaunchMeta.parse(wire)
+    with pytest.raises(m.ProtocolError, match=field):
+        RunOwner(wire, 0, 0, [], [])
+    with pytest.raises(m.ProtocolError, match=field):
+        Supervisor(wire, b"")
+
+
+def test_the_supervisor_and_a_runs_owner_read_the_same_fields():
+    wire = _meta(node=0, watch_jvm=False, executor_id="7").to_dict()
+    run = RunOwner(wire, 0, 0, [], [])
+    sup = Supervisor(wire, b"")
+    try:
+        assert (run.driver_timeout, run.hb_interval) == (sup.driver_timeout, sup.hb_interval) == (12.0, 0.5)
+        assert sup.executor_id == "7" and sup.label == "worker:0" and sup.jvm_pid is None
+        with pytest.raises(m.ProtocolError, match="wrong|expected"):
+            m.LaunchMeta.parse(dict(wire, driver_timeout="soon"))
+    finally:
+        run.client.close()
+        sup.client.close()
+        if sup.port_socket is not None:
+            sup.port_socket.close()
