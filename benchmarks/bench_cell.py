@@ -85,7 +85,7 @@ def main() -> None:
     from jupyter_client.manager import start_new_kernel
 
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = open(os.path.join(tempfile.gettempdir(), "tfos_nb-b4b-kernel.log"), "w")  # the kernel's Spark/JVM chatter  # noqa: SIM115
+    log = open(os.path.join(tempfile.gettempdir(), "tfos_nb-b4b-kernel.log"), "w")  # the kernel's Spark/JVM chatter
     km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=ROOT, stdout=log, stderr=log)
     try:
         timed(kc, SETUP.format(master=opts.master, renderer=opts.renderer), timeout=600)

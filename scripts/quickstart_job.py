@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 
 
-def predict(args: dict, ctx) -> None:  # noqa: ANN001 - the node function (args, ctx)
+def predict(args: dict, ctx) -> None:  # the node function (args, ctx)
     """Label and predicted class for every test row fed to this node."""
     import tensorflow as tf
 

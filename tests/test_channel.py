@@ -64,10 +64,10 @@ def test_a_byte_at_a_time_sender_is_cut_at_the_first_frame_deadline(server):
 def test_a_verified_connection_is_never_timed_out(server):
     client = ControlClient(codec("node"), server.address, timeout=5)
     assert client.request(m.AwaitSpec(node=0)).ok
-    sock = client._sock  # noqa: SLF001 - the same connection must carry the next request
+    sock = client._sock  # the same connection must carry the next request
     t0 = time.monotonic()  # twice the deadline of an unverified connection, then the same connection again
     wait_until(lambda: time.monotonic() - t0 >= 2 * DEADLINE, 2 * DEADLINE + 1)
-    assert client.request(m.AwaitSpec(node=1)).ok and client._sock is sock  # noqa: SLF001
+    assert client.request(m.AwaitSpec(node=1)).ok and client._sock is sock
     client.close()
 
 

@@ -42,7 +42,7 @@ def sleeps(args, ctx):
     time.sleep(60)
 '''
 FUNCS: dict = {"__name__": "tfos_test_run_functions"}
-exec(compile(SOURCE, "<runs>", "exec"), FUNCS)  # noqa: S102 - test functions pickled by value
+exec(compile(SOURCE, "<runs>", "exec"), FUNCS)  # test functions pickled by value
 
 
 class Driver:

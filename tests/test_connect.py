@@ -225,7 +225,7 @@ def test_a_notebook_that_dies_leaves_nothing_behind(spark, tmp_path):
 # -- streaming feeds: the foreachBatch function runs on the Connect server ---------------------------------------
 
 
-def Source(root):  # noqa: N802 - a StreamSource of this module's rows
+def Source(root):  # a StreamSource of this module's rows
     return StreamSource(root, "id long, x1 double, x2 double", lambda i: {"id": i, "x1": (i % 7) / 7.0, "x2": (i % 5) / 5.0})
 
 

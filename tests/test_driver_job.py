@@ -175,7 +175,7 @@ def test_cancel_from_another_thread_ends_a_start_in_progress():
         def starting() -> None:
             try:
                 _await_running(st, _PendingSparkJob(), timeout=30)
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
 
         t = threading.Thread(target=starting)

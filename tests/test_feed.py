@@ -479,7 +479,7 @@ def test_running_out_of_descriptors_does_not_spin_and_serving_resumes():
         def feed() -> None:
             try:
                 result["fed"] = _fed(srv.port)
-            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            except Exception as exc:  # reported by the assertion below
                 result["error"] = exc
 
         t = threading.Thread(target=feed)

@@ -55,11 +55,11 @@ def test_senders_whose_messages_went_stale_are_forgotten_and_their_replays_still
     frames = [frame_body(codec().encode(m.AwaitSpec(node=0))) for _ in range(m.SEEN_PRUNE_AT)]
     for data in frames:
         server.decode(data)
-    assert len(server._seen) == m.SEEN_PRUNE_AT  # noqa: SLF001
+    assert len(server._seen) == m.SEEN_PRUNE_AT
     later = time.time() + m.MAX_CLOCK_SKEW_S + 1
     monkeypatch.setattr(m.time, "time", lambda: later)
     server.decode(frame_body(codec().encode(m.AwaitSpec(node=0))))  # one more sender: the stale ones go
-    assert len(server._seen) == 1  # noqa: SLF001
+    assert len(server._seen) == 1
     with pytest.raises(m.ProtocolError, match="stale"):
         server.decode(frames[0])
     live = codec()

@@ -272,7 +272,7 @@ def test_pipeline_persists_and_loads_in_a_fresh_session(session, data, fitted, t
     session.spark = spark_session(3)
     loaded = PipelineModel.load(str(tmp_path / "model"))
     after = loaded.transform(frame(session.spark, xte, yte, 3, ids=True)).select("id", "label", "logits").collect()
-    by_id = lambda rows: [(r.label, r.logits) for r in sorted(rows, key=lambda r: r.id)]  # noqa: E731
+    by_id = lambda rows: [(r.label, r.logits) for r in sorted(rows, key=lambda r: r.id)]
     assert [label for label, _ in by_id(after)] == [label for label, _ in by_id(before)] == yte.tolist()
     # the same model on the same rows; float32 sums differ in the last bits with how rows fall into batches
     np.testing.assert_allclose([v for _, v in by_id(after)], [v for _, v in by_id(before)], rtol=1e-5, atol=1e-5)

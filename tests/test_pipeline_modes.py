@@ -407,7 +407,7 @@ def test_tensorboard_serves_the_fit_logdir_on_the_chief(spark, tmp_path, started
     def fit():
         try:
             result["model"] = est.fit(spark.range(1))
-        except BaseException as exc:  # noqa: BLE001 - reported by the asserts below
+        except BaseException as exc:  # reported by the asserts below
             result["error"] = exc
 
     thread = threading.Thread(target=fit, name="test-fit")
@@ -424,7 +424,7 @@ def test_tensorboard_serves_the_fit_logdir_on_the_chief(spark, tmp_path, started
         return seen["runs"]
 
     try:
-        live = lambda: thread.is_alive() or "error" in result  # noqa: E731
+        live = lambda: thread.is_alive() or "error" in result
         assert wait_until(lambda: not live() or (started and started[0].snapshot().tensorboard), 120), "no URL"
         url = started[0].snapshot().tensorboard
         assert url and url.startswith("http://"), (url, result)

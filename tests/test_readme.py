@@ -138,6 +138,6 @@ def test_runnable_blocks_run(given, no_leaks):
     for code, names in runnable:
         assert set(names) <= set(given), f"the test does not provide {set(names) - set(given)}"
         namespace = {"__name__": "__readme__", **{k: given[k] for k in names}}
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the README's (or a page's) own example
+        exec(compile(code, "README.md", "exec"), namespace)  # the README's (or a page's) own example
     export = Path(given["args"]["export_dir"])
     assert (export / "saved_model.pb").is_file(), sorted(p.name for p in export.parent.iterdir())

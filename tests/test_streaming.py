@@ -32,7 +32,7 @@ def _row(i):
     return {"id": i, "x1": x1, "x2": x2, "y": 3 * x1 - x2 + 0.5}
 
 
-def Source(root):  # noqa: N802 - a StreamSource of this module's rows
+def Source(root):  # a StreamSource of this module's rows
     return StreamSource(root, SCHEMA, _row)
 
 

@@ -107,7 +107,7 @@ def test_tfestimator_epochs_over_nodes_that_terminate(sc, no_leaks):
     assert isinstance(model, TFModel)
 
 
-def Source(root):  # noqa: N802 - a StreamSource of this module's rows
+def Source(root):  # a StreamSource of this module's rows
     return StreamSource(root, "id LONG, x DOUBLE", lambda i: {"id": i, "x": i / 10})
 
 

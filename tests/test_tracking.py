@@ -125,7 +125,7 @@ def mlflow_server(tmp_path_factory) -> Any:
     import_or_skip("mlflow")
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
+    log = open(root / "server.log", "w")  # closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")],

@@ -174,7 +174,7 @@ def toTFExample(dtypes: list[tuple[str, str]]) -> Any:  # noqa: N802 - TensorFlo
     return to_examples
 
 
-def fromTFExample(iter: Iterator[Any], binary_features: list[str] | None = None) -> list[Any]:  # noqa: N802, A002
+def fromTFExample(iter: Iterator[Any], binary_features: list[str] | None = None) -> list[Any]:  # noqa: N802
     """A ``mapPartitions`` function: serialized ``tf.train.Example`` records → ``pyspark.sql.Row`` objects.
 
     Records are ``(bytes, None)`` pairs (TensorFlowOnSpark's Hadoop input format) or plain

@@ -160,7 +160,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
 
-        from .. import TFCluster as tfc  # run_job() and InputMode, as users see them
+        from .. import TFCluster as tfc  # noqa: N813 - run_job() and InputMode, as users see them
 
         if self.train_fn is None:
             msg = "TFEstimator needs train_fn(args, ctx) (TFEstimator(train_fn, tf_args))"

@@ -116,12 +116,12 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
             self._set(**params)
 
     # -- callables (persisted next to the Params) ---------------------------------------------
-    def setModelFn(self, model_fn: Callable[[], Any] | None) -> TFModel:
+    def setModelFn(self, model_fn: Callable[[], Any] | None) -> TFModel:  # noqa: N802 - Spark ML accessor style
         """The checkpoint style's model builder: ``model_fn()`` returns an (uncompiled) Keras model."""
         self._model_fn = model_fn
         return self
 
-    def getModelFn(self) -> Callable[[], Any] | None:
+    def getModelFn(self) -> Callable[[], Any] | None:  # noqa: N802 - Spark ML accessor style
         return self._model_fn
 
     def _callables(self) -> dict[str, Any]:

@@ -40,7 +40,7 @@ class ModelRef:
     model_fn_blob: bytes | None = field(default=None, repr=False)
 
     def key(self) -> tuple[Any, ...]:
-        digest = hashlib.sha1(self.model_fn_blob).hexdigest() if self.model_fn_blob else None
+        digest = hashlib.sha1(self.model_fn_blob, usedforsecurity=False).hexdigest() if self.model_fn_blob else None
         return (self.style, os.path.abspath(self.path) if "://" not in self.path else self.path,
                 self.tags, self.signature, digest)
 

@@ -78,7 +78,7 @@ class TFTypeConverters:
     """TensorFlowOnSpark's extra Param type converter (dicts, which Spark's ``TypeConverters`` lack)."""
 
     @staticmethod
-    def toDict(value: Any) -> dict[Any, Any]:  # noqa: N802 - TensorFlowOnSpark's name
+    def toDict(value: Any) -> dict[Any, Any]:  # TensorFlowOnSpark's name
         if isinstance(value, dict):
             return value
         msg = f"Could not convert {value!r} to a dict"

@@ -134,7 +134,7 @@ class TFCluster(ClusterStreams):
         return self.state.snapshot().tensorboard
 
     # -- data ------------------------------------------------------------------
-    def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input",
+    def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input",  # noqa: N803 - TFoS name
               *, batch_rows: int = 1024) -> None:
         """Feed an RDD or DataFrame to the chief/worker nodes, ``num_epochs`` times (0, the default: 10 times,
         as TensorFlowOnSpark does).
@@ -229,7 +229,7 @@ class TFCluster(ClusterStreams):
         if total["skipped"]:
             log.warning("tfos_nb: %d row(s) were not read: the nodes' functions returned first", total["skipped"])
 
-    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,
+    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,  # noqa: N803 - TFoS name
                   schema: Any = None, batch_rows: int = 1024) -> Any:
         """Results of the nodes' ``batch_results``, one per input row, in order (lazy).
 
@@ -251,7 +251,7 @@ class TFCluster(ClusterStreams):
                 if not isinstance(schema, StructType):
                     schema = StructType.fromDDL(str(schema))
                 return dataRDD.mapInArrow(make_arrow_inferer(self._meta, feed_timeout, batch_rows, schema), schema)
-            dataRDD = dataRDD.rdd
+            dataRDD = dataRDD.rdd  # noqa: N806 - the TFoS argument, as an RDD
         return dataRDD.mapPartitionsWithIndex(make_rdd_inferer(self._meta, feed_timeout, batch_rows))
 
     # -- lifecycle ----------------------------------------------------------------

@@ -370,7 +370,7 @@ class JobRun:
             for p in items:
                 try:
                     self.client.log_param(run_id, p.key, p.value)
-                except Exception:  # noqa: BLE001, S110
+                except Exception:  # noqa: BLE001
                     pass
 
     def _set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:

@@ -187,7 +187,7 @@ class StreamingFeed:
         self._raise_cluster_error()
         try:
             self.query.processAllAvailable()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - re-raised as the cluster's error, the feed's, or one line
             self._cluster.refresh_state()  # Spark Connect: what the coordinator knows now
             self._raise_cluster_error()
             error = self._feed_error()

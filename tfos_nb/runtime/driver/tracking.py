@@ -129,7 +129,7 @@ def request(setting: Any) -> Request | JobRun | None:
 def _get(args: Any, key: str) -> Any:
     try:
         if isinstance(args, Mapping) or hasattr(args, "keys"):
-            return args[key] if key in args else None
+            return args[key] if key in args else None  # noqa: SIM401 - a keys() object need not have get()
         return getattr(args, key, None)
     except (KeyError, TypeError):
         return None

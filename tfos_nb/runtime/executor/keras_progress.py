@@ -85,9 +85,7 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
 
         def _implements_train_batch_hooks(self) -> bool:
             # ParameterServerStrategy refuses batch-level callbacks: report per epoch there.
-            if getattr(tf.distribute.get_strategy(), "_should_use_with_coordinator", False):
-                return False
-            return True
+            return not getattr(tf.distribute.get_strategy(), "_should_use_with_coordinator", False)
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
             self.epoch = epoch

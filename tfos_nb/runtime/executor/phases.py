@@ -210,7 +210,7 @@ class PhaseWatcher:
 
     def _sample(self) -> None:
         now = time.time()
-        frames = sys._current_frames()  # noqa: SLF001 - the documented way to see other threads' stacks
+        frames = sys._current_frames()  # the documented way to see other threads' stacks
         main = frames.get(self._main) if self._main is not None else None
         with self._lock:
             fixed, stepped, default = self._fixed, self._stepped, self._default

@@ -148,7 +148,7 @@ class ControlServer:
                     next_tick = time.monotonic() + 0.5
                     try:
                         self._on_tick()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("control server tick failed")
                 for key, mask in sel.select(timeout=self._select_timeout()):
                     if key.data == "wake":
