@@ -347,3 +347,10 @@ def test_node_context_has_tensorflowonspark_methods_and_fields():
     assert ctx.absolute_path("/d") == TFNode.hdfs_path(ctx, "/d") == "hdfs://nn:8020/d"
     with pytest.raises(ValueError, match="no RDMA"):
         ctx.start_cluster_server(rdma=True)
+
+
+def test_request_stop_is_stop_streams_under_tensorflowonspark_s_name():
+    """One implementation: ``request_stop`` (TensorFlowOnSpark's reservation client) is ``stop_streams``."""
+    from tfos_nb.runtime.driver.cluster import TFCluster
+
+    assert TFCluster.request_stop is TFCluster.stop_streams

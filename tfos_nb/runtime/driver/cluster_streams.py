@@ -157,23 +157,19 @@ class ClusterStreams:
         """The streaming feeds still running on this cluster."""
         return tuple(self._streams)
 
-    def request_stop(self) -> None:
-        """End the streaming feeds from anywhere in the driver (TensorFlowOnSpark's
-        ``reservation.Client(...).request_stop()``).
-
-        Every streaming feed stops after the micro-batch in flight; a blocked
-        ``train(stream_df)`` returns, and ``shutdown()`` goes on to wait for the nodes.
-        """
-        self.stop_feeds(None)
-
     def stop_streams(self) -> None:
-        """Stop every streaming feed of this cluster (the micro-batches in flight are fed first).
+        """Stop every streaming feed of this cluster (the micro-batches in flight are fed first), from any thread.
 
         A training stream's epoch ends with it: nodes iterating ``as_dataset()`` see
-        the end of their data, their ``model.fit`` returns, and ``train(stream_df)``
-        or a ``%%tfos_cluster --data STREAM`` cell goes on to wait for the nodes.
+        the end of their data, their ``model.fit`` returns, a blocked ``train(stream_df)``
+        returns, and ``shutdown()`` or a ``%%tfos_cluster --data STREAM`` cell goes on to
+        wait for the nodes.
         """
         self.stop_feeds(None)
+
+    #: The same method under TensorFlowOnSpark's name (``reservation.Client(...).request_stop()``),
+    #: for programs ported from it (docs/migrating.md).
+    request_stop = stop_streams
 
     def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
                          batch_rows: int) -> list[dict[str, int]]:

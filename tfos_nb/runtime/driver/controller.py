@@ -1,4 +1,4 @@
-"""The driver's side of the control plane, and the one writer of a job's :class:`ClusterState`.
+"""The control plane's server side: the writer of a job's :class:`ClusterState` where its control server runs.
 
 Its message handlers run on the control server's thread: they keep the state
 current, form the cluster once every node registered, hand feeding tasks to
@@ -10,7 +10,9 @@ the controller (:meth:`~Controller.set_running`, :meth:`~Controller.request_stop
 :meth:`~Controller.open_epoch`, :meth:`~Controller.end_epoch`,
 :meth:`~Controller.finish`).  Each such method takes the state's lock, so the
 writes stay serialised with the control thread's; this is simpler than a
-queue drained by the control thread, and as truthful: every write is here.
+queue drained by the control thread.  It runs in the notebook's process on
+classic Spark and in the coordinator on Spark Connect, where the notebook's
+copy of the state is written by ``snapshot.Mirror`` (see ``state.py``).
 Time comes from ``state.clock`` (injectable: tests run in milliseconds).
 """
 

@@ -79,7 +79,7 @@ def to_json(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], histo
 
 
 class Mirror:
-    """The notebook's copy of a cluster hosted elsewhere: applies snapshots to a ClusterState (its one writer)."""
+    """The notebook's copy of a cluster hosted elsewhere: applies the coordinator's snapshots to a ClusterState."""
 
     def __init__(self, state: S.ClusterState) -> None:
         self.state = state

@@ -1,11 +1,14 @@
 """The observable state of a cluster: what the driver knows about every node.
 
-One writer: the cluster's :class:`~.controller.Controller`.  Its message
-handlers run on the control server's thread; the few transitions the job's
-owner asks for (start done, stop, kill, cancel, a new epoch, the final state)
-are Controller methods too, each taking the state's lock, so every write to a
-ClusterState is code in ``controller.py`` (and its parallel-runs subclass).
-Everybody else reads immutable snapshots.  The notebook layer (magics, panel)
+Who writes a ClusterState depends on where the cluster's control server runs.
+Classic Spark: the :class:`~.controller.Controller` in the notebook's process
+(its message handlers on the control server's thread; the transitions the job's
+owner asks for -- start done, stop, kill, cancel, a new epoch, the final state --
+are Controller methods too).  Spark Connect: the Controller in the coordinator
+process on an executor writes the coordinator's state, and the notebook's copy
+is written by :class:`~.snapshot.Mirror` applying the coordinator's snapshots
+(and by the few local transitions ``connect.RemoteController`` makes).  Every
+writer takes the state's lock; everybody else reads immutable snapshots.  The notebook layer (magics, panel)
 only ever sees snapshots and change notifications; it never touches Spark or sockets.
 
 ``clock`` (default ``time.monotonic``) is injectable so tests can drive

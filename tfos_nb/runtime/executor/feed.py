@@ -1,9 +1,10 @@
 """The node side of InputMode.SPARK: the ``DataFeed`` users read (the data server is ``feed_hub.py``).
 
-Feeding tasks connect to the node's ``feed_hub.DataServer``; each connection's
-reader thread puts Arrow record batches into one bounded queue (back-pressure
-reaches Spark through TCP).  :class:`DataFeed` hands them out in batches of the
-size asked for: as Python rows (TensorFlowOnSpark's ``next_batch``), as numpy
+Feeding tasks connect to the node's ``data_server.DataServer``; each connection's
+reader thread puts Arrow record batches into the ``feed_hub.FeedHub``, one bounded
+queue per generation (epoch), so back-pressure reaches Spark through TCP and the
+next epoch's rows wait in their own queue.  :class:`DataFeed` reads the hub up to
+its epoch and hands the rows out in batches of the size asked for: as Python rows (TensorFlowOnSpark's ``next_batch``), as numpy
 columns (``next_batch_arrays``), or as a ``tf.data.Dataset`` (``as_dataset``).
 """
 
