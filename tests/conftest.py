@@ -102,7 +102,7 @@ def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     return spark
 
 
-_SPARK_MODULES: dict[str, tuple] = {}  # test module -> the settings of its classic session (spark_fixture)
+_SHARED_MODULES: dict[str, tuple] = {}  # test module -> the settings of what it may share with the next module
 _spark_shared: dict[str, Any] = {}  # "key", "session": the classic session consecutive modules share
 
 
@@ -117,8 +117,8 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     and share one session: a module's teardown stops it unless the next module to run wants the same
     one.  A module that builds its own session (``spark_session``) never finds one left running.
     """
-    key = (executors, memory_mb, tuple(sorted((conf or {}).items())), callback_server)
-    _SPARK_MODULES[sys._getframe(1).f_globals["__name__"]] = key  # noqa: SLF001
+    key = ("spark", executors, memory_mb, tuple(sorted((conf or {}).items())), callback_server)
+    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])  # noqa: SLF001
 
     @pytest.fixture(scope="module")
     def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
@@ -132,7 +132,7 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
                 ensure_callback_server_started(session.sparkContext._gateway)  # noqa: SLF001
             _spark_shared.update(key=key, session=session)
         yield _spark_shared["session"]
-        if _next_module(request, _SPARK_MODULES) != key:
+        if next_module_key(request) != key:
             _stop_shared_spark()
 
     return spark
@@ -145,12 +145,18 @@ def _stop_shared_spark() -> None:
         session.stop()
 
 
-def _next_module(request: pytest.FixtureRequest, registry: dict[str, tuple]) -> tuple | None:
-    """The settings the module run right after this one registered in ``registry`` (None: none)."""
+def share_with_next_module(key: tuple, module: str) -> None:
+    """Say that ``module`` (a test module's ``__name__``) uses a resource made with ``key``: the modules that say
+    the same key run one after another, and a module's teardown can leave the resource to the next one."""
+    _SHARED_MODULES[module] = key
+
+
+def next_module_key(request: pytest.FixtureRequest) -> tuple | None:
+    """The key the module run right after this one gave :func:`share_with_next_module` (None: none)."""
     items, here = request.session.items, request.module.__name__
     later = [i for i, item in enumerate(items) if item.module.__name__ == here]
     rest = items[(later[-1] + 1 if later else len(items)):]
-    return registry.get(rest[0].module.__name__) if rest else None
+    return _SHARED_MODULES.get(rest[0].module.__name__) if rest else None
 
 
 def group_modules(names: list[str], keys: dict[str, tuple]) -> list[str]:
@@ -166,12 +172,12 @@ def group_modules(names: list[str], keys: dict[str, tuple]) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the modules that share a classic Spark session's settings one after another (each session
-    start is ~15 s of JVMs), tests inside a module in their own order."""
+    """Run the modules that share a resource (:func:`share_with_next_module`: a classic Spark session, ~15 s of
+    JVMs to start; the network-namespace cluster) one after another, tests inside a module in their own order."""
     by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_module.setdefault(getattr(item.module, "__name__", ""), []).append(item)
-    items[:] = [item for name in group_modules(list(by_module), _SPARK_MODULES) for item in by_module[name]]
+    items[:] = [item for name in group_modules(list(by_module), _SHARED_MODULES) for item in by_module[name]]
 
 
 class StreamSource:

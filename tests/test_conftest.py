@@ -59,5 +59,5 @@ def test_the_suite_runs_each_shared_session_s_modules_together(request):
     from tests import conftest
 
     order = list(dict.fromkeys(item.module.__name__ for item in request.session.items))
-    runs = [conftest._SPARK_MODULES[n] for n in order if n in conftest._SPARK_MODULES]
+    runs = [conftest._SHARED_MODULES[n] for n in order if n in conftest._SHARED_MODULES]
     assert all(key not in runs[:i] or runs[i - 1] == key for i, key in enumerate(runs)), order

@@ -20,30 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NODE_ENV, skip_environment, wait_until
-from tests.netns_cluster import NamespacesUnavailable, NetnsCluster
+from tests.conftest import NODE_ENV
+from tests.netns_cluster import NetnsCluster, netns_fixture
 from tfos_nb import doctor
 from tfos_nb.runtime.doctor import FAIL, OK
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
 
 
-@pytest.fixture(scope="module")
-def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    cluster = NetnsCluster(tmp_path_factory.mktemp("netns-doctor"), worker_cores=1, worker_memory="1g")
-    try:
-        cluster.start()
-    except NamespacesUnavailable as exc:
-        skip_environment(f"cannot make network namespaces here: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        gone = wait_until(lambda: not cluster.leftovers(), 20, 0.2)
-        left = cluster.leftovers()
-        if left:
-            cluster.kill_leftovers()
-        assert gone, f"left behind after teardown: {left}"
+netns = netns_fixture(2, "2g")  # test_multihost's cluster: the two modules share it
 
 
 @pytest.fixture(scope="module")

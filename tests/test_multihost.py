@@ -37,8 +37,8 @@ from urllib.parse import urlsplit
 import cloudpickle
 import pytest
 
-from tests.conftest import NODE_ENV, listening_ports, runtime_processes, skip_environment, wait_until
-from tests.netns_cluster import TAG_ENV, NamespacesUnavailable, NetnsCluster, kill_group, pyspark_bin
+from tests.conftest import NODE_ENV, listening_ports, runtime_processes, wait_until
+from tests.netns_cluster import TAG_ENV, NetnsCluster, kill_group, netns_fixture, pyspark_bin
 from tfos_nb import TFCluster
 from tfos_nb import tensorboard as tb
 from tfos_nb.examples import digits
@@ -56,31 +56,10 @@ EPOCHS = 5
 
 
 # --------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def netns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-    """Bridge, two worker namespaces, a master and two workers; all gone at module end.
-
-    Each worker offers 2 cores (2 GiB): one executor of the batch job and one of this
-    driver's application per namespace, so the two run side by side.
-    """
-    cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), worker_cores=2, worker_memory="2g")
-    t0 = time.monotonic()
-    try:
-        cluster.start()
-    except NamespacesUnavailable as exc:
-        skip_environment(f"cannot make network namespaces here: {exc}")
-    print(f"\n[multihost] standalone cluster up in {time.monotonic() - t0:.1f} s: {cluster.master_url}, workers {cluster.worker_ips}")
-    try:
-        yield cluster
-    finally:
-        t0 = time.monotonic()
-        cluster.stop()
-        gone = wait_until(lambda: not cluster.leftovers(), 20, 0.2)
-        left = cluster.leftovers()
-        if left:
-            cluster.kill_leftovers()
-        print(f"[multihost] teardown in {time.monotonic() - t0:.1f} s")
-        assert gone, f"left behind after teardown: {left}"
+# Bridge, two worker namespaces, a master and two workers (test_doctor_multihost's too), gone after the last
+# module using them. Each worker offers 2 cores (2 GiB): one executor of the batch job and one of this driver's
+# application per namespace, so the two run side by side.
+netns = netns_fixture(2, "2g")
 
 
 def _spark_confs(cluster: NetnsCluster) -> dict[str, str]:
