@@ -96,7 +96,7 @@ class Controller:
             node.executor_id = msg.executor_id
             node.working_dir = msg.working_dir
             node.gpus = list(msg.gpus)
-            node._spark_gpus = list(msg.spark_gpus)  # type: ignore[attr-defined]
+            node.spark_gpus = list(msg.spark_gpus)
             node.last_heartbeat = node.moved_at = self.clock()
             if all(n.state == S.REGISTERED for n in st.nodes):
                 self._form_cluster()
@@ -116,7 +116,7 @@ class Controller:
                 by_host.setdefault(n.host, []).append(n)
         self._specs = {}
         for n in st.nodes:
-            spark_gpus = getattr(n, "_spark_gpus", [])
+            spark_gpus = n.spark_gpus
             if spark_gpus:
                 known = {g["index"]: g for g in n.gpus}
                 gpus = [known.get(a, {"index": a, "name": "GPU"}) for a in spark_gpus]

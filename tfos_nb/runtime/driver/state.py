@@ -143,6 +143,7 @@ class _Node:
         self.child_pid: int | None = None
         self.data_port: int | None = None
         self.gpus: list[dict[str, Any]] = []
+        self.spark_gpus: list[str] = []  # the addresses Spark gave the node's task (registration)
         self.step: int | None = None
         self.total_steps: int | None = None
         self.total_epochs: int | None = None

@@ -261,7 +261,7 @@ class Codec:
             self._seen[sender] = (seq, max(newest, ts))
             if len(self._seen) > SEEN_PRUNE_AT:
                 self._forget_stale_senders()
-        cls = _TYPES.get(env.get("type"))  # type: ignore[arg-type]
+        cls = _TYPES.get(str(env.get("type")))
         if cls is None:
             raise ProtocolError(f"unknown message type {env.get('type')!r}")
         data = env.get("body")
