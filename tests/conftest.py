@@ -118,18 +118,18 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     one.  A module that builds its own session (``spark_session``) never finds one left running.
     """
     key = ("spark", executors, memory_mb, tuple(sorted((conf or {}).items())), callback_server)
-    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])  # noqa: SLF001
+    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])
 
     @pytest.fixture(scope="module")
     def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
         shared = _spark_shared.get("session")
-        if _spark_shared.get("key") != key or shared is None or shared.sparkContext._jsc is None:  # noqa: SLF001
+        if _spark_shared.get("key") != key or shared is None or shared.sparkContext._jsc is None:
             _stop_shared_spark()
             session = spark_session(executors, memory_mb, conf)
             if callback_server:
                 from pyspark.java_gateway import ensure_callback_server_started
 
-                ensure_callback_server_started(session.sparkContext._gateway)  # noqa: SLF001
+                ensure_callback_server_started(session.sparkContext._gateway)
             _spark_shared.update(key=key, session=session)
         yield _spark_shared["session"]
         if next_module_key(request) != key:
@@ -243,11 +243,11 @@ def connect_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
     from pyspark import SparkContext
     from pyspark.sql import SparkSession as ClassicSession
 
-    if not node_env and SparkContext._jvm is not None:  # noqa: SLF001
+    if not node_env and SparkContext._jvm is not None:
         # pyspark starts the server's SparkContext with SparkConf(loadDefaults=True): an earlier session of this
         # process left its settings as the JVM's system properties, NODE_ENV's executorEnv among them
         for key in NODE_ENV:
-            SparkContext._jvm.java.lang.System.clearProperty(f"spark.executorEnv.{key}")  # noqa: SLF001
+            SparkContext._jvm.java.lang.System.clearProperty(f"spark.executorEnv.{key}")
 
     left = ClassicSession._instantiatedSession  # an earlier module's classic session (e.g. an embedded one)
     if left is not None and left._sc._jsc is not None:
@@ -272,7 +272,7 @@ def connect_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] 
     stopped before any other module, since a classic session cannot start beside it.
     """
     key = (executors, memory_mb, tuple(sorted((conf or {}).items())), cores, node_env)
-    _CONNECT_MODULES[sys._getframe(1).f_globals["__name__"]] = key  # noqa: SLF001
+    _CONNECT_MODULES[sys._getframe(1).f_globals["__name__"]] = key
 
     @pytest.fixture(scope="module")
     def spark(request: pytest.FixtureRequest) -> Iterator[Any]:

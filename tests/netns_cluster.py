@@ -282,7 +282,7 @@ def netns_fixture(worker_cores: int, worker_memory: str) -> Any:
     from tests.conftest import next_module_key, share_with_next_module, skip_environment, wait_until
 
     key = ("netns", worker_cores, worker_memory)
-    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])  # noqa: SLF001
+    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])
 
     @pytest.fixture(scope="module")
     def netns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:

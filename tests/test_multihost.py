@@ -232,7 +232,7 @@ class Jupyter:
                 self.proc.wait(10)
 
 
-def train_and_serve_logs(args: dict, ctx) -> None:  # noqa: ANN001 - a node function
+def train_and_serve_logs(args: dict, ctx) -> None:  # a node function
     """The quickstart's training; the chief also evaluates on the held-out digits, writes a
     TensorBoard run, and keeps its node (and so TensorBoard) up until ``shutdown()``."""
     import numpy as np
