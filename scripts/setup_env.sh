@@ -29,7 +29,9 @@ want=$(cat requirements.txt requirements-test.txt requirements-docs.txt setup.py
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements-test.txt
-  .venv/bin/python -m pip install -q --no-deps -e .
+  # (setuptools warns on every editable install that a folder named like the package may shadow it: that folder is
+  # the package itself, so the warning is silenced here)
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q --no-deps -e .
   # The install puts etc/jupyter/jupyter_server_config.d/tfos_nb.json into .venv, which enables the
   # TensorBoard proxy for `.venv/bin/jupyter lab`; check it, and enable it by hand if an old setuptools did not.
   listed=$(.venv/bin/python -m jupyter_server extension list 2>&1 || true)  # not piped into grep -q: pipefail
