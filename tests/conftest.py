@@ -61,21 +61,35 @@ def import_or_skip(name: str) -> Any:
         skip_environment(f"cannot import {name}: {exc}")
 
 
-@pytest.fixture(scope="session")
-def kernel_specs(tmp_path_factory):
-    """A kernelspec running this interpreter (the project's venv), whatever python3 means elsewhere."""
+def kernel_spec_manager(kernels: Any, *extra_argv: str, name: str = KERNEL) -> Any:
+    """A kernelspec ``name`` in the folder ``kernels`` running this interpreter (the project's venv), whatever
+    python3 means elsewhere, with ``extra_argv`` for ipykernel; the ``KernelSpecManager`` that finds it."""
     import json
 
     from jupyter_client.kernelspec import KernelSpecManager
 
-    kernels = tmp_path_factory.mktemp("kernels")
-    spec = kernels / KERNEL
-    spec.mkdir()
+    spec = kernels / name
+    spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *extra_argv],
         "display_name": "tfos_nb tests", "language": "python",
     }))
     return KernelSpecManager(kernel_dirs=[str(kernels)])
+
+
+@pytest.fixture(scope="session")
+def kernel_specs(tmp_path_factory):
+    """:func:`kernel_spec_manager` for the session: kernel :data:`KERNEL`."""
+    return kernel_spec_manager(tmp_path_factory.mktemp("kernels"))
+
+
+def start_cluster(spark: Any, fn: Callable[..., Any], args: Any, n: int = 2, **kw: Any) -> Any:
+    """``TFCluster.run`` as the tests call it: each node's TensorFlow with one thread (:data:`NODE_ENV`) unless
+    ``env`` says otherwise."""
+    from tfos_nb import TFCluster
+
+    kw.setdefault("env", NODE_ENV)
+    return TFCluster.run(spark, fn, args, n, **kw)
 
 
 def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None,

@@ -18,22 +18,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.conftest import free_port
-from tests.test_tbproxy import child_env, stop, wait_for
+from tests.jupyter_server import JupyterServer, child_env, jupyter_server
+from tests.test_tbproxy import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -103,20 +99,7 @@ def notebook(logdir: Path | None, stop_file: Path) -> dict:
     }
 
 
-@dataclass
-class Lab:
-    url: str  # http://127.0.0.1:PORT/user/test/
-    token: str
-    root: Path
-    proc: subprocess.Popen
-
-    def api(self, path: str, method: str = "GET", body: object = None) -> object:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"token {self.token}", "Content-Type": "application/json"}
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            body = resp.read()
-        return json.loads(body) if body else None
+Lab = JupyterServer  # JupyterLab or Notebook 7 under BASE_URL
 
 
 def installed_extensions(env: dict[str, str]) -> str:
@@ -133,11 +116,7 @@ def jupyter_app(root: Path, app: str, lab_settings: bool = True) -> Iterator[Lab
     The tfos_nb server extension is on because the install enabled it in this environment
     (``sys.prefix``/etc/jupyter): nothing here enables it.
     """
-    runtime = root / "runtime"
-    runtime.mkdir(mode=0o700)
-    (root / "work").mkdir()
-    (root / "config").mkdir()  # user-level config: empty
-    (root / "lab-settings").mkdir()
+    (root / "lab-settings").mkdir(parents=True)
     if lab_settings:  # JupyterLab's; Notebook 7 (no such plugins) fails to load them: a page error
         settings = root / "lab-settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True)  # no news / update toasts over the notebook
@@ -145,15 +124,9 @@ def jupyter_app(root: Path, app: str, lab_settings: bool = True) -> Iterator[Lab
         tracker = root / "lab-settings" / "@jupyterlab" / "notebook-extension"
         tracker.mkdir(parents=True)  # open the notebook with its kernel, no "Select Kernel" dialog
         (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
-    token, port = secrets.token_hex(16), free_port()
-    env = child_env(
-        JUPYTER_RUNTIME_DIR=str(runtime),
-        JUPYTER_CONFIG_DIR=str(root / "config"),
-        JUPYTER_DATA_DIR=str(root / "data"),
-        JUPYTERLAB_SETTINGS_DIR=str(root / "lab-settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
-        JUPYTER_PLATFORM_DIRS="1",
-    )
+    (root / "config").mkdir()  # user-level config: empty
+    env = child_env(JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_PLATFORM_DIRS="1",
+                    JUPYTERLAB_SETTINGS_DIR=str(root / "lab-settings"), JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.pop("JUPYTER_CONFIG_PATH", None)
     listed = installed_extensions(env)
@@ -161,32 +134,10 @@ def jupyter_app(root: Path, app: str, lab_settings: bool = True) -> Iterator[Lab
         "the tfos_nb.tbproxy server extension is not enabled in this environment "
         f"({sys.prefix}): reinstall (scripts/setup_env.sh, pip install -e .) or "
         f"`jupyter server extension enable --sys-prefix tfos_nb.tbproxy`\n{listed}")
-    cmd = [
-        sys.executable, "-m", app, "--no-browser", f"--port={port}", "--ServerApp.port_retries=0",
-        "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}", f"--ServerApp.base_url={BASE_URL}",
-        f"--ServerApp.root_dir={root / 'work'}", "--TensorBoardProxy.request_timeout=30",
-    ]  # fmt: skip
-    if os.getuid() == 0:
-        cmd.append("--allow-root")
-    log = root / "server.log"
-    proc = subprocess.Popen(cmd, env=env, cwd=root / "work", stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
-    srv = Lab(url=f"http://127.0.0.1:{port}{BASE_URL}", token=token, root=root, proc=proc)
-    try:
-        try:
-            wait_for(lambda: srv.api("api/status"), 300, app, proc)  # a loaded 2-core machine: imports alone took 90 s
-        except (AssertionError, OSError):
-            raise AssertionError(log.read_text()[-3000:]) from None
-        assert "tfos_nb: TensorBoard proxy at" in log.read_text()
+    # a loaded 2-core machine: imports alone took 90 s
+    with jupyter_server(root, app=app, base_url=BASE_URL, env=env, config_dir=root / "config", startup_timeout=300,
+                        keep_log=OUTPUT / f"browser-{app}.log") as srv:
         yield srv
-    finally:
-        descendants = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-        stop(proc)
-        gone, alive = psutil.wait_procs(descendants, timeout=30)
-        for p in alive:
-            p.kill()
-        OUTPUT.mkdir(exist_ok=True)
-        shutil.copy(log, OUTPUT / f"browser-{app}.log")
-        assert not alive, f"left running after {app} stopped: {[p.pid for p in alive]}"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 import cloudpickle
 import pytest
 
-from tests.conftest import NODE_ENV, StreamSource, connect_fixture, runtime_processes, wait_until
+from tests.conftest import NODE_ENV, StreamSource, connect_fixture, runtime_processes, start_cluster, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.TFCluster import TFClusterError
 
@@ -17,9 +17,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 spark = connect_fixture(2)
 
 
-def run(spark, fn, args, n, **kw):
-    kw.setdefault("env", NODE_ENV)
-    return TFCluster.run(spark, fn, args, n, **kw)
+run = start_cluster
 
 
 def coordinators():

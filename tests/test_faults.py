@@ -20,7 +20,7 @@ import cloudpickle
 import psutil
 import pytest
 
-from tests.conftest import NODE_ENV, kernel_execute, listening_ports, runtime_processes, spark_session, wait_until
+from tests.conftest import NODE_ENV, kernel_execute, listening_ports, runtime_processes, spark_session, start_cluster, wait_until
 from tfos_nb import TFCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -66,9 +66,7 @@ def feed_df(spark):
 DETECTED_WITHIN_S = 60
 
 
-def run(sc, fn, args, n, **kw):
-    kw.setdefault("env", NODE_ENV)
-    return TFCluster.run(sc, fn, args, n, **kw)
+run = start_cluster
 
 
 def no_spark_jobs_left(sc) -> bool:

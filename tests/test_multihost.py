@@ -20,11 +20,8 @@ Skipped (with the reason) only where network namespaces cannot be made: not root
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import secrets
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,12 +29,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import cloudpickle
 import pytest
 
 from tests.conftest import NODE_ENV, listening_ports, runtime_processes, wait_until
+from tests.jupyter_server import config_with_extension, start_jupyter_server
 from tests.netns_cluster import TAG_ENV, NetnsCluster, kill_group, netns_fixture, pyspark_bin
 from tfos_nb import TFCluster
 from tfos_nb import tensorboard as tb
@@ -51,7 +48,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "scripts" / "quickstart_job.py"
-CONFIG_JSON = REPO / "jupyter-config" / "jupyter_server_config.d" / "tfos_nb.json"
 EPOCHS = 5
 
 
@@ -153,85 +149,6 @@ def spark(netns: NetnsCluster, batch_job: Job) -> Iterator[object]:
         session.stop()
 
 
-def _config_dir(root: Path) -> Path:
-    cfg = root / "config"
-    (cfg / "jupyter_server_config.d").mkdir(parents=True)
-    shutil.copy(CONFIG_JSON, cfg / "jupyter_server_config.d" / "tfos_nb.json")
-    return cfg
-
-
-@dataclass
-class Response:
-    status_code: int
-    content_type: str
-    body: bytes
-
-    def json(self) -> object:
-        return json.loads(self.body)
-
-
-class Jupyter:
-    """A real ``jupyter server`` in the root namespace, with the shipped extension config."""
-
-    def __init__(self, root: Path, cluster: NetnsCluster) -> None:
-        self.runtime_dir = root / "runtime"
-        self.runtime_dir.mkdir(mode=0o700)
-        (root / "work").mkdir()
-        self.token = secrets.token_hex(16)
-        self.log = root / "server.log"
-        env = _child_env(
-            cluster,
-            JUPYTER_RUNTIME_DIR=str(self.runtime_dir),
-            JUPYTER_CONFIG_DIR=str(_config_dir(root)),
-            JUPYTER_DATA_DIR=str(root / "data"),
-            JUPYTER_PLATFORM_DIRS="1",
-        )
-        cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.token={self.token}", "--port=0", "--no-browser"]
-        cmd += ["--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root / 'work'}", "--TensorBoardProxy.request_timeout=30"]
-        if os.getuid() == 0:
-            cmd.append("--allow-root")
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out)
-        self.url = ""
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        """``--port=0``: the server writes its URL into its runtime dir's ``jpserver-<pid>.json``."""
-        info = self.runtime_dir / f"jpserver-{self.proc.pid}.json"
-
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"jupyter server exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            if not info.exists():
-                return False
-            try:
-                self.url = json.loads(info.read_text())["url"]
-            except (ValueError, KeyError):
-                return False
-            return self.get("api/status").status_code == 200
-
-        assert wait_until(ready, timeout, 0.2), self.log.read_text()[-3000:]
-        assert "tfos_nb: TensorBoard proxy at" in self.log.read_text()
-
-    def get(self, rel: str) -> Response:
-        parts = urlsplit(self.url + rel)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-        try:
-            conn.request("GET", parts.path, headers={"Authorization": f"token {self.token}"})
-            resp = conn.getresponse()
-            return Response(resp.status, resp.getheader("Content-Type") or "", resp.read())
-        finally:
-            conn.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 def train_and_serve_logs(args: dict, ctx) -> None:  # a node function
     """The quickstart's training; the chief also evaluates on the held-out digits, writes a
     TensorBoard run, and keeps its node (and so TensorBoard) up until ``shutdown()``."""
@@ -271,8 +188,8 @@ def _log_value(cluster: object, label: str, key: str) -> str | None:
 def trained(netns: NetnsCluster, spark: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The quickstart trained from this process across the namespaces; the cluster still up."""
     root = tmp_path_factory.mktemp("multihost")
-    (root / "jupyter").mkdir()
-    jupyter = Jupyter(root / "jupyter", netns)  # starts while Spark and TensorFlow do
+    jupyter = start_jupyter_server(root / "jupyter", env=_child_env(netns),  # starts while Spark and TensorFlow do
+                                   config_dir=config_with_extension(root / "jupyter"))
     try:
         sc = spark.sparkContext  # type: ignore[attr-defined]
         xtr, ytr, xte, yte = digits.load_digits_arrays()
@@ -310,7 +227,8 @@ def trained(netns: NetnsCluster, spark: object, tmp_path_factory: pytest.TempPat
         finally:
             cluster.shutdown()  # idempotent: normally done by the last test
     finally:
-        jupyter.stop()
+        left = jupyter.stop()
+        assert not left, f"left running after jupyter server stopped: {left}"
 
 
 def test_quickstart_nodes_on_namespace_addresses(trained: dict, netns: NetnsCluster) -> None:
@@ -353,19 +271,19 @@ def test_tensorboard_through_proxy_from_a_namespace(trained: dict, netns: NetnsC
 
         def listed() -> bool:
             nonlocal runs
-            resp = jupyter.get(path + "data/runs")
-            runs = resp.json() if resp.status_code == 200 else [resp.status_code]
+            resp = jupyter.request(path + "data/runs")
+            runs = resp.json() if resp.status == 200 else [resp.status]
             return "digits" in runs
 
         assert wait_until(listed, 90, 0.5), runs
         print(f"\n[multihost] TensorBoard on {url} listed the run through the proxy after {time.monotonic() - t0:.1f} s")
-        tags = jupyter.get(path + "data/plugin/scalars/tags")
-        assert tags.status_code == 200 and "accuracy" in tags.json()["digits"], tags.body[:300]
-        index = jupyter.get(path)
-        assert index.status_code == 200 and index.content_type.startswith("text/html")
+        tags = jupyter.request(path + "data/plugin/scalars/tags")
+        assert tags.status == 200 and "accuracy" in tags.json()["digits"], tags.body[:300]
+        index = jupyter.request(path)
+        assert index.status == 200 and index.headers.get("Content-Type", "").startswith("text/html")
     finally:
         tb.withdraw(cluster_id)
-    assert jupyter.get(path + "data/runs").status_code == 404
+    assert jupyter.request(path + "data/runs").status == 404
 
 
 def test_shutdown_leaves_nothing_behind(trained: dict, netns: NetnsCluster) -> None:

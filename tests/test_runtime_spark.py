@@ -10,7 +10,7 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, runtime_processes, spark_fixture, wait_until
+from tests.conftest import NODE_ENV, runtime_processes, spark_fixture, start_cluster, wait_until
 from tfos_nb import TFCluster, dfutil
 from tfos_nb.examples import digits
 
@@ -33,9 +33,7 @@ def digits_data(spark):
     return xtr, ytr, xte, yte, df
 
 
-def run(sc, fn, args, n, **kw):
-    kw.setdefault("env", NODE_ENV)
-    return TFCluster.run(sc, fn, args, n, **kw)
+run = start_cluster
 
 
 def accuracy(sc, export_dir, xte, yte):

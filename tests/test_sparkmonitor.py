@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import kernel_spec_manager
+
 pytestmark = pytest.mark.slow
 
 KERNEL = "tfos-nb-sparkmonitor-test"
@@ -48,17 +50,13 @@ print("done", ctx.job_name, ctx.task_index)
 
 
 def _kernel(tmp_path: Path):
-    from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
-    spec = tmp_path / "kernels" / KERNEL
-    spec.mkdir(parents=True)
     # SIGUSR1 makes the kernel print every thread's stack to its stderr (the test's output), if a cell ever gets
     # no message for 300 s again (it happened one run in five, even for "%load_ext tfos_nb", while _run sent the
     # next request without reading the execute_reply: the main thread idle, the request unread)
     dump = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True)"
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", f"--IPKernelApp.exec_lines={[dump]!r}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "t", "language": "python"}))
+    specs = kernel_spec_manager(tmp_path / "kernels", f"--IPKernelApp.exec_lines={[dump]!r}", name=KERNEL)
     import pyspark
 
     env = dict(os.environ)
@@ -67,7 +65,7 @@ def _kernel(tmp_path: Path):
     env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
     km.start_kernel(env=env)
     return km
 

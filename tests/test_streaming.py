@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, StreamSource, spark_fixture, wait_until
+from tests.conftest import StreamSource, spark_fixture, start_cluster, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.TFCluster import TFClusterError
 
@@ -23,8 +24,7 @@ SCHEMA = "id long, x1 double, x2 double, y double"
 spark = spark_fixture(2, callback_server=True)
 
 
-def run(sc, fn, args, n=2):
-    return TFCluster.run(sc, fn, args, n, input_mode=TFCluster.InputMode.SPARK, env=NODE_ENV)
+run = functools.partial(start_cluster, input_mode=TFCluster.InputMode.SPARK)
 
 
 def _row(i):

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import socket
 import stat
@@ -20,7 +19,6 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import urlencode
@@ -28,12 +26,12 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.conftest import free_port, wait_until
+from tests.jupyter_server import CONFIG_JSON, JupyterServer, Reply, child_env, config_with_extension, jupyter_server
 from tests.server_abuse import as_nobody, as_nobody_wait, fork_as_nobody
 from tfos_nb import tensorboard as tb
 from tfos_nb.tbproxy import _records, _urls
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG_JSON = REPO / "jupyter-config" / "jupyter_server_config.d" / "tfos_nb.json"
 slow = pytest.mark.slow
 
 
@@ -53,49 +51,14 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Response:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-    def json(self) -> object:
-        return json.loads(self.body)
-
-
-@dataclass
-class Server:
-    port: int
-    base_url: str
-    token: str
-    runtime_dir: Path
-    proc: subprocess.Popen
-
-    def path(self, rel: str) -> str:
-        return self.base_url + rel
+class Server(JupyterServer):
+    """The test's server, with requests that check what the proxy must never weaken."""
 
     def fetch(
         self, rel: str, method: str = "GET", *, auth: bool = True, headers: dict | None = None, body: bytes | None = None
-    ) -> Response:
+    ) -> Reply:
         """A request whose path is sent exactly as given (no client-side normalisation)."""
-        hdrs = dict(headers or {})
-        if auth:
-            hdrs["Authorization"] = f"token {self.token}"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, self.path(rel), body=body, headers=hdrs)
-            resp = conn.getresponse()
-            out = Response(resp.status, resp.headers, resp.read())
-        finally:
-            conn.close()
+        out = self.request(rel, method, auth=auth, headers=headers, body=body)
         # The proxy never weakens the Jupyter origin, whatever the answer (Jupyter itself
         # sends an empty Access-Control-Allow-Origin on API responses: no origin allowed).
         assert out.headers.get_all("Access-Control-Allow-Origin") in (None, [""]), out.headers
@@ -274,56 +237,13 @@ def tensorboard(logdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         stop(proc)
 
 
-def _config_dir(root: Path) -> Path:
-    cfg = root / "config"
-    (cfg / "jupyter_server_config.d").mkdir(parents=True)
-    shutil.copy(CONFIG_JSON, cfg / "jupyter_server_config.d" / "tfos_nb.json")
-    return cfg
-
-
 @pytest.fixture(scope="module", params=["/", "/user/alice/"], ids=["root", "hub-base-url"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A real ``jupyter server`` with the extension enabled by the shipped config file."""
-    base_url = request.param
     root = tmp_path_factory.mktemp("jupyter")
-    runtime = root / "runtime"
-    runtime.mkdir(mode=0o700)
-    (root / "work").mkdir()
-    token = secrets.token_hex(16)
-    port = free_port()
-    env = child_env(
-        JUPYTER_RUNTIME_DIR=str(runtime),
-        JUPYTER_CONFIG_DIR=str(_config_dir(root)),
-        JUPYTER_DATA_DIR=str(root / "data"),
-        JUPYTER_PLATFORM_DIRS="1",
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyter_server",
-        f"--ServerApp.token={token}",
-        f"--port={port}",
-        "--ServerApp.port_retries=0",
-        "--no-browser",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.root_dir={root / 'work'}",
-        f"--ServerApp.base_url={base_url}",
-        "--TensorBoardProxy.request_timeout=30",
-    ]
-    if os.getuid() == 0:
-        cmd.append("--allow-root")
-    log = root / "server.log"
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
-    srv = Server(port=port, base_url=base_url, token=token, runtime_dir=runtime, proc=proc)
-    try:
-        try:
-            wait_for(lambda: srv.fetch("api/status").status == 200, 90, "jupyter server", proc)
-        except AssertionError:
-            raise AssertionError(log.read_text()[-3000:]) from None
-        assert "tfos_nb: TensorBoard proxy at" in log.read_text()
+    with jupyter_server(root, base_url=request.param, config_dir=config_with_extension(root), kind=Server,
+                        startup_timeout=90) as srv:
         yield srv
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
@@ -410,7 +330,7 @@ def test_layers_import_one_way() -> None:
 @slow
 def test_extension_listed_ok(tmp_path: Path) -> None:
     assert json.loads(CONFIG_JSON.read_text()) == {"ServerApp": {"jpserver_extensions": {"tfos_nb.tbproxy": True}}}
-    env = child_env(JUPYTER_CONFIG_DIR=str(_config_dir(tmp_path)))
+    env = child_env(JUPYTER_CONFIG_DIR=str(config_with_extension(tmp_path)))
     out = subprocess.run(
         [sys.executable, "-m", "jupyter", "server", "extension", "list"], env=env, capture_output=True, text=True, timeout=120
     )

@@ -10,13 +10,14 @@ few seconds; the Keras ones are tiny (digits, one dense layer).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import cloudpickle
 import numpy as np
 import pytest
 
-from tests.conftest import NODE_ENV, StreamSource, spark_fixture, wait_until
+from tests.conftest import NODE_ENV, StreamSource, spark_fixture, start_cluster, wait_until
 from tfos_nb import TFCluster, TFNode
 from tfos_nb.examples import digits
 
@@ -29,10 +30,7 @@ SPARK = TFCluster.InputMode.SPARK
 spark = spark_fixture(2, callback_server=True)  # foreachBatch's py4j port is Spark's, not a leak
 
 
-def run(sc, fn, args, n=2, **kw):
-    kw.setdefault("env", NODE_ENV)
-    kw.setdefault("input_mode", SPARK)
-    return TFCluster.run(sc, fn, args, n, **kw)
+run = functools.partial(start_cluster, input_mode=SPARK)
 
 
 # ---------------------------------------------------------------------------

@@ -590,20 +590,12 @@ r.finish(v("finished", 3))
 @pytest.mark.slow
 def test_executed_notebook_keeps_widget_state_and_one_final_table(tmp_path):
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    KERNEL = "tfos-nb-widgets-test"
+    from tests.conftest import KERNEL, end_notebook_kernel, kernel_spec_manager
 
-    kernels = tmp_path / "kernels" / KERNEL
-    kernels.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (kernels / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "t", "language": "python"}))
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
-
-    from tests.conftest import end_notebook_kernel
-
-    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")]))
+    km = KernelManager(kernel_name=KERNEL, kernel_spec_manager=kernel_spec_manager(tmp_path / "kernels"))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(PANEL_CELL)])
     client = NotebookClient(nb, km=km, timeout=120, store_widget_state=True)
     try:
