@@ -83,6 +83,22 @@ def kernel_specs(tmp_path_factory):
     return kernel_spec_manager(tmp_path_factory.mktemp("kernels"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _global_shell_forgets_its_clusters() -> Iterator[None]:
+    """At each module's end, the process's one global IPython shell (``IPython.testing.globalipapp``, used by
+    several modules) forgets the clusters and parallel runs its magics hold: the next module's magics start with
+    none, whatever order the modules run in."""
+    yield
+    if "IPython" not in sys.modules:
+        return
+    import IPython
+
+    shell = IPython.get_ipython()
+    magics = shell.magics_manager.registry.get("TFOSMagics") if shell is not None else None
+    if magics is not None:
+        magics.handles.clear()
+
+
 def start_cluster(spark: Any, fn: Callable[..., Any], args: Any, n: int = 2, **kw: Any) -> Any:
     """``TFCluster.run`` as the tests call it: each node's TensorFlow with one thread (:data:`NODE_ENV`) unless
     ``env`` says otherwise."""
