@@ -28,6 +28,12 @@ import pytest
 
 from tfos_nb.runtime import net
 
+# One Keras for the whole test process, whatever module first touches ``tf.keras``: tf_keras, the Keras the nodes
+# train with by default (``TFCluster.run(keras="tf_keras")``) and the one ``TFModel`` rebuilds checkpoints with.
+# TensorFlow picks the flavour at the first ``tf.keras`` access; a test building a Keras 3 model in this process
+# before test_pipeline made its checkpoint style fail ("Keras 3 only supports V3 .keras files").
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
 NODE_ENV = {
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_NUM_INTEROP_THREADS": "2",
