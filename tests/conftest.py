@@ -139,7 +139,32 @@ def spark_session(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
 
 
 _SHARED_MODULES: dict[str, tuple] = {}  # test module -> the settings of what it may share with the next module
-_spark_shared: dict[str, Any] = {}  # "key", "session": the classic session consecutive modules share
+_shared: dict[str, Any] = {}  # "key", "value", "stop": the resource consecutive modules share (one at a time)
+
+
+def shared_module_fixture(key: tuple, module: str, start: Callable[[pytest.TempPathFactory], Any],
+                          stop: Callable[[Any], None], alive: Callable[[Any], bool] = lambda _: True) -> Any:
+    """A module-scoped fixture whose value (made by ``start``) the next module reuses when it asks for the same
+    ``key`` (:func:`share_with_next_module`); the last module of the run of them calls ``stop`` on it."""
+    share_with_next_module(key, module)
+
+    @pytest.fixture(scope="module")
+    def fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        if _shared.get("key") != key or not alive(_shared["value"]):
+            _stop_shared()
+            _shared.update(key=key, value=start(tmp_path_factory), stop=stop)
+        yield _shared["value"]
+        if next_module_key(request) != key:
+            _stop_shared()
+
+    return fixture
+
+
+def _stop_shared() -> None:
+    stop, value = _shared.pop("stop", None), _shared.pop("value", None)
+    _shared.pop("key", None)
+    if stop is not None:
+        stop(value)
 
 
 def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | None = None, *,
@@ -150,35 +175,21 @@ def spark_fixture(executors: int, memory_mb: int = 1024, conf: dict[str, str] | 
     starts it, one per SparkContext, stopped with it), so ``no_leaks`` counts its port as Spark's.
 
     Modules asking for the same settings run one after another (:func:`pytest_collection_modifyitems`)
-    and share one session: a module's teardown stops it unless the next module to run wants the same
-    one.  A module that builds its own session (``spark_session``) never finds one left running.
+    and share one session (:func:`shared_module_fixture`).  A module that builds its own session
+    (``spark_session``) never finds one left running.
     """
+
+    def start(_: pytest.TempPathFactory) -> Any:
+        session = spark_session(executors, memory_mb, conf)
+        if callback_server:
+            from pyspark.java_gateway import ensure_callback_server_started
+
+            ensure_callback_server_started(session.sparkContext._gateway)
+        return session
+
     key = ("spark", executors, memory_mb, tuple(sorted((conf or {}).items())), callback_server)
-    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])
-
-    @pytest.fixture(scope="module")
-    def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
-        shared = _spark_shared.get("session")
-        if _spark_shared.get("key") != key or shared is None or shared.sparkContext._jsc is None:
-            _stop_shared_spark()
-            session = spark_session(executors, memory_mb, conf)
-            if callback_server:
-                from pyspark.java_gateway import ensure_callback_server_started
-
-                ensure_callback_server_started(session.sparkContext._gateway)
-            _spark_shared.update(key=key, session=session)
-        yield _spark_shared["session"]
-        if next_module_key(request) != key:
-            _stop_shared_spark()
-
-    return spark
-
-
-def _stop_shared_spark() -> None:
-    session = _spark_shared.pop("session", None)
-    _spark_shared.pop("key", None)
-    if session is not None:
-        session.stop()
+    return shared_module_fixture(key, sys._getframe(1).f_globals["__name__"], start, lambda s: s.stop(),
+                                 alive=lambda s: s.sparkContext._jsc is not None)
 
 
 def share_with_next_module(key: tuple, module: str) -> None:

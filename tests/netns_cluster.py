@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,48 +276,30 @@ def netns_fixture(worker_cores: int, worker_memory: str) -> Any:
     Modules asking for the same workers run one after another and share the cluster (its start is
     ~25 s); the last of them stops it and checks that nothing of it is left.
     """
-    import pytest
+    from tests.conftest import shared_module_fixture, skip_environment, wait_until
 
-    from tests.conftest import next_module_key, share_with_next_module, skip_environment, wait_until
+    def start(tmp_path_factory: Any) -> NetnsCluster:
+        cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), worker_cores=worker_cores,
+                               worker_memory=worker_memory)
+        t0 = time.monotonic()
+        try:
+            cluster.start()
+        except NamespacesUnavailable as exc:
+            skip_environment(f"cannot make network namespaces here: {exc}")
+        print(f"\n[netns] standalone cluster up in {time.monotonic() - t0:.1f} s: {cluster.master_url}, "
+              f"workers {cluster.worker_ips}")
+        return cluster
 
-    key = ("netns", worker_cores, worker_memory)
-    share_with_next_module(key, sys._getframe(1).f_globals["__name__"])
-
-    @pytest.fixture(scope="module")
-    def netns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsCluster]:
-        if _netns_shared.get("key") != key:
-            _stop_shared_netns()
-            cluster = NetnsCluster(tmp_path_factory.mktemp("netns"), worker_cores=worker_cores,
-                                   worker_memory=worker_memory)
-            t0 = time.monotonic()
-            try:
-                cluster.start()
-            except NamespacesUnavailable as exc:
-                skip_environment(f"cannot make network namespaces here: {exc}")
-            print(f"\n[netns] standalone cluster up in {time.monotonic() - t0:.1f} s: {cluster.master_url}, "
-                  f"workers {cluster.worker_ips}")
-            _netns_shared.update(key=key, cluster=cluster)
-        yield _netns_shared["cluster"]
-        if next_module_key(request) != key:
-            cluster = _netns_shared["cluster"]
-            _stop_shared_netns()
-            gone = wait_until(lambda: not cluster.leftovers(), 20, 0.2)
-            left = cluster.leftovers()
-            if left:
-                cluster.kill_leftovers()
-            assert gone, f"left behind after teardown: {left}"
-
-    return netns
-
-
-_netns_shared: dict[str, Any] = {}  # "key", "cluster": the namespace cluster consecutive modules share
-
-
-def _stop_shared_netns() -> None:
-    cluster = _netns_shared.pop("cluster", None)
-    _netns_shared.pop("key", None)
-    if cluster is not None:
+    def stop(cluster: NetnsCluster) -> None:
         cluster.stop()
+        gone = wait_until(lambda: not cluster.leftovers(), 20, 0.2)
+        left = cluster.leftovers()
+        if left:
+            cluster.kill_leftovers()
+        assert gone, f"left behind after teardown: {left}"
+
+    return shared_module_fixture(("netns", worker_cores, worker_memory),
+                                 sys._getframe(1).f_globals["__name__"], start, stop)
 
 
 def kill_group(proc: subprocess.Popen, grace: float = 15.0) -> None:
