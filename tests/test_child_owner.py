@@ -32,6 +32,10 @@ def lingers(args, ctx):
     threading.Thread(target=time.sleep, args=(60,)).start()  # keeps the process alive after main returns
     return {"value": 42}
 
+def raises_and_lingers(args, ctx):
+    threading.Thread(target=time.sleep, args=(60,)).start()  # the process outlives its failed function
+    raise ValueError("boom")
+
 def exits(args, ctx):
     print("about to fail", flush=True)
     os._exit(3)
@@ -119,6 +123,25 @@ def test_a_child_that_lingers_after_returning_is_ended_with_its_process_group(dr
     assert wait_until(lambda: _gone(int(pidfile.read_text())), timeout=10)
     assert "hello from the run" in driver.logs()
     assert driver.states()[-1] == "finished" and "running" in driver.states()
+
+
+def test_a_child_whose_function_failed_and_that_lingers_is_ended_and_reported_failed(driver, tmp_path):
+    """A node stuck in its interpreter's exit after its function raised (seen on Spark Connect: an import
+    lock held by a thread frozen at shutdown) is ended after the same linger as a finished one, and the
+    driver hears of the failure, instead of a node "running" for ever."""
+    owner = _owner(driver, "raises_and_lingers", {}, tmp_path)
+    owner.linger_s = 0.5
+    try:
+        outcome, code = owner.supervise()
+        owner.join_readers()
+        owner.final_heartbeat(outcome, code)
+    finally:
+        owner.kill()
+    assert outcome == "failed" and code is not None and code < 0  # killed after the linger
+    assert owner.error == "ValueError: boom"
+    assert driver.states()[-1] == "failed"
+    assert driver.beats[-1].error == "ValueError: boom"
+    assert any("ValueError: boom" in line for line in driver.beats[-1].tail)
 
 
 def test_a_child_that_dies_fails_with_its_exit_and_last_lines(driver, tmp_path):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cloudpickle
+import psutil
 import pytest
 
 from tests.conftest import NODE_ENV, listening_ports, runtime_processes, wait_until
@@ -92,8 +93,21 @@ def _child_env(cluster: NetnsCluster, **extra: str) -> dict[str, str]:
     return env
 
 
-def _tagged_runtime(cluster: NetnsCluster) -> list[str]:
-    return [line for line in cluster.leftovers() if "tfos_nb.runtime" in line]
+def _tagged_runtime(cluster: NetnsCluster, driver_pid: int | None = None) -> list[str]:
+    """Runtime processes carrying the namespaces' tag; with ``driver_pid``, only that driver's (the
+    spark-submit job runs alongside the driver-side tests, and its nodes may still be training)."""
+    found = []
+    for line in cluster.leftovers():
+        if "tfos_nb.runtime" not in line:
+            continue
+        if driver_pid is not None:
+            try:
+                if psutil.Process(int(line.split()[1].rstrip(":"))).environ().get("TFOS_DRIVER_PID") != str(driver_pid):
+                    continue
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        found.append(line)
+    return found
 
 
 @dataclass
@@ -300,7 +314,7 @@ def test_shutdown_leaves_nothing_behind(trained: dict, netns: NetnsCluster) -> N
     assert wait_until(lambda: not [p for p in runtime_processes() if p.pid not in before], 60), [
         " ".join(p.cmdline()) for p in runtime_processes()
     ]
-    assert wait_until(lambda: not _tagged_runtime(netns), 60), _tagged_runtime(netns)
+    assert wait_until(lambda: not _tagged_runtime(netns, os.getpid()), 60), _tagged_runtime(netns, os.getpid())
     assert wait_until(lambda: not (listening_ports() - trained["ports_before"]), 30), listening_ports() - trained["ports_before"]
     assert wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("tfos-")], 30), threading.enumerate()
 

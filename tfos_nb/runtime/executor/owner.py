@@ -32,9 +32,10 @@ LOG_BYTES_PER_BEAT = 64 * 1024
 REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats
 REPORTS_KEPT = 20000
 TAIL_LINES = 100
-# A child whose function returned but whose process lingers (TensorFlow's threads at exit) is
-# ended after this long.  The longer of the two values the node and run paths had (10 s, 5 s):
-# no process that used to end on its own is killed now, and no test waits on a lingering one.
+# A child whose function returned or raised but whose process lingers (TensorFlow's threads at exit,
+# an import lock held by a thread frozen at interpreter shutdown) is ended after this long.  The longer
+# of the two values the node and run paths had (10 s, 5 s): no process that used to end on its own is
+# killed now, and no test waits on a lingering one.
 LINGER_S = 10.0
 STACKS_MAX_BYTES = 256 * 1024  # of a stack dump sent to the driver (the first threads: the signalled one first)
 STACKS_WAIT_S = 3.0
@@ -85,7 +86,8 @@ class ChildOwner:
         self.data_port: int | None = None
         self.error: str | None = None
         self.running = False
-        self.finished = False
+        self.finished = False  # the function returned
+        self.ended = False  # the function returned or raised: the process has nothing left to do but exit
         self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at"} (its time.time())
         self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
@@ -229,8 +231,9 @@ class ChildOwner:
                             self.reports.extend(msg.batch or [self.report])
                     elif isinstance(msg, pipes.Failed):
                         self.error = str(msg.error)[:2000]
+                        self.ended = True
                     elif isinstance(msg, pipes.Finished):
-                        self.finished = True
+                        self.finished = self.ended = True
                         self.value = msg.value
                     elif isinstance(msg, pipes.FeedClosed):
                         self.feed_closed = True
@@ -296,14 +299,14 @@ class ChildOwner:
         """
         assert self.child is not None
         last_ok = time.monotonic()
-        finished_at: float | None = None
+        ended_at: float | None = None
         while True:
             code = self.child.poll()
             with self.lock:
-                running, finished, error = self.running, self.finished, self.error
-            if finished and code is None:
-                finished_at = finished_at or time.monotonic()
-                if time.monotonic() - finished_at > self.linger_s:
+                running, finished, ended, error = self.running, self.finished, self.ended, self.error
+            if ended and code is None:  # a process stuck in its exit (TensorFlow's threads, a frozen import lock)
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > self.linger_s:
                     code = self.kill(grace=1)
             if code is not None:
                 if finished and error is None:
