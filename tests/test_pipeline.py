@@ -161,6 +161,65 @@ def test_three_styles_agree(session, data, fitted):
         assert (preds[name].argmax(1) == preds["signature"].argmax(1)).all()
 
 
+# A notebook that used tf.keras before fitting: its process's tf.keras is Keras 3 for good, while the nodes
+# trained (and checkpointed) with tf_keras.  Run as its own driver process, since this one has tf_keras.
+KERAS3_NOTEBOOK = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+tf.keras.layers.Dense(1)  # the notebook's own earlier Keras
+assert tf.keras.__version__.startswith("3."), tf.keras.__version__
+from pyspark.sql import SparkSession
+from tfos_nb.pipeline import TFModel
+
+def build_model():
+    import tensorflow as tf
+    inp = tf.keras.layers.Input((FEATURES,), name="features")
+    hidden = tf.keras.layers.Dense(64, activation="relu")(inp)
+    return tf.keras.Model(inp, tf.keras.layers.Dense(CLASSES, name="logits")(hidden))
+
+x = np.load(sys.argv[2])
+spark = SparkSession.builder.master("local[1]").getOrCreate()
+df = spark.createDataFrame([(i, row.tolist()) for i, row in enumerate(x)], "id int, features array<float>")
+model = TFModel(model_fn=build_model, modelDir=sys.argv[1], inputMapping={"features": "features"},
+                outputMapping={"logits": "out"})
+rows = sorted(model.transform(df).collect(), key=lambda r: r.id)
+print("OUT " + json.dumps([r.out for r in rows]))
+spark.stop()
+"""
+
+
+def test_checkpoint_style_from_a_notebook_whose_tf_keras_is_keras3(data, fitted, tmp_path):
+    """The model is rebuilt with the nodes' tf_keras (in a Python worker), not the notebook's Keras 3."""
+    import subprocess
+
+    import tensorflow as tf
+
+    _, _, root = fitted
+    _, xte, _ = data
+    ckpt = str(root / "ckpt")
+    model = build_model()
+    tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(ckpt)).expect_partial()
+    expected = model(xte[:40].astype(np.float32), training=False).numpy()
+    np.save(tmp_path / "x.npy", xte[:40].astype(np.float32))
+    script = tmp_path / "notebook.py"
+    script.write_text(KERAS3_NOTEBOOK.replace("FEATURES", str(digits.FEATURES)).replace("CLASSES", str(digits.CLASSES)))
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([repo, env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    done = subprocess.run([sys.executable, str(script), ckpt, str(tmp_path / "x.npy")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = [line for line in done.stdout.splitlines() if line.startswith("OUT ")]
+    assert out, done.stdout[-2000:]
+    import json
+
+    got = np.array(json.loads(out[-1][4:]), dtype=np.float32)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("udf", ["arrow", "pandas"])
 def test_array_column_and_multiple_outputs(session, tmp_path, udf, monkeypatch):
     """Scalar, integer and array outputs, typed from the signature, in the signature and tensor styles.

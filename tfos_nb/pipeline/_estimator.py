@@ -200,7 +200,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
                     input_mode=mode, master_node=master, env=self.env,
                     driver_ps_nodes=self.getOrDefault(self.driverPSNodes),
                     log_dir=args.get("model_dir"), name=f"{self.uid}.fit", mlflow=self.mlflow)
-        return self._model_for(args)
+        return self._model_for(args, dataset)
 
     def _export_tfrecords(self, dataset: Any) -> str:
         """InputMode.TENSORFLOW with TFRecordDir: where ``train_fn`` reads the DataFrame (``args.tfrecord_dir``)."""
@@ -217,7 +217,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
         dfutil.saveAsTFRecords(dataset.select(*cols), target)
         return target
 
-    def _model_for(self, args: Namespace) -> TFModel:
+    def _model_for(self, args: Namespace, dataset: Any) -> TFModel:
         """The fitted model; its InputMapping keeps the entries that name an input of the model (not the label)."""
         model = TFModel(model_fn=self.model_fn)
         for pname in ("exportDir", "modelDir", "inputMapping", "batchSize"):
@@ -226,7 +226,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
                 model._set(**{pname: self.getOrDefault(param)})
         if self.isDefined(self.inputMapping):
             try:
-                inputs = model._describe(model._ref())[0]
+                inputs = model._describe(model._ref(), dataset)[0]
             except Exception as exc:  # noqa: BLE001 - no model to inspect (yet): keep the mapping as it is
                 log.info("tfos_nb: could not inspect the fitted model (%s); InputMapping copied as is", exc)
             else:

@@ -156,10 +156,15 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         msg = "TFModel needs ExportDir (a SavedModel) or ModelDir (checkpoints + model_fn)"
         raise ValueError(msg)
 
-    def _describe(self, ref: model_runners.ModelRef) -> Any:
+    def _describe(self, ref: model_runners.ModelRef, dataset: Any) -> Any:
         key = ref.key()
         if key not in self._described:
-            self._described[key] = model_runners.describe(ref)
+            if ref.style == model_runners.CHECKPOINT and model_runners.keras_is_not_the_nodes():
+                # This process's tf.keras is Keras 3 for good: rebuild the model where the rows will be
+                # scored, in a Python worker, which uses the nodes' tf_keras.
+                self._described[key] = _describe_in_a_worker(dataset.sparkSession, ref)
+            else:
+                self._described[key] = model_runners.describe(ref)
         return self._described[key]
 
     # -- transform ------------------------------------------------------------------------------
@@ -170,7 +175,7 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         from pyspark.sql import types as T
 
         ref = self._ref()
-        ins, outs = self._describe(ref)
+        ins, outs = self._describe(ref, dataset)
         what = {model_runners.SIGNATURE: f"signature {ref.signature!r} input aliases", model_runners.CHECKPOINT: "model inputs",
                 model_runners.TENSORS: "placeholders"}[ref.style]
         if not self.isDefined(self.inputMapping):
@@ -241,6 +246,22 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         scored = dataset.withColumn(tmp, udf(*args))
         return scored.select(*[F.col(f"`{c}`") for c in dataset.columns],
                              *[F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)])
+
+def _describe_in_a_worker(spark: Any, ref: model_runners.ModelRef) -> Any:
+    """:func:`model_runners.describe` run by a one-task Spark job (classic or Connect), as JSON."""
+
+    def task(batches: Any) -> Any:
+        import pyarrow as pa
+
+        from tfos_nb.pipeline import _model_runners as runners
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"described": [runners.describe_json(ref)]})
+
+    rows = spark.range(0, 1, 1, 1).mapInArrow(task, "described string").collect()
+    return model_runners.describe_from_json(rows[0]["described"])
+
 
 def _use_arrow_udf() -> bool:
     """pyspark >= 4.1 has scalar Arrow UDFs (Arrow arrays in and out, no pandas on the way)."""

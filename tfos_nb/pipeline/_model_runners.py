@@ -128,6 +128,35 @@ def describe(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo
     return {SIGNATURE: _describe_signature, TENSORS: _describe_tensors, CHECKPOINT: _describe_checkpoint}[ref.style](ref)
 
 
+def keras_is_not_the_nodes() -> bool:
+    """True when this process's ``tf.keras`` is Keras 3 although the nodes train with tf_keras.
+
+    TensorFlow picks ``tf.keras`` at its first use in a process: a notebook that used ``tf.keras``
+    before tfos_nb asked for tf_keras has Keras 3 for good, and a ``model_fn`` run here builds a
+    model that the nodes' checkpoints do not restore into.
+    """
+    _legacy_keras()
+    import tensorflow as tf
+
+    return not str(getattr(tf.keras, "__version__", "2")).startswith("2.")
+
+
+def describe_json(ref: ModelRef) -> str:
+    """:func:`describe` as JSON (what a Python worker sends back to the driver)."""
+    import json
+
+    ins, outs = describe(ref)
+    return json.dumps([[[i.name, i.dtype, list(i.shape)] for i in side.values()] for side in (ins, outs)])
+
+
+def describe_from_json(text: str) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    import json
+
+    ins, outs = ([TensorInfo(str(n), str(d), tuple(int(x) for x in shape)) for n, d, shape in side]
+                 for side in json.loads(text))
+    return {i.name: i for i in ins}, {o.name: o for o in outs}
+
+
 # -- running (Python workers) ------------------------------------------------------------------
 
 
