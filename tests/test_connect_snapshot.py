@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tfos_nb.runtime.driver import snapshot
 from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.controller import Controller
 from tfos_nb.runtime.protocol import messages as m
 from tfos_nb.runtime.protocol import remote
@@ -93,7 +93,7 @@ def test_stream_batch_reports_reach_the_mirror():
     """A training stream's foreachBatch (on the Connect server) reports each micro-batch; the notebook reads it."""
     import pytest
 
-    from tfos_nb.runtime.driver.coordinator import Coordinator
+    from tfos_nb.runtime.driver.connect.coordinator import Coordinator
 
     meta = {"cluster_id": "c1", "secret": "ab" * 16, "roles": [list(r) for r in ROLES],
             "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",

@@ -234,6 +234,15 @@ def test_tbproxy_loads_neither_spark_nor_tensorflow():
         assert [path for name, path in loaded.items() if _under(name, heavy)] == [], mod
 
 
+def test_the_coordinator_loads_neither_spark_nor_tensorflow():
+    """Spark Connect's coordinator (``python -m tfos_nb.runtime coordinator``) is the driver's control plane in a
+    bare process on an executor: its module-level imports, through other tfos_nb modules, load neither."""
+    heavy = ("pyspark", "tensorflow", "py4j", "tf_keras", "keras")
+    loaded = reachable(IMPORTS, f"{DRIVER}.connect.coordinator")
+    assert f"{DRIVER}.controller" in loaded  # the scan sees it (a renamed module would make this pass vacuously)
+    assert [path for name, path in loaded.items() if _under(name, heavy)] == []
+
+
 def test_widgets_are_views():
     """Widgets render frozen state: no Spark, no TensorFlow, no driver machinery.
 

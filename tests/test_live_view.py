@@ -13,8 +13,9 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.test_widgets import FakeDisplay, test_comm  # noqa: F401 - the widget fixture
-from tfos_nb.runtime.driver import snapshot, stacks
+from tfos_nb.runtime.driver import stacks
 from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.controller import new_cluster
 from tfos_nb.runtime.executor import phases as P
 from tfos_nb.runtime.executor.feed_hub import FeedHub

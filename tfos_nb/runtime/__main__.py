@@ -17,7 +17,7 @@ if __name__ == "__main__":
     elif role == "run":
         from tfos_nb.runtime.executor.run_task import main
     elif role == "coordinator":
-        from tfos_nb.runtime.driver.coordinator import main
+        from tfos_nb.runtime.driver.connect.coordinator import main
     else:
         sys.stderr.write("usage: python -m tfos_nb.runtime supervisor|node|run|coordinator\n")
         sys.exit(2)

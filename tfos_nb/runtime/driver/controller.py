@@ -12,7 +12,7 @@ the controller (:meth:`~Controller.set_running`, :meth:`~Controller.request_stop
 writes stay serialised with the control thread's; this is simpler than a
 queue drained by the control thread.  It runs in the notebook's process on
 classic Spark and in the coordinator on Spark Connect, where the notebook's
-copy of the state is written by ``snapshot.Mirror`` (see ``state.py``).
+copy of the state is written by ``connect/snapshot.py``'s ``Mirror`` (see ``state.py``).
 Time comes from ``state.clock`` (injectable: tests run in milliseconds).
 """
 

@@ -134,7 +134,7 @@ def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_f
                             "import_timeout": import_timeout}
     group = f"tfos_nb-doctor-{plan['run']}"
     if is_connect(sc):
-        from .connect_jobs import ConnectSparkJob
+        from .connect.spark_jobs import ConnectSparkJob
 
         plan["towards"] = _conf(sc, "spark.driver.host")  # Spark's driver, beside the server: executors reach it
         task = doctor_probe.connect_task(plan)

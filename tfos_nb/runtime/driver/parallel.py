@@ -17,7 +17,7 @@ its arguments, host and last output lines.
 
 On a Spark Connect session (no SparkContext, executors cannot reach the
 notebook) the control server is a coordinator on an executor and the state a
-mirror of it, and the runs are a ``mapInArrow`` stage: see :mod:`.parallel_connect`.
+mirror of it, and the runs are a ``mapInArrow`` stage: see :mod:`.connect.parallel`.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any
 from ..executor.run_task import make_run_task
 from ..sessions import is_connect
 from . import state as S
-from .connect_jobs import ConnectSparkJob
+from .connect.parallel import connect_runs_job, launch_connect_runs
+from .connect.spark_jobs import ConnectSparkJob
 from .errors import TFClusterError, failure_message, first_failure, python_error_line
 from .job import DriverJob
-from .parallel_connect import connect_runs_job, launch_connect_runs
 from .parallel_control import RunController, barrier_refusal, can_gang_schedule, runs_args
 from .parallel_results import (
     ParallelView,
@@ -101,7 +101,7 @@ class ParallelRuns:
         self.state.job_group = f"tfos-{self.cluster_id}"
         self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
                                          num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
-        self.connect = is_connect(sc)  # Spark Connect: the runs' control is hosted on an executor (parallel_connect)
+        self.connect = is_connect(sc)  # Spark Connect: the runs' control is hosted on an executor (connect/parallel.py)
         if self.connect:
             self.job: DriverJob = connect_runs_job(sc, self.state, self._controller, linger_s=STOP_WAIT_S, join_s=10.0)
         else:

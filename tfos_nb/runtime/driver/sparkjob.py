@@ -3,7 +3,7 @@
 The caller waits in short slices (so a KeyboardInterrupt lands at once and
 node failures are noticed while the job runs); ``cancel()`` cancels the job
 group, which also kills the job's Python workers.  On Spark Connect the same with a
-job tag (:class:`~.connect_jobs.ConnectSparkJob` overrides the two hooks).
+job tag (:class:`~.connect.spark_jobs.ConnectSparkJob` overrides the two hooks).
 """
 
 from __future__ import annotations

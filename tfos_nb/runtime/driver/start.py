@@ -102,7 +102,7 @@ def run(
     if preflight:
         _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), num_gpus, preflight)
     if is_connect(sc):
-        from .start_connect import run_connect
+        from .connect.start import run_connect
 
         if driver_ps_nodes:
             msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"

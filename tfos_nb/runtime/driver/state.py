@@ -6,7 +6,7 @@ Classic Spark: the :class:`~.controller.Controller` in the notebook's process
 owner asks for -- start done, stop, kill, cancel, a new epoch, the final state --
 are Controller methods too).  Spark Connect: the Controller in the coordinator
 process on an executor writes the coordinator's state, and the notebook's copy
-is written by :class:`~.snapshot.Mirror` applying the coordinator's snapshots
+is written by :class:`~.connect.snapshot.Mirror` applying the coordinator's snapshots
 (and by the few local transitions ``connect.RemoteController`` makes).  Every
 writer takes the state's lock; everybody else reads immutable snapshots.  The notebook layer (magics, panel)
 only ever sees snapshots and change notifications; it never touches Spark or sockets.

@@ -4,10 +4,18 @@ On Spark Connect the notebook's process cannot be reached from the executors.
 Barrier task 0 of the launch stage starts this process (``python -m
 tfos_nb.runtime coordinator``, detached like a node supervisor) with the launch
 meta on stdin; it prints its address and runs the same
-:class:`~.controller.Controller` and :class:`~.state.ClusterState` the classic
+:class:`~..controller.Controller` and :class:`~..state.ClusterState` the classic
 driver runs.  Node supervisors and feeding tasks talk to it directly; the
 notebook reaches it through tiny Spark jobs (``Snapshot`` and ``Command``
-messages, see :mod:`..protocol.remote`).
+messages, see :mod:`...protocol.remote`).
+
+Why an executor hosts a Controller, and why this module is on the driver's side
+of the layering (``runtime/driver``) though it runs on an executor: it *is* the
+driver's control plane, moved to where the nodes can reach it.  Nodes and
+feeding tasks speak to it over the same signed wire they speak to the classic
+driver's server; executor code never imports it (``runtime/executor`` reaches
+the driver only over the wire).  Its imports load neither pyspark nor
+TensorFlow (``tests/test_layers.py`` checks it): it starts in a bare Python.
 
 It ends when the notebook says ``close``, or when the notebook has not been
 heard of (no snapshot, command or feeding task) for ``kernel_timeout`` s: then
@@ -27,20 +35,20 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..protocol import messages as m
-from ..protocol import remote
-from ..protocol.channel import ControlServer
+from ...protocol import messages as m
+from ...protocol import remote
+from ...protocol.channel import ControlServer
+from .. import state as S
+from ..controller import Controller
+from ..parallel_control import RunController
 from . import snapshot
-from . import state as S
-from .controller import Controller
-from .parallel_control import RunController
 
 EXIT_WAIT_S = 15.0
 QUIET_S = 2.0  # after close: exit once no node spoke for this long
 
 
 def _trainers_finished(nodes: list[Any]) -> bool:
-    from .cluster import trainers_finished
+    from ..cluster import trainers_finished
 
     return trainers_finished(nodes)
 
@@ -161,7 +169,7 @@ def bind_address(hint: str | None) -> str:
     if hint:
         return hint
     host = os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
-    from ..net import resolve
+    from ...net import resolve
 
     return resolve(host)
 

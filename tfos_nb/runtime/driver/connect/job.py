@@ -1,11 +1,11 @@
 """The notebook's side of a cluster on Spark Connect: a mirror of the coordinator's state, and its teardown.
 
 The coordinator (``coordinator.py``) runs the cluster's Controller on an
-executor.  Here, :class:`ConnectDriverJob` (a :class:`~.job.DriverJob`) keeps a
-*mirror* :class:`~.state.ClusterState` that the panel, ``TFCluster`` and errors
+executor.  Here, :class:`ConnectDriverJob` (a :class:`~..job.DriverJob`) keeps a
+*mirror* :class:`~..state.ClusterState` that the panel, ``TFCluster`` and errors
 read as they read the driver's state on a classic session: a poller thread
 fetches a snapshot every ``POLL_S`` through a one-task Spark job
-(:func:`~.connect_jobs.ask`), and :class:`RemoteController` sends the
+(:func:`~.spark_jobs.ask`), and :class:`RemoteController` sends the
 transitions ``TFCluster`` asks for (epochs, stop, kill, cancel) the same way.
 While feeding tasks hold every task slot, those jobs wait for a free slot: the
 mirror is then updated between feeding tasks.
@@ -17,13 +17,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..protocol import messages as m
-from ..protocol import remote
-from . import state as S
-from .connect_jobs import ConnectSparkJob, ask
-from .controller import Controller
-from .job import DriverJob
+from ...protocol import messages as m
+from ...protocol import remote
+from .. import state as S
+from ..controller import Controller
+from ..job import DriverJob
 from .snapshot import Mirror
+from .spark_jobs import ConnectSparkJob, ask
 
 POLL_S = 0.2  # pause between two snapshot jobs
 LOST_AFTER = 5  # failed snapshots in a row before the coordinator counts as lost

@@ -1,11 +1,11 @@
 """Parallel runs on a Spark Connect session (``TFParallel.run``/``start`` send Connect sessions here).
 
 No SparkContext, no RDDs, and executors cannot reach the notebook: as for a
-cluster (``start_connect.py``), the runs' control server is a *coordinator*
+cluster (``start.py``), the runs' control server is a *coordinator*
 process on an executor, started by a one-task job, and the notebook keeps a
-mirror of its state (``connect.py``: snapshot jobs, commands).  The runs are
+mirror of its state (``job.py``: snapshot jobs, commands).  The runs are
 then one ``mapInArrow`` stage, barrier or not (see
-:mod:`..executor.run_task_connect`), whose ``collect()`` brings back each run's
+:mod:`...executor.run_task_connect`), whose ``collect()`` brings back each run's
 outcome as the classic path's does.
 
 Unlike a cluster's nodes, the runs *are* Spark tasks and hold their task slots
@@ -23,14 +23,14 @@ import json
 import time
 from typing import Any
 
-from ..executor.run_task_connect import RESULT_SCHEMA, make_connect_run_task, make_coordinator_starter
-from ..protocol import remote
-from . import state as S
-from .connect import ConnectDriverJob, RemoteController
-from .connect_jobs import ConnectSparkJob, ask
-from .errors import python_error_line
-from .parallel_control import RunController
-from .start_connect import KERNEL_TIMEOUT_S, _bind_hint
+from ...executor.run_task_connect import RESULT_SCHEMA, make_connect_run_task, make_coordinator_starter
+from ...protocol import remote
+from .. import state as S
+from ..errors import python_error_line
+from ..parallel_control import RunController
+from .job import ConnectDriverJob, RemoteController
+from .spark_jobs import ConnectSparkJob, ask
+from .start import KERNEL_TIMEOUT_S, _bind_hint
 
 KILL_REACH_S = 1.0  # a kill command not run by then found no free task slot: the runs' job is cancelled instead
 START_TIMEOUT_S = 180.0  # the coordinator's one-task job may wait this long for a slot

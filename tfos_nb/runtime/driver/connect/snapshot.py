@@ -1,6 +1,6 @@
 """A cluster's state as plain JSON, and applying it to a mirror (Spark Connect).
 
-The coordinator (in the cluster) answers :class:`~..protocol.remote.Snapshot`
+The coordinator (in the cluster) answers :class:`~...protocol.remote.Snapshot`
 with :func:`to_json`; the notebook applies it to its *mirror* ClusterState
 with :func:`apply`, so the panel, ``logs()``, ``history()`` and errors read
 the mirror exactly as they read the driver's state on a classic session.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import state as S
+from .. import state as S
 
 MAX_LINES = 400  # log lines per node per snapshot (the rest come with the next one)
 MAX_REPORTS = 1000  # reports per node per snapshot
@@ -51,7 +51,7 @@ def to_json(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], histo
             feed_errors: list[str], lost_feeds: int, streams: dict[str, Any] | None = None) -> dict[str, Any]:
     """The state as plain JSON, with the log lines and reports after ``logs_seen``/``history_seen``.
 
-    ``streams``: the training streams' counts by epoch (see :class:`~..protocol.remote.StreamBatch`).
+    ``streams``: the training streams' counts by epoch (see :class:`~...protocol.remote.StreamBatch`).
     """
     now = state.clock()
     nodes = []

@@ -3,7 +3,7 @@
 A Connect session has no job groups: a job is cancelled through its tag
 (``spark.addTag`` is thread-local on the client, so each job runs in a thread
 of its own that tags it; ``spark.interruptTag`` cancels it).
-:class:`ConnectSparkJob` has :class:`~.sparkjob.SparkJob`'s interface, so
+:class:`ConnectSparkJob` has :class:`~..sparkjob.SparkJob`'s interface, so
 ``TFCluster`` watches and cancels both alike.
 
 :func:`ask` runs a one-task job whose task sends one signed control message to
@@ -17,8 +17,8 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..protocol import messages as m
-from .sparkjob import SparkJob
+from ...protocol import messages as m
+from ..sparkjob import SparkJob
 
 
 class ConnectSparkJob(SparkJob):

@@ -3,7 +3,7 @@
 No SparkContext, no RDDs, and executors cannot reach the notebook: the launch
 stage is a barrier ``mapInArrow`` whose task 0 starts the cluster's coordinator
 (its control server, on an executor); the notebook then mirrors the
-coordinator's state (see ``connect.py``).
+coordinator's state (see ``job.py``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..executor.launch_connect import make_connect_launcher
-from . import state as S
-from .awaiting import await_running
-from .cluster import InputMode, TFCluster, trainers_finished
-from .connect import ConnectDriverJob, RemoteController
-from .controller import new_cluster
-from .errors import python_error_line
-from .slots import connect_slots, not_enough_executors
+from ...executor.launch_connect import make_connect_launcher
+from .. import state as S
+from ..awaiting import await_running
+from ..cluster import InputMode, TFCluster, trainers_finished
+from ..controller import new_cluster
+from ..errors import python_error_line
+from ..slots import connect_slots, not_enough_executors
+from .job import ConnectDriverJob, RemoteController
 
 KERNEL_TIMEOUT_S = 120.0  # default: the coordinator stops the cluster when the notebook was not heard of for this long
 
