@@ -117,6 +117,55 @@ def _node_error() -> TFClusterError:
     return err
 
 
+class FlakyStart(FakeStart):
+    """A FakeStart whose n-th cluster fails at shutdown with ``errors[n]`` (None: it finishes)."""
+
+    def __init__(self, errors: list[BaseException | None]) -> None:
+        super().__init__()
+        self.errors = list(errors)
+        self.release.set()
+
+    def __call__(self, *args, **kwargs) -> FakeCluster:
+        self.error = self.errors.pop(0) if self.errors else None
+        return super().__call__(*args, **kwargs)
+
+
+def test_retries_run_the_runtimes_retry_loop():
+    """``--retries``: a node failure starts the cluster again (attempt 2 sees TFOS_ATTEMPT=2); the result
+    counts the attempts and keeps the failure's first line; the cell shows one line for the restart."""
+    start = FlakyStart([_node_error(), None])
+    h = _cluster(start, retries=1)
+    h.start()
+    result = h.wait(WAIT_S)
+    assert result["state"] == "finished" and result["attempts"] == 2, result
+    assert result["failures"] == ["worker:0 failed on host h1 (executor 3): ValueError: boom"]
+    assert [c["env"]["TFOS_ATTEMPT"] for c in start.calls] == ["1", "2"]
+    assert "[tfos] worker:0 failed on host h1 (executor 3): ValueError: boom; starting again (attempt 2 of 2)" in h.output
+    assert [attempt for attempt, _ in h._states] == [1, 2]  # the history's attempt column
+
+
+def test_the_retry_loop_stops_retrying_once_stopped_and_names_earlier_failures():
+    from tfos_nb.runtime.driver import retry
+
+    calls: list[int] = []
+
+    def always_fails(attempt: int) -> None:
+        calls.append(attempt)
+        raise TFClusterError(f"worker:0 failed: attempt {attempt}\ntail")
+
+    failures: list[str] = []
+    with pytest.raises(TFClusterError) as info:
+        retry.attempts(always_fails, 2, failures=failures)
+    assert calls == [1, 2, 3] and failures == ["worker:0 failed: attempt 1", "worker:0 failed: attempt 2"]
+    assert info.value.__notes__ == ["(attempt 3 of 3; earlier attempts: worker:0 failed: attempt 1; "
+                                    "worker:0 failed: attempt 2)"]
+    calls.clear()
+    with pytest.raises(TFClusterError, match="attempt 1"):
+        retry.attempts(always_fails, 5, stopped=lambda: True)
+    assert calls == [1]
+    assert retry.attempts(lambda attempt: attempt * 10, 0) == (10, 1)
+
+
 def test_one_handle_family():
     assert issubclass(ClusterHandle, RunHandle) and issubclass(ParallelHandle, RunHandle)
     assert issubclass(ClusterFailed, RunFailed) and issubclass(ParallelFailed, RunFailed)

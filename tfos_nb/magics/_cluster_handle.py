@@ -1,7 +1,8 @@
 """The handle a ``%%tfos_cluster`` cell leaves in the notebook (a :class:`~._run_handle.RunHandle`).
 
-Its thread starts the cluster, feeds the data, waits for the end and starts
-the cluster again after a node failure (``--retries``).  Every call that
+Its thread starts the cluster, feeds the data and waits for the end, in the
+runtime's retry loop (``retry.attempts``), which starts the cluster again after
+a node failure (``--retries``).  Every call that
 starts, cancels, stops or closes the driver's cluster is in ``_start_job``,
 ``_cancel_start``, ``_stop_job`` and ``_close_cluster`` (the seams to the
 driver's job API).  Nothing here imports IPython.
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime.driver import stacks
+from ..runtime.driver import retry, stacks
 from ..runtime.driver import state as S
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
 from ..runtime.driver.start import run
@@ -161,25 +162,18 @@ class ClusterHandle(RunHandle):
             self._timer = threading.Timer(self.timeout, self.stop, args=("timeout",))
             self._timer.daemon = True
             self._timer.start()
-        while self._stop_reason is None:
-            try:
-                self._live = self._attempt()
-                return
-            except TFClusterError as exc:
-                if self._stop_reason is not None or self.attempt > self.retries:
-                    raise
-                if self._live is not None:
-                    self._close_cluster(self._live)
-                    self._live = None
-                self.failures.append(first_line(exc))
-                self.attempt += 1
-                self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {self.attempt} of "
-                                      f"{self.retries + 1})"])
+        if self._stop_reason is None:  # the runtime's retry loop, with this handle's attempt, stop and log line
+            self._live, _ = retry.attempts(self._attempt, self.retries, failures=self.failures,
+                                           on_retry=self._on_retry, stopped=lambda: self._stop_reason is not None)
 
-    def _attempt(self) -> TFCluster:
+    def _on_retry(self, attempt: int, exc: TFClusterError) -> None:
+        self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {attempt} of {self.retries + 1})"])
+
+    def _attempt(self, attempt: int) -> TFCluster:
         """One start → train → shutdown; the cluster is kept in ``_cluster`` for stop()."""
         with self._lock:
             self._cluster = None
+            self.attempt = attempt
         cluster = self._start_job()
         with self._lock:
             self._cluster = cluster

@@ -18,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import state as S
 from .cluster import InputMode, TFCluster
 from .errors import TFClusterError
 from .start import run
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,14 +127,33 @@ def _attempts(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_exe
     base_env = dict(kwargs.pop("env", None) or {})
     started = time.monotonic()
     failures: list[str] = []
+
+    def once(attempt: int) -> TFCluster:
+        return run_once(sc, map_fun, tf_args, num_executors, env=dict(base_env, TFOS_ATTEMPT=str(attempt)), **kwargs)
+
+    cluster, attempt = attempts(once, retries, failures=failures, on_retry=on_retry)
+    return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started)
+
+
+def attempts(attempt_once: Callable[[int], T], retries: int, *, failures: list[str] | None = None,
+             on_retry: Callable[[int, TFClusterError], None] | None = None,
+             stopped: Callable[[], bool] = lambda: False) -> tuple[T, int]:
+    """The retry loop: ``attempt_once(1)``, then after a node failure (``TFClusterError``) ``attempt_once(2)``, …
+
+    At most ``retries + 1`` attempts, and none after ``stopped()`` turned true (the notebook handle's
+    stop).  ``failures`` gets the first line of each failed attempt's error, oldest first;
+    ``on_retry(attempt, error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Returns what
+    the successful attempt returned and its number; raises the last attempt's error (with a note
+    naming the earlier ones) when it is not retried.  :func:`run_job` and ``%%tfos_cluster
+    --retries`` both run this loop.
+    """
+    failures = [] if failures is None else failures
     attempt = 1
     while True:
-        env = dict(base_env, TFOS_ATTEMPT=str(attempt))
         try:
-            cluster = run_once(sc, map_fun, tf_args, num_executors, env=env, **kwargs)
-            return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started)
+            return attempt_once(attempt), attempt
         except TFClusterError as exc:
-            if attempt > retries:
+            if stopped() or attempt > retries:
                 if failures:
                     exc.add_note(f"(attempt {attempt} of {retries + 1}; earlier attempts: {'; '.join(failures)})")
                 raise
