@@ -1,17 +1,16 @@
 """What a cell shows while its job runs: the panel, the nodes' output, the ■ button.
 
-Functions of the ``TFOSMagics`` instance (its configuration: ``renderer``,
-``log_lines``, ``show_native_logs``, ``api_panels``) and a
-:class:`~._run_handle.RunHandle`; the same for clusters and parallel runs.
+Functions of the magics' display settings (:class:`PanelSettings`: ``TFOSMagics``'
+``renderer``, ``log_lines``, ``show_native_logs``, ``api_panels`` and its shell) and
+a :class:`~._run_handle.RunHandle`; the same for clusters and parallel runs.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from IPython.core.error import UsageError
 
@@ -20,14 +19,24 @@ from ..widgets import JobProgress
 from ._quiet import quiet_lines
 from ._spark import job_groups, job_progress
 
-__all__ = ["api_cluster_panel", "drain", "follow", "panel_in_background", "renderer_for", "show_tensorboard"]
+__all__ = ["PanelSettings", "api_cluster_panel", "drain", "follow", "panel_in_background", "renderer_for"]
 
 PROGRESS_INTERVAL_S = 1.0  # Spark job progress is polled (py4j calls) at most once a second
 BLOCKING_STOP_HINT = "This cell is running: interrupt the kernel (■) to stop the cluster"
 INTERRUPT_GRACE_S = 15.0
 
 
-def renderer_for(magics: Any, background: bool, on_stop: Any = None) -> Any:
+class PanelSettings(Protocol):
+    """What the panel reads of ``TFOSMagics``: its shell and its display settings (traitlets)."""
+
+    shell: Any
+    renderer: str
+    log_lines: bool
+    show_native_logs: bool
+    api_panels: bool
+
+
+def renderer_for(magics: PanelSettings, background: bool, on_stop: Any = None) -> Any:
     from ..widgets import choose_renderer, make_renderer
 
     kind = choose_renderer(magics.renderer, magics.shell)
@@ -43,7 +52,7 @@ def renderer_for(magics: Any, background: bool, on_stop: Any = None) -> Any:
         return make_renderer("html", new_final_output=not background)
 
 
-def api_cluster_panel(magics: Any, st: S.ClusterState) -> None:
+def api_cluster_panel(magics: PanelSettings, st: S.ClusterState) -> None:
     """A panel for a cluster started by a Python call in a cell (not by %%tfos_cluster's own thread)."""
     if not magics.api_panels or threading.current_thread() is not threading.main_thread():
         return
@@ -70,7 +79,7 @@ def api_cluster_panel(magics: Any, st: S.ClusterState) -> None:
     st.add_listener(on_change)
 
 
-def panel_in_background(magics: Any, handle: Any) -> None:
+def panel_in_background(magics: PanelSettings, handle: Any) -> None:
     """A --background cell's panel: fed by the handle's observer (no Spark progress: no poller thread)."""
     renderer = renderer_for(magics, True, on_stop=lambda: handle.stop("stopped from the panel"))
     if renderer is None:
@@ -86,7 +95,7 @@ def panel_in_background(magics: Any, handle: Any) -> None:
     handle.add_observer(observe)
 
 
-def follow(magics: Any, handle: Any) -> None:
+def follow(magics: PanelSettings, handle: Any) -> None:
     """Watch a blocking cell's run from the main thread: print output, render the panel, take ■."""
     renderer = renderer_for(magics, False)
     if renderer is not None:
@@ -140,7 +149,7 @@ def follow(magics: Any, handle: Any) -> None:
     render(final=True)
 
 
-def drain(magics: Any, handle: Any) -> None:
+def drain(magics: PanelSettings, handle: Any) -> None:
     """Print the output lines the handle's nodes sent since the last call (a blocking cell's main thread)."""
     if handle.lines is None:
         return
@@ -155,55 +164,3 @@ def drain(magics: Any, handle: Any) -> None:
     if out and magics.log_lines:
         sys.stdout.write("\n".join(out) + "\n")
         sys.stdout.flush()
-
-
-def show_tensorboard(magics: Any, opts: Any) -> None:
-    """``%tfos_tensorboard``: a cluster's TensorBoard (NAME) or one started on the driver (--logdir), embedded."""
-    from IPython.display import HTML, display
-
-    from .. import tensorboard as tb
-
-    if bool(opts.name) == bool(opts.logdir):
-        raise UsageError("give a cluster name (its cell ran with --tensorboard) or --logdir DIR, not both")
-    if opts.height <= 0:
-        raise UsageError(f"--height must be positive, got {opts.height}")
-    if opts.logdir:
-        outcome = tb.start_local(opts.logdir) if os.path.isdir(opts.logdir) else None
-        if outcome is None:
-            raise UsageError(f"--logdir {opts.logdir}: no such directory")
-        if not isinstance(outcome, tb.LocalTensorBoard):
-            raise UsageError(f"TensorBoard did not start for {opts.logdir}: {outcome}")
-        magics._local_tensorboards[outcome.cluster_id] = outcome
-        path, node_url = outcome.path, outcome.url
-    else:
-        h = magics.handles[magics._known(opts.name)]
-        if h.done:
-            raise UsageError(f"{opts.name} has ended and its TensorBoard with it: use --logdir DIR")
-        view, url = h.status(), h.tensorboard_url
-        if view is None or not url:
-            raise UsageError(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
-        path, node_url = tb.register(view.cluster_id, url), url
-        h.add_observer(lambda view, final, cid=view.cluster_id: final and tb.withdraw(cid))
-    frame, text = tb.frontend_output(tb.frontend(magics.shell), path, node_url, height=opts.height)
-    if frame:
-        display(HTML(frame))
-    print(text)
-
-
-def print_stacks(handle: Any, node: str | None) -> None:
-    """``%tfos_stack``: the stacks of a running cluster's node processes, one block per node; a UsageError
-    (one line) when there is nothing to show: not a cluster, not running, no such node, Spark Connect."""
-    import re
-
-    if node is not None and not re.fullmatch(r"[a-z]+:\d+", node):
-        raise UsageError(f"--node takes ROLE:INDEX, e.g. worker:1; got {node!r}")
-    if not hasattr(handle, "stacks"):
-        raise UsageError(f"{handle.name} is a set of parallel runs; %tfos_stack shows the nodes of a %%tfos_cluster")
-    try:
-        stacks = handle.stacks(node)
-    except KeyError as exc:
-        raise UsageError(str(exc.args[0])) from None
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
-    for label, text in stacks.items():
-        print(f"--- {label}\n{text.rstrip()}\n")

@@ -12,7 +12,7 @@ from traitlets import Bool, Enum, Float, Integer, Unicode, Union
 
 from ..runtime.driver import parallel as P
 from ..runtime.driver.start import add_start_listener, remove_start_listener
-from . import _cell_panel, _doctor, _render
+from . import _cell_panel, _doctor, _render, _views
 from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, tracking, usage
 from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
@@ -396,7 +396,7 @@ class TFOSMagics(Magics):
         [--node ROLE:INDEX]``.  Where a stalled node waits (the panel flags it), e.g. the user's call it blocks
         in.  Taken by each node's supervisor (faulthandler, no extra privileges); classic Spark sessions."""
         opts = parse_argstring(self.tfos_stack, line)
-        _cell_panel.print_stacks(self.handles[self._known(opts.name)], opts.node)
+        _views.print_stacks(self.handles[self._known(opts.name)], opts.node)
 
     @magic_arguments()
     @argument("name", nargs="?", help="a cluster's --name (its cell ran with --tensorboard)")
@@ -417,7 +417,9 @@ class TFOSMagics(Magics):
         proxy, e.g. ``/proxy/%PORT%/``) the frame uses it, as TensorBoard's
         ``%tensorboard`` does; terminal IPython prints the URLs.
         """
-        _cell_panel.show_tensorboard(self, parse_argstring(self.tfos_tensorboard, line))
+        opts = parse_argstring(self.tfos_tensorboard, line)
+        handle = self.handles[self._known(opts.name)] if opts.name and not opts.logdir else None
+        _views.show_tensorboard(opts, self.shell, handle, self._local_tensorboards)
 
     tfos_doctor = line_magic(_doctor.tfos_doctor)  # the pre-flight checks (magics/_doctor.py)
 
