@@ -69,3 +69,19 @@ def test_the_supervisor_and_a_runs_owner_read_the_same_fields():
         sup.client.close()
         if sup.port_socket is not None:
             sup.port_socket.close()
+
+
+def test_the_coordinator_reads_its_section_strictly():
+    """Spark Connect: the ``coordinator`` section the notebook builds sets the coordinator's controller up;
+    a setting of the wrong type is refused, naming it (it was coerced, or a KeyError, before)."""
+    from tfos_nb.runtime.driver.connect.coordinator import Coordinator
+
+    section = m.CoordinatorMeta(name="runs", input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0,
+                                heartbeat_timeout=10.0, kernel_timeout=90.0, kind="parallel")
+    coord = Coordinator(_meta(coordinator=section.to_dict()).to_dict())  # its server is not started
+    assert coord.runs and coord.kernel_timeout == 90.0 and coord.state.name == "runs"
+    assert (coord.controller.num_gpus, coord.controller.heartbeat_timeout) == (0, 10.0)
+    with pytest.raises(m.ProtocolError, match=r"CoordinatorMeta.num_gpus: expected int"):
+        Coordinator(_meta(coordinator=dict(section.to_dict(), num_gpus="0")).to_dict())
+    with pytest.raises(m.ProtocolError, match="missing field 'kernel_timeout'"):
+        Coordinator(_meta(coordinator={k: v for k, v in section.to_dict().items() if k != "kernel_timeout"}))

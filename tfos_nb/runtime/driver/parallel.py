@@ -128,8 +128,7 @@ class ParallelRuns:
             self.job.check_cancelled()
             n, barrier = self.num_runs, self.barrier
             if self.connect:
-                self._spark_job = launch_connect_runs(self.job, meta, self._blob, n, barrier,  # type: ignore[arg-type]
-                                                      self._launch["num_gpus"], self._launch["heartbeat_timeout"])
+                self._spark_job = launch_connect_runs(self.job, meta, self._blob, n, barrier)  # type: ignore[arg-type]
                 self.job.mark_up()
                 return self
             task = make_run_task(meta, self._blob, barrier)

@@ -108,6 +108,28 @@ class FeedReleased(Body):
 
 
 @dataclasses.dataclass(frozen=True)
+class CoordinatorMeta(Body):
+    """:class:`LaunchMeta`'s ``coordinator`` section (Spark Connect): how the coordinator hosts the control plane.
+
+    The notebook builds it from its own (local) controller's settings, so the coordinator's
+    controller is configured alike; the coordinator reads it with ``from_dict``.  ``kind``:
+    ``"cluster"`` (a TFCluster's nodes) or ``"parallel"`` (TFParallel's runs); ``kernel_timeout``:
+    seconds without news of the notebook before the coordinator stops everything; ``bind``: the
+    address to listen on (None: the executor's own).
+    """
+
+    name: str
+    input_mode_spark: bool
+    tensorboard: bool
+    log_dir: str | None
+    num_gpus: int
+    heartbeat_timeout: float
+    kernel_timeout: float
+    bind: str | None = None
+    kind: str = "cluster"
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchMeta(Body):
     """What the driver gives every Spark task that starts a cluster node or a parallel run.
 
@@ -134,7 +156,7 @@ class LaunchMeta(Body):
     release_port: bool = True
     num_runs: int = 0
     num_gpus: int = 1
-    coordinator: dict[str, Any] = dataclasses.field(default_factory=dict)  # Spark Connect: {"name", "bind", ...}
+    coordinator: dict[str, Any] = dataclasses.field(default_factory=dict)  # Spark Connect: a CoordinatorMeta's dict
     # added by the launch task for the node's supervisor
     node: int | None = None  # the node's index in ``roles``
     attempt: int = 0  # Spark's task attempt

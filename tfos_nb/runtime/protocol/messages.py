@@ -36,6 +36,7 @@ from .bodies import (  # re-exported: every wire type is reachable as messages.X
     ERROR_OTHER,
     BeatCommand,
     Body,
+    CoordinatorMeta,
     FeedAssignment,
     FeedReleased,
     FeedVerdict,
@@ -287,7 +288,7 @@ def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
 
 
 __all__ = [
-    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "Body", "Codec", "FeedAssign", "FeedAssignment",
+    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "Body", "Codec", "CoordinatorMeta", "FeedAssign", "FeedAssignment",
     "FeedCheck", "FeedRelease", "FeedReleased", "FeedVerdict", "Heartbeat", "LaunchMeta", "Message", "NodeSpec",
     "ProtocolError", "Register", "Reply", "Retry", "error_kind", "new_secret", "read_frame", "sign",
 ]

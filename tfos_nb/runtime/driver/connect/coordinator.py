@@ -26,6 +26,7 @@ heartbeating (at most ``EXIT_WAIT_S`` later).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -58,19 +59,20 @@ def _all_finished(nodes: list[Any]) -> bool:
 
 
 class Coordinator:
-    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta) -> None:
+    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta, settings: m.CoordinatorMeta | None = None) -> None:
+        """``settings``: the meta's ``coordinator`` section, when the caller parsed it already."""
         meta = m.LaunchMeta.parse(launch_meta)
-        c = meta.coordinator
+        c = settings if settings is not None else m.CoordinatorMeta.from_dict(meta.coordinator)
         roles = [(str(job), int(idx)) for job, idx in meta.roles]
-        self.state = S.ClusterState(meta.cluster_id, c["name"], roles)
+        self.state = S.ClusterState(meta.cluster_id, c.name, roles)
         # kind "parallel": TFParallel's runs, which are tasks of the notebook's own Spark job (they speak
         # only while that job runs, so they count as the notebook being heard of)
-        self.runs = c.get("kind") == "parallel"
+        self.runs = c.kind == "parallel"
         self.finished = _all_finished if self.runs else _trainers_finished
-        self.controller = (RunController if self.runs else Controller)(self.state, input_mode_spark=bool(c["input_mode_spark"]),
-                                     tensorboard=bool(c["tensorboard"]), log_dir=c.get("log_dir"),
-                                     num_gpus=int(c["num_gpus"]), heartbeat_timeout=float(c["heartbeat_timeout"]))
-        self.kernel_timeout = float(c["kernel_timeout"])
+        self.controller = (RunController if self.runs else Controller)(
+            self.state, input_mode_spark=c.input_mode_spark, tensorboard=c.tensorboard, log_dir=c.log_dir,
+            num_gpus=c.num_gpus, heartbeat_timeout=c.heartbeat_timeout)
+        self.kernel_timeout = c.kernel_timeout
         self.logbook = snapshot.LogBook(len(roles))
         self.state.add_log_listener(self._log)
         self._labels = {n.label: n.index for n in self.state.nodes}
@@ -81,7 +83,7 @@ class Coordinator:
         self.done = threading.Event()
         secret = bytes.fromhex(meta.secret)
         self.server = ControlServer(m.Codec(secret, meta.cluster_id, "coordinator"), self.handle,
-                                    c.get("bind") or "127.0.0.1", on_tick=self.tick)
+                                    c.bind or "127.0.0.1", on_tick=self.tick)
 
     def _log(self, label: str, lines: list[str]) -> None:
         self.logbook.add(self._labels[label], lines)
@@ -175,10 +177,10 @@ def bind_address(hint: str | None) -> str:
 
 
 def main() -> int:
-    meta = json.loads(sys.stdin.buffer.readline())
+    meta = m.LaunchMeta.parse(json.loads(sys.stdin.buffer.readline()))
     sys.stdin.close()
-    meta["coordinator"]["bind"] = bind_address(meta["coordinator"].get("bind"))
-    coord = Coordinator(meta)
+    settings = m.CoordinatorMeta.from_dict(meta.coordinator)
+    coord = Coordinator(meta, dataclasses.replace(settings, bind=bind_address(settings.bind)))
     try:
         host, port = coord.server.start()
     except OSError as exc:  # never every interface instead: the port would be open to every network

@@ -25,9 +25,19 @@ from ..job import DriverJob
 from .snapshot import Mirror
 from .spark_jobs import ConnectSparkJob, ask
 
+KERNEL_TIMEOUT_S = 120.0  # default: the coordinator stops the job when the notebook was not heard of for this long
 POLL_S = 0.2  # pause between two snapshot jobs
 LOST_AFTER = 5  # failed snapshots in a row before the coordinator counts as lost
 COMMAND_TIMEOUT_S = 600.0  # a command job may wait for a task slot behind feeding tasks
+
+
+def bind_hint(spark: Any) -> str | None:
+    """Loopback when Spark runs on this machine only (``local``/``local-cluster``); else the executor's address."""
+    try:
+        master = str(spark.conf.get("spark.master", "") or "")
+    except Exception:  # noqa: BLE001 - a hosted session may hide it
+        master = ""
+    return "127.0.0.1" if master.startswith("local") else None
 
 
 class RemoteController:
@@ -120,6 +130,14 @@ class ConnectDriverJob(DriverJob):
     def launch_meta(self, address: tuple[str, int], **kw: Any) -> m.LaunchMeta:
         meta = super().launch_meta(address, **kw)
         return meta.__class__(**{**meta.to_dict(), "default_fs": self.default_fs()})
+
+    def coordinator_meta(self, kind: str, kernel_timeout: float) -> m.CoordinatorMeta:
+        """The launch meta's ``coordinator`` section: the coordinator's controller is set up as the local one."""
+        local = self.controller.local
+        return m.CoordinatorMeta(name=self.name, input_mode_spark=bool(local.input_mode_spark),
+                                 tensorboard=bool(local.tensorboard), log_dir=local.log_dir, num_gpus=int(local.num_gpus),
+                                 heartbeat_timeout=float(local.heartbeat_timeout), kernel_timeout=float(kernel_timeout),
+                                 bind=bind_hint(self.sc), kind=kind)
 
     def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> ConnectSparkJob:
         job = ConnectSparkJob(self.sc, f"{self.state.job_group}-{suffix}", description, action)

@@ -28,9 +28,8 @@ from ...protocol import remote
 from .. import state as S
 from ..errors import python_error_line
 from ..parallel_control import RunController
-from .job import ConnectDriverJob, RemoteController
+from .job import KERNEL_TIMEOUT_S, ConnectDriverJob, RemoteController
 from .spark_jobs import ConnectSparkJob, ask
-from .start import KERNEL_TIMEOUT_S, _bind_hint
 
 KILL_REACH_S = 1.0  # a kill command not run by then found no free task slot: the runs' job is cancelled instead
 START_TIMEOUT_S = 180.0  # the coordinator's one-task job may wait this long for a slot
@@ -70,16 +69,11 @@ def connect_runs_job(spark: Any, state: S.ClusterState, controller: RunControlle
                           linger_s=linger_s, join_s=join_s)
 
 
-def launch_connect_runs(job: ConnectRunsJob, meta: dict[str, Any], blob: bytes, n: int, barrier: bool,
-                        num_gpus: int, heartbeat_timeout: float) -> ConnectSparkJob:
+def launch_connect_runs(job: ConnectRunsJob, meta: dict[str, Any], blob: bytes, n: int, barrier: bool) -> ConnectSparkJob:
     """Start the coordinator (waits for it), then the runs' ``mapInArrow`` job; returns the runs' job."""
     spark, name = job.sc, job.name
     meta["roles"] = [("run", i) for i in range(n)]
-    meta["coordinator"] = {
-        "kind": "parallel", "name": name, "input_mode_spark": False, "tensorboard": False, "log_dir": None,
-        "num_gpus": num_gpus, "heartbeat_timeout": heartbeat_timeout, "kernel_timeout": KERNEL_TIMEOUT_S,
-        "bind": _bind_hint(spark),
-    }
+    meta["coordinator"] = job.coordinator_meta("parallel", KERNEL_TIMEOUT_S).to_dict()
     starter = make_coordinator_starter(meta)
 
     def start() -> dict[str, Any]:

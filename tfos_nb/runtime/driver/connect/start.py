@@ -20,18 +20,7 @@ from ..cluster import InputMode, TFCluster, trainers_finished
 from ..controller import new_cluster
 from ..errors import python_error_line
 from ..slots import connect_slots, not_enough_executors
-from .job import ConnectDriverJob, RemoteController
-
-KERNEL_TIMEOUT_S = 120.0  # default: the coordinator stops the cluster when the notebook was not heard of for this long
-
-
-def _bind_hint(spark: Any) -> str | None:
-    """Loopback when Spark runs on this machine only (``local``/``local-cluster``); else the executor's address."""
-    try:
-        master = str(spark.conf.get("spark.master", "") or "")
-    except Exception:  # noqa: BLE001 - a hosted session may hide it
-        master = ""
-    return "127.0.0.1" if master.startswith("local") else None
+from .job import KERNEL_TIMEOUT_S, ConnectDriverJob, RemoteController
 
 
 def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, roles: list[tuple[str, int]],
@@ -52,7 +41,7 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
     local = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
                         tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout,
                         stall_after=stall_after)
-    state, num_gpus = local.state, local.num_gpus
+    state = local.state
     job = ConnectDriverJob(spark, state, RemoteController(state, local), nodes_outlive_jobs=True, linger_s=10.0,
                            join_s=5.0, finished=trainers_finished)
     job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
@@ -60,11 +49,7 @@ def run_connect(spark: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, ro
         meta = job.launch_meta(job.open_control(), heartbeat_timeout=heartbeat_timeout, env=env, keras=keras,
                                roles=roles, reservation_timeout=float(reservation_timeout), first_node=0,
                                release_port=bool(release_port)).to_dict()
-        meta["coordinator"] = {
-            "name": state.name, "input_mode_spark": input_mode == InputMode.SPARK, "tensorboard": tensorboard,
-            "log_dir": log_dir, "num_gpus": num_gpus, "heartbeat_timeout": heartbeat_timeout,
-            "kernel_timeout": float(notebook_timeout), "bind": _bind_hint(spark),
-        }
+        meta["coordinator"] = job.coordinator_meta("cluster", notebook_timeout).to_dict()
         cluster = TFCluster(job, meta, input_mode, num_executors)
         launcher = make_connect_launcher(meta, cloudpickle.dumps((map_fun, tf_args)))
         n = len(roles)
