@@ -34,8 +34,8 @@ def node():
 def send(port, rows, gen=1, mode="train", chunk=100, partition=0):
     sock = dp.client_connect("127.0.0.1", port, SECRET, {"partition": partition, "gen": gen, "mode": mode}, 10)
     for i in range(0, len(rows), chunk):
-        dp.send_frame(sock, b"D", C.encode_ipc(C.rows_to_batch(rows[i : i + chunk])))
-    dp.send_frame(sock, b"E")
+        dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(C.rows_to_batch(rows[i : i + chunk])))
+    dp.send_frame(sock, dp.Kind.END)
     return sock
 
 
@@ -48,7 +48,7 @@ def feed_in_thread(port, rows, **kw):
         while True:
             kind, payload = dp.recv_frame(sock)
             frames.append((kind, payload))
-            if kind in (b"A", b"X"):
+            if kind in (dp.Kind.DONE, dp.Kind.ERROR):
                 break
         sock.close()
         out["frames"] = frames
@@ -81,7 +81,7 @@ def test_batches_are_exact_and_feeder_is_acked_after_consumption(node):
     assert sizes == [64, 64, 64, 58]
     assert labels == list(range(250))
     kind, payload = out["frames"][-1]
-    assert kind == b"A" and dp.parse_json(payload) == {"rows": 250, "skipped": 0}
+    assert kind is dp.Kind.DONE and dp.parse_json(payload) == {"rows": 250, "skipped": 0}
 
 
 def test_next_batch_returns_tensorflowonspark_rows(node):
@@ -147,10 +147,10 @@ def test_inference_results_route_back_in_order_per_partition(node):
     for out, rows in ((out_a, rows_a), (out_b, rows_b)):
         results = []
         for kind, payload in out["frames"]:
-            if kind == b"R":
+            if kind is dp.Kind.RESULTS:
                 results.extend(R.result_rows(C.decode_ipc(payload)))
         assert results == [r[0] * 2 for r in rows]
-        assert out["frames"][-1][0] == b"A"
+        assert out["frames"][-1][0] is dp.Kind.DONE
 
 
 def test_wrong_number_of_results_is_a_clear_error(node):
@@ -218,7 +218,7 @@ def test_the_next_epochs_data_waits_in_its_own_queue(node):
     assert epoch == [2] and [v for _, b in second for v in b.column(1).to_pylist()] == list(range(40))
     assert hub.take(100, True, epoch) == []
     for out in (out1, out2):
-        assert out["frames"][-1][0] == b"A"
+        assert out["frames"][-1][0] is dp.Kind.DONE
 
 
 def take_in_thread(hub, n, epoch):
@@ -237,7 +237,7 @@ def test_an_epochs_read_ends_at_this_nodes_share_not_at_the_epochs_end(node):
     reader, got = take_in_thread(hub, 100, epoch)
     t1, out1 = feed_in_thread(server.port, [(1.0, i) for i in range(10)], gen=1, partition=0)
     t1.join(10)
-    assert out1["frames"][-1][0] == b"A"  # all 10 taken; the read goes on: one of the two partitions is in
+    assert out1["frames"][-1][0] is dp.Kind.DONE  # all 10 taken; the read goes on: one of the two partitions is in
     t2, _ = feed_in_thread(server.port, [(1.0, i) for i in range(10, 15)], gen=1, partition=3)
     reader.join(10)
     assert not reader.is_alive(), "the read waited for the end of the epoch"
@@ -315,7 +315,7 @@ def test_terminate_skips_remaining_data_and_releases_feeders(node):
     t.join(10)
     assert not t.is_alive()
     done = dp.parse_json(out["frames"][-1][1])
-    assert out["frames"][-1][0] == b"A" and done["skipped"] > 0 and done["rows"] >= 10
+    assert out["frames"][-1][0] is dp.Kind.DONE and done["skipped"] > 0 and done["rows"] >= 10
 
 
 def test_unauthenticated_feeder_is_refused(node):
@@ -332,7 +332,7 @@ def test_a_failed_node_answers_its_feeders_with_its_error_not_an_ack(node):
     hub.close(error="worker:1 failed: ValueError: boom")  # what node.main does when the function raises
     t.join(10)
     kind, payload = out["frames"][-1]
-    assert kind == b"X" and dp.parse_json(payload) == {"error": "worker:1 failed: ValueError: boom",
+    assert kind is dp.Kind.ERROR and dp.parse_json(payload) == {"error": "worker:1 failed: ValueError: boom",
                                                         "node_failed": True}
 
 
@@ -381,9 +381,9 @@ def test_results_of_an_empty_batch_answer_nothing(node, case):
         feed.batch_results(EMPTY_RESULTS[case])  # after a full answer, again nothing pending
         answered += len(x)
     t.join(10)
-    results = [r for kind, payload in out["frames"] if kind == b"R" for r in R.result_rows(C.decode_ipc(payload))]
+    results = [r for kind, payload in out["frames"] if kind is dp.Kind.RESULTS for r in R.result_rows(C.decode_ipc(payload))]
     assert results == [r[0] * 2 for r in rows]
-    assert out["frames"][-1][0] == b"A"
+    assert out["frames"][-1][0] is dp.Kind.DONE
 
 
 def test_empty_results_with_rows_pending_are_a_clear_error(node):
@@ -415,8 +415,8 @@ def _fed(port: int) -> bool:
     """A real feeder's whole conversation: handshake, header, end; the node acknowledges it."""
     sock = dp.client_connect("127.0.0.1", port, SECRET, {"partition": 0, "gen": 1, "mode": "train"}, 5)
     with sock:
-        dp.send_frame(sock, b"E")
-        return dp.recv_frame(sock)[0] == b"A"
+        dp.send_frame(sock, dp.Kind.END)
+        return dp.recv_frame(sock)[0] is dp.Kind.DONE
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -491,3 +491,17 @@ def test_running_out_of_descriptors_does_not_spin_and_serving_resumes():
         assert srv.command("free") == "freed"
         t.join(net.ACCEPT_BACKOFF_S + 10)
         assert result == {"fed": True}
+
+
+def test_a_frame_of_unknown_type_is_refused_and_kinds_are_typed():
+    """Frame types are :class:`dataplane.Kind`; a byte that is none of them is a protocol error, not a frame."""
+    import socket
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(dp.FRAME.pack(b"Z", 0))
+        with pytest.raises(dp.DataPlaneError, match="unknown frame type b'Z'"):
+            dp.recv_frame(b)
+        dp.send_json(a, dp.Kind.DONE, {"rows": 3})
+        kind, payload = dp.recv_frame(b)
+        assert kind is dp.Kind.DONE and dp.parse_json(payload) == {"rows": 3}

@@ -120,17 +120,17 @@ class DataServer:
             conn = Conn(sock, header)
             while True:
                 kind, payload = dp.recv_frame(sock)
-                if kind == b"D":
+                if kind is dp.Kind.DATA:
                     try:
                         batch = C.decode_ipc(payload)
                     except (pa.ArrowInvalid, OSError) as exc:
                         raise dp.DataPlaneError(f"bad Arrow batch: {exc}") from None
                     self._hub.put(conn, conn.gen, batch)
-                elif kind == b"E":
+                elif kind is dp.Kind.END:
                     self._hub.end_conn(conn)
                     return
                 else:
-                    raise dp.DataPlaneError(f"unexpected frame {kind!r}")
+                    raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
         except (OSError, dp.DataPlaneError) as exc:
             if conn is None:
                 if isinstance(exc, dp.HandshakeTimeout):

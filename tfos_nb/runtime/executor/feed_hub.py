@@ -52,7 +52,7 @@ class Conn:
         self.closed = False
         self._send_lock = threading.Lock()
 
-    def send(self, kind: bytes, payload: Any) -> None:
+    def send(self, kind: dp.Kind, payload: Any) -> None:
         with self._send_lock:
             if self.closed:
                 return
@@ -67,9 +67,9 @@ class Conn:
                 return
             try:
                 if error:
-                    dp.send_json(self.sock, b"X", {"error": error, "node_failed": node_failed})
+                    dp.send_json(self.sock, dp.Kind.ERROR, {"error": error, "node_failed": node_failed})
                 else:
-                    dp.send_json(self.sock, b"A", {"rows": self.consumed, "skipped": self.skipped})
+                    dp.send_json(self.sock, dp.Kind.DONE, {"rows": self.consumed, "skipped": self.skipped})
             except OSError:
                 pass
             self.closed = True
@@ -324,7 +324,7 @@ class FeedHub:
             part = batch.slice(offset, k)
             offset += k
             try:
-                conn.send(b"R", C.encode_ipc(part))
+                conn.send(dp.Kind.RESULTS, C.encode_ipc(part))
             except OSError as exc:
                 log.warning("could not return results to partition %s: %s", conn.partition, exc)
             conn.answered += k

@@ -54,11 +54,11 @@ def feed_totals(stats: Iterable[Any]) -> dict[str, int]:
 
 def _recv_answer(sock: socket.socket) -> dict[str, Any]:
     kind, payload = dp.recv_frame(sock)
-    if kind == b"X":
+    if kind is dp.Kind.ERROR:
         body = dp.parse_json(payload)
         raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
-    if kind != b"A":
-        raise dp.DataPlaneError(f"unexpected frame {kind!r}")
+    if kind is not dp.Kind.DONE:
+        raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
     return dp.parse_json(payload)
 
 
@@ -199,8 +199,8 @@ def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[A
             for batch in batches:
                 if batch.num_rows:
                     sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
-                    dp.send_frame(sock, b"D", C.encode_ipc(batch))
-            dp.send_frame(sock, b"E")
+                    dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(batch))
+            dp.send_frame(sock, dp.Kind.END)
             done = _recv_answer(sock)
         finally:
             sock.close()
@@ -252,9 +252,9 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
         try:
             for batch in batches:
                 if batch.num_rows:
-                    dp.send_frame(sock, b"D", C.encode_ipc(batch))
+                    dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(batch))
                     sent[0] += batch.num_rows
-            dp.send_frame(sock, b"E")
+            dp.send_frame(sock, dp.Kind.END)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side
             errors.append(exc)
 
@@ -264,17 +264,17 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
     try:
         while True:
             kind, payload = dp.recv_frame(sock)
-            if kind == b"R":
+            if kind is dp.Kind.RESULTS:
                 batch = C.decode_ipc(payload)
                 received += batch.num_rows
                 yield batch if convert is None else convert(batch, feeder.node.label or "?")
-            elif kind == b"A":
+            elif kind is dp.Kind.DONE:
                 break
-            elif kind == b"X":
+            elif kind is dp.Kind.ERROR:
                 body = dp.parse_json(payload)
                 raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
             else:
-                raise dp.DataPlaneError(f"unexpected frame {kind!r}")
+                raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
         writer.join()
         if errors:
             raise errors[0]

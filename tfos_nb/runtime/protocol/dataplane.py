@@ -1,22 +1,24 @@
 """The data path between a Spark feeding task and a node: Arrow batches over TCP.
 
 A connection starts with a mutual HMAC challenge (both ends prove they hold the
-cluster secret), then carries typed frames ``type (1) | length (8) | payload``:
+cluster secret), then carries typed frames ``type (1) | length (8) | payload``,
+the type one of :class:`Kind`:
 
-=====  ==================  ==============================================
- H     feeder -> node      JSON header: partition, generation, mode
- D     feeder -> node      one Arrow IPC stream holding one record batch
- E     feeder -> node      end of this partition
- R     node -> feeder      results for the oldest unanswered rows (Arrow)
- A     node -> feeder      JSON: done (rows taken, rows skipped)
- X     node -> feeder      JSON: error, one line
-=====  ==================  ==============================================
+=====  ===========  ==================  ==============================================
+ H     ``HEADER``   feeder -> node      JSON header: partition, generation, mode
+ D     ``DATA``     feeder -> node      one Arrow IPC stream holding one record batch
+ E     ``END``      feeder -> node      end of this partition
+ R     ``RESULTS``  node -> feeder      results for the oldest unanswered rows (Arrow)
+ A     ``DONE``     node -> feeder      JSON: done (rows taken, rows skipped)
+ X     ``ERROR``    node -> feeder      JSON: error, one line
+=====  ===========  ==================  ==============================================
 
 Payloads are parsed by Arrow or JSON only; nothing is unpickled.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -39,6 +41,20 @@ class DataPlaneError(ConnectionError):
     pass
 
 
+class Kind(bytes, enum.Enum):
+    """A frame's type byte; a byte that is none of these ends the connection (:class:`DataPlaneError`)."""
+
+    HEADER = b"H"
+    DATA = b"D"
+    END = b"E"
+    RESULTS = b"R"
+    DONE = b"A"
+    ERROR = b"X"
+
+
+_ARROW_KINDS = (Kind.DATA, Kind.RESULTS)  # may carry up to MAX_DATA_FRAME bytes; the others JSON or nothing
+
+
 class HandshakeTimeout(DataPlaneError):
     """The peer did not complete the handshake by its deadline."""
 
@@ -47,22 +63,26 @@ def _mac(secret: bytes, label: bytes, nonce: bytes) -> bytes:
     return hmac.new(secret, label + nonce, hashlib.sha256).digest()
 
 
-def send_frame(sock: socket.socket, kind: bytes, payload: Any = b"") -> None:
+def send_frame(sock: socket.socket, kind: Kind, payload: Any = b"") -> None:
     n = payload.size if hasattr(payload, "size") and not isinstance(payload, (bytes, bytearray)) else len(payload)
-    sock.sendall(FRAME.pack(kind, n))
+    sock.sendall(FRAME.pack(kind.value, n))
     if n:
         sock.sendall(memoryview(payload) if not isinstance(payload, (bytes, bytearray)) else payload)
 
 
-def send_json(sock: socket.socket, kind: bytes, obj: dict[str, Any]) -> None:
+def send_json(sock: socket.socket, kind: Kind, obj: dict[str, Any]) -> None:
     send_frame(sock, kind, json.dumps(obj).encode())
 
 
-def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[bytes, bytearray]:
-    kind, n = FRAME.unpack(recv_exact(sock, FRAME.size, deadline))
-    limit = MAX_DATA_FRAME if kind in (b"D", b"R") else MAX_JSON_FRAME
+def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[Kind, bytearray]:
+    raw, n = FRAME.unpack(recv_exact(sock, FRAME.size, deadline))
+    try:
+        kind = Kind(raw)
+    except ValueError:
+        raise DataPlaneError(f"unknown frame type {raw!r}") from None
+    limit = MAX_DATA_FRAME if kind in _ARROW_KINDS else MAX_JSON_FRAME
     if n > limit:
-        raise DataPlaneError(f"frame {kind!r} of {n} bytes exceeds {limit}")
+        raise DataPlaneError(f"frame {raw!r} of {n} bytes exceeds {limit}")
     return kind, recv_exact(sock, n, deadline) if n else bytearray()
 
 
@@ -99,8 +119,8 @@ def server_handshake(sock: socket.socket, secret: bytes, deadline: float) -> dic
         kind, payload = recv_frame(sock, deadline)
     except TimeoutError:
         raise HandshakeTimeout("handshake not completed in time") from None
-    if kind != b"H":
-        raise DataPlaneError(f"expected a header frame, got {kind!r}")
+    if kind is not Kind.HEADER:
+        raise DataPlaneError(f"expected a header frame, got {kind.value!r}")
     return parse_json(payload)
 
 
@@ -116,7 +136,7 @@ def client_connect(host: str, port: int, secret: bytes, header: dict[str, Any], 
         sock.sendall(_mac(secret, b"feeder|", bytes(hello[len(MAGIC) :])) + my_nonce)
         if not hmac.compare_digest(bytes(recv_exact(sock, NONCE)), _mac(secret, b"node|", my_nonce)):
             raise DataPlaneError(f"{host}:{port} failed authentication")
-        send_json(sock, b"H", header)
+        send_json(sock, Kind.HEADER, header)
     except BaseException:
         sock.close()
         raise
