@@ -31,7 +31,8 @@ from ..sessions import is_connect
 from . import stacks
 from . import state as S
 from .cluster_streams import ClusterStreams, refuse_dstream, require_batch_rows
-from .controller import FEEDABLE, Controller
+from .control_plane import ControlPlane
+from .controller import FEEDABLE
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
 from .job import DriverJob
 from .streaming import StreamingFeed, is_streaming
@@ -76,7 +77,7 @@ class TFCluster(ClusterStreams):
         self.job = job
         self.sc = job.sc
         self.state = job.state
-        self.controller: Controller = job.controller
+        self.controller: ControlPlane = job.controller
         self._meta = meta
         self.input_mode = input_mode
         self.num_executors = num_executors

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import state as S
-    from .controller import Controller
+    from .control_plane import ControlPlane
     from .job import DriverJob
 
 from ..executor.feeder import make_arrow_feeder
@@ -65,7 +65,7 @@ class ClusterStreams:
     name: str
     sc: Any
     _meta: dict[str, Any]
-    controller: Controller
+    controller: ControlPlane
     job: DriverJob
 
     if TYPE_CHECKING:  # provided by TFCluster

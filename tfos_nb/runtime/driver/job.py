@@ -21,6 +21,7 @@ from typing import Any
 from ..protocol import messages as m
 from ..protocol.channel import ControlServer
 from . import state as S
+from .control_plane import ControlPlane
 from .controller import Controller
 from .slots import driver_host
 from .sparkjob import SparkJob
@@ -61,7 +62,7 @@ class DriverJob:
     FINISHED rather than STOPPED.
     """
 
-    def __init__(self, sc: Any, state: S.ClusterState, controller: Controller, *,
+    def __init__(self, sc: Any, state: S.ClusterState, controller: ControlPlane, *,
                  nodes_outlive_jobs: bool, linger_s: float, join_s: float,
                  finished: Callable[[list[Any]], bool] | None = None,
                  on_teardown: Callable[[], None] | None = None) -> None:
@@ -110,9 +111,13 @@ class DriverJob:
 
     def open_control(self) -> tuple[str, int]:
         """Start the control server; returns the address tasks reach it at."""
+        ctl = self.controller
+        if not isinstance(ctl, Controller):  # a remote control plane has its server elsewhere (ConnectDriverJob)
+            msg = f"{type(ctl).__name__} is no local Controller: its control server is not in this process (a bug)"
+            raise TypeError(msg)
         host = driver_host(self.sc)
-        self._server = ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), self.controller.handle, host,
-                                     on_tick=self.controller.tick)
+        self._server = ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), ctl.handle, host,
+                                     on_tick=ctl.tick)
         try:
             return self._server.start()
         except OSError as exc:  # never every interface instead: the port would be open to every network

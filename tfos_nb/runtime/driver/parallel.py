@@ -32,7 +32,7 @@ from typing import Any
 from ..executor.run_task import make_run_task
 from ..sessions import is_connect
 from . import state as S
-from .connect.parallel import connect_runs_job, launch_connect_runs
+from .connect.parallel import ConnectRunsJob, connect_runs_job, launch_connect_runs
 from .connect.spark_jobs import ConnectSparkJob
 from .errors import TFClusterError, failure_message, first_failure, python_error_line
 from .job import DriverJob
@@ -102,8 +102,10 @@ class ParallelRuns:
         self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
                                          num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
         self.connect = is_connect(sc)  # Spark Connect: the runs' control is hosted on an executor (connect/parallel.py)
+        self._connect_job: ConnectRunsJob | None = None
         if self.connect:
-            self.job: DriverJob = connect_runs_job(sc, self.state, self._controller, linger_s=STOP_WAIT_S, join_s=10.0)
+            self._connect_job = connect_runs_job(sc, self.state, self._controller, linger_s=STOP_WAIT_S, join_s=10.0)
+            self.job: DriverJob = self._connect_job
         else:
             self.job = DriverJob(sc, self.state, self._controller, nodes_outlive_jobs=False, linger_s=STOP_WAIT_S,
                                  join_s=10.0)
@@ -127,8 +129,8 @@ class ParallelRuns:
             self.barrier = self._choose_barrier()
             self.job.check_cancelled()
             n, barrier = self.num_runs, self.barrier
-            if self.connect:
-                self._spark_job = launch_connect_runs(self.job, meta, self._blob, n, barrier)  # type: ignore[arg-type]
+            if self._connect_job is not None:  # Spark Connect
+                self._spark_job = launch_connect_runs(self._connect_job, meta, self._blob, n, barrier)
                 self.job.mark_up()
                 return self
             task = make_run_task(meta, self._blob, barrier)

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from ..executor.feeder import feed_totals
 from . import state as S
+from .control_plane import ControlPlane
 from .errors import error_for, python_error_line
 
 __all__ = ["StreamingFeed"]
@@ -51,7 +52,7 @@ class FeedOwner(Protocol):
     """What a StreamingFeed needs of its cluster (TFCluster; a protocol so this module does not import it)."""
 
     state: S.ClusterState
-    controller: Any
+    controller: ControlPlane
 
     @property
     def closed(self) -> bool: ...

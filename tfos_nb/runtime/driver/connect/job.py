@@ -41,7 +41,11 @@ def bind_hint(spark: Any) -> str | None:
 
 
 class RemoteController:
-    """The Controller methods the driver side calls, sent to the coordinator (local writes to the mirror when it is not up)."""
+    """The :class:`~..control_plane.ControlPlane` of a job whose Controller is the coordinator's.
+
+    Each transition is sent to the coordinator (the local Controller writes the mirror's own
+    transitions: a cancel before the coordinator is up, the final state).
+    """
 
     def __init__(self, state: S.ClusterState, local: Controller) -> None:
         self.state = state
@@ -91,6 +95,15 @@ class RemoteController:
     def end_epoch(self, epoch: int) -> None:
         self._send("end_epoch", epoch=epoch)
 
+    def feeding_started(self, epoch: int) -> bool:
+        """Whether ``epoch`` was opened: ``TFCluster.train`` does not pipeline epochs on Spark Connect (an epoch's
+        end is itself a Spark job), so it never waits for a feeding stage to start here."""
+        return epoch <= self.state.feed_epoch
+
+    def set_feed_tasks(self, epoch: int, tasks: int) -> None:
+        """Nothing to tell: a Connect client has no status tracker to count a stage's tasks, so nodes end their
+        reads at the end of the whole epoch (``TFCluster.train`` never calls this here)."""
+
     def reset_feed_errors(self) -> None:
         self._send("reset_feed_errors")
         if self.job is not None:
@@ -103,10 +116,9 @@ class RemoteController:
 class ConnectDriverJob(DriverJob):
     """A :class:`DriverJob` whose control server is the coordinator in the cluster (Spark Connect)."""
 
-    controller: RemoteController  # type: ignore[assignment]
-
     def __init__(self, spark: Any, state: S.ClusterState, controller: RemoteController, **kw: Any) -> None:
-        super().__init__(spark, state, controller, **kw)  # type: ignore[arg-type]
+        super().__init__(spark, state, controller, **kw)
+        self.remote = controller  # ``controller`` as what it is here: for its local half (the mirror's writer)
         controller.job = self
         self.mirror = Mirror(state)
         self.meta: dict[str, Any] | None = None
@@ -133,7 +145,7 @@ class ConnectDriverJob(DriverJob):
 
     def coordinator_meta(self, kind: str, kernel_timeout: float) -> m.CoordinatorMeta:
         """The launch meta's ``coordinator`` section: the coordinator's controller is set up as the local one."""
-        local = self.controller.local
+        local = self.remote.local
         return m.CoordinatorMeta(name=self.name, input_mode_spark=bool(local.input_mode_spark),
                                  tensorboard=bool(local.tensorboard), log_dir=local.log_dir, num_gpus=int(local.num_gpus),
                                  heartbeat_timeout=float(local.heartbeat_timeout), kernel_timeout=float(kernel_timeout),
@@ -193,7 +205,7 @@ class ConnectDriverJob(DriverJob):
                 elif not self._poll_stop.is_set():
                     failures += 1
                     if failures >= LOST_AFTER and not self.state.ended:
-                        self.controller.local.cancel(f"the coordinator is unreachable: {out.get('error')}")
+                        self.remote.local.cancel(f"the coordinator is unreachable: {out.get('error')}")
                 with self._polled:
                     self._answered = asked
                     self._polled.notify_all()

@@ -1,0 +1,46 @@
+"""The control plane as the driver's code drives it: one interface, wherever the Controller runs.
+
+Classic Spark: the :class:`~.controller.Controller` runs in the notebook's process, behind
+the driver's control server.  Spark Connect: it runs in the coordinator on an executor, and the
+notebook holds a :class:`~.connect.job.RemoteController` that sends it the same transitions
+through tiny Spark jobs.  A job (:class:`~.job.DriverJob`), a cluster
+(:class:`~.cluster.TFCluster` and its streams) and parallel runs drive either through
+:class:`ControlPlane` only: exactly the methods they call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from . import state as S
+
+
+class ControlPlane(Protocol):
+    """What the driver asks of a job's controller: transitions, epochs, and what feeding went wrong."""
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        """Seconds without a heartbeat before a node counts as lost."""
+        ...
+
+    @property
+    def feed_errors(self) -> list[str]:
+        """The feeding tasks' errors since the last :meth:`reset_feed_errors`."""
+        ...
+
+    @property
+    def lost_feeds(self) -> int:
+        """Feeding tasks whose connection to their node broke (the node may be dying)."""
+        ...
+
+    def set_running(self) -> None: ...
+    def request_stop(self) -> None: ...
+    def request_kill(self) -> None: ...
+    def cancel(self, reason: str) -> None: ...
+    def open_epoch(self) -> int: ...
+    def end_epoch(self, epoch: int) -> None: ...
+    def reset_feed_errors(self) -> None: ...
+    def feeding_started(self, epoch: int) -> bool: ...
+    def set_feed_tasks(self, epoch: int, tasks: int) -> None: ...
+    def finish(self, finished: Callable[[list[S._Node]], bool]) -> str: ...
