@@ -468,3 +468,16 @@ def end_notebook_kernel(client: Any, km: Any) -> None:
         client.kc.stop_channels()
     if km.has_kernel:
         km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def test_comm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """ipywidgets' comms go to :class:`tests.panel_fakes.CountingComm` (records what each widget sends)."""
+    import_or_skip("ipywidgets")
+    import comm
+
+    from tests.panel_fakes import CountingComm
+
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: CountingComm(**kw))
+    monkeypatch.setattr(CountingComm, "sent", [])
+    yield CountingComm

@@ -12,7 +12,7 @@ import types
 import pytest
 
 from tests.conftest import wait_until
-from tests.test_widgets import FakeDisplay, test_comm  # noqa: F401 - the widget fixture
+from tests.panel_fakes import FakeDisplay
 from tfos_nb.runtime.driver import stacks
 from tfos_nb.runtime.driver import state as S
 from tfos_nb.runtime.driver.connect import snapshot
@@ -285,7 +285,7 @@ def test_panel_html_and_text_show_the_phase_and_the_stall():
     assert state_key(quieter) != state_key(model)  # a new phase is a state change for the text back-end
 
 
-def test_widget_panel_state_column_shows_the_phase(test_comm):  # noqa: F811
+def test_widget_panel_state_column_shows_the_phase(test_comm):
     r = make_renderer("widget", display=FakeDisplay())
     r.update(stalled_view())
     table = r.backend.panel.table.value
