@@ -354,3 +354,14 @@ def test_request_stop_is_stop_streams_under_tensorflowonspark_s_name():
     from tfos_nb.runtime.driver.cluster import TFCluster
 
     assert TFCluster.request_stop is TFCluster.stop_streams
+
+
+def test_tfcluster_members_are_what_a_user_calls():
+    """TFCluster's public methods: TensorFlowOnSpark's (train, inference, shutdown, tensorboard_url) and the
+    documented extras; the plumbing its streams, start and shutdown use is private."""
+    from tfos_nb.runtime.driver.cluster import TFCluster
+
+    tensorflowonspark = {"train", "inference", "shutdown", "tensorboard_url"}
+    extras = {"status", "nodes", "logs", "stacks", "close", "cancel", "closed", "train_stream", "inference_stream",
+              "streams", "stop_streams", "request_stop"}
+    assert {n for n in dir(TFCluster) if not n.startswith("_")} == tensorflowonspark | extras

@@ -26,7 +26,6 @@ from ..executor.feeder import (
     make_rdd_feeder,
     make_rdd_inferer,
 )
-from ..procs import kill_tree
 from ..sessions import is_connect
 from . import stacks
 from . import state as S
@@ -74,35 +73,31 @@ class TFCluster(ClusterStreams):
     """A running TensorFlow cluster on Spark executors (made by :func:`run`)."""
 
     def __init__(self, job: DriverJob, meta: dict[str, Any], input_mode: int, num_executors: int) -> None:
-        self.job = job
+        self._job = job
         self.sc = job.sc
         self.state = job.state
-        self.controller: ControlPlane = job.controller
+        self._controller: ControlPlane = job.controller
         self._meta = meta
         self.input_mode = input_mode
         self.num_executors = num_executors
         self.cluster_id = job.cluster_id
         self.name = job.name
-        self.local_nodes: list[Any] = []  # supervisors of driver-side ps nodes
         self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
         self.last_feed: dict[str, int] = {}
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
 
     @property
     def closed(self) -> bool:
-        return self.job.closed
+        """Whether the cluster is torn down (``shutdown()`` or ``close()`` returned, or it failed)."""
+        return self._job.closed
 
     def close(self, wait: float | None = None) -> None:
         """Tear the cluster down now: kill its nodes, cancel its Spark jobs (idempotent, thread-safe, never raises)."""
-        self.job.close(wait)
+        self._job.close(wait)
 
     def cancel(self, reason: str) -> None:
         """Stop the cluster from any thread: see :meth:`DriverJob.cancel`."""
-        self.job.cancel(reason)
-
-    def kill_local_nodes(self) -> None:
-        for proc in self.local_nodes:
-            kill_tree(proc, grace=1)
+        self._job.cancel(reason)
 
     # -- information -------------------------------------------------------------
     @property
@@ -128,7 +123,7 @@ class TFCluster(ClusterStreams):
     def stacks(self, node: str | int | None = None, timeout: float = 10.0) -> dict[str, str]:
         """Every thread's Python stack in the node processes (one node: ``"worker:1"`` or its index), by node:
         what each is doing now, e.g. which call a stalled node waits in (``status().stalls``)."""
-        return stacks.collect(self.state, self.controller, node, timeout)
+        return stacks.collect(self.state, self._controller, node, timeout)
 
     def tensorboard_url(self) -> str | None:
         """TensorBoard's URL on the chief, when started with ``tensorboard=True``."""
@@ -185,10 +180,10 @@ class TFCluster(ClusterStreams):
             nodes each node can end its read at its share's end (nodes with unequal shares under
             MultiWorkerMirroredStrategy step together: waiting for the whole epoch's end would deadlock)."""
             for epoch, job in inflight:
-                if epoch not in told and not job.done and self.controller.feeding_started(epoch):
+                if epoch not in told and not job.done and self._controller.feeding_started(epoch):
                     tasks = job.feeding_tasks()
                     if tasks is not None:
-                        self.controller.set_feed_tasks(epoch, tasks)
+                        self._controller.set_feed_tasks(epoch, tasks)
                         told.add(epoch)
 
         shares = None if is_connect(self.sc) else learn_shares  # Connect: no status tracker, epochs end whole
@@ -199,17 +194,17 @@ class TFCluster(ClusterStreams):
             inflight.popleft()
             for key, n in stats.items():
                 total[key] += n
-            self.controller.end_epoch(epoch)
+            self._controller.end_epoch(epoch)
 
-        self.controller.reset_feed_errors()
+        self._controller.reset_feed_errors()
         for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
             while len(inflight) >= (2 if pipelined else 1):
                 finish_oldest()
             if inflight:  # feeding_started: a DataFrame's job may first run its shuffle as a job of its own
                 last_epoch, last = inflight[-1]
                 self._await(last, "feeding", tick=shares,
-                            until=lambda: self.controller.feeding_started(last_epoch) and last.tasks_launched())
-            epoch = self.controller.open_epoch()
+                            until=lambda: self._controller.feeding_started(last_epoch) and last.tasks_launched())
+            epoch = self._controller.open_epoch()
             meta = self._meta
             if is_df:
                 fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows)
@@ -222,7 +217,7 @@ class TFCluster(ClusterStreams):
                 def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
                     return [json.loads(s) for s in dataRDD.mapPartitionsWithIndex(fn).collect()]
 
-            inflight.append((epoch, self.job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",
+            inflight.append((epoch, self._job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",
                                                        action)))
         while inflight:
             finish_oldest()
@@ -276,17 +271,17 @@ class TFCluster(ClusterStreams):
         serve until the end and are stopped; without an evaluator ``grace_secs`` waits
         for nothing (the chief/workers returned already).
         """
-        self.stop_feeds(ssc)
+        self._stop_feeds(ssc)
         if self.closed:
             return
         try:
-            self.controller.request_stop()
+            self._controller.request_stop()
             deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
             while True:
                 view = self.state.snapshot()
                 if view.state == S.C_FAILED:
                     raise error_for(view)
-                trainers = [n for n in view.nodes if self.waits_for(n)]
+                trainers = [n for n in view.nodes if self._waits_for(n)]
                 if all(n.state in S.TERMINAL for n in trainers):
                     break
                 if deadline is not None and time.monotonic() > deadline:
@@ -319,7 +314,7 @@ class TFCluster(ClusterStreams):
             self.close()
 
     # -- internals ----------------------------------------------------------------
-    def waits_for(self, node: Any) -> bool:
+    def _waits_for(self, node: Any) -> bool:
         """Whether shutdown waits for ``node``'s function to return (see :func:`awaited`)."""
         return awaited(self.state.nodes, node)
 
@@ -346,14 +341,14 @@ class TFCluster(ClusterStreams):
 
     def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any:
         """Run ``action`` as a Spark job while watching the nodes; tear down on any failure."""
-        self.controller.reset_feed_errors()
-        return self._await(self.job.spark_job(suffix, description, action), what)
+        self._controller.reset_feed_errors()
+        return self._await(self._job.spark_job(suffix, description, action), what)
 
     def _await(self, job: Any, what: str, until: Callable[[], bool] | None = None,
                tick: Callable[[], None] | None = None) -> Any:
         """Wait for ``job`` to end (or for ``until()``, leaving it running) while watching the nodes and the
         feeding tasks, calling ``tick()`` every slice; tear down on any failure."""
-        ctl = self.controller
+        ctl = self._controller
         try:
             while not job.wait(0.2):
                 if tick is not None:
@@ -391,4 +386,4 @@ class TFCluster(ClusterStreams):
             self.close()
             raise
         finally:
-            self.job.forget(job)
+            self._job.forget(job)

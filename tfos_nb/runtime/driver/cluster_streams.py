@@ -65,15 +65,15 @@ class ClusterStreams:
     name: str
     sc: Any
     _meta: dict[str, Any]
-    controller: ControlPlane
-    job: DriverJob
+    _controller: ControlPlane
+    _job: DriverJob
 
     if TYPE_CHECKING:  # provided by TFCluster
         def _require_spark_mode(self, what: str) -> None: ...
         def _require_alive(self) -> None: ...
         @property
         def closed(self) -> bool: ...
-        def waits_for(self, node: Any) -> bool: ...
+        def _waits_for(self, node: Any) -> bool: ...
         def close(self, wait: float | None = None) -> None: ...
         def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any: ...
         def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,  # noqa: N803 - TFoS name
@@ -103,9 +103,9 @@ class ClusterStreams:
         on_server = is_connect(self.sc)
         location, owned = checkpoint_dir(checkpoint_location)
         if on_server:
-            self.controller.reset_feed_errors()  # the stream's feeding errors are those after this
-        epoch = self.controller.open_epoch()
-        feed = StreamingFeed(self, "train", epoch, owned, feed_timeout=feed_timeout, batch_rows=batch_rows,
+            self._controller.reset_feed_errors()  # the stream's feeding errors are those after this
+        epoch = self._controller.open_epoch()
+        feed = StreamingFeed(_StreamPort(self), "train", epoch, owned, feed_timeout=feed_timeout, batch_rows=batch_rows,
                              on_server=on_server)
         on_batch = make_batch_feeder(self._meta, epoch, feed_timeout, batch_rows) if on_server else feed._on_batch
         writer = apply_writer_options(stream_df.writeStream.foreachBatch(on_batch), query_name=query_name,
@@ -147,7 +147,7 @@ class ClusterStreams:
         preds = self.inference(stream_df, feed_timeout, schema=schema, batch_rows=batch_rows)
         writer = apply_writer_options(sink_writer(preds, sink, path, output_mode), query_name=query_name,
                                       trigger=trigger, checkpoint=location, options=options)
-        feed = StreamingFeed(self, "inference", 0, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
+        feed = StreamingFeed(_StreamPort(self), "inference", 0, owned, feed_timeout=feed_timeout, batch_rows=batch_rows)
         feed._start(writer)
         self._streams.append(feed)
         return feed
@@ -165,33 +165,11 @@ class ClusterStreams:
         returns, and ``shutdown()`` or a ``%%tfos_cluster --data STREAM`` cell goes on to
         wait for the nodes.
         """
-        self.stop_feeds(None)
+        self._stop_feeds(None)
 
     #: The same method under TensorFlowOnSpark's name (``reservation.Client(...).request_stop()``),
     #: for programs ported from it (docs/migrating.md).
     request_stop = stop_streams
-
-    def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
-                         batch_rows: int) -> list[dict[str, int]]:
-        """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
-        self._require_alive()
-        fn = make_arrow_feeder(self._meta, epoch, feed_timeout, batch_rows)
-
-        def action() -> list[dict[str, int]]:
-            return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
-
-        counts: list[dict[str, int]] = self._watch(f"feed-{epoch}", f"tfos_nb {self.name}: stream micro-batch {batch_id}",
-                                                   action, f"feeding micro-batch {batch_id}")
-        return counts
-
-    def refresh_state(self) -> None:
-        """Spark Connect: wait for a fresh snapshot of the coordinator (a no-op on a classic session)."""
-        self.job.refresh()
-
-    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
-        """Spark Connect: what the coordinator counted for the training stream of ``epoch`` (None on classic)."""
-        mirror = getattr(self.job, "mirror", None)
-        return None if mirror is None else mirror.streams.get(str(epoch))
 
     def _require_no_training_stream(self) -> None:
         for feed in [f for f in self._streams if f.kind == "train"]:
@@ -200,11 +178,7 @@ class ClusterStreams:
                 raise RuntimeError(msg)
             feed.stop()  # its query ended by itself (availableNow trigger, error): close its epoch
 
-    def stream_ended(self, feed: StreamingFeed) -> None:
-        if feed in self._streams:
-            self._streams.remove(feed)
-
-    def stop_feeds(self, ssc: Any = None) -> None:
+    def _stop_feeds(self, ssc: Any = None) -> None:
         """Stop what feeds the cluster before the cluster: streaming feeds, a query or StreamingContext."""
         for feed in list(self._streams):
             feed.stop()
@@ -223,3 +197,53 @@ class ClusterStreams:
             except Exception:  # noqa: BLE001
                 pass
 
+
+class _StreamPort:
+    """What a :class:`StreamingFeed` asks of its cluster (``streaming.FeedOwner``): feeding a micro-batch,
+    the coordinator's counts, the end of the feed.  TFCluster's own members stay those a user calls."""
+
+    def __init__(self, cluster: ClusterStreams) -> None:
+        self._cluster = cluster
+        self.state = cluster.state
+        self.controller = cluster._controller
+
+    @property
+    def closed(self) -> bool:
+        return self._cluster.closed
+
+    def waits_for(self, node: Any) -> bool:
+        return self._cluster._waits_for(node)
+
+    def close(self, wait: float | None = None) -> None:
+        self._cluster.close(wait)
+
+    def stop_feeds(self) -> None:
+        self._cluster._stop_feeds(None)
+
+    def stream_ended(self, feed: StreamingFeed) -> None:
+        if feed in self._cluster._streams:
+            self._cluster._streams.remove(feed)
+
+    def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
+                         batch_rows: int) -> list[dict[str, int]]:
+        """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
+        cluster = self._cluster
+        cluster._require_alive()
+        fn = make_arrow_feeder(cluster._meta, epoch, feed_timeout, batch_rows)
+
+        def action() -> list[dict[str, int]]:
+            return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
+
+        counts: list[dict[str, int]] = cluster._watch(f"feed-{epoch}",
+                                                      f"tfos_nb {cluster.name}: stream micro-batch {batch_id}",
+                                                      action, f"feeding micro-batch {batch_id}")
+        return counts
+
+    def refresh_state(self) -> None:
+        """Spark Connect: wait for a fresh snapshot of the coordinator (a no-op on a classic session)."""
+        self._cluster._job.refresh()
+
+    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+        """Spark Connect: what the coordinator counted for the training stream of ``epoch`` (None on classic)."""
+        mirror = getattr(self._cluster._job, "mirror", None)
+        return None if mirror is None else mirror.streams.get(str(epoch))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..executor.launch import make_launcher, start_supervisor
+from ..procs import kill_tree
 from ..protocol import messages as m
 from ..sessions import is_connect
 from . import state as S
@@ -132,7 +133,13 @@ def run(
                                reservation_timeout=float(reservation_timeout),
                                first_node=num_ps if driver_ps_nodes else 0, release_port=bool(release_port)).to_dict()
         cluster = TFCluster(job, meta, input_mode, num_executors)
-        job.on_teardown = cluster.kill_local_nodes
+        local_nodes: list[Any] = []  # supervisors of driver-side ps nodes: the job ends them with the rest
+
+        def kill_local_nodes() -> None:
+            for proc in local_nodes:
+                kill_tree(proc, grace=1)
+
+        job.on_teardown = kill_local_nodes
         blob = cloudpickle.dumps((map_fun, tf_args))
         wait_for_slots(sc, on_executors, min(reservation_timeout, 120), lambda: job.cancelled)
         if driver_ps_nodes:
@@ -141,7 +148,7 @@ def run(
                 local = dataclasses.replace(m.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
                                             watch_jvm=False)
                 status, proc = _start_local_supervisor(local, blob, cluster_id, i)
-                cluster.local_nodes.append(proc)
+                local_nodes.append(proc)
                 if not status.get("ok"):
                     raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
         job.check_cancelled()
