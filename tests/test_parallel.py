@@ -268,7 +268,9 @@ def test_barrier_runs_get_a_tfparallel_context(sc, no_leaks):
     assert first["feed"].startswith("parallel runs have no data feed")
     assert second is None and results[1].result == {"score": 11}  # returned nothing: its metrics
     assert "[run:0] probe 0 of 2" in lines and "[run:1] probe 1 of 2" in lines
-    assert runs.logs(1)["run:1"] == ["probe 1 of 2"]
+    assert runs.logs(1)["run:1"] == ["probe 1 of 2"] == runs.logs("run:1")["run:1"]
+    with pytest.raises(KeyError, match=r"no node 'run:7'; nodes are \['run:0', 'run:1'\]"):
+        runs.logs("run:7")  # one logs() contract with TFCluster's (an unknown run was an empty dict)
 
     # more runs than slots: waves, each run in a new process even where Spark reuses its Python worker
     values = TFParallel.run(sc, ctx_probe, [{"i": i} for i in range(5)], use_barrier=False, env=NODE_ENV)

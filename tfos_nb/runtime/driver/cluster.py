@@ -110,15 +110,8 @@ class TFCluster(ClusterStreams):
         return self.state.snapshot()
 
     def logs(self, node: str | int | None = None, tail: int | None = 100) -> dict[str, list[str]]:
-        """Output lines of one node (``"worker:1"`` or its index) or of all."""
-        out = {}
-        for n in self.state.nodes:
-            if node is None or node in (n.index, n.label):
-                out[n.label] = self.state.logs(n.index, tail)
-        if node is not None and not out:
-            msg = f"no node {node!r}; nodes are {[n.label for n in self.state.nodes]}"
-            raise KeyError(msg)
-        return out
+        """Output lines of one node (``"worker:1"`` or its index) or of all; ``KeyError`` for an unknown node."""
+        return self.state.logs_by_label(node, tail)
 
     def stacks(self, node: str | int | None = None, timeout: float = 10.0) -> dict[str, str]:
         """Every thread's Python stack in the node processes (one node: ``"worker:1"`` or its index), by node:

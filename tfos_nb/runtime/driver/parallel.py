@@ -288,9 +288,10 @@ class ParallelRuns:
         return runs_view(self.state.snapshot(), self.state.params, metric or self.state.metric,
                           mode or self.state.mode)
 
-    def logs(self, run: int | None = None, tail: int | None = 100) -> dict[str, list[str]]:
-        """Output lines of one run (by index) or of all."""
-        return {n.label: self.state.logs(n.index, tail) for n in self.state.nodes if run in (None, n.index)}
+    def logs(self, run: str | int | None = None, tail: int | None = 100) -> dict[str, list[str]]:
+        """Output lines of one run (``"run:2"`` or its index) or of all; ``KeyError`` for an unknown run
+        (as ``TFCluster.logs``)."""
+        return self.state.logs_by_label(run, tail)
 
     def __repr__(self) -> str:
         return f"<tfos_nb parallel runs {self.name!r}: {self.state.snapshot().state}, {self.num_runs} run(s)>"

@@ -338,6 +338,16 @@ class ClusterState:
             lines = list(self.nodes[index].logs)
         return lines if tail is None else lines[-tail:]
 
+    def logs_by_label(self, node: str | int | None = None, tail: int | None = 100) -> dict[str, list[str]]:
+        """The ``logs()`` of a cluster and of parallel runs: the last ``tail`` lines (None: all kept) of one node,
+        named by label (``"worker:1"``, ``"run:2"``) or index, or of every node; ``KeyError`` naming the
+        nodes for an unknown one."""
+        out = {n.label: self.logs(n.index, tail) for n in self.nodes if node is None or node in (n.index, n.label)}
+        if node is not None and not out:
+            msg = f"no node {node!r}; nodes are {[n.label for n in self.nodes]}"
+            raise KeyError(msg)
+        return out
+
     def update_progress(self, node: _Node, report: dict[str, Any]) -> None:
         """Apply a ``ctx.report(...)`` payload (called with the lock held): the latest step, total and metrics."""
         step = report.get("step")
