@@ -115,3 +115,21 @@ def test_stream_batch_reports_reach_the_mirror():
     bad = stream.encode(remote.StreamBatch(epoch=1, batch=3, rows="many"))[m.HEADER.size:]  # type: ignore[arg-type]
     with pytest.raises(m.ProtocolError, match="StreamBatch.rows"):
         server.decode(bad)
+
+
+def test_stacks_say_why_they_are_not_there_on_spark_connect():
+    """The control planes state what they can do (``stacks_available``); on Connect a request for stacks is
+    one clear RuntimeError, never a lookup of a method that is not there."""
+    import pytest
+
+    from tfos_nb.runtime.driver import stacks
+    from tfos_nb.runtime.driver.connect.job import RemoteController
+
+    state, ctl, _ = coordinator_state()
+    beat(ctl, 0, child_pid=123)
+    remote_ctl = RemoteController(state, ctl)
+    assert ctl.stacks_available and not remote_ctl.stacks_available
+    with pytest.raises(RuntimeError, match="not available on Spark Connect"):
+        stacks.collect(state, remote_ctl)
+    with pytest.raises(RuntimeError, match="not available on Spark Connect"):
+        remote_ctl.request_stacks([0])

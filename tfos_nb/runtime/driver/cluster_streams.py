@@ -245,5 +245,4 @@ class _StreamPort:
 
     def stream_counts(self, epoch: int) -> dict[str, Any] | None:
         """Spark Connect: what the coordinator counted for the training stream of ``epoch`` (None on classic)."""
-        mirror = getattr(self._cluster._job, "mirror", None)
-        return None if mirror is None else mirror.streams.get(str(epoch))
+        return self._cluster._job.stream_counts(epoch)

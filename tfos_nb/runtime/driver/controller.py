@@ -217,6 +217,8 @@ class Controller:
         return m.Reply(ok=True, body=cmd.to_dict())
 
     # -- transitions the job's owner asks for (any thread) -------------------------
+    stacks_available = True
+
     def request_stacks(self, indices: list[int]) -> dict[int, int]:
         """Ask these nodes for their threads' stacks (answered by their next heartbeats); the id each answers."""
         with self.state.lock:

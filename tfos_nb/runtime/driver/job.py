@@ -146,6 +146,11 @@ class DriverJob:
     def refresh(self, timeout: float = 30.0) -> None:
         """Bring ``state`` up to date with the cluster: it is the driver's own here (see ConnectDriverJob)."""
 
+    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+        """What the control plane counted for the training stream of ``epoch``: None here, where the stream's
+        own feed counts (see ConnectDriverJob, where the coordinator does)."""
+        return None
+
     def forget(self, job: SparkJob) -> None:
         if job in self.jobs and job.done:
             self.jobs.remove(job)

@@ -8,9 +8,11 @@ heartbeat, over the signed control channel.  No debugger, no ptrace, no extra pr
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import state as S
+from .control_plane import ControlPlane
+
+UNAVAILABLE_ON_CONNECT = ("stacks are not available on Spark Connect yet: the nodes answer the coordinator, not "
+                          "the notebook; run the cluster on a classic SparkContext to see them")
 
 STACKS_TIMEOUT_S = 10.0
 
@@ -24,15 +26,15 @@ def pick(state: S.ClusterState, node: str | int | None) -> list[S._Node]:
     return nodes
 
 
-def collect(state: S.ClusterState, controller: Any, node: str | int | None = None,
+def collect(state: S.ClusterState, controller: ControlPlane, node: str | int | None = None,
             timeout: float = STACKS_TIMEOUT_S) -> dict[str, str]:
-    """``role:index`` → the text of its threads' stacks (or, in parentheses, why there is none)."""
+    """``role:index`` → the text of its threads' stacks (or, in parentheses, why there is none).
+
+    ``RuntimeError`` where the control plane cannot ask for stacks (Spark Connect)."""
     nodes = pick(state, node)
-    ask = getattr(controller, "request_stacks", None)
-    if ask is None:
-        msg = ("stacks are not available on Spark Connect yet: the nodes answer the coordinator, not the notebook; "
-               "run the cluster on a classic SparkContext to see them")
-        raise RuntimeError(msg)
+    if not controller.stacks_available:
+        raise RuntimeError(UNAVAILABLE_ON_CONNECT)
+    ask = controller.request_stacks
     out: dict[str, str] = {}
     with state.lock:
         live = [n.index for n in nodes if n.state in (S.STARTING, S.RUNNING)]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ...protocol import messages as m
 from ...protocol import remote
+from .. import stacks
 from .. import state as S
 from ..controller import Controller
 from ..job import DriverJob
@@ -52,6 +53,11 @@ class RemoteController:
         self.local = local  # writes the mirror's own transitions (cancel before launch, the final state)
         self.heartbeat_timeout = local.heartbeat_timeout
         self.job: ConnectDriverJob | None = None
+
+    stacks_available = False  # the nodes answer the coordinator, not the notebook
+
+    def request_stacks(self, indices: list[int]) -> dict[int, int]:
+        raise RuntimeError(stacks.UNAVAILABLE_ON_CONNECT)
 
     @property
     def feed_errors(self) -> list[str]:
@@ -227,6 +233,10 @@ class ConnectDriverJob(DriverJob):
                 return
             target = self._asked + 1
             self._polled.wait_for(lambda: self._answered >= target, timeout)
+
+    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+        """What the coordinator counted for the training stream of ``epoch`` (as of the last snapshot)."""
+        return self.mirror.streams.get(str(epoch))
 
     def cancel_jobs(self) -> None:
         for job in list(self.jobs):
