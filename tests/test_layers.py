@@ -8,7 +8,8 @@ exceptions sit next to the rules with the reason they are there.
 Each rule is checked on the *direct* imports of every module (module level and inside
 functions).  Packages that must load in a process without Spark or TensorFlow (``tbproxy`` in
 the Jupyter server, ``widgets`` in the kernel) are also checked on everything their
-module-level imports pull in, through other tfos_nb modules.
+module-level imports pull in, through other tfos_nb modules; the runtime's own processes
+(``python -m tfos_nb.runtime ROLE``) on everything they may import, inside functions too.
 """
 
 from __future__ import annotations
@@ -98,20 +99,29 @@ def violations(imports: list[Import], sources: tuple[str, ...], forbidden: tuple
                   if _under(i.source, sources) and _under(i.target, forbidden) and not _under(i.target, allowed))
 
 
-def reachable(imports: list[Import], start: str) -> dict[str, list[str]]:
-    """Modules (tfos_nb or third-party) that importing ``start`` loads, each with the import chain to it."""
-    edges: dict[str, set[str]] = {}
+def reachable(imports: list[Import], start: str, module_level_only: bool = True) -> dict[str, list[str]]:
+    """Modules (tfos_nb or third-party) that importing ``start`` loads, each with the import chain to it.
+
+    A module's parent packages count as loaded by it (Python imports ``a.b`` before ``a.b.c``).  With
+    ``module_level_only=False``, imports inside functions are followed too (what a module may load once
+    its functions run), except a package's that is only loaded as a parent: importing a submodule runs
+    none of its functions.
+    """
+    at_import: dict[str, set[str]] = {}
+    inside: dict[str, set[str]] = {}
     for i in imports:
-        if i.module_level:
-            edges.setdefault(i.source, set()).add(i.target)
+        (at_import if i.module_level else inside).setdefault(i.source, set()).add(i.target)
     paths = {start: [start]}
-    todo = [start]
+    todo, seen = [(start, True)], {(start, True)}
     while todo:
-        mod = todo.pop()
-        for target in sorted(edges.get(mod, ())):
-            if target not in paths:
-                paths[target] = [*paths[mod], target]
-                todo.append(target)
+        mod, imported = todo.pop()
+        targets = at_import.get(mod, set()) | (inside.get(mod, set()) if imported and not module_level_only else set())
+        parent = mod.rpartition(".")[0]
+        for target, how in sorted({(t, True) for t in targets} | ({(parent, False)} if parent else set())):
+            if (target, how) not in seen and (target, True) not in seen:
+                seen.add((target, how))
+                paths.setdefault(target, [*paths[mod], target])
+                todo.append((target, how))
     return paths
 
 
@@ -188,6 +198,9 @@ def test_scanner_resolves_relative_imports_and_skips_type_checking(tmp_path):
     assert cycles(scan(pkg)) == set()
     assert cycles(scan(pkg), module_level_only=False) == {frozenset({"pkg.a", "pkg.sub.c"})}
     assert violations(scan(pkg), ("pkg.b",), ("pyspark",)) == ["pkg.b:7 imports pyspark"]
+    assert {"pkg.sub", "pkg.a"} <= set(reachable(scan(pkg), "pkg.sub.c"))  # through the parent package
+    assert "pyspark" not in reachable(scan(pkg), "pkg.b")
+    assert reachable(scan(pkg), "pkg.b", module_level_only=False)["pyspark"] == ["pkg.b", "pyspark"]
 
 
 def test_scanner_sees_the_package():
@@ -241,6 +254,35 @@ def test_the_coordinator_loads_neither_spark_nor_tensorflow():
     loaded = reachable(IMPORTS, f"{DRIVER}.connect.coordinator")
     assert f"{DRIVER}.controller" in loaded  # the scan sees it (a renamed module would make this pass vacuously)
     assert [path for name, path in loaded.items() if _under(name, heavy)] == []
+
+
+def _entry_points() -> dict[str, str]:
+    """Role -> module of ``python -m tfos_nb.runtime ROLE``, read from ``runtime/__main__.py``'s dispatch."""
+    roles = {}
+    for node in ast.walk(ast.parse((PACKAGE / "runtime" / "__main__.py").read_text())):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            role = node.test.comparators[0]
+            targets = [s.module for s in node.body if isinstance(s, ast.ImportFrom)]
+            if isinstance(role, ast.Constant) and targets:
+                roles[role.value] = targets[0]
+    return roles
+
+
+def test_subprocess_entry_points_load_no_notebook_layer_nor_tensorflow():
+    """The runtime's own processes (supervisor, node, parallel run, Spark Connect's coordinator) start bare on
+    executors: nothing they import, even inside functions, loads IPython, Jupyter or tfos_nb's notebook layer.
+    The supervisor and the coordinator never load TensorFlow; a node and a run load it only when they run the
+    user's code (TensorFlow fixes its devices and threads at its first import: the process sets them first)."""
+    notebook = ("tfos_nb.magics", "tfos_nb.widgets", "tfos_nb.tbproxy", "IPython", "ipywidgets", "ipykernel",
+                "jupyter_server", "jupyter_client", "jupyter_core")
+    tensorflow = ("tensorflow", "tf_keras", "keras")
+    roles = _entry_points()
+    assert set(roles) == {"supervisor", "node", "run", "coordinator"}  # the dispatch as read; a new role: add it
+    for role, module in roles.items():
+        everything = reachable(IMPORTS, module, module_level_only=False)
+        assert [path for name, path in everything.items() if _under(name, notebook)] == [], role
+        loaded = reachable(IMPORTS, module) if role in ("node", "run") else everything
+        assert [path for name, path in loaded.items() if _under(name, tensorflow)] == [], role
 
 
 def test_widgets_are_views():
