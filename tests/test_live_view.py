@@ -118,6 +118,20 @@ def test_watcher_follows_a_real_thread_through_the_phases(tmp_path, monkeypatch)
     assert all(phase in rest for phase in expected), seen  # in this order (other phases may come between)
 
 
+def test_training_is_reported_when_it_begins_not_at_the_next_sample():
+    """A node whose training is shorter than a sampling interval still shows it trained (the CI run saw a chief
+    go from "first step" to "finishing" with no "training" between)."""
+    sent: list[str] = []
+    watcher = P.PhaseWatcher(lambda phase, moved: sent.append(phase), sample_s=3600)  # no sampling thread
+    watcher.function_runs()
+    watcher.stepped(0)  # Keras' step 0: training has not begun
+    assert sent == [P.RUNNING]
+    watcher.stepped(1)
+    watcher.stepped(2)
+    watcher.set(P.FINISHING)
+    assert sent == [P.RUNNING, P.TRAINING, P.FINISHING]
+
+
 def test_classify_by_the_outermost_library_call():
     tf = "/site/tensorflow/python/eager/execute.py"
     fit = ("/site/tf_keras/src/engine/training.py", "fit")

@@ -198,11 +198,17 @@ class PhaseWatcher:
         self.sample()
 
     def stepped(self, step: Any) -> None:
-        """The function reported progress: it moves; past step 0 (Keras reports 0 as training begins), it trains."""
+        """The function reported progress: it moves; past step 0 (Keras reports 0 as training begins), it trains.
+
+        The move to training is reported at once, not at the next sample: a training shorter than a
+        sampling interval is seen too."""
         with self._lock:
-            if isinstance(step, int) and step > 0:
+            began = isinstance(step, int) and step > 0 and not self._stepped
+            if began:
                 self._stepped = True
             self.moved_at = time.time()
+        if began:
+            self.sample()
 
     def sample(self) -> None:
         with self._sampling:
