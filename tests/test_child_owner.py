@@ -95,6 +95,17 @@ def _owner(driver: Driver, fn_name: str, args: dict, tmp_path, driver_timeout: f
     return owner
 
 
+def _to_the_end(owner: ChildOwner) -> tuple[str, int | None]:
+    """What the supervisor does with its child: supervise, collect the last lines, send the final beat."""
+    try:
+        outcome, code = owner.supervise()
+        owner.join_readers()
+        owner.final_heartbeat(outcome, code)
+    finally:
+        owner.kill()
+    return outcome, code
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -131,12 +142,7 @@ def test_a_child_whose_function_failed_and_that_lingers_is_ended_and_reported_fa
     driver hears of the failure, instead of a node "running" for ever."""
     owner = _owner(driver, "raises_and_lingers", {}, tmp_path)
     owner.linger_s = 0.5
-    try:
-        outcome, code = owner.supervise()
-        owner.join_readers()
-        owner.final_heartbeat(outcome, code)
-    finally:
-        owner.kill()
+    outcome, code = _to_the_end(owner)
     assert outcome == "failed" and code is not None and code < 0  # killed after the linger
     assert owner.error == "ValueError: boom"
     assert driver.states()[-1] == "failed"
@@ -146,12 +152,7 @@ def test_a_child_whose_function_failed_and_that_lingers_is_ended_and_reported_fa
 
 def test_a_child_that_dies_fails_with_its_exit_and_last_lines(driver, tmp_path):
     owner = _owner(driver, "exits", {}, tmp_path)
-    try:
-        outcome, code = owner.supervise()
-        owner.join_readers()
-        owner.final_heartbeat(outcome, code)
-    finally:
-        owner.kill()
+    outcome, code = _to_the_end(owner)
     assert (outcome, code) == ("failed", 3)
     last = driver.beats[-1]
     assert last.state == "failed" and last.exit_code == 3
