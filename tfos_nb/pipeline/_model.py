@@ -248,19 +248,10 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
                              *[F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)])
 
 def _describe_in_a_worker(spark: Any, ref: model_runners.ModelRef) -> Any:
-    """:func:`model_runners.describe` run by a one-task Spark job (classic or Connect), as JSON."""
+    """:func:`model_runners.describe` run in a Python worker by a one-task Spark job (classic or Connect)."""
+    from ..runtime.sessions import in_one_task
 
-    def task(batches: Any) -> Any:
-        import pyarrow as pa
-
-        from tfos_nb.pipeline import _model_runners as runners
-
-        for _ in batches:
-            pass
-        yield pa.RecordBatch.from_pydict({"described": [runners.describe_json(ref)]})
-
-    rows = spark.range(0, 1, 1, 1).mapInArrow(task, "described string").collect()
-    return model_runners.describe_from_json(rows[0]["described"])
+    return model_runners.describe_from_json(in_one_task(spark, lambda: model_runners.describe_json(ref)))
 
 
 def _use_arrow_udf() -> bool:

@@ -14,10 +14,11 @@ reply as JSON: how the notebook polls snapshots and sends commands.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ...protocol import messages as m
+from ...sessions import in_one_task
 from ..sparkjob import SparkJob
 
 
@@ -35,18 +36,14 @@ class ConnectSparkJob(SparkJob):
         self._sc.interruptTag(self.group)
 
 
-def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[], str]:
     secret, cluster_id, control = meta["secret"], meta["cluster_id"], (meta["control"][0], int(meta["control"][1]))
 
-    def task(batches: Iterable[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
+    def call() -> str:
         from tfos_nb.runtime.protocol import messages as mm
         from tfos_nb.runtime.protocol import remote  # noqa: F401 - registers Snapshot/Command
         from tfos_nb.runtime.protocol.channel import ControlClient
 
-        for _ in batches:
-            pass
         client = ControlClient(mm.Codec(bytes.fromhex(secret), cluster_id, "notebook"), control, timeout=timeout)
         try:
             reply = client.request(msg)
@@ -55,16 +52,14 @@ def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[It
             out = {"ok": False, "unreachable": True, "error": f"{type(exc).__name__}: {exc}"}
         finally:
             client.close()
-        yield pa.RecordBatch.from_pydict({"blob": [json.dumps(out).encode()]},
-                                         schema=pa.schema([("blob", pa.binary())]))
+        return json.dumps(out)
 
-    return task
+    return call
 
 
 def ask(spark: Any, meta: dict[str, Any], msg: m.Message, timeout: float = 10.0) -> dict[str, Any]:
     """Send ``msg`` to the coordinator from a one-task Spark job; its reply as ``{"ok", "body", "error"}``."""
-    rows = spark.range(0, 1, 1, 1).mapInArrow(_asker(meta, msg, timeout), "blob binary").collect()
-    out = json.loads(bytes(rows[0]["blob"]))
+    out = json.loads(in_one_task(spark, _asker(meta, msg, timeout)))
     if not isinstance(out, dict):
         raise ValueError("the coordinator's answer is not a JSON object")
     return out
