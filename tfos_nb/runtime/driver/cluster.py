@@ -21,7 +21,6 @@ from typing import Any
 
 from ..executor.feeder import (
     feed_totals,
-    make_arrow_feeder,
     make_arrow_inferer,
     make_rdd_feeder,
     make_rdd_inferer,
@@ -29,7 +28,7 @@ from ..executor.feeder import (
 from ..sessions import is_connect
 from . import stacks
 from . import state as S
-from .cluster_streams import ClusterStreams, refuse_dstream, require_batch_rows
+from .cluster_streams import ClusterStreams, feeding_action, refuse_dstream, require_batch_rows
 from .control_plane import ControlPlane
 from .controller import FEEDABLE
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
@@ -200,10 +199,7 @@ class TFCluster(ClusterStreams):
             epoch = self._controller.open_epoch()
             meta = self._meta
             if is_df:
-                fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows)
-
-                def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
-                    return [r.asDict() for r in dataRDD.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
+                action = feeding_action(dataRDD, meta, epoch, feed_timeout, batch_rows)
             else:
                 fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows)
 

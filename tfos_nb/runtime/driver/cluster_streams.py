@@ -26,7 +26,19 @@ from ..executor.stream_feeder import make_batch_feeder
 from ..sessions import is_connect
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
-__all__ = ["ClusterStreams", "refuse_dstream", "require_batch_rows"]
+__all__ = ["ClusterStreams", "feeding_action", "refuse_dstream", "require_batch_rows"]
+
+
+def feeding_action(df: Any, meta: dict[str, Any], epoch: int, feed_timeout: float,
+                   batch_rows: int) -> Callable[[], list[dict[str, int]]]:
+    """The Spark action that feeds a DataFrame's partitions to the nodes as epoch ``epoch`` (a ``train()``
+    epoch or a stream's micro-batch); it returns each partition's counts."""
+    fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows)
+
+    def action() -> list[dict[str, int]]:
+        return [r.asDict() for r in df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
+
+    return action
 
 
 def refuse_dstream(data: Any, what: str) -> None:
@@ -229,11 +241,7 @@ class _StreamPort:
         """One micro-batch of a training stream: one Spark job, watched like a train() epoch."""
         cluster = self._cluster
         cluster._require_alive()
-        fn = make_arrow_feeder(cluster._meta, epoch, feed_timeout, batch_rows)
-
-        def action() -> list[dict[str, int]]:
-            return [r.asDict() for r in batch_df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
-
+        action = feeding_action(batch_df, cluster._meta, epoch, feed_timeout, batch_rows)
         counts: list[dict[str, int]] = cluster._watch(f"feed-{epoch}",
                                                       f"tfos_nb {cluster.name}: stream micro-batch {batch_id}",
                                                       action, f"feeding micro-batch {batch_id}")
