@@ -481,3 +481,14 @@ def test_comm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(comm, "create_comm", lambda **kw: CountingComm(**kw))
     monkeypatch.setattr(CountingComm, "sent", [])
     yield CountingComm
+
+
+def ipython_with_tfos_nb() -> Any:
+    """The process's one global IPython shell (IPython's test shell), with the tfos_nb extension loaded."""
+    import IPython
+    from IPython.testing.globalipapp import start_ipython
+
+    start_ipython()
+    shell = IPython.get_ipython()
+    shell.run_line_magic("load_ext", "tfos_nb")
+    return shell

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import ipython_with_tfos_nb, wait_until
 from tests.panel_fakes import FakeDisplay
 from tfos_nb.runtime.driver import stacks
 from tfos_nb.runtime.driver import state as S
@@ -310,13 +310,7 @@ def test_widget_panel_state_column_shows_the_phase(test_comm):
 # -- %tfos_stack: bad input is a UsageError ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ip():
-    import IPython
-    from IPython.testing.globalipapp import start_ipython
-
-    start_ipython()
-    shell = IPython.get_ipython()
-    shell.run_line_magic("load_ext", "tfos_nb")
-    yield shell
+    return ipython_with_tfos_nb()
 
 
 @pytest.mark.parametrize(("line", "message"), [

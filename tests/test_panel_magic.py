@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests.conftest import ipython_with_tfos_nb
 from tests.panel_fakes import FakeClock, cluster, node
 from tfos_nb.widgets import choose_renderer
 
@@ -14,13 +15,7 @@ from tfos_nb.widgets import choose_renderer
 # -- the magic's wiring, in a real IPython shell (no Spark: a stand-in handle) ----------------------
 @pytest.fixture(scope="module")
 def ip():
-    import IPython
-    from IPython.testing.globalipapp import start_ipython
-
-    start_ipython()
-    shell = IPython.get_ipython()
-    shell.run_line_magic("load_ext", "tfos_nb")
-    return shell
+    return ipython_with_tfos_nb()
 
 
 class FakeHandle:
@@ -175,25 +170,31 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
 
 
 # -- one real run: Spark local-cluster, the magic, renderer html --------------------------------
-@pytest.mark.slow
-def test_real_cluster_run_renders_html_panel_and_snapshot(ip, monkeypatch):
+def _run_cell_with_html_panel(ip, monkeypatch, spark, line: str, cell: str):
+    """Run ``%%tfos_cluster line`` on ``spark`` (stopped after) with the HTML panel; the captured display outputs."""
     from IPython.core.displaypub import CapturingDisplayPublisher
 
-    from tests.conftest import spark_session
-
-    spark = spark_session(1)
     ip.user_ns["spark"] = spark
     pub = CapturingDisplayPublisher()
     monkeypatch.setattr(ip, "display_pub", pub)
     ip.run_line_magic("config", 'TFOSMagics.renderer = "html"')
     try:
-        cell = "import time\nfor i in range(1, 31):\n    ctx.report(step=i, total_steps=30, loss=1.0 / i)\n    time.sleep(0.1)\n"
-        ip.run_cell_magic("tfos_cluster", "--workers 1 --name panel_run", cell)
+        ip.run_cell_magic("tfos_cluster", line, cell)
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
         ip.magics_manager.registry["TFOSMagics"].shutdown_all()
         ip.user_ns.pop("spark", None)
         spark.stop()
+    return pub
+
+
+@pytest.mark.slow
+def test_real_cluster_run_renders_html_panel_and_snapshot(ip, monkeypatch):
+
+    from tests.conftest import spark_session
+
+    cell = "import time\nfor i in range(1, 31):\n    ctx.report(step=i, total_steps=30, loss=1.0 / i)\n    time.sleep(0.1)\n"
+    pub = _run_cell_with_html_panel(ip, monkeypatch, spark_session(1), "--workers 1 --name panel_run", cell)
     html = [o for o in pub.outputs if "text/html" in o["data"]]
     assert html and not html[0]["update"] and all(o["update"] for o in html[1:-1])
     assert not html[-1]["update"]  # the final table: a new output at the end of the cell
@@ -253,25 +254,13 @@ def test_executed_notebook_keeps_widget_state_and_one_final_table(tmp_path):
 @pytest.mark.slow
 def test_real_cluster_panel_shows_gpus_from_nvidia_smi(ip, monkeypatch, tmp_path):
     """Executors whose PATH has an ``nvidia-smi`` (a fake printing known GPUs): the panel shows model and memory."""
-    from IPython.core.displaypub import CapturingDisplayPublisher
 
     from tests import fake_nvidia_smi
     from tests.conftest import spark_session
 
     path = fake_nvidia_smi.path_with(fake_nvidia_smi.install(tmp_path / "bin"))
-    spark = spark_session(1, conf={"spark.executorEnv.PATH": path})
-    ip.user_ns["spark"] = spark
-    pub = CapturingDisplayPublisher()
-    monkeypatch.setattr(ip, "display_pub", pub)
-    ip.run_line_magic("config", 'TFOSMagics.renderer = "html"')
-    try:
-        cell = "ctx.report(step=1, total_steps=1)\n"
-        ip.run_cell_magic("tfos_cluster", "--workers 1 --name gpu_run", cell)
-    finally:
-        ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
-        ip.magics_manager.registry["TFOSMagics"].shutdown_all()
-        ip.user_ns.pop("spark", None)
-        spark.stop()
+    pub = _run_cell_with_html_panel(ip, monkeypatch, spark_session(1, conf={"spark.executorEnv.PATH": path}),
+                                    "--workers 1 --name gpu_run", "ctx.report(step=1, total_steps=1)\n")
     final = [o for o in pub.outputs if "text/html" in o["data"]][-1]["data"]["text/html"]
     # the node's GPU (one per node by default): fake_nvidia_smi.GPUS[0], model and MiB used / total
     assert "<td style=\"padding:1px 6px\">NVIDIA A100-SXM4-80GB (1234/81920 MiB)</td>" in final, final
