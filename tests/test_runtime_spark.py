@@ -95,14 +95,16 @@ def epoch_reader(args, ctx):
     import json
 
     deadline = time.monotonic() + 120
-    while not os.path.exists(args["go"]) and time.monotonic() < deadline:  # the test says when to read
+    while "go" in args and not os.path.exists(args["go"]) and time.monotonic() < deadline:  # the test says when
         time.sleep(0.05)
-    ds = ctx.get_data_feed().as_dataset(batch_size=16)
+    ds = ctx.get_data_feed().as_dataset(batch_size=16, cache=args.get("cache", False), shuffle=args.get("shuffle", 0))
     seen = []
     for _ in range(args["epochs"]):  # what model.fit(ds, epochs=3) does: one iteration per epoch
         seen.append([int(i) for _, ids in ds for i in ids.numpy()])
     with open(os.path.join(args["out"], f"node{ctx.worker_num}.json"), "w") as f:
         json.dump(seen, f)
+    while "release" in args and not os.path.exists(args["release"]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the test says when to return
 
 
 def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path, no_leaks):
@@ -143,6 +145,38 @@ def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path
     for epoch in range(3):
         ids = sorted(i for node in per_node for i in node[epoch])
         assert ids == list(range(n)), f"epoch {epoch + 1}: {len(ids)} ids, {len(set(ids))} distinct"
+
+
+def test_cached_dataset_replays_the_first_epoch_reshuffled_and_skips_later_epochs(spark, sc, tmp_path, no_leaks):
+    """as_dataset(cache=True, shuffle=N): every iteration after the first replays this node's share of the first
+    epoch (the same rows, in a new order), and the node stops reading once it is cached, so epochs fed by mistake
+    are skipped rather than queued."""
+    import json
+    import threading
+
+    n = 2000
+    df = spark.createDataFrame([(float(i), i) for i in range(n)], "x double, id long").repartition(4)
+    release = tmp_path / "release"
+    args = {"epochs": 3, "out": str(tmp_path), "cache": True, "shuffle": 100, "release": str(release)}
+    with run(sc, epoch_reader, args, 2, input_mode=TFCluster.InputMode.SPARK) as cluster:
+        # the documented form is num_epochs=1; 3 shows the extra epochs skipped
+        trainer = threading.Thread(target=cluster.train, args=(df,), kwargs={"num_epochs": 3})
+        trainer.start()
+        try:
+            # the nodes' functions wait for the release: train() ends because they stopped reading once cached
+            returned = wait_until(lambda: not trainer.is_alive(), 90)
+        finally:
+            release.touch()
+            trainer.join(120)
+    assert returned, "train() waited for the nodes' functions to return: epochs 2 and 3 stayed queued"
+    assert cluster.last_feed["rows"] == n, cluster.last_feed  # the first epoch only, every row of it once
+    assert cluster.last_feed["skipped"] > 0, cluster.last_feed
+    assert cluster.status().state == "finished"
+    per_node = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in range(2)]
+    assert sorted(i for node in per_node for i in node[0]) == list(range(n))
+    for node in per_node:
+        assert all(sorted(epoch) == sorted(node[0]) for epoch in node[1:]), "a later epoch is not the first's rows"
+        assert len({tuple(epoch) for epoch in node}) == 3, "the replayed epochs came in the same order"
 
 
 def test_mwms_trains_on_partitions_of_unequal_size(sc, digits_data, tmp_path, no_leaks):

@@ -103,7 +103,15 @@ class DataFeed:
             return ()
         return tuple(_concat_columns(pieces))
 
-    def as_dataset(self, batch_size: int = 128, columns: Any = None, epochs_bounded: bool = True) -> Any:
+    def as_dataset(
+        self,
+        batch_size: int = 128,
+        columns: Any = None,
+        epochs_bounded: bool = True,
+        *,
+        cache: bool = False,
+        shuffle: int = 0,
+    ) -> Any:
         """A ``tf.data.Dataset`` over this feed, for ``model.fit``.
 
         Each element is a batch: a tuple of tensors, one per fed column (a dict
@@ -117,6 +125,16 @@ class DataFeed:
         ``MultiWorkerMirroredStrategy`` Keras takes ``batch_size`` as the global batch:
         it splits each batch across all replicas (each trains on ``batch_size /
         num_replicas_in_sync`` rows a step), as for any dataset under a strategy.
+
+        ``cache=True`` keeps this node's share of the first epoch in memory
+        (``tf.data``'s ``Dataset.cache()``) and replays it for every later epoch,
+        so later epochs do not cross Spark again: feed one epoch
+        (``cluster.train(df, num_epochs=1)``) and ``model.fit(ds, epochs=E)``.  Once
+        the first epoch is read the node stops reading (as ``terminate()``), so rows
+        of further epochs fed by mistake are skipped, not queued.  It costs the
+        share's size in memory (rows × row bytes).  ``shuffle=N`` reshuffles rows
+        through an ``N``-row buffer every epoch (after the cache, so each replayed
+        epoch comes in a new order), then batches them again.
         """
         import tensorflow as tf
 
@@ -135,10 +153,22 @@ class DataFeed:
             while True:
                 pieces = feed._take(batch_size, epoch if epochs_bounded else None)
                 if not pieces:
+                    if cache:  # later epochs replay the cache: nothing more to read
+                        feed.terminate()
                     return
                 yield feed._select(pieces, columns)
 
+        if cache and not epochs_bounded:
+            msg = "as_dataset(cache=True) keeps one epoch; it needs epochs_bounded=True"
+            raise ValueError(msg)
+        if shuffle < 0:
+            msg = f"shuffle is a buffer size in rows (0 for none), got {shuffle}"
+            raise ValueError(msg)
         ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+        if cache:
+            ds = ds.cache()
+        if shuffle:
+            ds = ds.unbatch().shuffle(shuffle, reshuffle_each_iteration=True).batch(batch_size)
         opts = tf.data.Options()
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(opts)
