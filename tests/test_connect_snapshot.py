@@ -1,4 +1,5 @@
-"""The coordinator's snapshot as plain JSON, applied to the notebook's mirror (Spark Connect; no Spark here)."""
+"""The coordinator's snapshot (``protocol.remote.ClusterSnapshot``) as it travels, applied to the notebook's mirror
+(Spark Connect; no Spark here)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def coordinator_state():
     return state, ctl, book
 
 
+def travel(snap):
+    """A snapshot as the notebook gets it: the coordinator's reply body, through JSON, parsed."""
+    return remote.ClusterSnapshot.from_dict(json.loads(json.dumps(snap.to_dict())))
+
+
 def beat(ctl, node, **kw):
     kw.setdefault("state", "running")
     assert ctl.handle(m.Heartbeat(node=node, **kw)).ok
@@ -40,8 +46,7 @@ def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
     got_logs = []
     mirror_state.add_log_listener(lambda label, lines: got_logs.append((label, lines)))
 
-    data = json.loads(json.dumps(snapshot.to_json(state, book, mirror.logs_seen, mirror.history_seen, ["e"], 1)))
-    mirror.apply(data)
+    mirror.apply(travel(snapshot.take(state, book, mirror.logs_seen, mirror.history_seen, ["e"], 1)))
     view, orig = mirror_state.snapshot(), state.snapshot()
     assert view.state == orig.state == S.C_FAILED and view.error == orig.error
     assert view.feed_epoch == 1 and mirror.feed_errors == ["e"] and mirror.lost_feeds == 1
@@ -53,10 +58,41 @@ def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
 
     # The next snapshot carries only what is new: no line or report twice.
     beat(ctl, 0, logs=["c"], reports=[{"step": 4, "time": 2.0, "metrics": {"loss": 0.4}}])
-    mirror.apply(json.loads(json.dumps(snapshot.to_json(state, book, mirror.logs_seen, mirror.history_seen, [], 0))))
+    mirror.apply(travel(snapshot.take(state, book, mirror.logs_seen, mirror.history_seen, [], 0)))
     assert mirror_state.logs(0) == ["a", "b", "c"]
     assert [h[4] for h in mirror_state.history()] == [3, 4]
     assert mirror.logs_seen == [3, 0] and mirror.history_seen == [2, 0]
+
+
+def test_snapshot_is_a_protocol_type_parsed_strictly():
+    """Both ends use ``remote.ClusterSnapshot``: it survives the wire unchanged, and a snapshot missing a field or
+    with one of the wrong type (a node's, a report's, a stream's too) is refused naming that field."""
+    import pytest
+
+    state, ctl, book = coordinator_state()
+    beat(ctl, 0, logs=["a"], reports=[{"step": 3, "time": 1.0, "metrics": {"loss": 0.5}}])
+    snap = snapshot.take(state, book, [0, 0], [0, 0], ["e"], 1, {"1": remote.StreamCounts(rows=3, batches=1)})
+    assert travel(snap) == snap and isinstance(snap.nodes[0].reports[0], remote.Report)
+    assert snap.nodes[0].logs == ["a"] and snap.nodes[0].reports[0].step == 3
+
+    data = json.loads(json.dumps(snap.to_dict()))
+    del data["feed_epoch"]
+    with pytest.raises(m.ProtocolError, match="ClusterSnapshot: missing field 'feed_epoch'"):
+        remote.ClusterSnapshot.from_dict(data)
+    data = json.loads(json.dumps(snap.to_dict()))
+    del data["nodes"][1]["port"]
+    with pytest.raises(m.ProtocolError, match=r"ClusterSnapshot.nodes\[1\]: NodeSnapshot: missing field 'port'"):
+        remote.ClusterSnapshot.from_dict(data)
+    data = json.loads(json.dumps(snap.to_dict()))
+    data["nodes"][0]["reports"][0]["step"] = "3"
+    with pytest.raises(m.ProtocolError, match=r"nodes\[0\]: NodeSnapshot.reports\[0\]: Report.step: expected int"):
+        remote.ClusterSnapshot.from_dict(data)
+    data = json.loads(json.dumps(snap.to_dict()))
+    data["streams"]["1"]["rows"] = None
+    with pytest.raises(m.ProtocolError, match=r"ClusterSnapshot.streams\['1'\]: StreamCounts.rows: expected int"):
+        remote.ClusterSnapshot.from_dict(data)
+    with pytest.raises(m.ProtocolError, match="ClusterSnapshot: body is not an object"):
+        remote.ClusterSnapshot.from_dict(None)
 
 
 def test_logbook_skips_lines_dropped_meanwhile_and_caps_each_answer():
@@ -109,9 +145,10 @@ def test_stream_batch_reports_reach_the_mirror():
     for msg in sent:
         assert coord.handle(server.decode(stream.encode(msg)[m.HEADER.size:])).ok
     mirror = snapshot.Mirror(S.ClusterState("c1", "demo", ROLES))
-    mirror.apply(json.loads(json.dumps(coord.handle(remote.Snapshot()).body)))  # as it travels: plain JSON
-    assert mirror.streams == {"1": {"rows": 15, "skipped": 2, "partitions": 3, "batches": 2,
-                                    "error": "RuntimeError: feeding partition 0 failed: x", "failed_batch": 2}}
+    mirror.apply(remote.ClusterSnapshot.from_dict(json.loads(json.dumps(coord.handle(remote.Snapshot()).body))))
+    assert mirror.streams == {"1": remote.StreamCounts(rows=15, skipped=2, partitions=3, batches=2,
+                                                       error="RuntimeError: feeding partition 0 failed: x",
+                                                       failed_batch=2)}
     bad = stream.encode(remote.StreamBatch(epoch=1, batch=3, rows="many"))[m.HEADER.size:]  # type: ignore[arg-type]
     with pytest.raises(m.ProtocolError, match="StreamBatch.rows"):
         server.decode(bad)

@@ -269,7 +269,7 @@ def test_connect_mirror_carries_phases_and_stalls():
     ctl, clock = started_cluster([("chief", 0), ("worker", 0)])
     beat(ctl, 0, P.FIRST_STEP, still=4.0)
     beat(ctl, 1, P.IMPORTING)
-    data = snapshot.to_json(ctl.state, snapshot.LogBook(2), [0, 0], [0, 0], [], 0)
+    data = snapshot.take(ctl.state, snapshot.LogBook(2), [0, 0], [0, 0], [], 0)
     mirror_state = S.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
     mirror_state.stall_after = 3.0
     snapshot.Mirror(mirror_state).apply(data)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..protocol.remote import StreamCounts
     from . import state as S
     from .control_plane import ControlPlane
     from .job import DriverJob
@@ -251,6 +252,6 @@ class _StreamPort:
         """Spark Connect: wait for a fresh snapshot of the coordinator (a no-op on a classic session)."""
         self._cluster._job.refresh()
 
-    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+    def stream_counts(self, epoch: int) -> StreamCounts | None:
         """Spark Connect: what the coordinator counted for the training stream of ``epoch`` (None on classic)."""
         return self._cluster._job.stream_counts(epoch)

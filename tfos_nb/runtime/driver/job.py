@@ -20,6 +20,7 @@ from typing import Any
 
 from ..protocol import messages as m
 from ..protocol.channel import ControlServer
+from ..protocol.remote import StreamCounts
 from . import state as S
 from .control_plane import ControlPlane
 from .controller import Controller
@@ -146,7 +147,7 @@ class DriverJob:
     def refresh(self, timeout: float = 30.0) -> None:
         """Bring ``state`` up to date with the cluster: it is the driver's own here (see ConnectDriverJob)."""
 
-    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+    def stream_counts(self, epoch: int) -> StreamCounts | None:
         """What the control plane counted for the training stream of ``epoch``: None here, where the stream's
         own feed counts (see ConnectDriverJob, where the coordinator does)."""
         return None

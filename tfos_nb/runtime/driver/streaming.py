@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..executor.feeder import feed_totals
+from ..protocol.remote import StreamCounts
 from . import state as S
 from .control_plane import ControlPlane
 from .errors import error_for, python_error_line
@@ -63,7 +64,7 @@ class FeedOwner(Protocol):
     def feed_micro_batch(self, batch_df: Any, epoch: int, batch_id: int, feed_timeout: float,
                          batch_rows: int) -> list[dict[str, int]]: ...
     def refresh_state(self) -> None: ...
-    def stream_counts(self, epoch: int) -> dict[str, Any] | None: ...
+    def stream_counts(self, epoch: int) -> StreamCounts | None: ...
 
 
 def is_streaming(data: Any) -> bool:
@@ -149,8 +150,8 @@ class StreamingFeed:
     def stats(self) -> dict[str, int]:
         """Rows the nodes took, rows skipped (the nodes had stopped reading), partitions and micro-batches fed."""
         if self.on_server and self.kind == "train":  # as the coordinator counted them at the last snapshot
-            got = self._cluster.stream_counts(self.epoch) or {}
-            return {k: int(got.get(k) or 0) for k in _COUNTS}
+            got = self._cluster.stream_counts(self.epoch) or StreamCounts()
+            return {k: int(getattr(got, k)) for k in _COUNTS}
         with self._lock:
             return dict(self._counts)
 
@@ -277,17 +278,17 @@ class StreamingFeed:
         (as a failed ``train()`` epoch tears it down): the error names the node when one failed."""
         if self.error is not None or not self.on_server:
             return self.error
-        got = self._cluster.stream_counts(self.epoch) or {}
-        if got.get("error") is None:
+        got = self._cluster.stream_counts(self.epoch)
+        if got is None or got.error is None:
             return None
-        cause = python_error_line(str(got["error"]))  # the failed feeding task's own error line
+        cause = python_error_line(got.error)  # the failed feeding task's own error line
         self._cluster.stop_feeds()
         self._cluster.close()
         view = self._cluster.state.snapshot()
         if view.state == S.C_FAILED and any(n.state == S.FAILED for n in view.nodes):
             self.error = error_for(view)
         else:
-            self.error = RuntimeError(f"feeding micro-batch {got.get('failed_batch')} failed: {cause}")
+            self.error = RuntimeError(f"feeding micro-batch {got.failed_batch} failed: {cause}")
         return self.error
 
     def _raise_cluster_error(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .fields import ProtocolError, from_dict
 
@@ -35,7 +35,13 @@ def error_kind(exc: BaseException) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Body:
-    """A typed body: ``to_dict()`` for the wire, ``from_dict()`` checks the types (ProtocolError)."""
+    """A typed body: ``to_dict()`` for the wire, ``from_dict()`` checks the types (ProtocolError).
+
+    ``NESTED``: the fields whose list items (or dict values) are bodies themselves, by field name: they
+    are parsed too, and an error names the field and the item (``ClusterSnapshot.nodes[1]: ...``).
+    """
+
+    NESTED: ClassVar[dict[str, type[Body]]] = {}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -44,7 +50,19 @@ class Body:
     def from_dict(cls: type[_B], data: Any) -> _B:
         if not isinstance(data, dict):
             raise ProtocolError(f"{cls.__name__}: body is not an object")
-        return from_dict(cls, data)
+        body = from_dict(cls, data)
+        nested: dict[str, Any] = {}
+        for name, item in cls.NESTED.items():
+            value = getattr(body, name)
+            keys = range(len(value)) if isinstance(value, list) else list(value)
+            parsed = {}
+            for key in keys:
+                try:
+                    parsed[key] = item.from_dict(value[key])
+                except ProtocolError as exc:
+                    raise ProtocolError(f"{cls.__name__}.{name}[{key!r}]: {exc}") from None
+            nested[name] = list(parsed.values()) if isinstance(value, list) else parsed
+        return dataclasses.replace(body, **nested) if nested else body
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,9 @@ On Spark Connect the notebook cannot be reached from the executors, so the
 cluster's control server (the *coordinator*) runs on an executor and the
 notebook talks to it through tiny Spark jobs whose task sends one of these
 signed messages and returns the reply body (plain JSON) to the notebook.
+A ``Snapshot``'s reply body is a :class:`ClusterSnapshot`: the coordinator builds
+it, the notebook reads it with ``ClusterSnapshot.from_dict`` (every field checked,
+nested ones too) before it applies it to its mirror.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from .bodies import Body
 from .messages import Message
 
 # Command ops the coordinator obeys (the Controller methods the notebook calls).
@@ -56,4 +60,92 @@ class StreamBatch(Message):
     error: str | None = None
 
 
-__all__ = ["OPS", "Command", "Snapshot", "StreamBatch"]
+# --------------------------------------------------------------------------
+# A Snapshot's reply body (coordinator -> notebook)
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Report(Body):
+    """One ``ctx.report(...)`` of a node, as its history keeps it: the node's clock, its step, its metrics."""
+
+    time: float | None
+    step: int | None
+    metrics: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSnapshot(Body):
+    """One node as the coordinator's state has it.
+
+    ``age``/``still``: seconds since its last heartbeat / since it last moved (ages, not times: the two
+    clocks differ); ``logs``/``reports``: its output lines and reports after those the notebook said it
+    has, with ``logs_count``/``history_count`` how many it has with them.
+    """
+
+    state: str
+    host: str
+    port: int
+    executor_id: str
+    pid: int
+    child_pid: int | None
+    data_port: int | None
+    gpus: list[dict[str, Any]]
+    step: int | None
+    total_steps: int | None
+    total_epochs: int | None
+    metrics: dict[str, Any]
+    rows_fed: int
+    feed_closed: bool
+    error: str | None
+    exit_code: int | None
+    tail: list[str]
+    tensorboard: str | None
+    tensorboard_error: str | None
+    value: Any  # a cluster node's value (plain JSON, from its last heartbeat)
+    working_dir: str
+    phase: str | None
+    rate: float | None
+    age: float | None
+    still: float | None
+    logs: list[str]
+    logs_count: int
+    reports: list[Report]
+    history_count: int
+
+    NESTED: ClassVar[dict[str, type[Body]]] = {"reports": Report}
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamCounts(Body):
+    """What the coordinator counted of a training stream's micro-batches (:class:`StreamBatch`); ``error`` and
+    ``failed_batch``: the first failed micro-batch's."""
+
+    rows: int = 0
+    skipped: int = 0
+    partitions: int = 0
+    batches: int = 0
+    error: str | None = None
+    failed_batch: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSnapshot(Body):
+    """A :class:`Snapshot`'s answer: the cluster's state, every node's, and the training streams' counts (by
+    epoch, as a string: JSON keys are strings)."""
+
+    state: str
+    error: str | None
+    feed_epoch: int
+    epoch_done: int
+    stop_requested: bool
+    kill_requested: bool
+    nodes: list[NodeSnapshot]
+    feed_errors: list[str]
+    lost_feeds: int
+    streams: dict[str, StreamCounts]
+
+    NESTED: ClassVar[dict[str, type[Body]]] = {"nodes": NodeSnapshot, "streams": StreamCounts}
+
+
+__all__ = ["OPS", "ClusterSnapshot", "Command", "NodeSnapshot", "Report", "Snapshot", "StreamBatch", "StreamCounts"]

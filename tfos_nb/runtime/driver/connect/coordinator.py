@@ -79,7 +79,7 @@ class Coordinator:
         self.last_kernel = time.monotonic()
         self.last_node = time.monotonic()
         self.closing_since: float | None = None
-        self.streams: dict[str, dict[str, Any]] = {}  # a training stream's counts, by its epoch (see StreamBatch)
+        self.streams: dict[str, remote.StreamCounts] = {}  # a training stream's counts, by its epoch (see StreamBatch)
         self.done = threading.Event()
         secret = bytes.fromhex(meta.secret)
         self.server = ControlServer(m.Codec(secret, meta.cluster_id, "coordinator"), self.handle,
@@ -92,7 +92,7 @@ class Coordinator:
         now = time.monotonic()
         if isinstance(msg, remote.Snapshot):
             self.last_kernel = now
-            return m.Reply(ok=True, body=self._snapshot(msg.logs, msg.history))
+            return m.Reply(ok=True, body=self._snapshot(msg.logs, msg.history).to_dict())
         if isinstance(msg, remote.Command):
             self.last_kernel = now
             return self._command(msg)
@@ -107,22 +107,20 @@ class Coordinator:
                 self.last_kernel = now
         return self.controller.handle(msg)
 
-    def _snapshot(self, logs: list[Any], history: list[Any]) -> dict[str, Any]:
-        return snapshot.to_json(self.state, self.logbook, [int(x) for x in logs], [int(x) for x in history],
+    def _snapshot(self, logs: list[Any], history: list[Any]) -> remote.ClusterSnapshot:
+        return snapshot.take(self.state, self.logbook, [int(x) for x in logs], [int(x) for x in history],
                                 self.controller.feed_errors, self.controller.lost_feeds, self.streams)
 
     def _stream_batch(self, msg: remote.StreamBatch) -> m.Reply:
         with self.state.lock:
-            got = self.streams.setdefault(str(msg.epoch), {"rows": 0, "skipped": 0, "partitions": 0,
-                                                           "batches": 0, "error": None, "failed_batch": None})
+            got = self.streams.get(str(msg.epoch), remote.StreamCounts())
             if msg.error is not None:
-                if got["error"] is None:
-                    got["error"], got["failed_batch"] = msg.error, msg.batch
+                if got.error is None:
+                    got = dataclasses.replace(got, error=msg.error, failed_batch=msg.batch)
             else:
-                got["batches"] += 1
-                got["rows"] += msg.rows
-                got["skipped"] += msg.skipped
-                got["partitions"] += msg.partitions
+                got = dataclasses.replace(got, batches=got.batches + 1, rows=got.rows + msg.rows,
+                                          skipped=got.skipped + msg.skipped, partitions=got.partitions + msg.partitions)
+            self.streams[str(msg.epoch)] = got
         return m.Reply(ok=True)
 
     def _command(self, msg: remote.Command) -> m.Reply:

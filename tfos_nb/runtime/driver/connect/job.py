@@ -186,13 +186,17 @@ class ConnectDriverJob(DriverJob):
             raise RuntimeError(msg)
         return dict(out.get("body") or {})
 
-    def _poll_once(self) -> dict[str, Any]:
+    def _poll_once(self) -> remote.ClusterSnapshot | str:
+        """A snapshot of the coordinator's state, or why there is none."""
         assert self.meta is not None
         msg = remote.Snapshot(logs=list(self.mirror.logs_seen), history=list(self.mirror.history_seen))
         try:
-            return ask(self.sc, self.meta, msg)
+            out = ask(self.sc, self.meta, msg)
+            if not out.get("ok"):
+                return str(out.get("error"))
+            return remote.ClusterSnapshot.from_dict(out.get("body"))
         except Exception as exc:  # noqa: BLE001 - counted; the loop decides
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            return f"{type(exc).__name__}: {exc}"
 
     def _poll_loop(self) -> None:
         tag = f"{self.state.job_group}-poll"
@@ -204,14 +208,14 @@ class ConnectDriverJob(DriverJob):
                     self._asked += 1
                     asked = self._asked
                 out = self._poll_once()
-                if out.get("ok"):
+                if isinstance(out, remote.ClusterSnapshot):
                     failures = 0
                     self.polls += 1
-                    self.mirror.apply(out["body"])
+                    self.mirror.apply(out)
                 elif not self._poll_stop.is_set():
                     failures += 1
                     if failures >= LOST_AFTER and not self.state.ended:
-                        self.remote.local.cancel(f"the coordinator is unreachable: {out.get('error')}")
+                        self.remote.local.cancel(f"the coordinator is unreachable: {out}")
                 with self._polled:
                     self._answered = asked
                     self._polled.notify_all()
@@ -234,7 +238,7 @@ class ConnectDriverJob(DriverJob):
             target = self._asked + 1
             self._polled.wait_for(lambda: self._answered >= target, timeout)
 
-    def stream_counts(self, epoch: int) -> dict[str, Any] | None:
+    def stream_counts(self, epoch: int) -> remote.StreamCounts | None:
         """What the coordinator counted for the training stream of ``epoch`` (as of the last snapshot)."""
         return self.mirror.streams.get(str(epoch))
 
@@ -264,10 +268,9 @@ class ConnectDriverJob(DriverJob):
             if self.meta is not None:
                 try:
                     self.command("close")
-                    final = ask(self.sc, self.meta, remote.Snapshot(logs=list(self.mirror.logs_seen),
-                                                                    history=list(self.mirror.history_seen)))
-                    if final.get("ok"):
-                        self.mirror.apply(final["body"])
+                    final = self._poll_once()
+                    if isinstance(final, remote.ClusterSnapshot):
+                        self.mirror.apply(final)
                 except Exception:  # noqa: BLE001 - a coordinator that cannot be reached ends on its own
                     pass
             self.controller.finish(self._finished)
