@@ -11,10 +11,10 @@ import threading
 import pytest
 
 from tfos_nb.runtime.driver import state as S
-from tfos_nb.runtime.driver.cluster import trainers_finished
 from tfos_nb.runtime.driver.controller import Controller
 from tfos_nb.runtime.driver.errors import TFClusterError
 from tfos_nb.runtime.driver.job import DriverJob, JobCancelled
+from tfos_nb.runtime.driver.roles import trainers_finished
 from tfos_nb.runtime.driver.start import _await_running
 from tfos_nb.runtime.protocol import messages as m
 

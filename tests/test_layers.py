@@ -259,6 +259,9 @@ def test_the_coordinator_loads_neither_spark_nor_tensorflow():
     loaded = reachable(IMPORTS, f"{DRIVER}.connect.coordinator")
     assert f"{DRIVER}.controller" in loaded  # the scan sees it (a renamed module would make this pass vacuously)
     assert [path for name, path in loaded.items() if _under(name, heavy)] == []
+    # nor the notebook's side of a cluster, even inside a function: it hosts the control plane, not a TFCluster
+    everything = reachable(IMPORTS, f"{DRIVER}.connect.coordinator", module_level_only=False)
+    assert [path for name, path in everything.items() if name in (f"{DRIVER}.cluster", f"{DRIVER}.start")] == []
 
 
 def _entry_points() -> dict[str, str]:

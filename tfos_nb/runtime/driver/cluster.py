@@ -16,7 +16,7 @@ import logging
 import numbers
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ..executor.feeder import (
@@ -30,9 +30,9 @@ from . import stacks
 from . import state as S
 from .cluster_streams import ClusterStreams, feeding_action, refuse_dstream, require_batch_rows
 from .control_plane import ControlPlane
-from .controller import FEEDABLE
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
 from .job import DriverJob
+from .roles import awaited
 from .streaming import StreamingFeed, is_streaming
 
 log = logging.getLogger(__name__)
@@ -47,25 +47,6 @@ class InputMode:
 
     TENSORFLOW = 0  #: the node function reads its own data (files, TFRecords)
     SPARK = 1  #: the driver feeds RDD/DataFrame partitions with ``train()`` / ``inference()``
-
-
-def awaited(nodes: Iterable[Any], node: Any) -> bool:
-    """Whether shutdown waits for ``node``'s function to return (``nodes``: the whole cluster).
-
-    With parameter servers and a chief, the chief coordinates and workers only
-    serve (``server.join()``): shutdown waits for the chief.  Otherwise it waits
-    for every chief/worker.  ps and evaluator nodes are stopped, never awaited.
-    """
-    roles = {n.job_name for n in nodes}
-    if "ps" in roles and roles & {"chief", "master"}:
-        return node.job_name in ("chief", "master")
-    return node.job_name in FEEDABLE
-
-
-def trainers_finished(nodes: list[Any]) -> bool:
-    """A cluster ends FINISHED when every node shutdown waits for finished."""
-    trainers = [n for n in nodes if awaited(nodes, n)]
-    return bool(trainers) and all(n.state == S.FINISHED for n in trainers)
 
 
 class TFCluster(ClusterStreams):

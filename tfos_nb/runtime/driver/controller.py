@@ -28,12 +28,11 @@ from ..net import hostport
 from ..protocol import messages as m
 from . import stalls
 from . import state as S
+from .roles import FEEDABLE
 from .shares import EpochShares
 from .tensorboard_news import tensorboard_news
 
 log = logging.getLogger(__name__)
-
-FEEDABLE = ("chief", "master", "worker")
 
 
 def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, num_gpus: int | None, *,

@@ -24,6 +24,7 @@ from ..protocol.remote import StreamCounts
 from . import state as S
 from .control_plane import ControlPlane
 from .controller import Controller
+from .roles import all_finished
 from .slots import driver_host
 from .sparkjob import SparkJob
 
@@ -76,7 +77,7 @@ class DriverJob:
         self.nodes_outlive_jobs = nodes_outlive_jobs
         self.linger_s = linger_s
         self.join_s = join_s
-        self._finished = finished or (lambda nodes: all(n.state == S.FINISHED for n in nodes))
+        self._finished = finished or all_finished
         self.on_teardown = on_teardown
         self._server: ControlServer | None = None
         self.jobs: list[SparkJob] = []

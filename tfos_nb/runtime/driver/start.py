@@ -18,10 +18,11 @@ from ..protocol import messages as m
 from ..sessions import is_connect
 from . import state as S
 from .awaiting import await_running as _await_running
-from .cluster import InputMode, TFCluster, trainers_finished
+from .cluster import InputMode, TFCluster
 from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
 from .node_output import with_stderr
+from .roles import trainers_finished
 from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
 from .tracking import tracked
 

@@ -42,20 +42,11 @@ from ...protocol.channel import ControlServer
 from .. import state as S
 from ..controller import Controller
 from ..parallel_control import RunController
+from ..roles import all_finished, trainers_finished
 from . import snapshot
 
 EXIT_WAIT_S = 15.0
 QUIET_S = 2.0  # after close: exit once no node spoke for this long
-
-
-def _trainers_finished(nodes: list[Any]) -> bool:
-    from ..cluster import trainers_finished
-
-    return trainers_finished(nodes)
-
-
-def _all_finished(nodes: list[Any]) -> bool:
-    return all(n.state == S.FINISHED for n in nodes)
 
 
 class Coordinator:
@@ -68,7 +59,7 @@ class Coordinator:
         # kind "parallel": TFParallel's runs, which are tasks of the notebook's own Spark job (they speak
         # only while that job runs, so they count as the notebook being heard of)
         self.runs = c.kind == "parallel"
-        self.finished = _all_finished if self.runs else _trainers_finished
+        self.finished = all_finished if self.runs else trainers_finished
         self.controller = (RunController if self.runs else Controller)(
             self.state, input_mode_spark=c.input_mode_spark, tensorboard=c.tensorboard, log_dir=c.log_dir,
             num_gpus=c.num_gpus, heartbeat_timeout=c.heartbeat_timeout)

@@ -16,9 +16,10 @@ from typing import Any
 from ...executor.launch_connect import make_connect_launcher
 from .. import state as S
 from ..awaiting import await_running
-from ..cluster import InputMode, TFCluster, trainers_finished
+from ..cluster import InputMode, TFCluster
 from ..controller import new_cluster
 from ..errors import python_error_line
+from ..roles import trainers_finished
 from ..slots import connect_slots, not_enough_executors
 from .job import KERNEL_TIMEOUT_S, ConnectDriverJob, RemoteController
 
