@@ -149,19 +149,19 @@ def tfos_nb_main(args, ctx):
     model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=callbacks)
     t_fit_end = time.time()
     compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
+    phases = {"enter": t_enter, "import+strategy": t_strategy - t_enter, "model": t_model - t_strategy,
+              "wait for first batch": t_data - t_model,
+              "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
+              "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
+              "export": time.time() - t_fit_end}
     if not args["breakdown"]:
         with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
             json.dump({"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None,
-                       "steps": timer.total}, f)
+                       "steps": timer.total, "phases": phases}, f)
         return None
 
     out = {"fit": t_fit_end - t_fit, "step": timer.wall / timer.steps if timer.steps else None, "steps": timer.steps,
-           "phases": {"enter": t_enter, "import+strategy": t_strategy - t_enter, "model": t_model - t_strategy,
-                      "wait for first batch": t_data - t_model,
-                      "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
-                      "later epochs": t_fit_end - getattr(timer, "t_epoch1", t_fit_end),
-                      "export": time.time() - t_fit_end},
-           "fit_end": t_fit_end, "epoch_ends": timer.ends}
+           "phases": phases, "fit_end": t_fit_end, "epoch_ends": timer.ends}
     per_replica = args["batch"] // strategy.num_replicas_in_sync  # the rows one step trains on, per node
     x = tf.constant(np.random.default_rng(0).random((per_replica, 784), dtype=np.float32))
     y = tf.constant(np.arange(per_replica, dtype=np.int32) % 10)
@@ -429,6 +429,10 @@ class Bench:
             res["steps"] = nodes[0]["steps"]
         if nodes[0].get("step") and not breakdown:
             res["step ms"] = 1000 * nodes[0]["step"]
+        chief = nodes[0]["phases"]
+        log.info("tfos_nb phases (s, the chief): TFCluster.run() %.1f, to the node function %.1f, %s, "
+                 "train() to shutdown() %.1f, shutdown() %.1f", t_run, chief["enter"] - w0,
+                 ", ".join("%s %.1f" % kv for kv in chief.items() if kv[0] != "enter"), t1 - t0 - t_run, t_shutdown)
         if breakdown:
             for i, n in enumerate(nodes):
                 log.info("node %d: fit ended %+.2f s after node 0's, phases %s; epochs ended at %s s after node 0's start",
