@@ -170,3 +170,18 @@ def test_stacks_say_why_they_are_not_there_on_spark_connect():
         stacks.collect(state, remote_ctl)
     with pytest.raises(RuntimeError, match="not available on Spark Connect"):
         remote_ctl.request_stacks([0])
+
+
+def test_each_backend_states_what_it_lacks():
+    """What differs on Spark Connect is stated by the backend objects, not asked of the session where it matters:
+    no pipelined epochs (an epoch's end is a Spark job), no status tracker (a feeding stage's task count is never
+    known), no RDDs, and a training stream's foreachBatch that runs on the server and reports to the coordinator."""
+    from tfos_nb.runtime.driver.connect.job import ConnectDriverJob, RemoteController
+    from tfos_nb.runtime.driver.connect.spark_jobs import ConnectSparkJob
+    from tfos_nb.runtime.driver.job import DriverJob
+
+    state, ctl, _ = coordinator_state()
+    assert ctl.pipelines_epochs and not RemoteController(state, ctl).pipelines_epochs
+    assert DriverJob.rdds_available and not DriverJob.streams_on_server
+    assert not ConnectDriverJob.rdds_available and ConnectDriverJob.streams_on_server
+    assert ConnectSparkJob(None, "g", "d", lambda: None).feeding_tasks() is None  # never asks a status tracker

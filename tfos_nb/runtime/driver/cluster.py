@@ -25,7 +25,6 @@ from ..executor.feeder import (
     make_rdd_feeder,
     make_rdd_inferer,
 )
-from ..sessions import is_connect
 from . import stacks
 from . import state as S
 from .cluster_streams import ClusterStreams, feeding_action, refuse_dstream, require_batch_rows
@@ -143,7 +142,7 @@ class TFCluster(ClusterStreams):
         # tasks started (so the next one's tasks cannot take a slot this one still needs); its rows wait in their
         # own queue on the nodes. Not on Spark Connect, where end_epoch is itself a Spark job that would queue
         # behind the next epoch's tasks.
-        pipelined = not is_connect(self.sc) and os.environ.get("TFOS_FEED_PIPELINE", "1") != "0"
+        pipelined = self._controller.pipelines_epochs and os.environ.get("TFOS_FEED_PIPELINE", "1") != "0"
         inflight: collections.deque[tuple[int, Any]] = collections.deque()
 
         told: set[int] = set()
@@ -159,11 +158,9 @@ class TFCluster(ClusterStreams):
                         self._controller.set_feed_tasks(epoch, tasks)
                         told.add(epoch)
 
-        shares = None if is_connect(self.sc) else learn_shares  # Connect: no status tracker, epochs end whole
-
         def finish_oldest() -> None:
             epoch, job = inflight[0]
-            stats = feed_totals(self._await(job, "feeding", tick=shares))
+            stats = feed_totals(self._await(job, "feeding", tick=learn_shares))
             inflight.popleft()
             for key, n in stats.items():
                 total[key] += n
@@ -175,7 +172,7 @@ class TFCluster(ClusterStreams):
                 finish_oldest()
             if inflight:  # feeding_started: a DataFrame's job may first run its shuffle as a job of its own
                 last_epoch, last = inflight[-1]
-                self._await(last, "feeding", tick=shares,
+                self._await(last, "feeding", tick=learn_shares,
                             until=lambda: self._controller.feeding_started(last_epoch) and last.tasks_launched())
             epoch = self._controller.open_epoch()
             meta = self._meta
@@ -294,7 +291,7 @@ class TFCluster(ClusterStreams):
             raise ValueError(msg)
 
     def _refuse_rdd_on_connect(self, what: str) -> None:
-        if is_connect(self.sc):
+        if not self._job.rdds_available:
             msg = (f"{what}() on Spark Connect takes a DataFrame"
                    + (" and the result schema (inference(df, schema='...'))" if what == "inference" else "")
                    + ": a Spark Connect session has no RDDs")

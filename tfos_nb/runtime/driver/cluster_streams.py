@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 from ..executor.feeder import make_arrow_feeder
 from ..executor.stream_feeder import make_batch_feeder
-from ..sessions import is_connect
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
 __all__ = ["ClusterStreams", "feeding_action", "refuse_dstream", "require_batch_rows"]
@@ -113,7 +112,7 @@ class ClusterStreams:
         self._require_alive()
         require_stream(stream_df, "train_stream")
         self._require_no_training_stream()
-        on_server = is_connect(self.sc)
+        on_server = self._job.streams_on_server
         location, owned = checkpoint_dir(checkpoint_location)
         if on_server:
             self._controller.reset_feed_errors()  # the stream's feeding errors are those after this

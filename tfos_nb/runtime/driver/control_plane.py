@@ -47,6 +47,9 @@ class ControlPlane(Protocol):
 
     #: whether :meth:`request_stacks` works here (False on Spark Connect: the nodes answer the coordinator)
     stacks_available: bool
+    #: whether ``TFCluster.train`` may keep two epochs' feeding jobs in flight (False on Spark Connect, where
+    #: :meth:`end_epoch` is itself a Spark job that would queue behind the next epoch's feeding tasks)
+    pipelines_epochs: bool
 
     def request_stacks(self, indices: list[int]) -> dict[int, int]:
         """Ask these nodes for their threads' stacks; the id each answers (with its next heartbeat)."""

@@ -217,6 +217,7 @@ class Controller:
 
     # -- transitions the job's owner asks for (any thread) -------------------------
     stacks_available = True
+    pipelines_epochs = True
 
     def request_stacks(self, indices: list[int]) -> dict[int, int]:
         """Ask these nodes for their threads' stacks (answered by their next heartbeats); the id each answers."""

@@ -64,6 +64,12 @@ class DriverJob:
     FINISHED rather than STOPPED.
     """
 
+    #: what the session offers (False on Spark Connect, see ConnectDriverJob): RDDs as ``train()``'s data
+    rdds_available = True
+    #: whether a training stream's ``foreachBatch`` runs away from the notebook (on the Spark Connect server): it
+    #: then reports each micro-batch to the control plane, and the stream reads :meth:`stream_counts`
+    streams_on_server = False
+
     def __init__(self, sc: Any, state: S.ClusterState, controller: ControlPlane, *,
                  nodes_outlive_jobs: bool, linger_s: float, join_s: float,
                  finished: Callable[[list[Any]], bool] | None = None,

@@ -55,6 +55,7 @@ class RemoteController:
         self.job: ConnectDriverJob | None = None
 
     stacks_available = False  # the nodes answer the coordinator, not the notebook
+    pipelines_epochs = False  # end_epoch is a Spark job: it would wait behind the next epoch's feeding tasks
 
     def request_stacks(self, indices: list[int]) -> dict[int, int]:
         raise RuntimeError(stacks.UNAVAILABLE_ON_CONNECT)
@@ -121,6 +122,9 @@ class RemoteController:
 
 class ConnectDriverJob(DriverJob):
     """A :class:`DriverJob` whose control server is the coordinator in the cluster (Spark Connect)."""
+
+    rdds_available = False  # a Spark Connect session has DataFrames only
+    streams_on_server = True  # foreachBatch runs on the Connect server: it reports to the coordinator
 
     def __init__(self, spark: Any, state: S.ClusterState, controller: RemoteController, **kw: Any) -> None:
         super().__init__(spark, state, controller, **kw)

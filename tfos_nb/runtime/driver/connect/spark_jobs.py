@@ -35,6 +35,10 @@ class ConnectSparkJob(SparkJob):
     def _cancel_label(self) -> None:
         self._sc.interruptTag(self.group)
 
+    def feeding_tasks(self) -> int | None:
+        """Never known: a Connect client has no status tracker (so a node ends its read at the epoch's end)."""
+        return None
+
 
 def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[], str]:
     secret, cluster_id, control = meta["secret"], meta["cluster_id"], (meta["control"][0], int(meta["control"][1]))
