@@ -141,7 +141,9 @@ def numpy_main(args, ctx):
     ready = {"rss": args["vm"]("VmRSS")}
     with open(os.path.join(args["out_dir"], "ready-%d.json" % ctx.worker_num), "w") as f:
         json.dump(ready, f)
-    n, t_first, t0 = 0, None, time.time()
+    import pyarrow as pa
+
+    n, t_first, t0, i, queued = 0, None, time.time(), 0, 0
     while not feed.should_stop():
         cols = feed.next_batch_arrays(args["batch"])
         if not cols:
@@ -150,8 +152,12 @@ def numpy_main(args, ctx):
         if t_first is None:
             t_first = time.time()
         n += x.shape[0]
+        i += 1
+        if i % 50 == 0:  # the rows waiting in this node's queue (the hub is tfos_nb's; read for the report only)
+            queued = max(queued, sum(feed._hub.queued_rows().values()))
     out = {"rows": n, "first": t_first or t0, "end": time.time(), "ready_rss": ready["rss"],
-           "hwm": args["vm"]("VmHWM")}
+           "hwm": args["vm"]("VmHWM"), "rss_end": args["vm"]("VmRSS"), "queued_rows_max": queued,
+           "arrow_pool_max": pa.default_memory_pool().max_memory() >> 20}
     with open(os.path.join(args["out_dir"], "node-%d.json" % ctx.worker_num), "w") as f:
         json.dump(out, f)
 
@@ -339,7 +345,8 @@ def measure(opts, files: list[str], rows: int, mode: str) -> dict:
              .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
              .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]))
         for k, v in {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
-                     "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}.items():
+                     "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1",
+                     **dict(kv.split("=", 1) for kv in opts.executor_env)}.items():
             b = b.config("spark.executorEnv." + k, v)
         spark = b.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
@@ -368,6 +375,7 @@ def measure(opts, files: list[str], rows: int, mode: str) -> dict:
         finally:
             cluster.shutdown()
         nodes = [json.load(open(os.path.join(out_dir, "node-%d.json" % i))) for i in range(NODES)]
+        log.info("nodes: %s", nodes)
         sampler.stop()  # the peaks are the feed's; what follows is not sampled
         floors = parquet_floors(spark, df, rows) if opts.floors and mode == "numpy" else {}
     finally:
@@ -554,6 +562,8 @@ def main(argv=None):
     p.add_argument("--no-floors", dest="floors", action="store_false",
                    help="leave out Spark's own rates on the same data (Parquet decode; + mapInArrow to numpy)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "b5-latest.md"))
+    p.add_argument("--executor-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable for the executors and the nodes they start (repeatable)")
     p.add_argument("--write-data", help=argparse.SUPPRESS)
     p.add_argument("--files", type=int, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
