@@ -132,6 +132,41 @@ def test_training_is_reported_when_it_begins_not_at_the_next_sample():
     assert sent == [P.RUNNING, P.TRAINING, P.FINISHING]
 
 
+def test_a_sample_keeps_no_other_thread_s_data_alive():
+    """A sample must not keep the stacks it looked at: every thread's frame stayed alive in a reference cycle until
+    Python's cyclic collector ran, with its last locals once the thread ended (a feeding connection's last received
+    batch), so a 1M-row node held 30-40 received frames (~100 MB) beyond its queue (B5)."""
+    import gc
+    import weakref
+
+    class Batch:  # stands for a received frame in a feeding connection's locals
+        pass
+
+    gone = threading.Event()
+    ready = threading.Event()
+    refs: list[weakref.ref[Batch]] = []
+
+    def reader() -> None:
+        batch = Batch()
+        refs.append(weakref.ref(batch))
+        ready.set()
+        gone.wait(60)  # blocked, as a connection waiting for room in the queue; then it ends with batch a local
+
+    watcher = P.PhaseWatcher(lambda phase, moved: None, sample_s=3600)  # no sampling thread: samples by hand
+    thread = threading.Thread(target=reader)
+    gc.disable()
+    try:
+        thread.start()
+        assert ready.wait(60)
+        watcher.sample()
+        gone.set()
+        thread.join(60)
+        assert refs[0]() is None, "the sample's frames keep the thread's locals alive until the cyclic collector runs"
+    finally:
+        gone.set()
+        gc.enable()
+
+
 def test_classify_by_the_outermost_library_call():
     tf = "/site/tensorflow/python/eager/execute.py"
     fit = ("/site/tf_keras/src/engine/training.py", "fit")
