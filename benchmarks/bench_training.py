@@ -445,7 +445,6 @@ class Bench:
                     res[k + " ms"] = 1000 * statistics.mean(vals)
             if "step ms" in res and "compute ms" in res and "allreduce ms" in res:
                 res["other ms"] = res["step ms"] - res["compute ms"] - res["allreduce ms"]
-            chief = nodes[0]["phases"]
             self.phases = {"TFCluster.run()": t_run, "run() to node function": chief["enter"] - w0,
                            **{k: v for k, v in chief.items() if k != "enter"}, "shutdown()": t_shutdown}
         return res

@@ -136,6 +136,12 @@ class DataFeed:
         through an ``N``-row buffer every epoch (after the cache, so each replayed
         epoch comes in a new order), then batches them again.
         """
+        if cache and not epochs_bounded:  # refused before waiting for the first batch
+            msg = "as_dataset(cache=True) keeps one epoch; it needs epochs_bounded=True"
+            raise ValueError(msg)
+        if shuffle < 0:
+            msg = f"shuffle is a buffer size in rows (0 for none), got {shuffle}"
+            raise ValueError(msg)
         import tensorflow as tf
 
         first = self._hub.peek()
@@ -158,12 +164,6 @@ class DataFeed:
                     return
                 yield feed._select(pieces, columns)
 
-        if cache and not epochs_bounded:
-            msg = "as_dataset(cache=True) keeps one epoch; it needs epochs_bounded=True"
-            raise ValueError(msg)
-        if shuffle < 0:
-            msg = f"shuffle is a buffer size in rows (0 for none), got {shuffle}"
-            raise ValueError(msg)
         ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
         if cache:
             ds = ds.cache()

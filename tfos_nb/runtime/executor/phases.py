@@ -216,25 +216,27 @@ class PhaseWatcher:
 
     def _sample(self) -> None:
         now = time.time()
-        # the documented way to see other threads' stacks; it holds this frame too, so the reference is dropped
-        # at once (a cycle kept every thread's frame, and the data in its locals, until the cyclic collector ran)
-        frames = sys._current_frames()
+        frames = sys._current_frames()  # the documented way to see other threads' stacks
         try:
-            waiting, phase_of_main, fingerprint = self._read(frames)
+            main = frames.get(self._main) if self._main is not None else None
+            waiting = any(waits_for_data(_frames(f)) for ident, f in frames.items() if ident != threading.get_ident())
         finally:
+            # the dict holds this frame too: a cycle that kept every thread's frame, and the data in its locals
+            # (a finished connection's last batch), alive until the cyclic collector ran
             del frames
+        with self._lock:
+            fixed, stepped, default = self._fixed, self._stepped, self._default
         if waiting:
             self._data_wait_since = self._data_wait_since or now
         else:
             self._data_wait_since = None
-        with self._lock:
-            fixed = self._fixed
         if fixed is not None:
             phase = fixed
         elif self._data_wait_since is not None and now - self._data_wait_since >= DATA_WAIT_S:
             phase = WAITING_FOR_DATA
         else:
-            phase = phase_of_main
+            phase = classify(_frames(main), stepped, default) if main is not None else default
+        fingerprint = _fingerprint(main) if main is not None else ()
         with self._lock:
             if fingerprint != self._print:
                 self._print = fingerprint
@@ -247,17 +249,6 @@ class PhaseWatcher:
         if changed or now - self._sent_at >= TICK_S:
             self._sent_at = now
             self._send(phase, moved)
-
-    def _read(self, frames: dict[int, Any]) -> tuple[bool, str, tuple[tuple[int, int], ...]]:
-        """From the threads' stacks: whether one waits for data, the main thread's phase and its fingerprint."""
-        with self._lock:
-            stepped, default = self._stepped, self._default
-        me = threading.get_ident()
-        waiting = any(waits_for_data(_frames(f)) for ident, f in frames.items() if ident != me)
-        main = frames.get(self._main) if self._main is not None else None
-        if main is None:
-            return waiting, default, ()
-        return waiting, classify(_frames(main), stepped, default), _fingerprint(main)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._sample_s):
