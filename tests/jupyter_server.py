@@ -17,7 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +114,11 @@ class JupyterServer:
         for p in alive:
             p.kill()
         return [p.pid for p in alive]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, proc: subprocess.Popen | None = None) -> object:
+    """:func:`wait_until` for a server or TensorBoard starting up: a refused connection means "not yet"."""
+    return wait_until(predicate, timeout, 0.2, what=what, proc=proc, ignore=(OSError,))
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jupyter_server import JupyterServer, child_env, jupyter_server
-from tests.test_tbproxy import wait_for
+from tests.jupyter_server import JupyterServer, child_env, jupyter_server, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -124,7 +123,8 @@ def jupyter_app(root: Path, app: str, lab_settings: bool = True) -> Iterator[Lab
         tracker = root / "lab-settings" / "@jupyterlab" / "notebook-extension"
         tracker.mkdir(parents=True)  # open the notebook with its kernel, no "Select Kernel" dialog
         (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
-    (root / "config").mkdir()  # user-level config: empty
+    (root / "config").mkdir()  # user-level config: only the app in the page, for the test to ask its kernel's state
+    (root / "config" / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"expose_app_in_browser": True}}))
     env = child_env(JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_PLATFORM_DIRS="1",
                     JUPYTERLAB_SETTINGS_DIR=str(root / "lab-settings"), JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"))
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -210,6 +210,16 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.wait_for_function(
             "() => Array.from(document.querySelectorAll('.jp-StatusBar-TextItem')).some(e => /\\| Idle$/.test(e.innerText))",
         )
+        # and the notebook's session is ready with its kernel connected: the status bar says "Idle" from the first
+        # kernel_info reply, before that; a Shift+Enter in between left the cell pending ([*]) for good with the kernel
+        # idle in one CI run (JupyterLab's issue 11636 describes the same race after a restart)
+        page.wait_for_function("""async () => {
+            const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+            if (!w || !w.sessionContext) return false;
+            await w.sessionContext.ready;
+            const k = w.sessionContext.session && w.sessionContext.session.kernel;
+            return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
+        }""")
         # run both cells as a person would: into the first cell, Shift+Enter twice
         page.locator(".jp-Cell .jp-InputArea-editor").first.click()
         page.keyboard.press("Shift+Enter")

@@ -1,5 +1,6 @@
-"""What a cell shows: quiet node output, smoothed steps/s, metric history and return value, TensorBoard's frame,
-and the final table on a front-end that drops widget messages and display updates (a real kernel)."""
+"""What a cell shows: quiet node output, smoothed steps/s, metric history and return value, and the final table
+on a front-end that drops widget messages and display updates (a real kernel).  TensorBoard's frame is
+``test_notebook_tensorboard.py``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import import_or_skip, wait_until
-from tfos_nb import tensorboard as tb
 from tfos_nb.magics._quiet import is_native_noise, quiet_lines
 from tfos_nb.runtime.driver.state import CURVE_POINTS, ClusterState, window_rate
 from tfos_nb.runtime.executor.context import NodeContext, Reporter
@@ -168,102 +168,6 @@ def test_numpy_values_go_back_and_others_are_dropped_with_a_line(capsys):
     assert "bytes as JSON (at most 262144)" in capsys.readouterr().err
 
 
-# -- TensorBoard's frame on every front-end --------------------------------------------------------------
-def test_tensorboard_proxy_url_like_tensorboards_own_magic():
-    env = {"TENSORBOARD_PROXY_URL": "/proxy/%PORT%/"}
-    assert tb.proxy_url_from_env("http://10.0.0.5:6006", env) == "/proxy/6006/"
-    env = {"TENSORBOARD_PROXY_URL": "https://hub.example/user/me/proxy/%HOST%:%PORT%/"}
-    assert tb.proxy_url_from_env("http://10.0.0.5:6123", env) == "https://hub.example/user/me/proxy/10.0.0.5:6123/"
-    assert tb.proxy_url_from_env("http://10.0.0.5:6006", {}) is None
-
-
-def test_tensorboard_frontend_detection(monkeypatch):
-    import sys
-    import types
-
-    kernel_shell = types.SimpleNamespace(kernel=object())
-    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    assert tb.frontend(None) == "terminal" and tb.frontend(types.SimpleNamespace()) == "terminal"
-    assert tb.frontend(kernel_shell) == "jupyter"
-    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
-    assert tb.frontend(kernel_shell) == "proxy"
-    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    assert tb.frontend(kernel_shell) == "colab"
-    frame, text = tb.frontend_output("colab", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
-    assert frame is None and "Colab has no Jupyter server" in text and "`%tensorboard --logdir DIR`" in text
-    frame, text = tb.frontend_output("proxy", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
-    assert text == "TensorBoard: /proxy/6006/" and 'var direct = "/proxy/6006/"' in frame
-
-
-def test_tensorboard_on_databricks_is_a_message_not_a_frame(monkeypatch):
-    """A Databricks notebook's page has no Jupyter server behind it: never a frame that cannot load."""
-    import types
-
-    kernel_shell = types.SimpleNamespace(kernel=object())
-    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
-    assert tb.frontend(kernel_shell) == "jupyter" and tb.hosted_message() is None
-    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "client.1.13")
-    assert tb.frontend(kernel_shell) == "databricks"
-    frame, text = tb.frontend_output("databricks", "tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
-    assert frame is None and text == tb.hosted_message("http://10.0.0.5:6006")
-    assert text.startswith("TensorBoard listens at http://10.0.0.5:6006, but a Databricks notebook has no Jupyter server")
-    assert "`%tensorboard --logdir DIR`" in text and "/Volumes/" in text
-    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/driver-proxy/o/0/c/%PORT%/")  # a proxy of the user's: frame it
-    assert tb.frontend(kernel_shell) == "proxy" and tb.hosted_message() is None
-
-
-def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):
-    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    html = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006", height=300)
-    note, rest = html.split("</div>", 1)
-    # without a script (a front-end that runs none) the note is the URL to open
-    assert note.endswith("TensorBoard: &lt;Jupyter base URL&gt;/tfos_nb/tensorboard/0123abcd/ (this front-end ran no "
-                         "script: open that URL in the browser)")
-    script = rest.split("<script>", 1)[1]
-    assert "</" not in script[:-len("</script>")]  # nothing in the values can close the script
-    failed = json.loads(script.split("failed = ", 1)[1].split(", deadline", 1)[0])
-    assert set(failed) == {"waiting", "starting", "extension", "server", "direct"}
-    assert "jupyter server extension enable tfos_nb.tbproxy" in failed["extension"]
-    assert "TENSORBOARD_PROXY_URL" in failed["server"] and "http://10.0.0.5:6006" in failed["server"]
-    assert "1000 * 20.0" in script  # the deadline
-    monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
-    proxied = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
-    assert 'var direct = "/proxy/6006/"' in proxied and "TensorBoard: /proxy/6006/ (this front-end" in proxied
-    assert "<div" not in tb.iframe_html("tfos_nb/tensorboard/0123abcd/")  # no deadline asked: no note
-
-
-def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, capsys):
-    """Terminal IPython has no page to embed in: %tfos_tensorboard prints the URLs (no HTML display)."""
-    import types
-
-    import IPython
-    from IPython.core.displaypub import CapturingDisplayPublisher
-    from IPython.testing.globalipapp import start_ipython
-
-    start_ipython()
-    ip = IPython.get_ipython()
-    ip.run_line_magic("load_ext", "tfos_nb")
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    pub = CapturingDisplayPublisher()
-    monkeypatch.setattr(ip, "display_pub", pub)
-    magics = ip.magics_manager.registry["TFOSMagics"]
-    observers = []
-    running = types.SimpleNamespace(  # what the magic reads of a running --tensorboard cluster's handle
-        done=False, tensorboard_url="http://10.0.0.5:6006", status=lambda: types.SimpleNamespace(cluster_id="0123abcd"),
-        add_observer=observers.append)
-    monkeypatch.setitem(magics.handles, "tbterm", running)
-    try:
-        ip.run_line_magic("tfos_tensorboard", "tbterm")
-    finally:
-        tb.withdraw("0123abcd")
-    out = capsys.readouterr().out
-    assert out == ("TensorBoard: http://10.0.0.5:6006 (through a Jupyter server with the tfos_nb extension: "
-                   "<Jupyter base URL>/tfos_nb/tensorboard/0123abcd/)\n")
-    assert pub.outputs == [] and len(observers) == 1  # nothing displayed; the route is withdrawn with the cluster
-
-
 # -- a real kernel, read by a client that drops what hosted notebooks drop ------------------------------
 QUIET_CELL = """%%tfos_cluster --workers 1 --name quiet
 import tensorflow as tf
@@ -364,67 +268,6 @@ def test_frontend_without_widgets_sees_quiet_output_and_the_final_table(kernel_s
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-
-
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("served", ["nothing", "extension", "tensorboard"])
-def test_tensorboard_frame_in_a_real_browser(served, tmp_path):
-    """The frame's script in headless Chromium: why the frame is empty, or the frame once the route answers."""
-    import functools
-    import os
-    import re
-    import subprocess
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup_env.sh does it as root)")
-    path = "tfos_nb/tensorboard/0123abcd/"
-    (tmp_path / "page.html").write_text(
-        "<html><body>" + tb.iframe_html(path, height=200, deadline=2, node_url="http://10.9.9.9:6006") + "</body></html>")
-    if served != "nothing":  # the extension's status route answers
-        (tmp_path / "tfos_nb" / "tensorboard").mkdir(parents=True)
-        (tmp_path / "tfos_nb" / "tensorboard" / "index.html").write_text("{}")
-    if served == "tensorboard":
-        (tmp_path / path).mkdir(parents=True)
-        (tmp_path / path / "index.html").write_text("<p>TensorBoard</p>")
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}/"
-        dom = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-             "--virtual-time-budget=10000", "--dump-dom", base + "page.html"],
-            capture_output=True, text=True, timeout=120,
-        ).stdout
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
-    note = re.search(r'<div id="tfos-tb-[0-9a-f]+-note" style="([^"]*)">(.*?)</div>', dom, re.S)
-    frame = re.search(r'<iframe id="tfos-tb-[0-9a-f]+"[^>]*>', dom).group(0)
-    assert note, dom[:2000]
-    if served == "tensorboard":
-        assert f'src="{base}{path}"' in frame and "display: none" in note.group(1)
-        return
-    assert "src=" not in frame  # still no frame: the note says why
-    text = note.group(2).replace("&amp;", "&")
-    if served == "nothing":
-        assert text.startswith(f"TensorBoard's route {base}{path} does not exist on this Jupyter server: its tfos_nb "
-                               "extension is not enabled. Run `jupyter server extension enable tfos_nb.tbproxy`"), text
-    else:
-        assert text.startswith(f"TensorBoard does not answer yet at {base}{path}: the Jupyter server's tfos_nb "
-                               "extension is there"), text
-    assert "http://10.9.9.9:6006" in text
 
 
 def test_a_node_error_shows_its_traceback_without_native_noise():

@@ -11,7 +11,7 @@ import time
 import cloudpickle
 import pytest
 
-from tfos_nb.runtime.executor.launch import _child_env, import_path
+from tfos_nb.runtime.executor.launch import child_env, import_path
 from tfos_nb.runtime.executor.owner import ChildOwner
 from tfos_nb.runtime.protocol import messages as m
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
@@ -91,7 +91,7 @@ def _owner(driver: Driver, fn_name: str, args: dict, tmp_path, driver_timeout: f
     blob = cloudpickle.dumps((FUNCS[fn_name], [args]))
     meta = m.LaunchMeta(cluster_id="c1", secret=SECRET.hex(), control=list(driver.server.address), hb_interval=0.05,
                         driver_timeout=driver_timeout, env={}, keras="tf_keras", default_fs="file:///", driver_pid=os.getpid())
-    owner.start("run", "c1", _child_env(meta), blob, info)
+    owner.start("run", "c1", child_env(meta), blob, info)
     return owner
 
 

@@ -35,6 +35,18 @@ def beat(ctl, node, **kw):
     assert ctl.handle(m.Heartbeat(node=node, **kw)).ok
 
 
+def coordinator():
+    """A coordinator for the demo roles whose server is not started: ``handle()`` is called directly."""
+    from tfos_nb.runtime.driver.connect.coordinator import Coordinator
+
+    meta = {"cluster_id": "c1", "secret": "ab" * 16, "roles": [list(r) for r in ROLES],
+            "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",
+            "default_fs": "file:///", "driver_pid": 1,
+            "coordinator": {"name": "demo", "input_mode_spark": True, "tensorboard": False, "log_dir": None,
+                            "num_gpus": 0, "heartbeat_timeout": 10.0, "kernel_timeout": 120.0}}
+    return meta, Coordinator(meta)
+
+
 def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
     state, ctl, book = coordinator_state()
     beat(ctl, 0, logs=["a", "b"], report={"step": 3, "metrics": {"loss": 0.5}},
@@ -129,14 +141,7 @@ def test_stream_batch_reports_reach_the_mirror():
     """A training stream's foreachBatch (on the Connect server) reports each micro-batch; the notebook reads it."""
     import pytest
 
-    from tfos_nb.runtime.driver.connect.coordinator import Coordinator
-
-    meta = {"cluster_id": "c1", "secret": "ab" * 16, "roles": [list(r) for r in ROLES],
-            "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",
-            "default_fs": "file:///", "driver_pid": 1,
-            "coordinator": {"name": "demo", "input_mode_spark": True, "tensorboard": False, "log_dir": None,
-                            "num_gpus": 0, "heartbeat_timeout": 10.0, "kernel_timeout": 120.0}}
-    coord = Coordinator(meta)  # its server is not started: handle() is called directly
+    meta, coord = coordinator()
     stream = m.Codec(bytes.fromhex(meta["secret"]), "c1", "stream")
     server = m.Codec(bytes.fromhex(meta["secret"]), "c1", "coordinator")
     sent = [remote.StreamBatch(epoch=1, batch=0, rows=10, partitions=1),
@@ -185,3 +190,84 @@ def test_each_backend_states_what_it_lacks():
     assert DriverJob.rdds_available and not DriverJob.streams_on_server
     assert not ConnectDriverJob.rdds_available and ConnectDriverJob.streams_on_server
     assert ConnectSparkJob(None, "g", "d", lambda: None).feeding_tasks() is None  # never asks a status tracker
+
+
+def test_command_replies_are_typed_bodies_parsed_strictly():
+    """A Command's reply body is a protocol type the coordinator builds (``EpochOpened``, ``Closed``, ``Done``):
+    each survives the wire unchanged, and one missing a field or with one of the wrong type is refused naming
+    the field (the notebook read ``int(body["epoch"])`` before: an epoch sent as "3" passed as 3)."""
+    import pytest
+
+    _, coord = coordinator()
+
+    def reply(msg, kind):
+        out = coord.handle(msg)
+        assert out.ok, out.error
+        got = kind.from_dict(json.loads(json.dumps(out.body)))
+        assert isinstance(got, kind) and kind.from_dict(json.loads(json.dumps(got.to_dict()))) == got
+        return got
+
+    assert reply(remote.Command(op="open_epoch"), remote.EpochOpened) == remote.EpochOpened(epoch=1)
+    assert reply(remote.Command(op="end_epoch", epoch=1), remote.Done) == remote.Done()
+    assert reply(remote.Command(op="open_epoch"), remote.EpochOpened).epoch == 2
+    assert reply(remote.Command(op="close"), remote.Closed) == remote.Closed(final=S.C_STOPPED)
+    refused = coord.handle(remote.Command(op="explode"))
+    assert not refused.ok and refused.error == "unknown command 'explode'"
+
+    with pytest.raises(m.ProtocolError, match="EpochOpened: missing field 'epoch'"):
+        remote.EpochOpened.from_dict({})
+    with pytest.raises(m.ProtocolError, match="EpochOpened.epoch: expected int, got str"):
+        remote.EpochOpened.from_dict({"epoch": "3"})
+    with pytest.raises(m.ProtocolError, match="EpochOpened.epoch: expected int, got bool"):
+        remote.EpochOpened.from_dict({"epoch": True})
+    with pytest.raises(m.ProtocolError, match="Closed.final: expected str, got NoneType"):
+        remote.Closed.from_dict({"final": None})
+    with pytest.raises(m.ProtocolError, match="Done: body is not an object"):
+        remote.Done.from_dict(None)
+
+
+def test_ask_answers_are_typed_and_refused_naming_the_field():
+    """What an asking task returns (``remote.Answer``) is parsed strictly with the request's reply body: through a
+    real coordinator server (the task's function run here, without Spark) each request comes back as its type, a
+    refusal and an unreachable coordinator as a ``CoordinatorError`` saying which; an answer with a missing or
+    ill-typed field is refused naming it (the notebook read ``out.get("ok")`` before: ``"ok": "yes"`` passed)."""
+    import re
+
+    import pytest
+
+    from tfos_nb.runtime.driver.connect.spark_jobs import CoordinatorError, _asker, read_answer
+
+    meta, coord = coordinator()
+    meta["control"] = list(coord.server.start())
+    try:
+        def ask(msg, kind):
+            return read_answer(_asker(meta, msg, 5.0)(), kind)
+
+        snap = ask(remote.Snapshot(logs=[0, 0], history=[0, 0]), remote.ClusterSnapshot)
+        assert isinstance(snap, remote.ClusterSnapshot) and [n.state for n in snap.nodes] == [S.PENDING] * 2
+        assert ask(remote.Command(op="open_epoch"), remote.EpochOpened) == remote.EpochOpened(epoch=1)
+        assert ask(remote.Command(op="end_epoch", epoch=1), remote.Done) == remote.Done()
+        with pytest.raises(CoordinatorError, match="unknown command 'explode'") as refused:
+            ask(remote.Command(op="explode"), remote.Done)
+        assert not refused.value.unreachable
+        with pytest.raises(m.ProtocolError, match="Closed: missing field 'final'"):  # the wrong type asked for
+            ask(remote.Command(op="request_stop"), remote.Closed)
+        assert ask(remote.Command(op="close"), remote.Closed) == remote.Closed(final=S.C_STOPPED)
+    finally:
+        coord.server.stop()
+    with pytest.raises(CoordinatorError, match="ConnectionRefusedError") as lost:
+        ask(remote.Command(op="request_kill"), remote.Done)
+    assert lost.value.unreachable
+
+    answer = remote.Answer(ok=True, body={"epoch": 2})
+    assert remote.Answer.from_dict(json.loads(json.dumps(answer.to_dict()))) == answer
+    assert read_answer(json.dumps(answer.to_dict()), remote.EpochOpened) == remote.EpochOpened(epoch=2)
+    for bad, field in [({"body": {}}, "Answer: missing field 'ok'"),
+                       ({"ok": "yes", "body": {}}, "Answer.ok: expected bool, got str"),
+                       ({"ok": True, "body": None}, "Answer.body: expected dict"),
+                       ({"ok": False, "error": 3}, "Answer.error: expected str | None, got int"),
+                       ({"ok": False, "error": "x", "unreachable": "no"}, "Answer.unreachable: expected bool"),
+                       ({"ok": True, "body": {"epoch": "2"}}, "EpochOpened.epoch: expected int, got str"),
+                       ([], "Answer: body is not an object")]:
+        with pytest.raises(m.ProtocolError, match=re.escape(field)):
+            read_answer(json.dumps(bad), remote.EpochOpened)

@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.awaiting import await_running
 from tfos_nb.runtime.driver.controller import Controller
 from tfos_nb.runtime.driver.errors import TFClusterError
 from tfos_nb.runtime.driver.job import DriverJob, JobCancelled
 from tfos_nb.runtime.driver.roles import trainers_finished
-from tfos_nb.runtime.driver.start import _await_running
 from tfos_nb.runtime.protocol import messages as m
 
 
@@ -174,7 +174,7 @@ def test_cancel_from_another_thread_ends_a_start_in_progress():
 
         def starting() -> None:
             try:
-                _await_running(st, _PendingSparkJob(), timeout=30)
+                await_running(job, {}, _PendingSparkJob(), timeout=30)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -252,7 +252,7 @@ def test_a_driver_host_this_machine_cannot_bind_is_a_clear_error_never_every_int
 
 def test_a_coordinator_address_its_executor_cannot_bind_is_a_clear_error_never_every_interface(tmp_path):
     """Spark Connect: the coordinator process (real, started as the launch task starts it) fails and says why."""
-    from tfos_nb.runtime.executor.launch_connect import start_coordinator
+    from tfos_nb.runtime.executor.launch import start_coordinator
 
     meta = {"cluster_id": "c0ffee", "secret": "00" * 32, "roles": [["chief", 0]], "driver_pid": 0,
             "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",

@@ -49,11 +49,6 @@ def spark():
 
 
 @pytest.fixture(scope="module")
-def sc(spark):
-    return spark.sparkContext
-
-
-@pytest.fixture(scope="module")
 def feed_df(spark):
     df = spark.range(0, 200_000, numPartitions=6).selectExpr("cast(id as float) as x").cache()
     df.count()

@@ -85,3 +85,23 @@ def test_the_coordinator_reads_its_section_strictly():
         Coordinator(_meta(coordinator=dict(section.to_dict(), num_gpus="0")).to_dict())
     with pytest.raises(m.ProtocolError, match="missing field 'kernel_timeout'"):
         Coordinator(_meta(coordinator={k: v for k, v in section.to_dict().items() if k != "kernel_timeout"}))
+
+
+def test_a_launch_row_is_parsed_strictly_with_its_coordinator_and_refused_naming_the_field(tmp_path, monkeypatch):
+    from tfos_nb.runtime.executor.launch import coordinator_status
+
+    row = m.LaunchStatus(node=1, ok=True, pid=42, host="10.0.0.5", port=7000,
+                         coordinator=m.CoordinatorStarted(ok=True, control=["10.0.0.5", 7100], pid=43))
+    assert m.LaunchStatus.from_dict(row.to_dict()) == row  # the row's JSON on the wire, read back typed
+    assert m.LaunchStatus.from_dict({"node": 0, "ok": False, "error": "boom", "later_key": 1}).error == "boom"
+    for bad, named in (({"ok": True}, "missing field 'node'"), ({"node": "1", "ok": True}, "node"),
+                       ({"node": 0, "coordinator": {"ok": "yes"}}, "LaunchStatus.coordinator: CoordinatorStarted"),
+                       ({"node": 0, "coordinator": []}, "LaunchStatus.coordinator")):
+        with pytest.raises(m.ProtocolError, match=named):
+            m.LaunchStatus.from_dict(bad)
+    with pytest.raises(m.ProtocolError, match=r"expected \[host, port\]"):
+        _ = m.CoordinatorStarted(ok=True, control=["10.0.0.5"]).address
+    # a coordinator that cannot start (its meta lacks the coordinator section) is a status, never an exception
+    monkeypatch.chdir(tmp_path)
+    started = coordinator_status(_meta(cluster_id="c0ffee"))
+    assert not started.ok and "the coordinator did not start" in (started.error or "") and started.control == []

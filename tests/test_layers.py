@@ -34,6 +34,40 @@ LONG_BECAUSE: dict[str, str] = {
                                             "and every transition the driver asks for, each a few lines",
 }
 
+#: the same threshold for the tests (``tests/``, helper modules and conftest files included): a module past it is
+#: split along what it tests, or listed here with the one subject it tests and why that does not cut along a noun
+TESTS = PACKAGE.parent / "tests"
+LONG_TESTS_BECAUSE: dict[str, str] = {
+    "tests/conftest.py": "not one subject: every module's shared fixtures and helpers, where pytest finds them "
+                         "(Spark and Spark Connect sessions that consecutive modules share, with the collection "
+                         "hook that orders modules for it; kernels; waits; leak checks); its session machinery "
+                         "could move to a support module, which 40-odd modules import from here today",
+    "tests/test_faults.py": "the fault suite (issue 7), one module on purpose: its module fixture gathers each fault's "
+                            "measured figure into test-output/reliability.md, the one table the docs' reliability "
+                            "page quotes from a run of this module; each fault is one test with its node function",
+    "tests/test_live_view.py": "one feature, the live view, fast tier: a node's phase (from its threads' frames, or "
+                               "from a stack dump when frozen), the stall flag the driver derives from the phases, "
+                               "stack dumps over heartbeats, and what the mirror, the panel and %tfos_stack show; "
+                               "the fake libraries and the controller on a fake clock serve every part",
+    "tests/test_magics.py": "the IPython layer through one real shell (the module's ip) and one Spark session the "
+                            "magics find in it (magic_spark): bad input, the cell as a node function, configuration, "
+                            "then each magic end to end; split by magic, each module would start that session again",
+    "tests/test_parallel.py": "one feature, parallel runs, through both its entry points (TFParallel and "
+                              "%%tfos_parallel) on one shared Spark session: the fast checks, then the runs end to "
+                              "end (a grid, ctx, a failing run, KeyboardInterrupt, the magic, the notebook)",
+    "tests/test_pipeline_modes.py": "TFEstimator's Params end to end: half the module is the node functions the fits "
+                                    "run (executors take them by value from this module) and the helpers (TFRecords, "
+                                    "serving, start listeners) that several Params' tests share",
+    "tests/test_runtime_spark.py": "TFCluster.run end to end on one local-cluster session: the strategies and input "
+                                   "modes, then errors and teardown, GPUs, TensorBoard; a split between training and "
+                                   "errors/teardown would share the session at no cost (same spark_fixture key), "
+                                   "left whole while issue 29's driver rework runs it as its check",
+    "tests/test_tracking.py": "one feature, MLflow tracking, against one real mlflow server and one real kernel "
+                              "(module fixtures): most of the module is the cells one notebook session runs in "
+                              "turn (a cluster, autolog, a failing node, a killed one, a sweep, an estimator, "
+                              "retries, a background cell) and the checks of the runs each one logged",
+}
+
 #: dependency cycles allowed (none since issue 13), including ones an import inside a function hides
 #: from Python's import machinery; each a frozenset of modules
 KNOWN_CYCLES: set[frozenset[str]] = set()
@@ -321,8 +355,23 @@ def test_no_dependency_cycles():
     assert KNOWN_CYCLES - found == set(), "a known cycle is gone: remove it from KNOWN_CYCLES"
 
 
+def _sizes(root: Path) -> dict[str, int]:
+    """Lines of each Python file under ``root``, by its path from the repository root."""
+    return {str(p.relative_to(root.parent)): len(p.read_text().splitlines()) for p in root.rglob("*.py")}
+
+
 def test_a_module_past_the_review_threshold_says_why():
-    sizes = {str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    sizes = _sizes(PACKAGE)
     large = {p for p, n in sizes.items() if n > MAX_LINES}
     assert sorted((p, sizes[p]) for p in large - set(LONG_BECAUSE)) == [], "split it, or say why in LONG_BECAUSE"
     assert sorted(set(LONG_BECAUSE) - large) == [], "no longer long: remove it from LONG_BECAUSE"
+
+
+def test_a_test_module_past_the_review_threshold_says_why():
+    """The same threshold for the tests (test modules, ``conftest.py`` files, their helper modules)."""
+    sizes = _sizes(TESTS)
+    assert "tests/test_layers.py" in sizes  # the scan sees the tests (a moved folder would make this pass vacuously)
+    large = {p for p, n in sizes.items() if n > MAX_LINES}
+    assert sorted((p, sizes[p]) for p in large - set(LONG_TESTS_BECAUSE)) == [], \
+        "split it along what it tests, or say why in LONG_TESTS_BECAUSE"
+    assert sorted(set(LONG_TESTS_BECAUSE) - large) == [], "no longer long: remove it from LONG_TESTS_BECAUSE"

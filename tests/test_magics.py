@@ -9,12 +9,10 @@ import textwrap
 import time
 import types
 
-import IPython
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
-from tests.conftest import spark_session, wait_until
+from tests.conftest import ipython_with_tfos_nb, spark_session, wait_until
 from tfos_nb.magics import ClusterFailed, ClusterHandle, _render
 from tfos_nb.magics._cellfn import build
 
@@ -23,9 +21,7 @@ PYTHON = sys.executable
 
 @pytest.fixture(scope="module")
 def ip():
-    start_ipython()
-    shell = IPython.get_ipython()
-    shell.run_line_magic("load_ext", "tfos_nb")
+    shell = ipython_with_tfos_nb()
     leftover = shell.magics_manager.registry["TFOSMagics"].handles  # the global shell: an earlier module's clusters
     assert not leftover, f"an earlier test module left clusters in the global IPython shell: {sorted(leftover)}"
     shell.run_cell(
@@ -175,8 +171,7 @@ def test_importing_the_package_pulls_in_no_ipython_spark_or_tensorflow():
 
 
 def test_unload_removes_the_magics():
-    start_ipython()
-    shell = IPython.get_ipython()
+    shell = ipython_with_tfos_nb()
     shell.run_line_magic("unload_ext", "tfos_nb")
     try:
         assert "tfos_cluster" not in shell.magics_manager.magics["cell"]

@@ -291,8 +291,11 @@ def test_tensorboard_through_proxy_from_a_namespace(trained: dict, netns: NetnsC
 
         assert wait_until(listed, 90, 0.5), runs
         print(f"\n[multihost] TensorBoard on {url} listed the run through the proxy after {time.monotonic() - t0:.1f} s")
-        tags = jupyter.request(path + "data/plugin/scalars/tags")
-        assert tags.status == 200 and "accuracy" in tags.json()["digits"], tags.body[:300]
+        # the run is listed once TensorBoard sees its directory; its scalars once it has read the events (its own
+        # reload loop): wait for those, by the same deadline
+        tags = wait_until(lambda: (r := jupyter.request(path + "data/plugin/scalars/tags")).status == 200
+                          and "accuracy" in r.json().get("digits", {}) and r, 90, 0.5)
+        assert tags, "TensorBoard's scalars for the run 'digits' never came through the proxy"
         index = jupyter.request(path)
         assert index.status == 200 and index.headers.get("Content-Type", "").startswith("text/html")
     finally:

@@ -17,13 +17,11 @@ import time
 from pathlib import Path
 
 import cloudpickle
-import IPython
 import nbformat
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 
-from tests.conftest import NODE_ENV, run_notebook, runtime_processes, spark_fixture, wait_until
+from tests.conftest import NODE_ENV, ipython_with_tfos_nb, run_notebook, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
 from tfos_nb.runtime.driver.parallel import ParallelView, best_index, default_metric, default_mode
@@ -46,9 +44,7 @@ spark = spark_fixture(EXECUTORS)
 
 @pytest.fixture(scope="module")
 def ip():
-    start_ipython()
-    shell = IPython.get_ipython()
-    shell.run_line_magic("load_ext", "tfos_nb")
+    shell = ipython_with_tfos_nb()
     shell.run_cell("numbers = [1, 2, 3]\nK = 3\ngrid3 = [{'x': 0}, {'x': 2}, {'x': 1}]")
     yield shell
     shell.magics_manager.registry["TFOSMagics"].shutdown_all()

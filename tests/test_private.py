@@ -15,7 +15,7 @@ import pytest
 from tests.server_abuse import as_nobody, as_nobody_wait
 from tfos_nb.runtime import private
 from tfos_nb.runtime.driver.start import driver_log_path
-from tfos_nb.runtime.executor.launch_connect import start_coordinator
+from tfos_nb.runtime.executor.launch import start_coordinator
 from tfos_nb.runtime.protocol import messages as m
 
 # A coordinator whose meta lacks its settings: it writes a traceback to its log and exits at once.

@@ -1,4 +1,5 @@
-"""The panel: pure state → view functions, the throttled renderer and its back-ends, the magic's wiring."""
+"""The panel: pure state → view functions, the throttled renderer and its back-ends, the magic's wiring.
+TensorBoard's link and tab in the panel are ``test_notebook_tensorboard.py``."""
 
 from __future__ import annotations
 
@@ -328,91 +329,3 @@ def test_job_progress_counts_the_job_groups_tasks_and_skips_skipped_stages():
     assert job_progress(sc, job_groups("g", 1)) == (5, 8, 1)
     assert job_progress(None, ["g-launch"]) is None
     assert job_progress(NS(statusTracker=lambda: 1 / 0), ["g-launch"]) is None  # a stopping Spark: no numbers
-
-
-# -- TensorBoard in the panel: link + tab through the proxy route -------------------------------------
-def test_widget_panel_tensorboard_link_and_tab(test_comm):
-    import ipywidgets
-
-    r = make_renderer("widget", display=FakeDisplay(), interval=0.0)
-    panel = r.backend.panel
-    r.update(cluster(node(step=1), cluster_id="0123abcd"))
-    assert panel.children == (panel.stop_button, panel.table)  # no TensorBoard: no tab
-    tb = dict(cluster_id="0123abcd", tensorboard="http://10.9.9.9:6006")
-    r.update(cluster(node(step=2), **tb))
-    header, tabs = panel.children
-    assert isinstance(tabs, ipywidgets.Tab) and tabs.titles == ("Nodes", "TensorBoard") and tabs.children[0] is panel.table
-    assert header.children == (panel.stop_button, panel.tensorboard_link)
-    (link,) = panel.tensorboard_link.outputs
-    assert re.search(r'<a id="tfos-tbl-0123abcd"[^>]*data-tfos-path="tfos_nb/tensorboard/0123abcd/"', link["data"]["text/html"])
-    (frame,) = tabs.children[1].outputs
-    assert '<iframe id="tfos-tb-' in frame["data"]["text/html"] and "jupyter-config-data" in frame["data"]["text/html"]
-    assert 'data-tfos-path="tfos_nb/tensorboard/0123abcd/"' in frame["data"]["text/html"]
-    assert "10.9.9.9" not in frame["data"]["text/html"] + link["data"]["text/html"] + panel.table.value
-    # later pushes leave the frame alone (no TensorBoard reload every half second)
-    sent = len(test_comm.sent)
-    r.update(cluster(node(step=3), **tb))
-    assert tabs.children[1].outputs == (frame,) and len(test_comm.sent) == sent + 1
-    r.finish(cluster(node("finished", step=4), state="finished", **tb))
-    assert panel.tensorboard_link.outputs == ()
-    assert "%tfos_tensorboard --logdir DIR" in tabs.children[1].outputs[0]["data"]["text/html"]
-    assert "<iframe" not in tabs.children[1].outputs[0]["data"]["text/html"]
-
-
-def test_widget_panel_tensorboard_tab_is_never_a_blank_frame(test_comm, monkeypatch):
-    """Without the Jupyter server's tfos_nb route the tab's frame says why after a while; on Databricks (no
-    Jupyter server behind the page) the tab is the message, with no link or frame that could never load."""
-    monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
-    tb = dict(cluster_id="0123abcd", tensorboard="http://10.9.9.9:6006")
-    r = make_renderer("widget", display=FakeDisplay(), interval=0.0)
-    r.update(cluster(node(step=2), **tb))
-    (frame,) = r.backend.panel.children[1].children[1].outputs
-    page = frame["data"]["text/html"]
-    assert page.index('<div id="tfos-tb-') < page.index("<iframe")  # the note above the frame
-    assert "1000 * 20.0" in page and "jupyter server extension enable tfos_nb.tbproxy" in page
-    assert "No Jupyter server answers at %URL%" in page
-
-    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
-    r = make_renderer("widget", display=FakeDisplay(), interval=0.0)
-    r.update(cluster(node(step=2), **tb))
-    panel = r.backend.panel
-    (frame,) = panel.children[1].children[1].outputs
-    assert "<iframe" not in frame["data"]["text/html"] and panel.tensorboard_link.outputs == ()
-    assert "Databricks notebook has no Jupyter server" in frame["data"]["text/plain"]
-    assert "%load_ext tensorboard" in frame["data"]["text/html"]
-
-
-def test_html_fallback_links_tensorboard_and_drops_the_link_at_the_end():
-    disp = FakeDisplay()
-    r = make_renderer("html", display=disp, interval=0.0)
-    tb = dict(cluster_id="0123abcd", tensorboard="http://10.0.0.5:6006")
-    r.update(cluster(node(step=2), **tb))
-    live = disp.calls[-1][1]["text/html"]
-    assert 'data-tfos-path="tfos_nb/tensorboard/0123abcd/"' in live and "jupyter-config-data" in live
-    r.finish(cluster(node("finished", step=4), state="finished", **tb))
-    assert "TensorBoard" not in disp.calls[-1][1]["text/html"]  # the saved notebook holds no dead link
-
-
-def test_cluster_route_registers_while_tensorboard_runs(tmp_path, monkeypatch):
-    from tfos_nb import tensorboard as tb
-    from tfos_nb.tbproxy import _records
-
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
-    route = tb.ClusterRoute()
-    route(cluster(cluster_id="0123abcd"), False)
-    assert route.path is None and not list(tmp_path.rglob("*.json"))
-    url = "http://127.0.0.1:6006"
-    route(cluster(cluster_id="0123abcd", tensorboard=url), False)
-    route(cluster(cluster_id="0123abcd", tensorboard=url), False)
-    assert route.path == "tfos_nb/tensorboard/0123abcd/"
-    ep = _records.read_record(str(tmp_path), "0123abcd")
-    assert (ep.host, ep.port) == ("127.0.0.1", 6006)
-    # a retried cluster: new id, new TensorBoard; the old route goes
-    route(cluster(cluster_id="4567cdef", tensorboard="http://127.0.0.1:6007"), False)
-    assert route.path == "tfos_nb/tensorboard/4567cdef/"
-    assert _records.read_record(str(tmp_path), "0123abcd") is None
-    route(cluster(cluster_id="4567cdef", state="finished", tensorboard="http://127.0.0.1:6007"), True)
-    assert route.path is None and _records.read_record(str(tmp_path), "4567cdef") is None and route.error is None
-    route(cluster(cluster_id="89abcdef", tensorboard=url), False)  # after the end: nothing registered again
-    assert _records.read_record(str(tmp_path), "89abcdef") is None

@@ -1,41 +1,51 @@
-"""Waiting for a cluster's nodes to run their function, after the launch stage (classic and Spark Connect)."""
+"""Waiting for a cluster's nodes to run their function, after the launch stage started (either backend)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import state as S
 from .errors import error_for, python_error_line
 
+if TYPE_CHECKING:
+    from .job import DriverJob
 
-def await_running(state: S.ClusterState, job: Any, timeout: float) -> None:
+
+def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: float) -> None:
+    """Return once the launch stage ``launch`` (of ``meta``) is over and every node of ``job`` runs its function.
+
+    Raises the cluster's own error as soon as the state fails (a node's start failed, the job was
+    cancelled), the launch stage's error or its tasks' bad statuses once it is over, and a
+    ``TimeoutError`` naming the nodes still waited for after ``timeout`` s.  When the stage is over,
+    ``job.launched(meta, statuses)`` runs first: on Spark Connect the state becomes visible only then.
+    """
+    state = job.state
     deadline = time.monotonic() + timeout
-    statuses_checked = False
+    launched = False
     while True:
         view = state.snapshot()
         if view.state == S.C_FAILED:
             raise error_for(view)
-        if job.done and not statuses_checked:
-            statuses_checked = True
-            if job.error is not None:
-                msg = f"starting the nodes failed: {python_error_line(job.error)}"
+        if launch.done and not launched:
+            launched = True
+            if launch.error is not None:
+                msg = f"starting the nodes failed: {python_error_line(launch.error)}"
                 raise RuntimeError(msg)
-            bad = [s for s in job.result() if not s.get("ok")]
+            statuses = launch.result()
+            job.launched(meta, statuses)
+            bad = [s for s in statuses if not s.ok]
             if bad:
-                roles = state.nodes
-                lines = [f"{roles[s['node']].label}: {s.get('error')}" for s in bad]
-                msg = "nodes did not start:\n" + "\n".join(lines)
-                raise RuntimeError(msg)
-        ready = all(n.state in (S.RUNNING, S.FINISHED, S.STOPPED) for n in view.nodes)
-        if ready and job.done:
+                lines = [f"{state.nodes[s.node].label}: {s.error}" for s in bad]
+                raise RuntimeError("nodes did not start:\n" + "\n".join(lines))
+            continue
+        if launched and all(n.state in (S.RUNNING, S.FINISHED, S.STOPPED) for n in view.nodes):
             return
         if time.monotonic() > deadline:
             missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (S.RUNNING, S.FINISHED)]
-            msg = (
-                f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}. "
-                "Are there enough free executors, and can executors reach the driver?"
-            )
+            stage = "" if launched else " (the launch stage is not over)"
+            msg = (f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}{stage}. "
+                   f"Are there enough free executor slots{job.reach_hint}?")
             raise TimeoutError(msg)
         with state.changed:
             state.changed.wait(0.1)

@@ -25,7 +25,7 @@ from . import state as S
 from .control_plane import ControlPlane
 from .controller import Controller
 from .roles import all_finished
-from .slots import driver_host
+from .slots import driver_host, wait_for_slots
 from .sparkjob import SparkJob
 
 LIVE = (S.REGISTERED, S.STARTING, S.RUNNING)
@@ -134,6 +134,21 @@ class DriverJob:
                    "(tfos_nb's control server listens there, and only there)")
             raise OSError(exc.errno, msg) from exc
 
+    def wait_for_slots(self, needed: int, timeout: float) -> None:
+        """Return when ``needed`` tasks can run at once; raise when they never will (or return once cancelled)."""
+        wait_for_slots(self.sc, needed, timeout, lambda: self.cancelled)
+
+    def coordinator_section(self, kind: str, notebook_timeout: float) -> dict[str, Any]:
+        """The launch meta's ``coordinator`` section: none here, where the control server is in this process."""
+        return {}
+
+    def launched(self, meta: dict[str, Any], statuses: list[m.LaunchStatus]) -> None:
+        """The launch stage of ``meta`` is over (its tasks' statuses): nothing to do here, the nodes registered
+        with this process's control server as they started."""
+
+    #: what a reservation timeout asks besides free slots (the executors must reach this process)
+    reach_hint = ", and can executors reach the driver"
+
     def launch_meta(self, address: tuple[str, int], *, heartbeat_timeout: float, env: dict[str, str] | None,
                     keras: str, **kind: Any) -> m.LaunchMeta:
         try:
@@ -219,22 +234,45 @@ class DriverJob:
                 pass
 
     def _teardown(self, wait: float) -> None:
+        """The one teardown, on either backend: kill the nodes, let them end (up to ``wait`` s), cancel the Spark
+        jobs, release the control plane, write the final state.  A backend differs in the four hooks below."""
         try:
-            self.controller.request_kill()
-            if self.nodes_outlive_jobs:
-                for job in list(self.jobs):
-                    job.cancel(join_timeout=0)
-            if self.nodes_outlive_jobs or any(not j.done for j in self.jobs):
+            self._send_kill()
+            if self.nodes_outlive_jobs or self.cancel_jobs_first:
+                self.cancel_jobs()  # feeding tasks free their slots
+            if self._nodes_followed() and (self.nodes_outlive_jobs or self.cancel_jobs_first
+                                           or any(not j.done for j in self.jobs)):
                 self._wait_nodes_ended(wait)  # nodes get "kill" in their next heartbeat reply
             if self.on_teardown is not None:
                 self.on_teardown()
             for job in list(self.jobs):
                 job.cancel(join_timeout=self.join_s)  # also drops tasks still waiting for a slot
         finally:
-            if self._server is not None:
-                self._server.stop()
+            self._release_control()
             self.controller.finish(self._finished)
             atexit.unregister(self._atexit)
+
+    def cancel_jobs(self) -> None:
+        """Cancel this job's Spark jobs without waiting for them to end."""
+        for job in list(self.jobs):
+            job.cancel(join_timeout=0)
+
+    #: cancel every Spark job before waiting for the nodes (Spark Connect: the mirror's snapshot jobs need the slots
+    #: that feeding tasks or runs hold)
+    cancel_jobs_first = False
+
+    def _send_kill(self) -> None:
+        """Tell every node to stop (with its next heartbeat reply)."""
+        self.controller.request_kill()
+
+    def _nodes_followed(self) -> bool:
+        """Whether ``state`` follows the nodes as they end (here always: they heartbeat to this process)."""
+        return True
+
+    def _release_control(self) -> None:
+        """Stop the control server (nodes still running stop ``driver_timeout`` s later on their own)."""
+        if self._server is not None:
+            self._server.stop()
 
     def _wait_nodes_ended(self, wait: float) -> None:
         """Wait up to ``wait`` s until no node of the state is live."""

@@ -3,9 +3,12 @@
 No cluster is formed between the runs: each is ``map_fun(args, ctx)`` in a
 fresh process on an executor (see :mod:`..executor.run_task` for why a process),
 for hyper-parameter sweeps and embarrassingly parallel inference.  All runs
-are one Spark job, one task per run: a barrier stage when asked for and the
-application has a slot per run (the runs start together), else a plain stage
-whose tasks run in waves as slots free up.
+are one Spark job, one task per run, on either backend the same ``mapInArrow``
+stage over ``range(n)`` (:func:`~..executor.run_task.make_run_task`): a barrier
+stage when asked for and the application has a slot per run (the runs start
+together), else a plain stage whose tasks run in waves as slots free up.  Each
+run's outcome comes back as one row of that stage (index, status, pickled value)
+through Spark's own ``collect()``.
 
 The driver side reuses the cluster's pieces: the signed control server, the
 heartbeat handling of :class:`~.controller.Controller` (output lines,
@@ -16,8 +19,10 @@ ends :meth:`ParallelRuns.wait` with one :class:`TFParallelError` naming the run,
 its arguments, host and last output lines.
 
 On a Spark Connect session (no SparkContext, executors cannot reach the
-notebook) the control server is a coordinator on an executor and the state a
-mirror of it, and the runs are a ``mapInArrow`` stage: see :mod:`.connect.parallel`.
+notebook) the control server is a coordinator on an executor, started by a
+one-task job before the runs' stage, and the state a mirror of it: see
+:mod:`.connect.parallel`.  That, the teardown, and how many task slots a barrier
+stage can count on are all that differ between the backends here.
 """
 
 from __future__ import annotations
@@ -29,14 +34,14 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..executor.run_task import make_run_task
-from ..sessions import is_connect
+from ..executor.run_task import RESULT_SCHEMA, make_run_task
 from . import state as S
-from .connect.parallel import ConnectRunsJob, connect_runs_job, launch_connect_runs
-from .connect.spark_jobs import ConnectSparkJob
+from .backends import new_job
+from .connect.job import KERNEL_TIMEOUT_S
+from .connect.parallel import ConnectRunsJob
 from .errors import TFClusterError, failure_message, first_failure, python_error_line
 from .job import DriverJob
-from .parallel_control import RunController, barrier_refusal, can_gang_schedule, runs_args
+from .parallel_control import RunController, barrier_refusal, classic_gang, connect_gang, runs_args
 from .parallel_results import (
     ParallelView,
     RunResult,
@@ -48,7 +53,7 @@ from .parallel_results import (
     runs_view,
     scalars,
 )
-from .slots import available_slots, connect_slots, require_classic, require_keras
+from .slots import require_keras, spark_context, spark_session
 from .sparkjob import SparkJob
 from .tracking import tracked
 
@@ -101,18 +106,15 @@ class ParallelRuns:
         self.state.job_group = f"tfos-{self.cluster_id}"
         self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
                                          num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
-        self.connect = is_connect(sc)  # Spark Connect: the runs' control is hosted on an executor (connect/parallel.py)
-        self._connect_job: ConnectRunsJob | None = None
-        if self.connect:
-            self._connect_job = connect_runs_job(sc, self.state, self._controller, linger_s=STOP_WAIT_S, join_s=10.0)
-            self.job: DriverJob = self._connect_job
-        else:
-            self.job = DriverJob(sc, self.state, self._controller, nodes_outlive_jobs=False, linger_s=STOP_WAIT_S,
-                                 join_s=10.0)
+        # The one backend choice: on Spark Connect the runs' control server is a coordinator on an executor
+        # (connect/parallel.py), and a barrier stage's fit is read from the session's configuration.
+        self.job: DriverJob = new_job(sc, self.state, self._controller, runs=True, linger_s=STOP_WAIT_S, join_s=10.0)
+        self._coordinated = self.job if isinstance(self.job, ConnectRunsJob) else None
+        self._gang = connect_gang if self._coordinated is not None else classic_gang
         self._blob = cloudpickle.dumps((map_fun, args))
         self._launch: dict[str, Any] = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
-                            num_gpus=num_gpus)
-        self._spark_job: SparkJob | ConnectSparkJob | None = None
+                            num_gpus=num_gpus, roles=[("run", i) for i in range(self.num_runs)])
+        self._spark_job: SparkJob | None = None
         self._stop_reason: str | None = None
         self._results: list[RunResult] | None = None
         self.tracking: Any = None  # the MLflow run (driver.tracking.JobRun) when the runs are tracked
@@ -122,23 +124,21 @@ class ParallelRuns:
         """Start the control server and the Spark job; returns at once (idempotent)."""
         if self._spark_job is not None:
             return self
-        sc = self.sc
         try:
-            address = self.job.open_control()
-            meta = self.job.launch_meta(address, **self._launch).to_dict()
+            meta = self.job.launch_meta(self.job.open_control(), **self._launch,
+                                        coordinator=self.job.coordinator_section("parallel", KERNEL_TIMEOUT_S)).to_dict()
             self.barrier = self._choose_barrier()
             self.job.check_cancelled()
+            if self._coordinated is not None:  # Spark Connect: the runs register with a coordinator, started first
+                self._coordinated.start_coordinator(meta)
+                self.job.check_cancelled()
             n, barrier = self.num_runs, self.barrier
-            if self._connect_job is not None:  # Spark Connect
-                self._spark_job = launch_connect_runs(self._connect_job, meta, self._blob, n, barrier)
-                self.job.mark_up()
-                return self
             task = make_run_task(meta, self._blob, barrier)
+            session = spark_session(self.sc)
 
-            def action() -> list[Any]:
-                rdd = sc.parallelize(range(n), n)
-                results: list[Any] = (rdd.barrier() if barrier else rdd).mapPartitions(task).collect()
-                return results
+            def action() -> list[tuple[int, str, bytes | None]]:
+                rows = session.range(0, n, 1, n).mapInArrow(task, RESULT_SCHEMA, barrier=barrier).collect()
+                return [(int(r["i"]), str(r["s"]), None if r["v"] is None else bytes(r["v"])) for r in rows]
 
             # One job; named like a cluster's launch job so the panel's Spark progress finds it.
             self._spark_job = self.job.spark_job("launch", f"tfos_nb {self.name}: {n} parallel runs", action)
@@ -153,17 +153,14 @@ class ParallelRuns:
         n = self.num_runs
         if self.use_barrier is False:
             return False
-        if self.connect:  # the session's configuration is all a Connect client can see; unknown: let Spark decide
-            known = connect_slots(self.sc)
-            fits = known[0] >= n if known is not None else self.use_barrier is True
-        else:
-            fits = can_gang_schedule(self.sc, n)
+        fits, slots, executors = self._gang(self.sc, n)
+        if fits is None:  # the session does not say (Spark Connect): auto runs waves, use_barrier=True lets Spark decide
+            fits = self.use_barrier is True
         if self.use_barrier is None:  # auto (%%tfos_parallel): one barrier stage when it fits, else waves
             if not fits:
                 log.info("tfos_nb: %d runs, fewer task slots: running them in waves, without a barrier stage", n)
             return fits
         if not fits:
-            slots, executors = (known or (0, 0)) if self.connect else available_slots(self.sc)
             raise RuntimeError(barrier_refusal(n, slots, executors))
         return True
 
@@ -220,8 +217,8 @@ class ParallelRuns:
 
     def _finish(self) -> list[RunResult]:
         assert self._spark_job is not None
-        if self.connect:
-            self.close()  # the mirror's final snapshot first: the outcomes below then write the last word
+        if self._coordinated is not None:
+            self.close()  # the state is a mirror: its final snapshot first, so the outcomes below write the last word
         if self.state.snapshot().state == S.C_FAILED:
             self.close()
             raise self._error()
@@ -330,8 +327,7 @@ def start(
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"
         raise ValueError(msg)
-    if not is_connect(sc):
-        require_classic(sc, "RDDs")
+    sc = spark_context(sc)
     require_keras(keras)
     args, grid = runs_args(tf_args, num_executors, per_run)
     if params is not None:

@@ -10,7 +10,7 @@ from typing import Any
 from ..protocol import messages as m
 from . import state as S
 from .controller import Controller
-from .slots import available_slots, fixed_slots, wait_for_slots
+from .slots import available_slots, connect_slots, fixed_slots, wait_for_slots
 
 
 class RunController(Controller):
@@ -80,6 +80,21 @@ def can_gang_schedule(sc: Any, n: int) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def classic_gang(sc: Any, n: int) -> tuple[bool | None, int, int]:
+    """(whether a barrier stage of ``n`` tasks can start now, task slots, executors) on a classic SparkContext."""
+    fits = can_gang_schedule(sc, n)
+    return (fits, *available_slots(sc))
+
+
+def connect_gang(spark: Any, n: int) -> tuple[bool | None, int, int]:
+    """The same on Spark Connect, from the session's configuration (all a Connect client can see); ``None``:
+    it does not say."""
+    known = connect_slots(spark)
+    if known is None:
+        return None, 0, 0
+    return known[0] >= n, *known
 
 
 def barrier_refusal(n: int, slots: int, executors: int) -> str:

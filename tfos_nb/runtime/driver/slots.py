@@ -161,3 +161,13 @@ def require_keras(keras: str) -> None:
     if keras not in ("tf_keras", "keras3"):
         msg = f"keras must be 'tf_keras' or 'keras3', got {keras!r}"
         raise ValueError(msg)
+
+
+def spark_session(sc: Any) -> Any:
+    """The SparkSession of ``sc`` (a Spark Connect session is one already), for the DataFrame stages both
+    backends run alike (a barrier ``mapInArrow``)."""
+    if is_connect(sc):
+        return sc
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()  # the running SparkContext's (one per process)

@@ -12,18 +12,19 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..executor.launch import make_launcher, start_supervisor
+from ..executor.launch import LAUNCH_SCHEMA, make_launcher, start_supervisor
 from ..procs import kill_tree
 from ..protocol import messages as m
 from ..sessions import is_connect
 from . import state as S
-from .awaiting import await_running as _await_running
+from .awaiting import await_running
+from .backends import new_job
 from .cluster import InputMode, TFCluster
 from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
 from .node_output import with_stderr
 from .roles import trainers_finished
-from .slots import available_slots, expected_slots, require_classic, require_keras, spark_context, wait_for_slots
+from .slots import available_slots, expected_slots, require_keras, spark_context, spark_session
 from .tracking import tracked
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run"]
@@ -103,71 +104,65 @@ def run(
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
     if preflight:
         _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), num_gpus, preflight)
-    if is_connect(sc):
-        from .connect.start import run_connect
-
-        if driver_ps_nodes:
-            msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
-            raise ValueError(msg)
-        return run_connect(sc, map_fun, tf_args, roles, num_executors, tensorboard=tensorboard,
-                           input_mode=input_mode, log_dir=log_dir, reservation_timeout=reservation_timeout,
-                           release_port=release_port, name=name, env=env, num_gpus=num_gpus, keras=keras,
-                           heartbeat_timeout=heartbeat_timeout, notebook_timeout=notebook_timeout,
-                           log_callback=log_callback, on_state=on_state, on_start=on_start, stall_after=stall_after)
-    require_classic(sc, "RDDs, barrier tasks")
-    if str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
-        msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"
+    if driver_ps_nodes and is_connect(sc):
+        msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
         raise ValueError(msg)
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
 
     controller = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
                              tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout,
                              stall_after=stall_after)
-    state, cluster_id = controller.state, controller.state.cluster_id
-    job = DriverJob(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
-                    finished=trainers_finished)
+    state = controller.state
+    job = new_job(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
+                  finished=trainers_finished)
     job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
-    cluster: TFCluster | None = None
     try:
-        address = job.open_control()
-        meta = job.launch_meta(address, heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, roles=roles,
-                               reservation_timeout=float(reservation_timeout),
-                               first_node=num_ps if driver_ps_nodes else 0, release_port=bool(release_port)).to_dict()
+        meta = job.launch_meta(job.open_control(), heartbeat_timeout=heartbeat_timeout, env=env, keras=keras,
+                               roles=roles, reservation_timeout=float(reservation_timeout),
+                               first_node=num_ps if driver_ps_nodes else 0, release_port=bool(release_port),
+                               coordinator=job.coordinator_section("cluster", notebook_timeout)).to_dict()
         cluster = TFCluster(job, meta, input_mode, num_executors)
-        local_nodes: list[Any] = []  # supervisors of driver-side ps nodes: the job ends them with the rest
-
-        def kill_local_nodes() -> None:
-            for proc in local_nodes:
-                kill_tree(proc, grace=1)
-
-        job.on_teardown = kill_local_nodes
         blob = cloudpickle.dumps((map_fun, tf_args))
-        wait_for_slots(sc, on_executors, min(reservation_timeout, 120), lambda: job.cancelled)
+        job.wait_for_slots(on_executors, min(reservation_timeout, 120))
         if driver_ps_nodes:
-            for i in range(num_ps):
-                job.check_cancelled()
-                local = dataclasses.replace(m.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
-                                            watch_jvm=False)
-                status, proc = _start_local_supervisor(local, blob, cluster_id, i)
-                local_nodes.append(proc)
-                if not status.get("ok"):
-                    raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
+            _start_driver_ps_nodes(job, meta, blob, num_ps)
         job.check_cancelled()
         launcher = make_launcher(meta, blob)
+        session = spark_session(sc)
 
-        def launch() -> list[dict[str, Any]]:
-            rdd = sc.parallelize(range(on_executors), on_executors)
-            return [json.loads(s) for s in rdd.barrier().mapPartitions(launcher).collect()]
+        def launch() -> list[m.LaunchStatus]:
+            rows = session.range(0, on_executors, 1, on_executors).mapInArrow(launcher, LAUNCH_SCHEMA,
+                                                                              barrier=True).collect()
+            return [m.LaunchStatus.from_dict(json.loads(r["s"])) for r in rows]
 
-        spark_job = job.spark_job("launch", f"tfos_nb {state.name}: start {on_executors} nodes", launch)
-        _await_running(state, spark_job, reservation_timeout)
-        job.forget(spark_job)
+        launch_job = job.spark_job("launch", f"tfos_nb {state.name}: start {on_executors} nodes", launch)
+        await_running(job, meta, launch_job, reservation_timeout)
+        job.forget(launch_job)
         job.mark_up()
-        controller.set_running()
+        job.controller.set_running()
         return cluster
     except BaseException:
         job.close()
         raise
+
+
+def _start_driver_ps_nodes(job: DriverJob, meta: dict[str, Any], blob: bytes, num_ps: int) -> None:
+    """TensorFlowOnSpark's ``driver_ps_nodes``: the ps nodes run on the driver; the job's teardown ends them."""
+    local_nodes: list[Any] = []
+
+    def kill_local_nodes() -> None:
+        for proc in local_nodes:
+            kill_tree(proc, grace=1)
+
+    job.on_teardown = kill_local_nodes
+    for i in range(num_ps):
+        job.check_cancelled()
+        local = dataclasses.replace(m.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
+                                    watch_jvm=False)
+        status, proc = start_supervisor(local, blob, driver_log_path(job.cluster_id, i))
+        local_nodes.append(proc)
+        if not status.get("ok"):
+            raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
 
 
 def _preflight(sc: Any, nodes: int, num_gpus: int | None, options: bool | dict[str, Any]) -> None:
@@ -205,11 +200,6 @@ def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_no
     if eval_node:
         roles.append(("evaluator", 0))
     return roles
-
-
-def _start_local_supervisor(meta: m.LaunchMeta, blob: bytes, cluster_id: str, i: int) -> tuple[dict[str, Any], Any]:
-    """A ps node on the driver (TensorFlowOnSpark's ``driver_ps_nodes``)."""
-    return start_supervisor(meta, blob, driver_log_path(cluster_id, i))
 
 
 def driver_log_path(cluster_id: str, i: int) -> str:

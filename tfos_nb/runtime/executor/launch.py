@@ -21,6 +21,7 @@ from typing import Any
 from .. import private
 from ..protocol import messages as m
 from ..protocol import pipes
+from ..protocol.fields import ProtocolError
 from .threads import task_cpus
 
 LAUNCH_WAIT_S = 120
@@ -63,7 +64,7 @@ def import_path(paths: list[str]) -> list[str]:
     return [p for p in paths if p and not _bundled_copy(p, dirs)]
 
 
-def _child_env(meta: m.LaunchMeta) -> dict[str, str]:
+def child_env(meta: m.LaunchMeta) -> dict[str, str]:
     env = dict(os.environ)
     env["TFOS_CLUSTER_ID"] = meta.cluster_id
     env["TFOS_DRIVER_PID"] = str(meta.driver_pid)
@@ -87,7 +88,7 @@ def spawn_detached(role: str, meta: m.LaunchMeta, log_path: str,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env=_child_env(meta),
+            env=child_env(meta),
             start_new_session=True,
         )
     finally:
@@ -135,33 +136,94 @@ def start_supervisor(meta: m.LaunchMeta, blob: bytes, log_path: str) -> tuple[di
     return status, proc
 
 
-def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callable[[Iterable[Any]], Iterator[str]]:
-    """The barrier-stage task body: one node per task."""
+def start_coordinator(meta: m.LaunchMeta, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+    """Start the coordinator process (Spark Connect); returns its status (``control``: its address) once it listens."""
+    proc, line = spawn_detached("coordinator", meta, log_path,
+                                lambda stdin: stdin.write(json.dumps(meta.to_dict()).encode() + b"\n"))
+    try:
+        status = json.loads(line) if line else {}
+    except ValueError:
+        status = {}
+    if isinstance(status, dict) and status.get("ok") is False and status.get("error"):  # it said why
+        status = {"ok": False, "error": f"the coordinator did not start: {status['error']}"}
+        proc.wait(timeout=5)
+    elif not isinstance(status, dict) or not status.get("ok"):
+        status = start_failed(proc, log_path, "the coordinator")
+    return status, proc
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """The process outlives this task; reap it when it ends (no zombie in the worker)."""
+    threading.Thread(target=proc.wait, name="tfos-reaper", daemon=True).start()
+
+
+def coordinator_log(meta: m.LaunchMeta) -> str:
+    return os.path.join(os.getcwd(), f"tfos_nb-{meta.cluster_id}-coordinator.log")
+
+
+def coordinator_status(meta: m.LaunchMeta) -> m.CoordinatorStarted:
+    """Start the coordinator from this task and say how it went (never raises: the notebook decides)."""
+    try:
+        status, proc = start_coordinator(meta, coordinator_log(meta))
+        started = m.CoordinatorStarted.from_dict(status)
+        if started.ok:
+            reap(proc)
+    except Exception as exc:  # noqa: BLE001 - reported to every task and to the notebook
+        started = m.CoordinatorStarted(error=f"{type(exc).__name__}: {exc}")
+    return started
+
+
+LAUNCH_SCHEMA = "s string"  # one row per launch task: its node's start status as JSON
+
+
+def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """The launch stage's task body, on either backend: a barrier ``mapInArrow`` function, one node per task.
+
+    With a ``coordinator`` section in the meta (Spark Connect, where executors cannot reach the
+    notebook), task 0 first starts the cluster's coordinator and the barrier's ``allGather`` hands
+    its address to every task; otherwise the nodes register with the driver's control server
+    (``meta.control``).  Each task yields one row, its node's start status as JSON (``s``);
+    task 0's carries the coordinator's status too.
+    """
     launch_meta = m.LaunchMeta.parse(meta)
 
-    def launch(_: Iterable[Any]) -> Iterator[str]:
+    def launch(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
         from pyspark import BarrierTaskContext
 
+        for _ in batches:
+            pass
         tctx = BarrierTaskContext.get()
-        node = launch_meta.first_node + tctx.partitionId()
-        res = tctx.resources().get("gpu")
-        node_meta = dataclasses.replace(
-            launch_meta,
-            node=node,
-            attempt=tctx.attemptNumber(),
-            executor_id=executor_id(),
-            spark_gpus=list(res.addresses) if res is not None else [],
-            working_dir=os.getcwd(),
-            task_cpus=task_cpus(tctx),
-        )
-        log_path = os.path.join(os.getcwd(), f"tfos_nb-{launch_meta.cluster_id}-node{node}.log")
-        try:
-            status, proc = start_supervisor(node_meta, blob, log_path)
-            # The supervisor outlives this task; reap it when it ends (no zombie in the worker).
-            threading.Thread(target=proc.wait, name="tfos-reaper", daemon=True).start()
-        except Exception as exc:  # noqa: BLE001 - the driver decides; Spark must not retry
-            status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        status["node"] = node
-        yield json.dumps(status)
+        task = tctx.partitionId()
+        node = launch_meta.first_node + task
+        control: list[Any] = list(launch_meta.control)
+        coordinator: m.CoordinatorStarted | None = None
+        why = "no control server address"
+        if launch_meta.coordinator:
+            mine = coordinator_status(launch_meta) if task == 0 else m.CoordinatorStarted()
+            gathered = tctx.allGather(json.dumps(mine.to_dict()))
+            coordinator = mine if task == 0 else None
+            try:
+                first = m.CoordinatorStarted.from_dict(json.loads(gathered[0]))
+                control, why = (first.address if first.ok else []), f"no coordinator: {first.error}"
+            except (ProtocolError, ValueError) as exc:
+                control, why = [], f"no coordinator: {exc}"
+        if not control:
+            status: dict[str, Any] = {"ok": False, "error": why}
+        else:
+            res = tctx.resources().get("gpu")
+            node_meta = dataclasses.replace(
+                launch_meta, node=node, attempt=tctx.attemptNumber(), executor_id=executor_id(),
+                spark_gpus=list(res.addresses) if res is not None else [], working_dir=os.getcwd(),
+                task_cpus=task_cpus(tctx), control=control)
+            log_path = os.path.join(os.getcwd(), f"tfos_nb-{launch_meta.cluster_id}-node{node}.log")
+            try:
+                status, proc = start_supervisor(node_meta, blob, log_path)
+                reap(proc)
+            except Exception as exc:  # noqa: BLE001 - the driver decides; Spark must not retry
+                status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        row = m.LaunchStatus.from_dict({**status, "node": node})
+        row = dataclasses.replace(row, coordinator=coordinator)
+        yield pa.RecordBatch.from_pydict({"s": [json.dumps(row.to_dict())]}, schema=pa.schema([("s", pa.string())]))
 
     return launch

@@ -1,10 +1,15 @@
 """The executor side of parallel runs: the Spark task that owns one run, and the run's process.
 
-One Spark task per run.  The task (in Spark's Python worker) registers the run
-with the driver's control server, starts the run's own process
+One Spark task per run, on either backend: the runs are one ``mapInArrow``
+stage over ``range(n)`` with ``n`` partitions (a barrier stage or not), whose
+body is :func:`make_run_task`.  The task (in Spark's Python worker) registers
+the run with its control server (the driver's, or on Spark Connect the runs'
+coordinator on an executor), starts the run's own process
 (``python -m tfos_nb.runtime run``), relays its output and ``ctx.report``
-progress in heartbeats, kills it when the driver says so, and returns the
-run's outcome and its pickled return value as the task's result.
+progress in heartbeats, kills it when the control server says so, and yields
+the run's outcome as one Arrow row (:data:`RESULT_SCHEMA`) that comes back
+through Spark's own ``collect()``.  The run's process hands its pickled value
+to the task in a file of the task's scratch directory.
 
 Why a process per run and not the Python worker itself: TensorFlow's
 configuration is fixed at its first import (thread pools from
@@ -42,7 +47,7 @@ from ..protocol import pipes
 from ..protocol.channel import ControlClient
 from . import child_main
 from .context import NodeContext, Reporter
-from .launch import _child_env, executor_id
+from .launch import child_env, executor_id
 from .owner import ChildOwner, tf_env
 from .threads import task_cpus
 
@@ -51,13 +56,20 @@ from .threads import task_cpus
 # ---------------------------------------------------------------------------
 
 
+RESULT_SCHEMA = "i int, s string, v binary"  # a run's row: its index, status (JSON), cloudpickled value (or null)
+
+
 def make_run_task(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """The task body for ``mapPartitions``: partition ``i`` runs run ``i``; yields ``(i, status, value)``."""
+    """The runs' ``mapInArrow`` body (classic and Spark Connect alike): partition ``i`` runs run ``i`` and yields
+    one row of :data:`RESULT_SCHEMA`, ``(i, status, value)``."""
     launch_meta = m.LaunchMeta.parse(meta)  # a bad meta fails here, on the driver, not in every task
 
-    def task(_: Iterable[Any]) -> Iterator[Any]:
+    def task(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
         from pyspark import BarrierTaskContext, TaskContext
 
+        for _ in batches:
+            pass
         tctx = BarrierTaskContext.get() if barrier else TaskContext.get()
         assert tctx is not None  # this runs inside a Spark task
         index = tctx.partitionId()
@@ -74,7 +86,8 @@ def make_run_task(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes, barrier: 
             status = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "tail": list(run.tail)}
             value = None
         status.update(index=index, host=run.host, executor_id=run.executor_id)
-        yield index, json.dumps(status), value
+        schema = pa.schema([("i", pa.int32()), ("s", pa.string()), ("v", pa.binary())])
+        yield pa.RecordBatch.from_pydict({"i": [index], "s": [json.dumps(status)], "v": [value]}, schema=schema)
 
     return task
 
@@ -160,7 +173,7 @@ class RunOwner(ChildOwner):
 
     def _start_child(self, blob: bytes, result_path: str) -> None:
         meta = self.meta
-        env = tf_env(_child_env(meta), meta, self.gpus, bool(self.gpus or self.spark_gpus))
+        env = tf_env(child_env(meta), meta, self.gpus, bool(self.gpus or self.spark_gpus))
         env.pop("TF_CONFIG", None)  # a single-node run: no cluster for TensorFlow to join
         info = {
             "index": self.index,

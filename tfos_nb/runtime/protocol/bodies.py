@@ -148,6 +148,52 @@ class CoordinatorMeta(Body):
 
 
 @dataclasses.dataclass(frozen=True)
+class CoordinatorStarted(Body):
+    """A coordinator's start (Spark Connect), as the task that started it hands it to the notebook: where it
+    listens (``control``: ``[host, port]``, its ``pid``), or why it did not start (``error``)."""
+
+    ok: bool = False
+    control: list[Any] = dataclasses.field(default_factory=list)
+    pid: int | None = None
+    error: str | None = None
+
+    @property
+    def address(self) -> list[Any]:
+        """``control``, checked: a started coordinator names a host and a port."""
+        if len(self.control) != 2:
+            raise ProtocolError(f"CoordinatorStarted.control: expected [host, port], got {self.control!r}")
+        return list(self.control)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchStatus(Body):
+    """A launch task's row for the driver: its node's supervisor registered (``pid``, ``host``, ``port``), or why
+    not (``error``); task 0's also carries the coordinator's start when the launch started one (Spark Connect)."""
+
+    node: int
+    ok: bool = False
+    error: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    port: int | None = None
+    coordinator: CoordinatorStarted | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LaunchStatus:
+        if not isinstance(data, dict):
+            raise ProtocolError(f"{cls.__name__}: body is not an object")
+        rest = {k: v for k, v in data.items() if k != "coordinator"}
+        status = from_dict(cls, rest)
+        if data.get("coordinator") is None:
+            return status
+        try:
+            coordinator = CoordinatorStarted.from_dict(data["coordinator"])
+        except ProtocolError as exc:
+            raise ProtocolError(f"{cls.__name__}.coordinator: {exc}") from None
+        return dataclasses.replace(status, coordinator=coordinator)
+
+
+@dataclasses.dataclass(frozen=True)
 class LaunchMeta(Body):
     """What the driver gives every Spark task that starts a cluster node or a parallel run.
 

@@ -37,10 +37,12 @@ from .bodies import (  # re-exported: every wire type is reachable as messages.X
     BeatCommand,
     Body,
     CoordinatorMeta,
+    CoordinatorStarted,
     FeedAssignment,
     FeedReleased,
     FeedVerdict,
     LaunchMeta,
+    LaunchStatus,
     NodeSpec,
     Retry,
     error_kind,
@@ -288,7 +290,8 @@ def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
 
 
 __all__ = [
-    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "Body", "Codec", "CoordinatorMeta", "FeedAssign", "FeedAssignment",
-    "FeedCheck", "FeedRelease", "FeedReleased", "FeedVerdict", "Heartbeat", "LaunchMeta", "Message", "NodeSpec",
-    "ProtocolError", "Register", "Reply", "Retry", "error_kind", "new_secret", "read_frame", "sign",
+    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "Body", "Codec", "CoordinatorMeta",
+    "CoordinatorStarted", "FeedAssign", "FeedAssignment", "FeedCheck", "FeedRelease", "FeedReleased",
+    "FeedVerdict", "Heartbeat", "LaunchMeta", "LaunchStatus", "Message", "NodeSpec", "ProtocolError", "Register",
+    "Reply", "Retry", "error_kind", "new_secret", "read_frame", "sign"
 ]

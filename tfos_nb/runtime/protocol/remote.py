@@ -4,9 +4,13 @@ On Spark Connect the notebook cannot be reached from the executors, so the
 cluster's control server (the *coordinator*) runs on an executor and the
 notebook talks to it through tiny Spark jobs whose task sends one of these
 signed messages and returns the reply body (plain JSON) to the notebook.
-A ``Snapshot``'s reply body is a :class:`ClusterSnapshot`: the coordinator builds
-it, the notebook reads it with ``ClusterSnapshot.from_dict`` (every field checked,
-nested ones too) before it applies it to its mirror.
+The task hands the reply back as an :class:`Answer` (the reply's ``ok``, ``body``
+and ``error``, or why the coordinator could not be reached).  Each request has a
+typed reply body, built by the coordinator and parsed by the notebook (every
+field checked, nested ones too; a missing or ill-typed one is a ``ProtocolError``
+naming it): a ``Snapshot``'s is a :class:`ClusterSnapshot`; a ``Command``'s is
+:class:`EpochOpened` for ``open_epoch``, :class:`Closed` for ``close``, and
+:class:`Done` for the others.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ class Snapshot(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Command(Message):
-    """The notebook asks the coordinator's Controller for a transition (one of :data:`OPS`)."""
+    """The notebook asks the coordinator's Controller for a transition (one of :data:`OPS`).
+
+    Its reply body: :class:`EpochOpened` (``open_epoch``), :class:`Closed` (``close``), else :class:`Done`.
+    """
 
     TYPE: ClassVar[str] = "command"
     op: str
@@ -58,6 +65,45 @@ class StreamBatch(Message):
     skipped: int = 0
     partitions: int = 0
     error: str | None = None
+
+
+# --------------------------------------------------------------------------
+# What an ask task brings back, and a Command's reply bodies (coordinator -> notebook)
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer(Body):
+    """The coordinator's reply as the asking task returns it to the notebook.
+
+    ``ok``/``body``/``error``: the reply's (``body``: the request's reply body, not yet parsed: the
+    asker parses it as the type its request answers with); ``unreachable``: the task could not get a
+    reply (``error`` says why: no connection, a frame the codec refused).
+    """
+
+    ok: bool
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)
+    error: str | None = None
+    unreachable: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Done(Body):
+    """A :class:`Command`'s reply body when the transition has nothing to tell (every op but two)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochOpened(Body):
+    """``open_epoch``'s reply body: the epoch the coordinator's Controller opened."""
+
+    epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Closed(Body):
+    """``close``'s reply body: the cluster's final state as the coordinator's Controller settled it."""
+
+    final: str
 
 
 # --------------------------------------------------------------------------
@@ -148,4 +194,5 @@ class ClusterSnapshot(Body):
     NESTED: ClassVar[dict[str, type[Body]]] = {"nodes": NodeSnapshot, "streams": StreamCounts}
 
 
-__all__ = ["OPS", "ClusterSnapshot", "Command", "NodeSnapshot", "Report", "Snapshot", "StreamBatch", "StreamCounts"]
+__all__ = ["OPS", "Answer", "Closed", "ClusterSnapshot", "Command", "Done", "EpochOpened", "NodeSnapshot", "Report",
+           "Snapshot", "StreamBatch", "StreamCounts"]

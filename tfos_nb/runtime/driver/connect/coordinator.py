@@ -115,10 +115,11 @@ class Coordinator:
         return m.Reply(ok=True)
 
     def _command(self, msg: remote.Command) -> m.Reply:
+        """Obey ``msg``; the reply's body is the op's typed body (see :class:`remote.Command`)."""
         ctl = self.controller
-        body: dict[str, Any] = {}
+        body: remote.Done | remote.EpochOpened | remote.Closed = remote.Done()
         if msg.op == "open_epoch":
-            body["epoch"] = ctl.open_epoch()
+            body = remote.EpochOpened(epoch=ctl.open_epoch())
         elif msg.op == "end_epoch":
             ctl.end_epoch(msg.epoch)
         elif msg.op == "request_stop":
@@ -133,11 +134,11 @@ class Coordinator:
             ctl.reset_feed_errors()
         elif msg.op == "close":
             ctl.request_kill()
-            body["final"] = ctl.finish(self.finished)
+            body = remote.Closed(final=ctl.finish(self.finished))
             self._close()
         else:
             return m.Reply(ok=False, error=f"unknown command {msg.op!r}")
-        return m.Reply(ok=True, body=body)
+        return m.Reply(ok=True, body=body.to_dict())
 
     def _close(self) -> None:
         if self.closing_since is None:

@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ...protocol import messages as m
 from ...protocol import remote
+from ...protocol.bodies import Body
 from .. import stacks
 from .. import state as S
 from ..controller import Controller
 from ..job import DriverJob
+from ..slots import connect_slots, not_enough_executors
 from .snapshot import Mirror
-from .spark_jobs import ConnectSparkJob, ask
+from .spark_jobs import ConnectSparkJob, CoordinatorError, ask
 
 KERNEL_TIMEOUT_S = 120.0  # default: the coordinator stops the job when the notebook was not heard of for this long
 POLL_S = 0.2  # pause between two snapshot jobs
 LOST_AFTER = 5  # failed snapshots in a row before the coordinator counts as lost
 COMMAND_TIMEOUT_S = 600.0  # a command job may wait for a task slot behind feeding tasks
+
+_B = TypeVar("_B", bound=Body)
 
 
 def bind_hint(spark: Any) -> str | None:
@@ -68,10 +72,10 @@ class RemoteController:
     def lost_feeds(self) -> int:
         return self.job.mirror.lost_feeds if self.job is not None else 0
 
-    def _send(self, op: str, **kw: Any) -> dict[str, Any] | None:
-        if self.job is None or self.job.meta is None:
-            return None
-        return self.job.command(op, **kw)
+    def _send(self, op: str, **kw: Any) -> None:
+        """Send a command whose reply tells nothing (:class:`remote.Done`); none before the coordinator is up."""
+        if self.job is not None and self.job.meta is not None:
+            self.job.command(op, remote.Done, **kw)
 
     def set_running(self) -> None:
         self._send("set_running")
@@ -93,8 +97,11 @@ class RemoteController:
             pass
 
     def open_epoch(self) -> int:
-        body = self._send("open_epoch")
-        epoch = int(body["epoch"]) if body else self.state.feed_epoch + 1
+        job = self.job
+        if job is not None and job.meta is not None:
+            epoch = job.command("open_epoch", remote.EpochOpened).epoch
+        else:
+            epoch = self.state.feed_epoch + 1
         with self.state.lock:
             self.state.feed_epoch = epoch
         return epoch
@@ -161,6 +168,33 @@ class ConnectDriverJob(DriverJob):
                                  heartbeat_timeout=float(local.heartbeat_timeout), kernel_timeout=float(kernel_timeout),
                                  bind=bind_hint(self.sc), kind=kind)
 
+    def wait_for_slots(self, needed: int, timeout: float) -> None:
+        """Refuse at once when the session's configuration says ``needed`` tasks cannot run together.
+
+        A Connect client cannot ask the scheduler: when the configuration does not say, a barrier
+        stage too big waits for Spark's own check.
+        """
+        found = connect_slots(self.sc)
+        if found is not None and found[0] < needed:
+            raise RuntimeError(not_enough_executors(needed, found[0], str(found[1])))
+
+    def coordinator_section(self, kind: str, notebook_timeout: float) -> dict[str, Any]:
+        """The coordinator this job's launch starts (see :meth:`coordinator_meta`)."""
+        if not notebook_timeout > 0:
+            msg = f"notebook_timeout must be a positive number of seconds, got {notebook_timeout!r}"
+            raise ValueError(msg)
+        return self.coordinator_meta(kind, notebook_timeout).to_dict()
+
+    def launched(self, meta: dict[str, Any], statuses: list[m.LaunchStatus]) -> None:
+        """The launch stage is over: its task 0 says where the coordinator listens (``meta["control"]`` from now
+        on, for every later task: feeding, streams), and the mirror follows it."""
+        started = next((s.coordinator for s in statuses if s.coordinator is not None), None)
+        if started is not None and started.ok:
+            meta["control"] = started.address
+            self.connected(meta)
+
+    reach_hint = ""  # the nodes reach the coordinator, on an executor of their own cluster
+
     def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> ConnectSparkJob:
         job = ConnectSparkJob(self.sc, f"{self.state.job_group}-{suffix}", description, action)
         self.jobs.append(job)
@@ -173,32 +207,34 @@ class ConnectDriverJob(DriverJob):
         self._poller = threading.Thread(target=self._poll_loop, name=f"tfos-poll-{self.cluster_id}", daemon=True)
         self._poller.start()
 
-    def command(self, op: str, **kw: Any) -> dict[str, Any]:
-        """Send one command through a one-task Spark job; its reply body (raises when the coordinator refused)."""
+    def command(self, op: str, kind: type[_B], **kw: Any) -> _B:
+        """Send one command through a one-task Spark job; its reply body, parsed as ``kind`` (the body ``op`` is
+        answered with, see :class:`remote.Command`).  Raises when the coordinator refused or was not reached."""
         assert self.meta is not None
         meta = self.meta
         job = ConnectSparkJob(self.sc, f"{self.state.job_group}-ctl", f"tfos_nb {self.name}: {op}",
-                              lambda: ask(self.sc, meta, remote.Command(op=op, **kw)))
+                              lambda: ask(self.sc, meta, remote.Command(op=op, **kw), kind))
         job.start()
         if not job.wait(COMMAND_TIMEOUT_S):
             job.cancel(join_timeout=1)
             msg = f"{self.name}: the coordinator did not answer {op!r} within {COMMAND_TIMEOUT_S:.0f} s"
             raise TimeoutError(msg)
-        out = job.result()
-        if not out.get("ok"):
-            msg = f"{self.name}: the coordinator refused {op!r}: {out.get('error')}"
-            raise RuntimeError(msg)
-        return dict(out.get("body") or {})
+        try:
+            out = job.result()
+        except CoordinatorError as exc:
+            why = "did not reach the coordinator" if exc.unreachable else "was refused by the coordinator"
+            raise RuntimeError(f"{self.name}: {op!r} {why}: {exc}") from None
+        assert isinstance(out, kind)
+        return out
 
     def _poll_once(self) -> remote.ClusterSnapshot | str:
         """A snapshot of the coordinator's state, or why there is none."""
         assert self.meta is not None
         msg = remote.Snapshot(logs=list(self.mirror.logs_seen), history=list(self.mirror.history_seen))
         try:
-            out = ask(self.sc, self.meta, msg)
-            if not out.get("ok"):
-                return str(out.get("error"))
-            return remote.ClusterSnapshot.from_dict(out.get("body"))
+            return ask(self.sc, self.meta, msg, remote.ClusterSnapshot)
+        except CoordinatorError as exc:
+            return str(exc)
         except Exception as exc:  # noqa: BLE001 - counted; the loop decides
             return f"{type(exc).__name__}: {exc}"
 
@@ -246,38 +282,29 @@ class ConnectDriverJob(DriverJob):
         """What the coordinator counted for the training stream of ``epoch`` (as of the last snapshot)."""
         return self.mirror.streams.get(str(epoch))
 
-    def cancel_jobs(self) -> None:
-        for job in list(self.jobs):
-            job.cancel(join_timeout=0)
-
     # -- stop ----------------------------------------------------------------------
-    def _teardown(self, wait: float) -> None:
-        try:
-            if self.meta is not None:
-                try:
-                    self.controller.request_kill()
-                except Exception:  # noqa: BLE001 - the coordinator may be gone; the nodes then stop on their own
-                    pass
-            self.cancel_jobs()  # feeding tasks free their slots, so snapshots get through
-            if self.meta is not None and self._poller is not None:  # the mirror follows the nodes
-                self._wait_nodes_ended(wait)
-            if self.on_teardown is not None:
-                self.on_teardown()
-            for job in list(self.jobs):
-                job.cancel(join_timeout=self.join_s)
-        finally:
-            self._poll_stop.set()
-            if self._poller is not None:
-                self._poller.join(timeout=30)
-            if self.meta is not None:
-                try:
-                    self.command("close")
-                    final = self._poll_once()
-                    if isinstance(final, remote.ClusterSnapshot):
-                        self.mirror.apply(final)
-                except Exception:  # noqa: BLE001 - a coordinator that cannot be reached ends on its own
-                    pass
-            self.controller.finish(self._finished)
-            import atexit
+    cancel_jobs_first = True  # feeding tasks and runs free their slots, so snapshot jobs get through
 
-            atexit.unregister(self._atexit)
+    def _send_kill(self) -> None:
+        if self.meta is not None:
+            try:
+                self.controller.request_kill()
+            except Exception:  # noqa: BLE001 - the coordinator may be gone; the nodes then stop on their own
+                pass
+
+    def _nodes_followed(self) -> bool:
+        return self.meta is not None and self._poller is not None  # the mirror follows the nodes
+
+    def _release_control(self) -> None:
+        """Stop polling, tell the coordinator to close, and apply its final snapshot to the mirror."""
+        self._poll_stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=30)
+        if self.meta is not None:
+            try:
+                self.command("close", remote.Closed)
+                final = self._poll_once()
+                if isinstance(final, remote.ClusterSnapshot):
+                    self.mirror.apply(final)
+            except Exception:  # noqa: BLE001 - a coordinator that cannot be reached ends on its own
+                pass

@@ -1,12 +1,14 @@
-"""Parallel runs on a Spark Connect session (``TFParallel.run``/``start`` send Connect sessions here).
+"""Parallel runs on a Spark Connect session: their coordinator, and a teardown that frees the runs' slots.
 
-No SparkContext, no RDDs, and executors cannot reach the notebook: as for a
-cluster (``start.py``), the runs' control server is a *coordinator*
-process on an executor, started by a one-task job, and the notebook keeps a
-mirror of its state (``job.py``: snapshot jobs, commands).  The runs are
-then one ``mapInArrow`` stage, barrier or not (see
-:mod:`...executor.run_task_connect`), whose ``collect()`` brings back each run's
-outcome as the classic path's does.
+No SparkContext, and executors cannot reach the notebook: as for a cluster,
+the runs' control server is a *coordinator* process on an executor and the
+notebook keeps a mirror of its state (``job.py``: snapshot jobs, commands).
+The runs themselves are the same ``mapInArrow`` stage as on a classic session
+(:mod:`..parallel`, :func:`...executor.run_task.make_run_task`); what differs is
+that the coordinator must listen before the first run registers, and a run's
+stage may not be a barrier one (waves), so no task of it can start the
+coordinator for the others: a one-task job does, first
+(:meth:`ConnectRunsJob.start_coordinator`).
 
 Unlike a cluster's nodes, the runs *are* Spark tasks and hold their task slots
 until they end: a snapshot or command job waits for a free slot.  While every
@@ -23,12 +25,12 @@ import json
 import time
 from typing import Any
 
-from ...executor.run_task_connect import RESULT_SCHEMA, make_connect_run_task, make_coordinator_starter
+from ...executor.launch import coordinator_status
+from ...protocol import messages as m
 from ...protocol import remote
-from .. import state as S
+from ...sessions import in_one_task
 from ..errors import python_error_line
-from ..parallel_control import RunController
-from .job import KERNEL_TIMEOUT_S, ConnectDriverJob, RemoteController
+from .job import ConnectDriverJob
 from .spark_jobs import ConnectSparkJob, ask
 
 KILL_REACH_S = 1.0  # a kill command not run by then found no free task slot: the runs' job is cancelled instead
@@ -36,7 +38,35 @@ START_TIMEOUT_S = 180.0  # the coordinator's one-task job may wait this long for
 
 
 class ConnectRunsJob(ConnectDriverJob):
-    """The runs' :class:`ConnectDriverJob`: teardown first ends the runs' job, whose tasks hold the slots."""
+    """The runs' :class:`ConnectDriverJob`: starts their coordinator first; teardown first ends the runs' job,
+    whose tasks hold the slots."""
+
+    def start_coordinator(self, meta: dict[str, Any]) -> None:
+        """Start the runs' coordinator in a one-task job and wait for it; ``meta["control"]`` is then its address,
+        and the mirror follows it."""
+        launch_meta = m.LaunchMeta.parse(meta)
+        spark, name = self.sc, self.name
+
+        def start() -> m.CoordinatorStarted:
+            answer = in_one_task(spark, lambda: json.dumps(coordinator_status(launch_meta).to_dict()))
+            return m.CoordinatorStarted.from_dict(json.loads(answer))
+
+        start_job = self.spark_job("coordinator", f"tfos_nb {name}: start the runs' coordinator", start)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not start_job.wait(0.2):
+            self.check_cancelled()
+            if time.monotonic() > deadline:
+                msg = f"{name}: the runs' coordinator did not start within {START_TIMEOUT_S:.0f} s (no free task slot?)"
+                raise TimeoutError(msg)
+        self.forget(start_job)
+        if start_job.error is not None:
+            msg = f"{name}: starting the runs' coordinator failed: {python_error_line(start_job.error)}"
+            raise RuntimeError(msg)
+        started = start_job.result()
+        if not started.ok:
+            raise RuntimeError(f"{name}: {started.error or 'the runs coordinator did not start'}")
+        meta["control"] = started.address
+        self.connected(meta)
 
     def _teardown(self, wait: float) -> None:
         try:
@@ -52,7 +82,7 @@ class ConnectRunsJob(ConnectDriverJob):
         if self.meta is not None:  # a free slot takes the kill to the coordinator: the runs stop on their own
             meta = self.meta
             kill = ConnectSparkJob(self.sc, f"{self.state.job_group}-kill", f"tfos_nb {self.name}: stop the runs",
-                                   lambda: ask(self.sc, meta, remote.Command(op="request_kill")))
+                                   lambda: ask(self.sc, meta, remote.Command(op="request_kill"), remote.Done))
             kill.start()
             started = time.monotonic()
             while not all(j.done for j in running) and time.monotonic() - started < wait:
@@ -61,46 +91,3 @@ class ConnectRunsJob(ConnectDriverJob):
                 running[0].wait(0.1)
         for job in ([kill] if kill is not None else []) + running:
             job.cancel(join_timeout=self.join_s)
-
-
-def connect_runs_job(spark: Any, state: S.ClusterState, controller: RunController, *, linger_s: float,
-                     join_s: float) -> ConnectRunsJob:
-    return ConnectRunsJob(spark, state, RemoteController(state, controller), nodes_outlive_jobs=False,
-                          linger_s=linger_s, join_s=join_s)
-
-
-def launch_connect_runs(job: ConnectRunsJob, meta: dict[str, Any], blob: bytes, n: int, barrier: bool) -> ConnectSparkJob:
-    """Start the coordinator (waits for it), then the runs' ``mapInArrow`` job; returns the runs' job."""
-    spark, name = job.sc, job.name
-    meta["roles"] = [("run", i) for i in range(n)]
-    meta["coordinator"] = job.coordinator_meta("parallel", KERNEL_TIMEOUT_S).to_dict()
-    starter = make_coordinator_starter(meta)
-
-    def start() -> dict[str, Any]:
-        rows = spark.range(0, 1, 1, 1).mapInArrow(starter, "s string").collect()
-        return dict(json.loads(rows[0]["s"]))
-
-    start_job = job.spark_job("coordinator", f"tfos_nb {name}: start the runs' coordinator", start)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not start_job.wait(0.2):
-        job.check_cancelled()
-        if time.monotonic() > deadline:
-            msg = f"{name}: the runs' coordinator did not start within {START_TIMEOUT_S:.0f} s (no free task slot?)"
-            raise TimeoutError(msg)
-    job.forget(start_job)
-    if start_job.error is not None:
-        msg = f"{name}: starting the runs' coordinator failed: {python_error_line(start_job.error)}"
-        raise RuntimeError(msg)
-    status = start_job.result()
-    if not status.get("ok"):
-        raise RuntimeError(f"{name}: {status.get('error') or 'the runs coordinator did not start'}")
-    meta["control"] = list(status["control"])
-    job.connected(meta)
-    job.check_cancelled()
-    task = make_connect_run_task(meta, blob, barrier)
-
-    def action() -> list[tuple[int, str, bytes | None]]:
-        rows = spark.range(0, n, 1, n).mapInArrow(task, RESULT_SCHEMA, barrier=barrier).collect()
-        return [(int(r["i"]), str(r["s"]), None if r["v"] is None else bytes(r["v"])) for r in rows]
-
-    return job.spark_job("launch", f"tfos_nb {name}: {n} parallel runs", action)

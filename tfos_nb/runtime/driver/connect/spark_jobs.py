@@ -8,16 +8,20 @@ of its own that tags it; ``spark.interruptTag`` cancels it).
 
 :func:`ask` runs a one-task job whose task sends one signed control message to
 the coordinator (executors can reach it; the notebook cannot) and returns the
-reply as JSON: how the notebook polls snapshots and sends commands.
+reply as a :class:`~...protocol.remote.Answer` (JSON); the notebook parses it and
+its body as the request's typed reply body: how it polls snapshots and sends
+commands.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ...protocol import messages as m
+from ...protocol import remote
+from ...protocol.bodies import Body
 from ...sessions import in_one_task
 from ..sparkjob import SparkJob
 
@@ -40,30 +44,51 @@ class ConnectSparkJob(SparkJob):
         return None
 
 
+_B = TypeVar("_B", bound=Body)
+
+
+class CoordinatorError(RuntimeError):
+    """The coordinator refused a request, or the asking task could not reach it (``unreachable``)."""
+
+    def __init__(self, error: str, unreachable: bool) -> None:
+        super().__init__(error)
+        self.unreachable = unreachable
+
+
 def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[], str]:
     secret, cluster_id, control = meta["secret"], meta["cluster_id"], (meta["control"][0], int(meta["control"][1]))
 
     def call() -> str:
         from tfos_nb.runtime.protocol import messages as mm
-        from tfos_nb.runtime.protocol import remote  # noqa: F401 - registers Snapshot/Command
+        from tfos_nb.runtime.protocol import remote  # registers Snapshot/Command
         from tfos_nb.runtime.protocol.channel import ControlClient
 
         client = ControlClient(mm.Codec(bytes.fromhex(secret), cluster_id, "notebook"), control, timeout=timeout)
         try:
             reply = client.request(msg)
-            out = {"ok": reply.ok, "body": reply.body, "error": reply.error}
+            out = remote.Answer(ok=reply.ok, body=reply.body, error=reply.error)
         except (OSError, mm.ProtocolError) as exc:
-            out = {"ok": False, "unreachable": True, "error": f"{type(exc).__name__}: {exc}"}
+            out = remote.Answer(ok=False, error=f"{type(exc).__name__}: {exc}", unreachable=True)
         finally:
             client.close()
-        return json.dumps(out)
+        return json.dumps(out.to_dict())
 
     return call
 
 
-def ask(spark: Any, meta: dict[str, Any], msg: m.Message, timeout: float = 10.0) -> dict[str, Any]:
-    """Send ``msg`` to the coordinator from a one-task Spark job; its reply as ``{"ok", "body", "error"}``."""
-    out = json.loads(in_one_task(spark, _asker(meta, msg, timeout)))
-    if not isinstance(out, dict):
-        raise ValueError("the coordinator's answer is not a JSON object")
-    return out
+def read_answer(text: str, kind: type[_B]) -> _B:
+    """What an asking task returned (an :class:`~...protocol.remote.Answer` as JSON): its body parsed as ``kind``.
+
+    Raises :class:`CoordinatorError` when the coordinator refused the request or could not be reached, and
+    ``ProtocolError`` naming the field when the answer or its body is not what it should be.
+    """
+    answer = remote.Answer.from_dict(json.loads(text))
+    if not answer.ok:
+        raise CoordinatorError(answer.error or "no reason given", answer.unreachable)
+    return kind.from_dict(answer.body)
+
+
+def ask(spark: Any, meta: dict[str, Any], msg: m.Message, kind: type[_B], timeout: float = 10.0) -> _B:
+    """Send ``msg`` to the coordinator from a one-task Spark job; its reply body, parsed as ``kind`` (the type
+    ``msg`` is answered with: see :mod:`~...protocol.remote`).  Raises as :func:`read_answer` does."""
+    return read_answer(in_one_task(spark, _asker(meta, msg, timeout)), kind)

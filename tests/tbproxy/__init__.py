@@ -1,0 +1,1 @@
+"""The TensorBoard proxy (``tfos_nb.tbproxy``) through real Jupyter servers: its fixtures are ``conftest.py``."""
