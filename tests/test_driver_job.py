@@ -184,13 +184,14 @@ def test_cancel_from_another_thread_ends_a_start_in_progress():
         job.cancel("twice")  # idempotent: the first reason stays
         t.join(5)
         assert not t.is_alive()
-        assert isinstance(errors[0], TFClusterError) and "stopped (stopped from the panel)" in str(errors[0])
-        assert st.state == S.C_FAILED and st.error == "stopped (stopped from the panel)" and st.kill_requested
+        assert isinstance(errors[0], TFClusterError) and str(errors[0]).endswith(" was stopped (stopped from the panel)")
+        # the owner's stop is a stop, not a failure: the panel, the handle and MLflow show "stopped"
+        assert st.state == S.C_STOPPED and st.error == "stopped (stopped from the panel)" and st.kill_requested
         with pytest.raises(JobCancelled, match="stopped from the panel"):
             job.mark_up()  # a start that gets this far still does not come up
     finally:
         job.close()
-    assert job.closed and st.state == S.C_FAILED
+    assert job.closed and st.state == S.C_STOPPED  # the teardown keeps it
 
 
 def test_close_runs_the_teardown_once_whoever_calls_it():

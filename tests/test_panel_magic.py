@@ -160,13 +160,13 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     button = panel.children[0]
     assert not button.disabled  # the cell has returned: clicks reach the kernel
     button.click()
-    assert st.state == "failed" and st.error == "stopped (stopped from the panel)"
+    assert st.state == "stopped" and st.error == "stopped (stopped from the panel)"
     handle._done.set()  # what the handle's thread does at the end of its run
     handle._tell_observers(final=True)
     # the cell is long over: the panel's own output becomes the final table (a new output would land elsewhere)
     assert len(pub.outputs) == 2 and pub.outputs[-1]["update"]
     assert pub.outputs[-1]["transient"] == pub.outputs[0]["transient"]
-    assert ">failed</span>" in pub.outputs[-1]["data"]["text/html"] and widget_view not in pub.outputs[-1]["data"]
+    assert ">stopped</span>" in pub.outputs[-1]["data"]["text/html"] and widget_view not in pub.outputs[-1]["data"]
 
 
 # -- one real run: Spark local-cluster, the magic, renderer html --------------------------------

@@ -38,7 +38,7 @@ class FakeJob:
 
     def cancel(self, reason: str) -> None:
         self.cancels.append(reason)
-        set_state(self.state, S.C_FAILED, f"stopped ({reason})")
+        set_state(self.state, S.C_STOPPED, f"stopped ({reason})")  # as Controller.cancel does
 
 
 class FakeCluster:
@@ -255,6 +255,7 @@ def test_stop_during_the_start_cancels_it():
     assert h.join(WAIT_S)
     assert h.error is None and h.result["stopped"] == "interrupted"
     assert h.status().error == "stopped (interrupted)" and start.cluster is None
+    assert h.state == "stopped"
 
 
 def test_timeout_stops_the_run_and_fails_the_cell():

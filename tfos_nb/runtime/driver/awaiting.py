@@ -25,7 +25,7 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
     launched = False
     while True:
         view = state.snapshot()
-        if view.state == S.C_FAILED:
+        if view.state in (S.C_FAILED, S.C_STOPPED):  # a node's start failed, or the job was cancelled
             raise error_for(view)
         if launch.done and not launched:
             launched = True

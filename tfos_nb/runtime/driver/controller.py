@@ -242,9 +242,18 @@ class Controller:
         self.state.notify()
 
     def cancel(self, reason: str) -> None:
-        """Fail the job with ``stopped (reason)`` unless it ended; nodes are killed at their next beat (idempotent)."""
+        """The job's owner stops it (a shutdown, ■, a timeout, an interrupt): it ends STOPPED with the error
+        ``stopped (reason)`` unless it ended; nodes are killed at their next beat (idempotent)."""
+        self._end(S.C_STOPPED, f"stopped ({reason})")
+
+    def fail(self, error: str) -> None:
+        """The job failed from outside its nodes (its notebook or coordinator lost): it ends FAILED with ``error``
+        unless it ended; nodes are killed at their next beat (idempotent)."""
+        self._end(S.C_FAILED, error)
+
+    def _end(self, state: str, error: str) -> None:
         with self.state.lock:
-            self._fail(f"stopped ({reason})")
+            self._mark_ended(state, error)
         self.state.notify()
 
     def open_epoch(self) -> int:
@@ -305,9 +314,13 @@ class Controller:
 
     def _fail(self, error: str) -> None:
         """Mark the cluster failed (lock held); every node is told to stop at its next beat."""
+        self._mark_ended(S.C_FAILED, error)
+
+    def _mark_ended(self, state: str, error: str) -> None:
+        """End the cluster ``state`` with ``error`` unless it ended (lock held); nodes are killed at their next beat."""
         st = self.state
-        if st.state not in (S.C_FAILED, S.C_STOPPED, S.C_FINISHED):
-            st.state = S.C_FAILED
+        if not st.ended:
+            st.state = state
             st.error = st.error or error
             st.kill_requested = True
             st.ended_at = self.clock()

@@ -42,6 +42,8 @@ def first_failure(view: S.ClusterView) -> tuple[S.NodeView | None, list[S.NodeVi
 def failure_message(view: S.ClusterView, what: str, *, given: str = "", others: str = "also failed") -> str:
     """The error text of a failed job: ``what`` names it (``cluster x``, ``parallel runs y``)."""
     n, rest = first_failure(view)
+    if n is None and view.state == S.C_STOPPED:
+        return f"{what} was {view.error or 'stopped'}"  # its owner stopped it: "... was stopped (shut down)"
     if n is None:
         return f"{what} failed: {view.error or 'unknown error'}"
     msg = f"{n.label}{given} failed on host {n.host or '?'} (executor {n.executor_id or '?'}): {n.error or 'unknown error'}"

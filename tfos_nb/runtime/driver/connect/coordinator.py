@@ -148,7 +148,7 @@ class Coordinator:
         self.controller.tick()
         now = time.monotonic()
         if self.closing_since is None and now - self.last_kernel > self.kernel_timeout:
-            self.controller.cancel(f"the notebook was not heard of for {self.kernel_timeout:.0f} s")
+            self.controller.fail(f"the notebook was not heard of for {self.kernel_timeout:.0f} s")
             self._close()
         if self.closing_since is not None:
             quiet = now - max(self.last_node, self.closing_since) > QUIET_S

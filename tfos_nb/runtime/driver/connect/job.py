@@ -255,7 +255,7 @@ class ConnectDriverJob(DriverJob):
                 elif not self._poll_stop.is_set():
                     failures += 1
                     if failures >= LOST_AFTER and not self.state.ended:
-                        self.remote.local.cancel(f"the coordinator is unreachable: {out}")
+                        self.remote.local.fail(f"the coordinator is unreachable: {out}")
                 with self._polled:
                     self._answered = asked
                     self._polled.notify_all()
