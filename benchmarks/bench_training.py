@@ -7,11 +7,16 @@ MLP 784-128-10 (Adam, global batch 128) on the same seeded synthetic 10-class da
 on the same held-out rows:
 
 * ``single``  -- ``model.fit`` in this process (the same Keras as the nodes: ``tf_keras``);
+* ``native``  -- the same program in 2 processes started by hand with ``TF_CONFIG``, each with its half
+  of the rows in memory, 64 rows a worker a step (``native_b128``: ``.batch(128)`` a worker, a global
+  batch of 256);
 * ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
   node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
-  MultiWorkerMirroredStrategy;
+  MultiWorkerMirroredStrategy (``tfos_nb_cache``: ``as_dataset(cache=True)``, one epoch fed;
+  ``tfos_nb_serial``: one epoch's feeding job at a time);
 * ``tfos``    -- TensorFlowOnSpark 2.2.5's documented form (its ``mnist_spark`` example):
-  ``from_generator`` over ``DataFeed.next_batch``, ``steps_per_epoch`` capped at 90 %, ``terminate()``.
+  ``from_generator`` over ``DataFeed.next_batch(1)``, ``steps_per_epoch`` capped at 90 %, ``terminate()``;
+  ``tfos_batched`` asks ``next_batch`` for whole batches.
 
 Wall time is run -> train -> shutdown.  After the timed runs, one more tfos_nb run (not timed;
 ``--no-breakdown`` leaves it out) times its steps and, after training, measures on the same cluster
@@ -24,7 +29,7 @@ what a step is made of:
 * ``data``      -- one more epoch drained from the feed with no model (per-batch time);
 * ``other``     -- step - compute - allreduce: Keras/Python overhead plus data stalls.
 
-Run: ``bash benchmarks/run_b2.sh`` (creates ``.venv-bench``), or directly
+Run: ``bash benchmarks/run.sh b2`` (creates ``.venv-bench``), or directly
 ``.venv-bench/bin/python benchmarks/bench_training.py --rows 40000 --epochs 3 --runs 3``.
 Writes ``benchmarks/results/b2-latest.md``.
 """
