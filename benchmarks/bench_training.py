@@ -268,6 +268,10 @@ def tfos_main(args, ctx):
     tf_feed.terminate()
 
 
+class _PortTaken(Exception):
+    """A native worker's port was taken between choosing it and TensorFlow binding it."""
+
+
 def native_node(spec_path: str) -> None:
     """One process of the native run: the same Keras program, started by hand with ``TF_CONFIG``.
 
@@ -279,7 +283,13 @@ def native_node(spec_path: str) -> None:
     spec = json.load(open(spec_path))
     import tensorflow as tf
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except tf.errors.UnknownError as exc:
+        if "Could not start gRPC server" not in str(exc):
+            raise
+        open(spec["out"] + ".port-taken", "w").close()  # the driver starts the run again on new ports
+        sys.exit(3)
     with strategy.scope():
         model = build_model(spec["model"])
     x, y = np.load(spec["x"]), np.load(spec["y"])
@@ -477,8 +487,6 @@ class Bench:
         at 40k rows, i.e. a global batch of 256), so the global batch of 128 -- what ``single`` and tfos_nb's
         ``as_dataset(batch_size=128)`` train on, 313 steps an epoch -- is ``.batch(64)`` on each of 2 workers.
         """
-        import subprocess
-
         import numpy as np
 
         run_dir = tempfile.mkdtemp(dir=self.tmp)
@@ -490,6 +498,19 @@ class Bench:
                 np.save(xs, self.x_train[idx])
                 np.save(ys, self.y_train[idx])
                 self.native_halves.append((xs, ys))
+        for attempt in (1, 2):
+            try:
+                return self._native_once(run_dir, export_dir, per_worker_batch)
+            except _PortTaken:
+                # _free_ports' ports were free when it closed them; another process (a Spark or TensorFlowOnSpark
+                # process of an earlier variant) can take one before TensorFlow binds it: a harness race, not the
+                # program's cost, so the run starts again on new ports
+                log.warning("native: a worker could not bind its port (attempt %d); starting again", attempt)
+        raise RuntimeError("native: the workers could not bind free ports twice")
+
+    def _native_once(self, run_dir, export_dir, per_worker_batch):
+        import subprocess
+
         ports = _free_ports(NODES)
         workers = ["127.0.0.1:%d" % p for p in ports]
         env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
@@ -508,9 +529,19 @@ class Bench:
             outs.append(spec["out"])
             procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--native-node", spec_path],
                                           env=dict(env, TF_CONFIG=json.dumps(tf_config))))
-        codes = [p.wait(timeout=1800) for p in procs]
+        deadline = time.monotonic() + 1800
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break  # one worker failed: its peers would wait for it in the strategy's first collective
+            time.sleep(0.05)
         wall = time.perf_counter() - t0
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        codes = [p.wait() for p in procs]
         if any(codes):
+            if any(os.path.exists(o + ".port-taken") for o in outs):
+                raise _PortTaken()
             raise RuntimeError("native node exit codes %s" % codes)
         chief = json.load(open(outs[0]))
         log.info("native: %d steps on the chief, %.1f ms a step after the first epoch", chief["steps"], 1000 * (chief["step"] or 0))
