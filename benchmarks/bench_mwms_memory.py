@@ -28,11 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench_training import _free_ports, build_model  # this directory is on the path: benchmarks are scripts
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "b5-mwms-native.md"
@@ -78,11 +79,7 @@ def worker(dataset: str, steps: int) -> None:
         return ds.with_options(opts)
 
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(784,)),
-                                     tf.keras.layers.Dense(128, activation="relu"),
-                                     tf.keras.layers.Dense(10, activation="softmax")])
-        model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=1e-3),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model = build_model("mlp")  # B2's and B5's model, compiled as they compile it
 
     class Count(tf.keras.callbacks.Callback):
         steps = 0
@@ -97,17 +94,6 @@ def worker(dataset: str, steps: int) -> None:
     seconds = time.perf_counter() - t0
     print(json.dumps({"before_kib": before, "after_kib": _status_kib("VmRSS"), "hwm_kib": _status_kib("VmHWM"),
                       "keras_steps": Count.steps, "seconds": seconds}), flush=True)
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def measure(dataset: str, steps: int, workers: int) -> list[dict]:
