@@ -172,8 +172,11 @@ class Kernel:
 
     def value(self, expr: str) -> Any:
         _, msgs = self.run(f"import json as _json\nprint('>>>' + _json.dumps({expr}))")
-        line = next(s for s in _text(msgs).splitlines() if s.startswith(">>>"))
-        return json.loads(line[3:])
+        # Not at a line's start: a --background job's thread may have printed into this cell just before,
+        # without a newline yet (its lines reach whatever cell runs then).
+        text = _streams(msgs)
+        assert ">>>" in text, text[-3000:]
+        return json.loads(text.rsplit(">>>", 1)[1].splitlines()[0])
 
     def close(self) -> None:
         self.kc.stop_channels()
