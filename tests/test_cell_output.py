@@ -37,6 +37,12 @@ NOISE = [
     "appropriate compiler flags.",
     "[worker:1] I0000 00:00:1795340575.021916   12546 cudart_stub.cc:31] Could not find cuda drivers",
     "[run:3] 2026-11-22 09:41:58.123456: W external/local_xla/xla/tsl/lib/monitoring/collection_registry.cc:81] x",
+    # the two unprefixed lines ending an absl "Failed to send heartbeat" record of a worker whose chief exited first
+    # (captured from a B5 run: a successful MultiWorkerMirroredStrategy fit, 2026-11-24)
+    "[worker:0] Additional GRPC error information from remote target /job:chief/replica:0/task:0 while calling "
+    "/tensorflow.CoordinationService/Heartbeat:",
+    '[worker:0] :UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses; last error: '
+    'UNKNOWN: ipv4:192.0.2.2:23852: Failed to connect to remote host: Connection refused", grpc_status:14}',
 ]
 KEPT = [
     "user print chief",
@@ -50,6 +56,7 @@ KEPT = [
     "WARNING:tensorflow:5 out of the last 5 calls to <function> triggered tf.function retracing.",
     "[tfos] chief:0 failed; starting again (attempt 2 of 2)",
     "2026-11-22 09:41:58 loss 0.3",
+    "Error received from peer: retrying in 5 s",
     "",
 ]
 

@@ -17,7 +17,12 @@ never by words a user's own print could contain:
   path:line] …`` (oneDNN, ``cpu_feature_guard``);
 * the few fixed lines those loggers print without a prefix (absl's
   ``WARNING: All log messages before absl::InitializeLog() …`` and the
-  continuation of ``cpu_feature_guard``'s message).
+  continuation of ``cpu_feature_guard``'s message);
+* the unprefixed lines that end a gRPC error record: TensorFlow's ``Additional
+  GRPC error information from remote target …`` and gRPC core's status string
+  ``:UNAVAILABLE:Error received from peer  {…}`` (a worker's last heartbeat to a
+  chief that already exited, at the end of a successful
+  MultiWorkerMirroredStrategy run).
 
 Fatal lines (``F…``: a failed CHECK, the process aborts) are always shown.
 """
@@ -32,6 +37,8 @@ __all__ = ["is_native_noise", "quiet_lines"]
 _LABEL = re.compile(r"^\[[\w.-]+:\d+\] ")  # "[worker:1] " as the handle tags node lines
 _ABSL = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d+(?:\.\d+)?\s+\d+ [\w./+-]+:\d+\] ")
 _TF_CPP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?: [IWE] [\w./+-]+:\d+\] ")
+_GRPC = re.compile(r"^(?:Additional GRPC error information from remote target \S+ while calling \S+:$"
+                   r"|:[A-Z_]+:Error received from peer  \{)")
 _FIXED = (
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "To enable the following instructions: ",  # cpu_feature_guard's second line
@@ -41,7 +48,7 @@ _FIXED = (
 def is_native_noise(line: str) -> bool:
     """True for a line of TensorFlow/XLA/absl native logging (tagged ``[role:index] `` or not)."""
     text = _LABEL.sub("", line, count=1)
-    return bool(_ABSL.match(text) or _TF_CPP.match(text) or text.startswith(_FIXED))
+    return bool(_ABSL.match(text) or _TF_CPP.match(text) or _GRPC.match(text) or text.startswith(_FIXED))
 
 
 def quiet_lines(lines: Iterable[str]) -> list[str]:
