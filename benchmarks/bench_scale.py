@@ -13,19 +13,25 @@ the executor JVMs' memory -- their RSS would then grow with the row count, the v
 checks does not happen.  The feeding tasks read Parquet, Spark converts the rows to Arrow
 (``mapInArrow``) and the Python workers send them to the nodes in batches of ``batch_rows`` (1,024).
 
-Two node programs, each one epoch (``cluster.train(df, num_epochs=1)``) on 2 nodes:
+Three modes (``--modes``), each one Spark application:
 
-* ``numpy`` -- the node drains its feed into numpy (``feed.next_batch_arrays(128)``);
+* ``numpy`` -- the node drains its feed into numpy (``feed.next_batch_arrays(128)``); the application's
+  first epoch (``cluster.train(df, num_epochs=1)``, "cold": the executors' first Parquet scan, its code
+  generation and JIT) is timed, then a second one ("warm": every later epoch of a job);
 * ``fit``   -- the node trains the MLP 784-128-10 (Adam) under MultiWorkerMirroredStrategy with
-  ``model.fit(feed.as_dataset(128, columns=(0, 1)), epochs=1)`` (B2's tfos_nb program).
+  ``model.fit(feed.as_dataset(128, columns=(0, 1)), epochs=1)`` (B2's tfos_nb program), one epoch;
+* ``spark`` -- Spark alone, the reference: a trivial Python stage on both executors (as tfos_nb's launch
+  starts their Python workers), then the same rows through ``df.mapInArrow`` into float32 numpy slices of
+  1,024 rows (what a feeding task does, minus sending them to a node), cold then warm; no tfos_nb.
 
-rows/s = rows / wall time of ``cluster.train()``; it starts once both nodes are ready to read (their
-imports, the strategy and the model are built before), so it holds the feed and, for ``fit``,
-the first step's tracing.
+rows/s = rows / wall time of ``cluster.train()`` (of the ``mapInArrow`` job for ``spark``); it starts
+once both nodes are ready to read (their imports, the strategy and the model are built before), so it
+holds the feed and, for ``fit``, the first step's tracing.
 
-Memory: each measurement is a Spark application of its own (``local-cluster[2,1,3072]``), so that
-every process's peak belongs to that measurement alone (a JVM's heap and a reused Python worker keep
-their high-water mark for their lifetime).  A sampler thread in the driver walks the driver's
+Memory: each measurement is a process of its own with its own Spark application (``local-cluster[2,1,3072]``),
+so that every process's peak belongs to that measurement alone (a JVM's heap and a reused Python worker keep
+their high-water mark for their lifetime; PySpark keeps its driver JVM, the py4j gateway, for the life of the
+Python process, so one process per measurement is what gives each its own driver JVM).  A sampler thread in the driver walks the driver's
 process tree every 0.2 s with psutil and classifies processes by command line: the driver (this
 Python), the driver JVM (it also hosts local-cluster's master and worker), each executor JVM, each
 Python worker forked by ``pyspark.daemon`` (the feeding tasks run there), each node's supervisor and
@@ -34,8 +40,11 @@ exits even if it is re-parented.  Peak = the largest sampled RSS; the kernel's o
 (``VmHWM`` in /proc/PID/status, which catches peaks between samples) is shown beside it.  The
 driver's high-water mark is reset (``/proc/self/clear_refs``) when the measurement starts.
 
+The JVMs log every collection (``-Xlog:gc``): each one's heap after a collection (what is still live) and
+its committed heap, so that a JVM's RSS growth can be told apart from data it keeps.
+
 Run: ``bash benchmarks/run.sh b5`` or
-``.venv-bench/bin/python benchmarks/bench_scale.py --rows 100000,1000000 --modes numpy,fit --runs 1``.
+``.venv-bench/bin/python benchmarks/bench_scale.py --rows 100000,1000000 --modes spark,numpy,fit --runs 1``.
 Writes ``benchmarks/results/b5-latest.md``.
 """
 from __future__ import annotations
@@ -46,6 +55,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -320,14 +330,20 @@ class Sampler(threading.Thread):
 # --------------------------------------------------------------------------------------
 
 def measure(opts, files: list[str], rows: int, mode: str) -> dict:
+    tmp = tempfile.mkdtemp(prefix="tfos-b5-")
+    try:
+        return _measure(opts, files[:rows // opts.rows_per_file], rows, mode, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _measure(opts, paths: list[str], rows: int, mode: str, tmp: str) -> dict:
     from pyspark.sql import SparkSession
 
-    from tfos_nb import TFCluster
-
-    tmp = tempfile.mkdtemp(prefix="tfos-b5-")
-    n_files = rows // opts.rows_per_file
-    paths = files[:n_files]
     file_bytes = max(os.path.getsize(p) for p in paths)
+    gc_dir = os.path.join(tmp, "gc")
+    os.makedirs(gc_dir)
+    gc_opt = "-Xlog:gc:file=%s/gc-%%p.log" % gc_dir
     sampler = Sampler(opts.interval)
     try:
         with open("/proc/self/clear_refs", "w") as f:  # the driver's VmHWM from here on
@@ -342,6 +358,8 @@ def measure(opts, files: list[str], rows: int, mode: str) -> dict:
              .config("spark.ui.showConsoleProgress", "false")
              # one partition per file: no split (files < maxPartitionBytes), no packing (two files > it)
              .config("spark.sql.files.maxPartitionBytes", str(int(file_bytes * 1.5)))
+             .config("spark.driver.extraJavaOptions", gc_opt)
+             .config("spark.executor.extraJavaOptions", gc_opt)
              .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
              .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]))
         for k, v in {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
@@ -352,54 +370,76 @@ def measure(opts, files: list[str], rows: int, mode: str) -> dict:
         spark.sparkContext.setLogLevel("ERROR")
         df = spark.read.parquet(*paths)  # not cached: read from Parquet by the feeding tasks
         parts = df.rdd.getNumPartitions()
-        if parts != n_files:
-            raise RuntimeError("expected one partition per file (%d), got %d" % (n_files, parts))
-        out_dir = os.path.join(tmp, "out")
-        os.makedirs(out_dir)
-        args = {"batch": BATCH, "out_dir": out_dir, "vm": _vm}
-        fn = numpy_main if mode == "numpy" else fit_main
-        t_run = time.perf_counter()
-        cluster = TFCluster.run(spark.sparkContext, fn, args, NODES, num_ps=0,
-                                input_mode=TFCluster.InputMode.SPARK, master_node="chief")
-        try:
-            deadline = time.monotonic() + 300
-            while len([f for f in os.listdir(out_dir) if f.startswith("ready-")]) < NODES:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the nodes were not ready to read in 300 s")
-                time.sleep(0.05)
-            t_ready = time.perf_counter()
-            t0, w0 = time.perf_counter(), time.time()
-            cluster.train(df, num_epochs=1)
-            wall = time.perf_counter() - t0
-            fed = cluster.last_feed
-        finally:
-            cluster.shutdown()
-        nodes = [json.load(open(os.path.join(out_dir, "node-%d.json" % i))) for i in range(NODES)]
-        log.info("nodes: %s", nodes)
-        sampler.stop()  # the peaks are the feed's; what follows is not sampled
-        floors = parquet_floors(spark, df, rows) if opts.floors and mode == "numpy" else {}
+        if parts != len(paths):
+            raise RuntimeError("expected one partition per file (%d), got %d" % (len(paths), parts))
+        if mode == "spark":
+            res = spark_alone(spark, df, rows)
+        else:
+            res = feed_nodes(spark, df, rows, mode, tmp)
+        sampler.stop()  # the peaks are the measurement's; the application's end is not sampled
     finally:
         if spark is not None:
-            spark.stop()
+            spark.stop()  # the JVMs exit: their GC logs are complete
         sampler.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    procs = sampler.report()
+    res.update({"rows": rows, "mode": mode, "procs": procs, "samples": sampler.samples, "file MiB": file_bytes / MIB,
+                "gc": gc_by_kind(gc_dir, procs)})
+    return res
+
+
+def feed_nodes(spark, df, rows: int, mode: str, tmp: str) -> dict:
+    """tfos_nb: 2 nodes running ``mode``'s program, fed ``df`` by ``cluster.train`` (numpy: twice, cold then warm)."""
+    from tfos_nb import TFCluster
+
+    out_dir = os.path.join(tmp, "out")
+    os.makedirs(out_dir)
+    args = {"batch": BATCH, "out_dir": out_dir, "vm": _vm}
+    fn = numpy_main if mode == "numpy" else fit_main
+    t_run = time.perf_counter()
+    cluster = TFCluster.run(spark.sparkContext, fn, args, NODES, num_ps=0,
+                            input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+    warm = None
+    try:
+        deadline = time.monotonic() + 300
+        while len([f for f in os.listdir(out_dir) if f.startswith("ready-")]) < NODES:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the nodes were not ready to read in 300 s")
+            time.sleep(0.05)
+        t_ready = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time()
+        cluster.train(df, num_epochs=1)
+        wall = time.perf_counter() - t0
+        fed = dict(cluster.last_feed)
+        if mode == "numpy":  # the same rows again in the same application: an epoch after the first
+            t0 = time.perf_counter()
+            cluster.train(df, num_epochs=1)
+            warm = time.perf_counter() - t0
+            if cluster.last_feed["rows"] != rows:
+                raise RuntimeError("warm epoch fed %s rows, expected %d" % (cluster.last_feed, rows))
+    finally:
+        cluster.shutdown()
+    nodes = [json.load(open(os.path.join(out_dir, "node-%d.json" % i))) for i in range(NODES)]
+    log.info("nodes: %s", nodes)
     if fed["rows"] != rows:
         raise RuntimeError("fed %s rows, expected %d" % (fed, rows))
-    res = {"rows": rows, "mode": mode, "wall": wall, "rows/s": rows / wall, "ready s": t_ready - t_run,
-           "nodes": nodes, "procs": sampler.report(), "samples": sampler.samples, "file MiB": file_bytes / MIB,
-           "floors": floors}
+    res = {"wall": wall, "rows/s": rows / wall, "ready s": t_ready - t_run, "nodes": nodes}
     if mode == "numpy":
         res["node rows"] = [n["rows"] for n in nodes]
         res["first batch s"] = min(n["first"] for n in nodes) - w0
+        res["warm wall"], res["warm rows/s"] = warm, rows / warm
     else:
         res["node steps"] = [n["steps"] for n in nodes]
         res["fit s"] = max(n["fit"] for n in nodes)
         res["accuracy"] = nodes[0]["accuracy"]
-        warm = [n for n in nodes if n.get("warm")]
-        if warm:  # steps after the first 50 (tracing, the first collectives): steady rows/s of the 2 nodes
-            steady = [(n["end"] - n["warm"], (n["steps"] - 50) / n["steps"]) for n in warm]
+        steady_nodes = [n for n in nodes if n.get("warm")]
+        if steady_nodes:  # steps after the first 50 (tracing, the first collectives): steady rows/s of the 2 nodes
+            steady = [(n["end"] - n["warm"], (n["steps"] - 50) / n["steps"]) for n in steady_nodes]
             res["steady rows/s"] = rows * statistics.mean(f for _, f in steady) / max(t for t, _ in steady)
     return res
+
+
+def _noop(it):
+    yield from it
 
 
 def _ceiling(it):
@@ -415,23 +455,46 @@ def _ceiling(it):
     yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
 
 
-def parquet_floors(spark, df, rows: int) -> dict:
-    """What Spark alone needs for the same rows, same partitions, same 2 executors (after the feed, not sampled):
-    ``decode`` -- Parquet read + decode in the JVM (``sum(size(features))``); ``arrow`` -- the same plus the JVM's
-    rows -> Arrow conversion and the Python workers' Arrow -> numpy (``mapInArrow``), as the feeding tasks do minus
-    sending to the nodes."""
-    out = {}
-    try:
-        t0 = time.perf_counter()
-        df.selectExpr("sum(size(features))").collect()
-        out["decode"] = rows / (time.perf_counter() - t0)
+def spark_alone(spark, df, rows: int) -> dict:
+    """The reference, in a fresh application: a trivial Python stage on the 2 executors (tfos_nb's launch starts
+    their Python workers the same way), then ``df.mapInArrow`` of the features into float32 numpy slices (the
+    JVM's Parquet decode and rows -> Arrow, the Python workers' Arrow -> numpy: a feeding task's work minus sending
+    to a node), the application's first scan ("cold") and a second one ("warm")."""
+    spark.range(0, NODES, numPartitions=NODES).mapInArrow(_noop, "id long").collect()
+    walls = []
+    for _ in range(2):
         t0 = time.perf_counter()
         n = sum(r["n"] for r in df.select("features").mapInArrow(_ceiling, "n long").collect())
-        out["arrow"] = rows / (time.perf_counter() - t0)
+        walls.append(time.perf_counter() - t0)
         if n != rows:
-            raise RuntimeError("ceiling saw %d rows" % n)
-    except Exception:
-        log.exception("Parquet floors failed")
+            raise RuntimeError("mapInArrow saw %d rows, expected %d" % (n, rows))
+    return {"wall": walls[0], "rows/s": rows / walls[0], "warm wall": walls[1], "warm rows/s": rows / walls[1]}
+
+
+_GC_LINE = re.compile(r"GC\(\d+\) Pause .*? (\d+)M->(\d+)M\((\d+)M\)")
+
+
+def gc_by_kind(gc_dir: str, procs: list[dict]) -> dict[str, dict]:
+    """Each JVM's collections from its ``-Xlog:gc`` file, by kind: the largest heap left after a collection (an upper
+    bound of what it keeps live), the largest committed heap, and the number of pauses."""
+    kinds = {p["pid"]: p["kind"] for p in procs}
+    out: dict[str, dict] = {}
+    for name in os.listdir(gc_dir):
+        m = re.match(r"gc-(\d+)\.log", name)
+        kind = kinds.get(int(m.group(1))) if m else None
+        if kind is None:
+            log.info("GC log %s: not a JVM the sampler saw", name)
+            continue
+        after, committed, pauses = 0, 0, 0
+        with open(os.path.join(gc_dir, name)) as f:
+            for line in f:
+                g = _GC_LINE.search(line)
+                if g:
+                    pauses += 1
+                    after, committed = max(after, int(g.group(2))), max(committed, int(g.group(3)))
+        d = out.setdefault(kind, {"after": 0, "committed": 0, "pauses": 0})
+        d["after"], d["committed"] = max(d["after"], after), max(d["committed"], committed)
+        d["pauses"] += pauses
     return out
 
 
@@ -473,35 +536,67 @@ def med(vals):
     return statistics.median(vals) if vals else None
 
 
+PROGRAMS = {"spark": "Spark alone: `mapInArrow` → numpy, no nodes", "numpy": "drain into numpy (`next_batch_arrays(128)`)",
+            "fit": "`model.fit` MLP 784-128-10, MWMS"}
+
+
 def tables(results: dict, opts) -> str:
     lines = []
     small, big = min(opts.rows), max(opts.rows)
-    lines += ["### Throughput (one epoch; rows/s = rows / `cluster.train()` wall; median of %d)" % opts.runs, "",
-              "| node program | rows | `train()` wall | rows/s | range | 1M vs 100k | other |", "|---|---|---|---|---|---|---|"]
+
+    def rate_cells(rows: int, mode: str, key: str, wall_key: str) -> list[str]:
+        rs = [r for r in results.get((rows, mode), []) if r.get(key)]
+        if not rs:
+            return ["–", ""]
+        rate = med([r[key] for r in rs])
+        base = med([r[key] for r in results.get((small, mode), []) if r.get(key)])
+        spread = "" if len(rs) == 1 else " (%s–%s)" % (f"{min(r[key] for r in rs):,.0f}", f"{max(r[key] for r in rs):,.0f}")
+        return ["%s%s in %.1f s" % (f"{rate:,.0f}", spread, med([r[wall_key] for r in rs])),
+                "%.2f×" % (rate / base) if rows != small and base else ""]
+
+    lines += ["### Throughput (rows/s = rows / the epoch's wall: `cluster.train()`, or Spark's `mapInArrow` job; "
+              "median of %d)" % opts.runs, "",
+              "The application's first epoch is cold (the executors' first Parquet scan: class loading, code generation, "
+              "JIT); an epoch after it is warm, as every later epoch of a job.", "",
+              "| program | rows | first epoch: rows/s | 1M vs 100k | later epoch: rows/s | 1M vs 100k | other |",
+              "|---|---|---|---|---|---|---|"]
     for mode in opts.modes:
         for rows in opts.rows:
             rs = results.get((rows, mode), [])
             if not rs:
-                lines.append("| %s | %s | FAILED | | | | |" % (mode, f"{rows:,}"))
+                lines.append("| %s | %s | FAILED | | | | |" % (PROGRAMS[mode], f"{rows:,}"))
                 continue
-            rate = med([r["rows/s"] for r in rs])
-            base = med([r["rows/s"] for r in results.get((small, mode), [])])
             other = []
             if mode == "fit":
                 other.append("steady (after step 50) %s rows/s" % f"{med([r.get('steady rows/s') for r in rs]) or 0:,.0f}")
                 other.append("fit %.1f s, accuracy %.3f" % (med([r["fit s"] for r in rs]), med([r["accuracy"] for r in rs])))
-            else:
+            if mode == "numpy":
                 other.append("first batch %.1f s after train()" % med([r["first batch s"] for r in rs]))
-                for k, what in (("decode", "Spark alone: Parquet decode"), ("arrow", "decode + JVM→Arrow→numpy (mapInArrow)")):
-                    v = med([r.get("floors", {}).get(k) for r in rs])
-                    if v:
-                        other.append("%s %s rows/s" % (what, f"{v:,.0f}"))
-            other.append("nodes ready %.1f s after run()" % med([r["ready s"] for r in rs]))
-            lines.append("| %s | %s | %.1f s | %s | %s | %s | %s |" % (
-                {"numpy": "drain into numpy (`next_batch_arrays(128)`)",
-                 "fit": "`model.fit` MLP 784-128-10, MWMS"}[mode], f"{rows:,}", med([r["wall"] for r in rs]),
-                f"{rate:,.0f}", "%s–%s" % (f"{min(r['rows/s'] for r in rs):,.0f}", f"{max(r['rows/s'] for r in rs):,.0f}"),
-                "%.2f×" % (rate / base) if rows != small and base else "", "; ".join(other)))
+            if mode != "spark":
+                other.append("nodes ready %.1f s after run()" % med([r["ready s"] for r in rs]))
+            lines.append("| %s | %s | %s | %s | %s |" % (
+                PROGRAMS[mode], f"{rows:,}", " | ".join(rate_cells(rows, mode, "rows/s", "wall")),
+                " | ".join(rate_cells(rows, mode, "warm rows/s", "warm wall")), "; ".join(other)))
+    gc_rows = []
+    for mode in opts.modes:
+        per_rows = {rows: [r.get("gc", {}) for r in results.get((rows, mode), [])] for rows in (small, big)}
+        kinds = sorted({k for gs in per_rows.values() for g in gs for k in g}, key=kind_key)
+        for k in kinds:
+            def gcell(rows, field, k=k):
+                return med([g[k][field] for g in per_rows[rows] if k in g])
+            cells = []
+            for field in ("after", "committed"):
+                a, b = gcell(small, field), gcell(big, field)
+                cells.append("%s → %s%s" % ("%.0f" % a if a is not None else "–", "%.0f" % b if b is not None else "–",
+                                            " (%.2f×)" % (b / a) if a and b else ""))
+            gc_rows.append("| %s | %s | %s | %s |" % (mode, k, " | ".join(cells), " → ".join(
+                "%.0f" % v for v in (gcell(small, "pauses"), gcell(big, "pauses")) if v is not None)))
+    if gc_rows:
+        lines += ["", "### JVM heaps (MiB, from `-Xlog:gc`, %s → %s rows): the largest heap left after a collection "
+                  "(an upper bound of what the JVM keeps live) and the largest committed heap (what its RSS follows)"
+                  % (f"{small:,}", f"{big:,}"), "",
+                  "| program | JVM | heap after a collection | committed heap | collections |", "|---|---|---|---|---|",
+                  *gc_rows]
     for mode in opts.modes:
         lines += ["", "### Peak RSS (MiB), node program `%s`: largest sampled RSS (kernel high-water mark VmHWM); "
                   "median over runs of the largest process of each kind" % mode, "",
@@ -517,7 +612,7 @@ def tables(results: dict, opts) -> str:
             lines.append("| %s | %s | %s | %s | %s |" % (
                 k, cnt, "%.0f (%.0f)" % (a / MIB, ah / MIB) if a else "–", "%.0f (%.0f)" % (b / MIB, bh / MIB) if b else "–",
                 "%.2f×" % (b / a) if a and b else ""))
-        nodes = [(rows, n) for rows in (small, big) for r in results.get((rows, mode), []) for n in r["nodes"]]
+        nodes = [(rows, n) for rows in (small, big) for r in results.get((rows, mode), []) for n in r.get("nodes", [])]
         if nodes:
             lines += ["", "node processes (own /proc figures): RSS when ready to read → VmHWM at the end: " + "; ".join(
                 "%s rows %.0f → %.0f MiB (+%.0f)" % (f"{rows:,}", n["ready_rss"] / MIB, n["hwm"] / MIB,
@@ -540,7 +635,7 @@ def per_batch_memory(results: dict, opts) -> str:
              "`_QUEUE_BATCHES` = %d batches (%.0f MiB) and holds at most two epochs' queues (the next epoch's feeders "
              "are in flight while this one is read): at most %.0f MiB of queued rows a node, whatever the row count."
              % (row_bytes, batch_rows, per_batch / MIB, q, q * per_batch / MIB, 2 * q * per_batch / MIB)]
-    grow = [(r["rows"], r["mode"], n["hwm"] - n["ready_rss"]) for rs in results.values() for r in rs for n in r["nodes"]]
+    grow = [(r["rows"], r["mode"], n["hwm"] - n["ready_rss"]) for rs in results.values() for r in rs for n in r.get("nodes", [])]
     if grow:
         lines.append("Measured: a node's growth from ready-to-read to its high-water mark: " + "; ".join(
             "%s rows %s %.0f MiB" % (f"{rows:,}", mode, g / MIB) for rows, mode, g in grow) + ".")
@@ -550,7 +645,8 @@ def per_batch_memory(results: dict, opts) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="100000,1000000", help="comma-separated row counts (multiples of --rows-per-file)")
-    p.add_argument("--modes", default="numpy,fit", help="numpy: drain into numpy; fit: model.fit under MWMS")
+    p.add_argument("--modes", default="spark,numpy,fit",
+                   help="spark: Spark alone (mapInArrow to numpy); numpy: nodes drain into numpy; fit: model.fit under MWMS")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--rows-per-file", type=int, default=25_000)
     p.add_argument("--cache-dir", default=os.environ.get("TFOS_BENCH_CACHE", os.path.join(tempfile.gettempdir(), "tfos-bench-cache")),
@@ -559,11 +655,11 @@ def main(argv=None):
     p.add_argument("--separation", type=float, default=0.105)
     p.add_argument("--master", default="local-cluster[2,1,3072]")
     p.add_argument("--interval", type=float, default=0.2, help="RSS sampling interval (s)")
-    p.add_argument("--no-floors", dest="floors", action="store_false",
-                   help="leave out Spark's own rates on the same data (Parquet decode; + mapInArrow to numpy)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "b5-latest.md"))
     p.add_argument("--executor-env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable for the executors and the nodes they start (repeatable)")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # ROWS:MODE -- one measurement, in this (child) process
+    p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--write-data", help=argparse.SUPPRESS)
     p.add_argument("--files", type=int, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
@@ -573,8 +669,8 @@ def main(argv=None):
         return 0
     opts.rows = [int(r) for r in opts.rows.split(",") if r]
     opts.modes = [m for m in opts.modes.split(",") if m]
-    if any(r % opts.rows_per_file for r in opts.rows) or set(opts.modes) - {"numpy", "fit"}:
-        p.error("--rows must be multiples of --rows-per-file; --modes numpy,fit")
+    if any(r % opts.rows_per_file for r in opts.rows) or set(opts.modes) - {"spark", "numpy", "fit"}:
+        p.error("--rows must be multiples of --rows-per-file; --modes among spark,numpy,fit")
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -582,6 +678,12 @@ def main(argv=None):
     if ROOT not in pp.split(os.pathsep):
         os.environ["PYTHONPATH"] = ROOT + (os.pathsep + pp if pp else "")
     files = ensure_data(opts)
+    if opts.one:
+        rows, mode = opts.one.split(":")
+        res = measure(opts, files, int(rows), mode)
+        with open(opts.result, "w") as f:
+            json.dump(res, f, default=str)
+        return 0
     results: dict = {}
     failures = []
     t_all = time.perf_counter()
@@ -589,7 +691,7 @@ def main(argv=None):
         for mode in opts.modes:
             for rows in (opts.rows if rep % 2 == 0 else opts.rows[::-1]):  # alternate the order per repetition
                 try:
-                    r = measure(opts, files, rows, mode)
+                    r = measure_in_child(argv, rows, mode)
                 except Exception as e:
                     log.exception("%s %d rows failed", mode, rows)
                     failures.append("%s %d rows: %s: %s" % (mode, rows, type(e).__name__, str(e).strip().splitlines()[:1]))
@@ -601,7 +703,7 @@ def main(argv=None):
     head = ("B5 scale and memory — %s, %s cores, %s, %.1f GiB; one epoch of Parquet rows × %d float32 + int32 label "
             "(%d rows a file and a partition, %.0f MiB a file, snappy), not cached; %d nodes, batch %d, "
             "cluster.train's batch_rows 1024; %s, spark.ui off, executors' TF/OMP threads 1; "
-            "one Spark application per measurement; %d run(s); total %.0f s") % (
+            "one process and Spark application per measurement; %d run(s); total %.0f s") % (
         _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), os.cpu_count(), platform.machine(),
         _mem_gib(), FEATURES, opts.rows_per_file, max([r["file MiB"] for rs in results.values() for r in rs] or [0]),
         NODES, BATCH, opts.master, opts.runs, total)
@@ -619,6 +721,23 @@ def main(argv=None):
     with open(os.path.splitext(opts.out)[0] + ".json", "w") as f:
         json.dump([{k: v for k, v in r.items()} for rs in results.values() for r in rs], f, indent=1, default=str)
     return 1 if failures else 0
+
+
+def measure_in_child(argv: list[str] | None, rows: int, mode: str) -> dict:
+    """One measurement in a new Python process: its own driver, so its own py4j gateway JVM (PySpark keeps one
+    gateway JVM for its process's lifetime, and the driver's Spark runs in it: a JVM's heap keeps its high-water
+    mark, and its options -- the GC log -- are set when it starts)."""
+    fd, path = tempfile.mkstemp(prefix="tfos-b5-result-", suffix=".json")
+    os.close(fd)
+    try:
+        args = list(sys.argv[1:] if argv is None else argv) + ["--one", "%d:%s" % (rows, mode), "--result", path]
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], check=False)
+        if proc.returncode != 0:
+            raise RuntimeError("the measurement's process exited with %d (its log is above)" % proc.returncode)
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
 
 
 def _mem_gib() -> float:
