@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import columns as C
+from . import compat
 from .feed_hub import Conn, FeedHub
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,14 @@ class DataFeed:
         share's size in memory (rows × row bytes).  ``shuffle=N`` reshuffles rows
         through an ``N``-row buffer every epoch (after the cache, so each replayed
         epoch comes in a new order), then batches them again.
+
+        tf.data's autotuning is off on the dataset: there is nothing in it to tune,
+        and an autotuned iterator's deletion, at every epoch's end, waits for its
+        tuning thread (seconds, late in a run).  On a node without GPUs it is also off
+        on the strategy's per-device prefetch (:func:`.compat.untuned_device_prefetch`).
+        Stages you add keep working (``num_parallel_calls=tf.data.AUTOTUNE`` then
+        gets a fixed parallelism, not a tuned one); ``ds.with_options(o)`` with
+        ``o.autotune.enabled = True`` turns it back on.
         """
         if cache and not epochs_bounded:  # refused before waiting for the first batch
             msg = "as_dataset(cache=True) keeps one epoch; it needs epochs_bounded=True"
@@ -171,6 +180,10 @@ class DataFeed:
             ds = ds.unbatch().shuffle(shuffle, reshuffle_each_iteration=True).batch(batch_size)
         opts = tf.data.Options()
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        # Nothing here to tune (one generator, no parallel stage), and an autotuned iterator's deletion -- Keras
+        # makes one per epoch -- waits for its tuning thread's sleep, seconds late in a run (compat's docstring).
+        opts.autotune.enabled = False
+        compat.untuned_device_prefetch()
         return ds.with_options(opts)
 
     # -- internals ----------------------------------------------------------------
