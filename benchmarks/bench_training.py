@@ -9,7 +9,7 @@ on the same held-out rows:
 * ``single``  -- ``model.fit`` in this process (the same Keras as the nodes: ``tf_keras``);
 * ``native``  -- the same program in 2 processes started by hand with ``TF_CONFIG``, each with its half
   of the rows in memory, 64 rows a worker a step (``native_b128``: ``.batch(128)`` a worker, a global
-  batch of 256);
+  batch of 256; ``native_untuned``: with the tf.data settings ``as_dataset`` gives, autotuning off);
 * ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
   node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
   MultiWorkerMirroredStrategy (``tfos_nb_cache``: ``as_dataset(cache=True)``, one epoch fed;
@@ -296,6 +296,11 @@ def native_node(spec_path: str) -> None:
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(spec["batch"])
     opts = tf.data.Options()
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    if spec.get("untuned"):  # tfos_nb's tf.data settings: autotuning off, here and on the per-device prefetch
+        from tfos_nb.runtime.executor import compat
+
+        opts.autotune.enabled = False
+        compat.untuned_device_prefetch()
     ds = ds.with_options(opts)
     timer = _later_epochs_timer(tf)
     t_fit = time.time()
@@ -479,7 +484,10 @@ class Bench:
     def native_b128(self):
         return self.native(per_worker_batch=GLOBAL_BATCH)
 
-    def native(self, per_worker_batch=GLOBAL_BATCH // NODES):
+    def native_untuned(self):
+        return self.native(untuned=True)
+
+    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False):
         """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
 
         Each process batches its rows by ``per_worker_batch``: with auto-sharding off, MultiWorkerMirroredStrategy
@@ -500,7 +508,7 @@ class Bench:
                 self.native_halves.append((xs, ys))
         for attempt in (1, 2):
             try:
-                return self._native_once(run_dir, export_dir, per_worker_batch)
+                return self._native_once(run_dir, export_dir, per_worker_batch, untuned)
             except _PortTaken:
                 # _free_ports' ports were free when it closed them; another process (a Spark or TensorFlowOnSpark
                 # process of an earlier variant) can take one before TensorFlow binds it: a harness race, not the
@@ -508,7 +516,7 @@ class Bench:
                 log.warning("native: a worker could not bind its port (attempt %d); starting again", attempt)
         raise RuntimeError("native: the workers could not bind free ports twice")
 
-    def _native_once(self, run_dir, export_dir, per_worker_batch):
+    def _native_once(self, run_dir, export_dir, per_worker_batch, untuned=False):
         import subprocess
 
         ports = _free_ports(NODES)
@@ -522,6 +530,7 @@ class Bench:
             tf_config = {"cluster": {"chief": workers[:1], **({"worker": workers[1:]} if NODES > 1 else {})},
                          "task": {"type": role[0], "index": role[1]}}
             spec = {"x": xs, "y": ys, "batch": per_worker_batch, "epochs": self.opts.epochs, "model": self.opts.model,
+                    "untuned": untuned,
                     "export_dir": export_dir, "index": i, "out": os.path.join(run_dir, "node-%d.json" % i)}
             spec_path = os.path.join(run_dir, "spec-%d.json" % i)
             with open(spec_path, "w") as f:
@@ -574,6 +583,28 @@ class Bench:
         return {"wall s": wall, "fit s": fit, "accuracy": self.accuracy(export_dir)}
 
 
+def _cpu_seconds() -> tuple[float, float]:
+    """The machine's CPU time so far (s, all CPUs): busy (user, nice, system, irq, softirq) and stolen by the host
+    (``steal``: this VM's vCPUs waiting for a physical CPU), from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, (v[7] if len(v) > 7 else 0) / tick
+
+
+def settle(window: float = 1.0, busy_below: float = 0.1, deadline: float = 60.0) -> float:
+    """Wait until a ``window`` in which the machine's CPUs were busy less than ``busy_below`` of the window, all
+    CPUs together (what the previous run left running -- JVM collections, exiting processes -- has ended), for at
+    most ``deadline`` s; returns the seconds waited.  A run that starts on a busy machine is reported as such."""
+    t0 = time.monotonic()
+    while True:
+        b0, _ = _cpu_seconds()
+        time.sleep(window)
+        busy = _cpu_seconds()[0] - b0
+        if busy < busy_below * window or time.monotonic() - t0 > deadline:
+            return time.monotonic() - t0
+
+
 def _free_ports(n):
     import socket
 
@@ -590,6 +621,7 @@ def _free_ports(n):
 VARIANTS = {
     "single": "single-process Keras",
     "native": "native MWMS (the same program, %d processes started by hand with TF_CONFIG)" % NODES,
+    "native_untuned": "native MWMS with tfos_nb's tf.data settings (autotuning off, on the per-device prefetch too)",
     "native_b128": "native MWMS with .batch(%d) on each worker (a global batch of %d: half the steps)"
                    % (GLOBAL_BATCH, GLOBAL_BATCH * NODES),
     "tfos_nb": "tfos_nb (as_dataset + model.fit)",
@@ -598,6 +630,19 @@ VARIANTS = {
     "tfos_batched": "TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
     "tfos_nb_serial": "tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)",
 }
+
+
+def every_run(runs_log) -> str:
+    """Each run in the order it ran, with the machine's CPU during it: a slow run on a machine busy with something
+    else, or one the host took CPU from (steal), tells noise from cost."""
+    lines = ["Every run, in order (settle: s waited for a quiet machine before it; CPU: the machine's busy and "
+             "stolen time during the run, %% of its %d CPUs):" % (os.cpu_count() or 1), "",
+             "| variant | run | wall s | fit s | settle s | CPU busy | CPU steal |", "|---|---|---|---|---|---|---|"]
+    for key, rep, m in runs_log:
+        lines.append("| %s | %s | %.1f | %s | %.1f | %.0f %% | %.1f %% |" % (
+            key, rep, m["wall s"], "%.1f" % m["fit s"] if m.get("fit s") is not None else "", m["settle s"],
+            m["cpu busy %"], m["cpu steal %"]))
+    return "\n".join(lines)
 
 
 def table(results, failures, opts, phases=None):
@@ -668,6 +713,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     bench = Bench(opts)
     results, failures = {}, {}
+    runs_log: list[tuple[str, str, dict]] = []
     try:
         bench.start()
         reps = (["warm-up"] if opts.warmup else []) + ["run %d" % i for i in range(1, opts.runs + 1)]
@@ -675,13 +721,22 @@ def main(argv=None):
             for key in opts.only:
                 if key in failures:
                     continue
+                waited = settle()
+                cpu0, steal0, t0 = *_cpu_seconds(), time.perf_counter()
                 try:
                     m = getattr(bench, key)()
                 except Exception as e:  # one variant's failure must not hide the others
                     failures[key] = ("%s: %s" % (type(e).__name__, str(e).strip().splitlines()[:1])).replace("|", "/")
                     log.exception("%s %s failed", key, rep)
                     continue
+                cpu1, steal1 = _cpu_seconds()
+                # the machine's CPU during the run, as a share of both CPUs' time: what the run (and anything
+                # else) used, and what the host took from this VM
+                span = (time.perf_counter() - t0) * (os.cpu_count() or 1)
+                m.update({"settle s": waited, "cpu busy %": 100 * (cpu1 - cpu0) / span,
+                          "cpu steal %": 100 * (steal1 - steal0) / span})
                 log.info("%s [%s]: %s", key, rep, ", ".join("%s=%.3f" % kv for kv in m.items()))
+                runs_log.append((key, rep, m))
                 if rep != "warm-up":
                     for k, v in m.items():
                         results.setdefault(key, {}).setdefault(k, []).append(v)
@@ -703,7 +758,7 @@ def main(argv=None):
         _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), os.cpu_count(), platform.machine(),
         opts.model, opts.rows, FEATURES, opts.epochs, GLOBAL_BATCH, NODES, opts.master, opts.runs)
     cmd = "command: " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv or sys.argv[1:]))
-    text = "\n\n".join([head, table(results, failures, opts, getattr(bench, "phases", None)), cmd]) + "\n"
+    text = "\n\n".join([head, table(results, failures, opts, getattr(bench, "phases", None)), every_run(runs_log), cmd]) + "\n"
     print(text)
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     with open(opts.out, "w") as f:
