@@ -31,8 +31,8 @@ holds the feed and, for ``fit``, the first step's tracing.
 Memory: each measurement is a process of its own with its own Spark application (``local-cluster[2,1,3072]``),
 so that every process's peak belongs to that measurement alone (a JVM's heap and a reused Python worker keep
 their high-water mark for their lifetime; PySpark keeps its driver JVM, the py4j gateway, for the life of the
-Python process, so one process per measurement is what gives each its own driver JVM).  A sampler thread in the driver walks the driver's
-process tree every 0.2 s with psutil and classifies processes by command line: the driver (this
+Python process, so one process per measurement is what gives each its own driver JVM).  A sampler thread in
+the driver walks the driver's process tree every 0.2 s with psutil and classifies processes by command line: the driver (this
 Python), the driver JVM (it also hosts local-cluster's master and worker), each executor JVM, each
 Python worker forked by ``pyspark.daemon`` (the feeding tasks run there), each node's supervisor and
 each node process (``python -m tfos_nb.runtime node``).  A process, once seen, is followed until it

@@ -585,11 +585,11 @@ class Bench:
 
 def _cpu_seconds() -> tuple[float, float]:
     """The machine's CPU time so far (s, all CPUs): busy (user, nice, system, irq, softirq) and stolen by the host
-    (``steal``: this VM's vCPUs waiting for a physical CPU), from ``/proc/stat``."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    tick = os.sysconf("SC_CLK_TCK")
-    return (v[0] + v[1] + v[2] + v[5] + v[6]) / tick, (v[7] if len(v) > 7 else 0) / tick
+    (``steal``: this VM's vCPUs waiting for a physical CPU)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq, t.steal
 
 
 def settle(window: float = 1.0, busy_below: float = 0.1, deadline: float = 60.0) -> float:

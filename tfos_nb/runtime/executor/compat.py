@@ -8,8 +8,6 @@ from typing import Any
 
 __all__ = ["disable_auto_shard", "export_saved_model", "is_gpu_available", "untuned_device_prefetch"]
 
-_device_prefetch_untuned = False
-
 
 def export_saved_model(model: Any, export_dir: str, is_chief: bool = False) -> None:
     """Export a SavedModel; call it on *every* worker.
@@ -56,13 +54,10 @@ def untuned_device_prefetch() -> bool:
     makes them (``multi_device_iterator_ops._create_device_dataset``) is wrapped; where a TensorFlow version does
     not have it, nothing changes. Not on GPU processes, whose per-device datasets live on the GPUs.
     """
-    global _device_prefetch_untuned
-    if _device_prefetch_untuned:
-        return True
+    if is_gpu_available():
+        return False
     import tensorflow as tf
 
-    if tf.config.list_physical_devices("GPU"):
-        return False
     try:
         from tensorflow.python.data.ops import multi_device_iterator_ops as mdi
     except ImportError:  # pragma: no cover - a TensorFlow without the module
@@ -70,6 +65,8 @@ def untuned_device_prefetch() -> bool:
     create = getattr(mdi, "_create_device_dataset", None)
     if not callable(create):  # pragma: no cover - a TensorFlow that builds them otherwise
         return False
+    if getattr(create, "__module__", None) == __name__:  # wrapped already, by an earlier call
+        return True
 
     def untuned(*args: Any, **kwargs: Any) -> Any:
         options = tf.data.Options()
@@ -77,5 +74,4 @@ def untuned_device_prefetch() -> bool:
         return create(*args, **kwargs).with_options(options)
 
     mdi._create_device_dataset = untuned  # see the docstring
-    _device_prefetch_untuned = True
     return True

@@ -180,9 +180,7 @@ class DataFeed:
             ds = ds.unbatch().shuffle(shuffle, reshuffle_each_iteration=True).batch(batch_size)
         opts = tf.data.Options()
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        # Nothing here to tune (one generator, no parallel stage), and an autotuned iterator's deletion -- Keras
-        # makes one per epoch -- waits for its tuning thread's sleep, seconds late in a run (compat's docstring).
-        opts.autotune.enabled = False
+        opts.autotune.enabled = False  # nothing to tune; why it matters: compat.untuned_device_prefetch
         compat.untuned_device_prefetch()
         return ds.with_options(opts)
 
