@@ -186,3 +186,61 @@ def starved(kind: str) -> Iterator[Starved]:
         yield server
     finally:
         server.close()
+
+
+@contextmanager
+def nobody_http_server(port: int = 0) -> Iterator[tuple[int, Callable[[], int]]]:
+    """A web server of uid ``nobody`` on 127.0.0.1 (``port``: one another process just freed; 0: any).
+
+    Yields its port and a function telling how many requests it has been sent so far.  It answers every
+    request with a page saying whose it is: what another local user would serve on a port TensorBoard left.
+    """
+    as_nobody()
+    import fcntl
+
+    ready_r, ready_w = os.pipe()
+    hits_r, hits_w = os.pipe()
+
+    def serve() -> None:
+        os.close(ready_r)
+        os.close(hits_r)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(16)
+        os.write(ready_w, str(s.getsockname()[1]).encode() + b"\n")
+        body = b"<html><script>/* nobody's page */</script></html>"
+        while True:
+            c, _ = s.accept()
+            c.settimeout(10)
+            try:
+                c.recv(65536)
+                os.write(hits_w, b".")
+                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            except OSError:
+                pass
+            c.close()
+
+    pid = fork_as_nobody(serve)
+    os.close(ready_w)
+    os.close(hits_w)
+    fcntl.fcntl(hits_r, fcntl.F_SETFL, os.O_NONBLOCK)
+    seen = [0]
+
+    def hits() -> int:
+        try:
+            while chunk := os.read(hits_r, 4096):
+                seen[0] += len(chunk)
+        except BlockingIOError:
+            pass
+        return seen[0]
+
+    try:
+        with os.fdopen(ready_r, "rb") as ready:
+            line = ready.readline()  # the child's bind, or EOF if it failed
+        assert line.strip(), f"uid nobody could not bind 127.0.0.1:{port}"
+        yield int(line), hits
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(hits_r)

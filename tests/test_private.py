@@ -4,6 +4,7 @@ starts every supervisor and coordinator), with what uid ``nobody`` plants at a l
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import stat
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.server_abuse import as_nobody, as_nobody_wait
 from tfos_nb.runtime import private
 from tfos_nb.runtime.driver.start import driver_log_path
@@ -105,3 +107,41 @@ def test_the_chiefs_new_tensorboard_log_folder_is_private(tmp_path: Path) -> Non
     finally:
         tb.stop()
         os.umask(old)
+
+
+@pytest.mark.slow
+def test_the_chiefs_tensorboard_keeps_its_info_file_out_of_a_shared_tmpdir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 51, finding 4: TensorBoard writes ``<TMPDIR>/.tensorboard-info/pid-N.info`` (a folder it makes 0777,
+    following a link planted there).  With the node's ``TMPDIR`` a folder every user may write (no sticky
+    bit), uid ``nobody`` plants ``.tensorboard-info`` as a link to a folder of theirs: the chief's TensorBoard
+    writes nothing there, its info file is in a TMPDIR of its own (0700), removed when it stops."""
+    from tfos_nb.runtime.executor.tensorboard import ChiefTensorBoard
+
+    as_nobody()
+    shared = tempfile.mkdtemp(prefix="tfos-shared-tmp-")
+    theirs = tempfile.mkdtemp(prefix="tfos-nobodys-")
+    logdir = tempfile.mkdtemp(prefix="tfos-tb-logs-")
+    tb = None
+    try:
+        os.chmod(shared, 0o777)  # world-writable, no sticky bit
+        nobody = pwd.getpwnam("nobody")
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        as_nobody_wait(lambda: os.symlink(theirs, os.path.join(shared, ".tensorboard-info")))
+        monkeypatch.setenv("TMPDIR", shared)
+        tb = ChiefTensorBoard("127.0.0.1", logdir)
+        tb.start()
+        # TensorBoard writes its info file before it serves: once its URL is verified (it answered), it is there
+        assert wait_until(lambda: tb.url or tb.error, 300, what="the chief's TensorBoard"), tb.error
+        assert tb.url, tb.error
+        assert os.listdir(theirs) == [], "TensorBoard wrote through the planted link"
+        own = tb._tmpdir
+        assert own is not None and os.path.dirname(own) != shared
+        st = os.stat(own)
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+        assert [f for f in os.listdir(os.path.join(own, ".tensorboard-info")) if f.startswith("pid-")]
+    finally:
+        if tb is not None:
+            tb.stop()
+        for folder in (shared, theirs, logdir):
+            shutil.rmtree(folder, ignore_errors=True)
+    assert tb is not None and not os.path.exists(tb._tmpdir or "")

@@ -245,11 +245,27 @@ def start_local(logdir: str, *, timeout: float = 60.0) -> LocalTensorBoard | Loc
             raise
         local = LocalTensorBoard(cluster_id=cluster_id, path=path, url=url, pid=proc.pid, reused=False, log=log)
         _local[cluster_id] = (proc, local)
+        threading.Thread(target=_withdraw_at_exit, args=(proc, local), name=f"tfos-tensorboard-exit-{cluster_id}",
+                         daemon=True).start()
         global _local_atexit
         if not _local_atexit:
             atexit.register(_stop_all_local)
             _local_atexit = True
     return local
+
+
+def _withdraw_at_exit(proc: subprocess.Popen[bytes], local: LocalTensorBoard) -> None:
+    """Withdraw ``local``'s route as soon as its process exits (killed, crashed): its loopback port is then
+    anyone's to take, and the route must not lead there.  Ends with the process (:func:`stop_local` stops it)."""
+    proc.wait()
+    with _local_lock:
+        if _local.get(local.cluster_id, (None,))[0] is not proc:
+            return  # stop_local withdrew it, or a new TensorBoard holds the id now
+        del _local[local.cluster_id]
+        try:
+            withdraw(local.cluster_id)  # under the lock: a start_local for the same folder re-registers after it
+        except OSError:
+            pass  # the runtime directory went away: the proxy finds no route either
 
 
 def _private_dir() -> str:

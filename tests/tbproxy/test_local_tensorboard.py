@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.jupyter_server import wait_for
-from tests.server_abuse import as_nobody, as_nobody_wait, fork_as_nobody
+from tests.server_abuse import as_nobody, as_nobody_wait, fork_as_nobody, nobody_http_server
 from tests.tbproxy.conftest import Server, tb_path
 from tfos_nb import tensorboard as tb
 from tfos_nb.tbproxy import _records
@@ -190,3 +190,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+
+
+@slow
+def test_a_killed_tensorboards_route_is_withdrawn_before_another_user_can_serve_on_its_port(
+    server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 51, finding 3: TensorBoard exits (killed, crashed), uid ``nobody`` binds the loopback port it left and
+    serves a page: the route is gone by then (withdrawn when the process exited), so Jupyter's origin never
+    serves nobody's page."""
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
+    local = tb.start_local(str(logdir), timeout=120)
+    assert isinstance(local, tb.LocalTensorBoard), local
+    port = _registered_port(server, local.cluster_id)
+    os.kill(local.pid, signal.SIGKILL)
+    # the kernel's own thread withdraws it once the process is reaped: bounded by that, not by a request
+    wait_for(lambda: _records.read_record(str(server.runtime_dir), local.cluster_id) is None, 20, "the route withdrawn")
+    with nobody_http_server(port) as (squatted, hits):
+        assert squatted == port
+        resp = server.fetch(tb_path(local.cluster_id, "data/runs"))
+        assert resp.status == 404 and b"nobody" not in resp.body, (resp.status, resp.body[:200])
+        assert hits() == 0
+    tb.stop_local(local)  # nothing left to stop: a no-op

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_until
+from tests.server_abuse import nobody_http_server
 from tests.tbproxy.conftest import Server, _ws, tb_path, upstream_log
 from tfos_nb import tensorboard as tb
 from tfos_nb.tbproxy import _records, _urls
@@ -162,3 +163,22 @@ def test_untrusted_records_not_served(server: Server, upstream: str, register: C
     assert server.fetch(tb_path(cid, "x")).status == 404
 
 
+
+
+@slow
+def test_a_port_held_by_another_user_is_never_proxied(server: Server, register: Callable[[str], str]) -> None:
+    """Issue 51, finding 3: between a TensorBoard's exit and the withdrawal of its route (the chief's, until its
+    next heartbeat), the registered loopback port may be taken by another local user.  The proxy checks, on
+    every request, whose socket the port is (Linux's socket table): uid ``nobody``'s → 502, and its server
+    is never contacted, over HTTP or websocket."""
+    with nobody_http_server() as (port, hits):
+        cid = register(f"http://127.0.0.1:{port}")
+        for method in ("GET", "POST"):
+            resp = server.fetch(tb_path(cid, ""), method, body=b"" if method == "POST" else None)
+            assert resp.status == 502 and b"nobody" not in resp.body, (method, resp.status, resp.body[:200])
+        from tornado import httpclient
+
+        with pytest.raises(httpclient.HTTPClientError) as err:
+            asyncio.run(_ws(server, tb_path(cid, "ws"), {"Authorization": f"token {server.token}"}))
+        assert err.value.code == 502
+        assert hits() == 0

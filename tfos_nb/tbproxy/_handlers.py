@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 from jupyter_server.base.handlers import JupyterHandler
@@ -31,6 +32,8 @@ from tornado import httpclient, web, websocket
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
+from ..runtime.listeners import is_local_address, listener_uids
+from ..runtime.net import resolve
 from ._records import CLUSTER_ID_RE, Endpoint, read_record
 from ._urls import BadPath, upstream_url
 
@@ -147,11 +150,29 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         endpoint = read_record(self.serverapp.runtime_dir, cluster_id)
         if endpoint is None:
             raise web.HTTPError(404)
+        self._check_listener(endpoint)
         prefix = url_path_join(self.base_url, ROUTE, cluster_id)
         raw = self.request.path
         if not raw.startswith(prefix + "/"):
             raise web.HTTPError(404)
         return endpoint, raw[len(prefix) :]
+
+    def _check_listener(self, endpoint: Endpoint) -> None:
+        """On this machine, the registered port must be held by this server's user, checked on every request.
+
+        A TensorBoard that exited freed its port, and another local user may bind it before its route is
+        withdrawn; what they serve there would run on Jupyter's origin.  Another machine's socket table is
+        out of reach: the check covers loopback and this machine's own addresses (the embedded Spark's
+        chief, a ``%tfos_tensorboard --logdir`` TensorBoard).
+        """
+        address = resolve(endpoint.host)
+        if not is_local_address(address):
+            return
+        uids = listener_uids(address, endpoint.port)
+        if uids - {os.getuid()}:
+            self.log.warning("tfos_nb TensorBoard proxy: %s is held by uid %s, not this server's (%d): refused",
+                             endpoint.netloc, ",".join(map(str, sorted(uids))), os.getuid())
+            raise web.HTTPError(502, "TensorBoard is not reachable")
 
     def _url(self, endpoint: Endpoint, path: str, scheme: str) -> str:
         try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlsplit
 
-from ..executor.tensorboard import same_address
+from ..listeners import same_address
 from ..net import hostport
 from ..protocol import messages as m
 from . import state as S

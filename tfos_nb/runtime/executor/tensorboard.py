@@ -19,72 +19,26 @@ reported before is withdrawn then (the port is free for anyone to take).
 from __future__ import annotations
 
 import collections
-import ipaddress
 import json
 import os
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from typing import Any
 
 from .. import net, procs
+from ..listeners import listening_addresses, same_address
 from ..private import make_dirs
 
 # TensorBoard imports TensorFlow when it is installed: 17 s to listen was seen on a loaded machine.
 LISTEN_TIMEOUT_S = 300.0
 POLL_S = 0.2
 TAIL_LINES = 30
-_TCP_LISTEN = "0A"  # st column of /proc/net/tcp
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an http_proxy
-
-
-def listening_addresses(pid: int) -> list[tuple[str, int]]:
-    """The ``(address, port)`` pairs process ``pid`` listens on over TCP (Linux ``/proc``; [] if unreadable)."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue  # closed meanwhile
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
-        return []
-    found = []
-    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        try:
-            with open(f"/proc/{pid}/net/{name}") as f:  # the process's own network namespace
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[3] == _TCP_LISTEN and cols[9] in inodes:
-                hex_addr, hex_port = cols[1].split(":")
-                found.append((_decode_address(hex_addr, family), int(hex_port, 16)))
-    return found
-
-
-def _decode_address(hex_addr: str, family: int) -> str:
-    # /proc/net/tcp* prints the address as 32-bit words in host byte order
-    raw = bytes.fromhex(hex_addr)
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
-    return socket.inet_ntop(family, words)
-
-
-def same_address(a: str, b: str) -> bool:
-    """Whether two textual IP addresses are one (``::ffff:10.0.0.5`` is ``10.0.0.5``)."""
-    try:
-        x, y = ipaddress.ip_address(a.strip("[]")), ipaddress.ip_address(b.strip("[]"))
-    except ValueError:
-        return a == b
-    x = x.ipv4_mapped or x if isinstance(x, ipaddress.IPv6Address) else x
-    y = y.ipv4_mapped or y if isinstance(y, ipaddress.IPv6Address) else y
-    return x == y
 
 
 class ChiefTensorBoard:
@@ -101,6 +55,7 @@ class ChiefTensorBoard:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._tmpdir: str | None = None
 
     @property
     def url(self) -> str | None:
@@ -120,6 +75,9 @@ class ChiefTensorBoard:
             return
         try:
             make_dirs(self.logdir)  # a new TensorBoard log folder is private (0700)
+            # TensorBoard writes <TMPDIR>/.tensorboard-info/pid-N.info, a folder it makes 0777 in a TMPDIR
+            # any user may write (following links planted there): give it a TMPDIR of its own (0700)
+            self._tmpdir = tempfile.mkdtemp(prefix="tfos_nb-tensorboard-")
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tensorboard.main", "--logdir", self.logdir, "--host", self.host,
                  "--port", "0"],
@@ -127,6 +85,7 @@ class ChiefTensorBoard:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=dict(os.environ, TMPDIR=self._tmpdir),
             )
         except OSError as exc:
             self._fail(f"TensorBoard could not start: {type(exc).__name__}: {exc}")
@@ -145,6 +104,8 @@ class ChiefTensorBoard:
             procs.kill_tree(self.proc, grace=1)
         for t in self._threads:
             t.join(timeout=5)
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
 
     # -- threads ------------------------------------------------------------------------------
     def _read_output(self) -> None:
@@ -172,6 +133,8 @@ class ChiefTensorBoard:
             with self._lock:
                 self._url = url
         code = self.proc.wait()
+        with self._lock:
+            self._url = None  # at once: its port is free for anyone to take
         if not self._stopping.is_set():
             self._fail(f"TensorBoard {procs.describe_exit(code)}")
 
@@ -199,6 +162,8 @@ class ChiefTensorBoard:
         return None
 
     def _fail(self, reason: str) -> None:
+        with self._lock:
+            self._url = None  # before anything that waits: the port TensorBoard had is anyone's now
         # the reader may still be draining the last lines: wait for EOF briefly, so the tail is whole
         if self._threads and threading.current_thread() is not self._threads[0]:
             self._threads[0].join(timeout=2)
