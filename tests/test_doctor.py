@@ -1,14 +1,24 @@
 """The doctor's verdicts from facts (pure), its text and HTML reports, and the magic's argument checks.
 
 The real misconfigurations on real Spark are in test_doctor_spark.py, test_doctor_envs.py,
-test_spark_resources.py (GPUs) and test_doctor_multihost.py (network, storage).
+test_spark_resources.py (GPUs) and test_doctor_multihost.py (network, storage).  The probe's token file in
+an export folder others can write is tested here, with what uid ``nobody`` plants at its predictable name.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
+from tests.server_abuse import as_nobody, as_nobody_wait
 from tfos_nb.runtime.doctor import FAIL, OK, WARN, DoctorFailed, Report, verdicts
+from tfos_nb.runtime.executor import doctor_probe
 
 DRIVER = {"python": "3.11.7", "tfos_nb": "0.1.0", "tensorflow": "2.21.0", "tensorflow-cpu": None, "keras": "3.15.1",
           "tf_keras": "2.21.0", "pyspark": "4.3.0", "executable": "/venv/bin/python", "pyspark_python_env": None}
@@ -161,3 +171,61 @@ def test_nodes_must_be_a_positive_integer():
 
     with pytest.raises(ValueError, match="nodes must be a positive integer"):
         doctor(object(), 0)
+
+
+# -- the probe's token file, in an export folder other users can write ------------------------------------------
+TOKEN = "0123456789abcdef"
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """An export folder every user can write and no sticky bit protects (a shared folder made 0777)."""
+    d = Path(tempfile.mkdtemp())
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_token_file_is_new_and_0600_and_read_back(open_dir: Path) -> None:
+    old = os.umask(0)
+    try:
+        assert doctor_probe._write_token(str(open_dir / "made"), ".tfos_doctor-r-0", TOKEN) is None
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(open_dir / "made" / ".tfos_doctor-r-0").st_mode) == 0o600
+    assert doctor_probe._read_token(str(open_dir / "made"), ".tfos_doctor-r-0", TOKEN) is None
+    assert "another file" in str(doctor_probe._read_token(str(open_dir / "made"), ".tfos_doctor-r-0", "f" * 16))
+
+
+def test_a_symlink_planted_at_the_token_path_is_not_written_through(open_dir: Path, tmp_path: Path) -> None:
+    as_nobody()
+    target = tmp_path / "precious"  # root's, outside the shared folder
+    target.write_text("precious\n")
+    link = open_dir / ".tfos_doctor-c0ffee-1"  # task 0's file named the run: task 1's name is known
+    as_nobody_wait(lambda: os.symlink(target, link))
+    why = doctor_probe._write_token(str(open_dir), link.name, TOKEN)
+    assert why is not None and str(link) in why and "not written through" in why, why
+    assert target.read_text() == "precious\n" and link.is_symlink()
+    # the verdict names the folder and the reason
+    tasks = healthy(2)
+    tasks[1].update(export_path=str(open_dir), write_error=why)
+    (fail,) = by_status(verdicts(SESSION, DRIVER, tasks, nodes=2, export_dir=str(open_dir)), FAIL)
+    assert fail.where == "executor 1 (10.0.0.11)" and "not written through" in fail.detail
+
+
+def test_a_token_read_follows_no_symlink_and_takes_no_other_users_file(open_dir: Path, tmp_path: Path) -> None:
+    as_nobody()
+    real = tmp_path / "real"  # a file holding the token, outside the folder: seen only through a link
+    real.write_text(TOKEN)
+    as_nobody_wait(lambda: os.symlink(real, open_dir / ".tfos_doctor-c0ffee-1"))
+    why = doctor_probe._read_token(str(open_dir), ".tfos_doctor-c0ffee-1", TOKEN)
+    assert why is not None and "symlink" in why and "not followed" in why, why
+
+    def plant() -> None:  # nobody's own file holding the token (as if it had guessed or read it)
+        fd = os.open(open_dir / ".tfos_doctor-c0ffee-2", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, TOKEN.encode())
+        os.close(fd)
+
+    as_nobody_wait(plant)
+    why = doctor_probe._read_token(str(open_dir), ".tfos_doctor-c0ffee-2", TOKEN)
+    assert why is not None and "owned by uid" in why and "not the peer's token" in why, why

@@ -8,27 +8,36 @@ function calling ``mlflow.tensorflow.autolog()`` (still one run), a failing node
 tail), ■ (KILLED), ``run_job(retries=1)`` with ``all_nodes`` and a ``log_dir`` (one run over both attempts,
 the other node's metrics under ``worker_1/``, the log directory under ``tensorboard/``), a ``--background
 --retries 1`` cell ended by ``%tfos_shutdown`` (one run, KILLED), a ``%%tfos_parallel`` sweep (a parent and a
-child per trial), ``TFEstimator.fit`` inside ``with mlflow.start_run()``; then the same cell in a kernel on Spark Connect.  The fast tests
-cover the missing-MLflow error (a real failed import, in a fresh interpreter), the nodes' side of the
-rule for node functions that call MLflow (in a fresh interpreter), and the panel's link.
+child per trial), ``TFEstimator.fit`` inside ``with mlflow.start_run()``; then the same cell in a kernel on Spark Connect.
+Against the same server, without Spark: the uploads of a SavedModel and a TensorBoard folder in which uid
+``nobody`` planted links to a secret outside it (never uploaded), and a tracking URI carrying a password
+(logged to, never shown).  The fast tests cover the missing-MLflow error (a real failed import, in a fresh
+interpreter), the nodes' side of the rule for node functions that call MLflow (in a fresh interpreter), which
+node's environment gets the tracking URI (a real supervisor, in a fresh interpreter), and the panel's link
+(never with the URI's ``user:password@``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import KERNEL, free_port, import_or_skip, wait_until
+from tests.server_abuse import as_nobody, as_nobody_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,6 +125,85 @@ def test_the_panel_links_to_the_run_in_the_tracking_ui():
     assert "tfos-mlflow" not in panel_html(panel_model(st.snapshot()))
     st.tracking_url = None
     assert "tfos-mlflow" not in panel_html(panel_model(st.snapshot()))
+
+
+PASSWORD = "s3cret-pw"
+
+
+def test_credentials_are_stripped_from_a_url_and_from_a_message():
+    from tfos_nb.runtime.net import scrub_credentials, without_credentials
+
+    assert without_credentials(f"https://alice:{PASSWORD}@mlflow.example.com:8443/x/#/runs/1") == \
+        "https://mlflow.example.com:8443/x/#/runs/1"
+    assert without_credentials("http://alice@127.0.0.1:5000/") == "http://127.0.0.1:5000/"
+    assert without_credentials(f"postgresql://alice:{PASSWORD}@db/mlflow") == "postgresql://db/mlflow"
+    assert without_credentials(f"https://alice:p@ss{PASSWORD}@h/") == "https://h/"  # an unencoded @ in it
+    assert without_credentials(f"http://alice:{PASSWORD}@[::1") == "http://[::1"  # unparsable: still stripped
+    for plain in ("http://127.0.0.1:5000/#/experiments/1", "databricks", "file:///tmp/mlruns", "sqlite:///m.db",
+                  "https://h/?user=a@b"):
+        assert without_credentials(plain) == plain
+    message = f"API request to https://alice:{PASSWORD}@h/api/2.0/mlflow/runs/update failed with exception boom"
+    assert scrub_credentials(message) == "API request to https://h/api/2.0/mlflow/runs/update failed with exception boom"
+    from tfos_nb.runtime.driver.mlflow_run import Request
+
+    assert PASSWORD not in repr(Request(tracking_uri=f"https://alice:{PASSWORD}@h/", experiment_id="1"))
+
+
+SUPERVISOR_ENV = """
+import json, os, sys
+from tfos_nb.runtime.executor.owner import tf_env
+from tfos_nb.runtime.executor.supervisor import Supervisor
+from tfos_nb.runtime.protocol import messages as m
+
+roles, node, uri = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+meta = m.LaunchMeta(cluster_id="c0ffee", secret="00" * 32, control=["127.0.0.1", 9], hb_interval=0.5,
+                    driver_timeout=10.0, env={"TFOS_MLFLOW_RUN_ID": "r0", "TFOS_MLFLOW_TRACKING_URI": uri},
+                    keras="tf_keras", default_fs="file:///", driver_pid=0, roles=roles, node=node, watch_jvm=False)
+sup = Supervisor(meta, b"")  # what a launch task starts for the node: it sets the node's environment
+child = tf_env(dict(os.environ), sup.meta, [], False)  # the node process's environment
+print(json.dumps([os.environ.get("TFOS_MLFLOW_RUN_ID"), os.environ.get("TFOS_MLFLOW_TRACKING_URI"),
+                  child.get("TFOS_MLFLOW_RUN_ID"), child.get("TFOS_MLFLOW_TRACKING_URI")]))
+"""
+
+
+@pytest.mark.parametrize(("roles", "node", "logs"), [
+    ([["chief", 0], ["worker", 0], ["worker", 1]], 0, True),
+    ([["chief", 0], ["worker", 0], ["worker", 1]], 1, False),  # worker 0 beside a chief: not the one that logs
+    ([["ps", 0], ["worker", 0], ["worker", 1]], 1, True),  # no chief: worker 0 logs
+    ([["ps", 0], ["worker", 0], ["worker", 1]], 0, False),
+    ([["ps", 0], ["worker", 0], ["worker", 1]], 2, False),
+])
+def test_only_the_node_that_logs_gets_the_tracking_uri(roles, node, logs):
+    """The URI with its password reaches the chief's environment (and its node process's); every other node
+    keeps the run id only."""
+    uri = f"https://alice:{PASSWORD}@mlflow.example.com/"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFOS_MLFLOW")}
+    result = subprocess.run([sys.executable, "-c", SUPERVISOR_ENV, json.dumps(roles), str(node), uri],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got == (["r0", uri, "r0", uri] if logs else ["r0", None, "r0", None])
+
+
+def test_the_panel_never_shows_the_tracking_uris_password():
+    import_or_skip("mlflow")
+    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver.mlflow_run import run_url
+    from tfos_nb.widgets._view import panel_html, panel_model, text_line
+
+    # the link as JobRun makes it (MLflow's own rule, from a REST store's host) for a URI with credentials
+    url = run_url(f"https://alice:{PASSWORD}@mlflow.example.com:8443/mlflow", "1", "abc")
+    assert url == "https://mlflow.example.com:8443/mlflow/#/experiments/1/runs/abc"
+    st = S.ClusterState("0123456789ab", "job", [("chief", 0)])
+    st.tracking_url = f"https://alice:{PASSWORD}@mlflow.example.com/#/experiments/1/runs/abc"  # however it got there
+    with st.lock:
+        st.state = S.C_FINISHED
+    model = panel_model(st.snapshot())
+    shown = [panel_html(model), panel_html(model, tensorboard=False), text_line(model), json.dumps(model)]
+    for out in shown:  # the HTML display, the widget's HTML, the text back-end, the model the widget state holds
+        assert PASSWORD not in out and "alice" not in out, out
+    assert 'href="https://mlflow.example.com/#/experiments/1/runs/abc"' in shown[0]
+    assert text_line(model).endswith("| MLflow run https://mlflow.example.com/#/experiments/1/runs/abc")
 
 
 # -- slow: a real MLflow server, real kernels, real Spark ----------------------------------------
@@ -493,3 +581,91 @@ def test_the_same_cell_on_spark_connect(mlflow_server, client, kernel_specs, tmp
         _check_cluster_run(kernel, client, mlflow_server, "connected", msgs, tmp_path / "export")
     finally:
         kernel.close()
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder every user can write and no sticky bit protects (a shared export folder made 0777)."""
+    d = Path(tempfile.mkdtemp())
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _artifacts(client: Any, run_id: str) -> dict[str, bytes]:
+    out, folders = {}, [""]
+    while folders:
+        for a in client.list_artifacts(run_id, folders.pop() or None):
+            if a.is_dir:
+                folders.append(a.path)
+            else:
+                out[a.path] = Path(client.download_artifacts(run_id, a.path, tempfile.mkdtemp())).read_bytes()
+    return out
+
+
+@pytest.mark.slow
+def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, open_dir, tmp_path, caplog):
+    """The SavedModel (``export_dir``) and the TensorBoard folder (``log_dir``) in a folder another user can write:
+    the links uid nobody planted there to a secret of this user's outside it, and a hard link to it, are left out
+    and named in one warning; the regular files are uploaded."""
+    as_nobody()
+    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver.mlflow_run import JobRun, Request
+
+    secret = tmp_path / "id_rsa"  # this user's, outside the folders (/etc/shadow as root alike)
+    secret.write_text("SECRET KEY\n")
+    secret.chmod(0o600)
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id_ed25519").write_text("SECRET KEY\n")
+    export, logs = open_dir / "export", open_dir / "logs"
+    for d in (export, export / "variables", logs):
+        d.mkdir()
+        d.chmod(0o777)
+    (export / "saved_model.pb").write_bytes(b"graph")
+    (export / "variables" / "variables.index").write_bytes(b"index")
+    (logs / "events.out.tfevents.1.test").write_bytes(b"events")
+
+    def plant() -> None:
+        os.symlink(secret, export / "fingerprint.pb")
+        os.symlink(secret, export / "variables" / "variables.data-00000-of-00001")
+        os.symlink(tmp_path / "keys", export / "assets")
+        os.symlink(secret, logs / "events.out.tfevents.2.test")
+
+    as_nobody_wait(plant)
+    os.link(secret, export / "keras_metadata.pb")  # a hard link (nobody may not make one here: protected_hardlinks)
+    experiment = client.create_experiment("tfos-links")
+    run = JobRun(Request(tracking_uri=mlflow_server, experiment_id=experiment), "links", "cluster", {})
+    run.export_dir, run.log_dir = str(export), str(logs)
+    with caplog.at_level(logging.WARNING, logger="tfos_nb.runtime.driver.mlflow_run"):
+        run.finish(S.C_FINISHED)
+    assert client.get_run(run.run_id).info.status == "FINISHED"
+    uploaded = _artifacts(client, run.run_id)
+    assert sorted(uploaded) == ["model/MLmodel", "model/tf2model/saved_model.pb",
+                                "model/tf2model/variables/variables.index", "tensorboard/events.out.tfevents.1.test"]
+    assert not [p for p, data in uploaded.items() if b"SECRET" in data]
+    warnings = [r.getMessage() for r in caplog.records if "not uploaded to MLflow" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    assert warnings[0].endswith("assets, fingerprint.pb, keras_metadata.pb, variables/variables.data-00000-of-00001")
+    assert warnings[1].endswith(": events.out.tfevents.2.test") and str(logs) in warnings[1]
+    assert secret.read_text() == "SECRET KEY\n"
+
+
+@pytest.mark.slow
+def test_a_tracking_uri_with_a_password_is_logged_to_and_never_shown(mlflow_server, client):
+    """MLflow gets the whole URI (the server takes basic auth from it); the link the panel shows has none of it."""
+    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver.mlflow_run import JobRun, Request
+    from tfos_nb.widgets._view import panel_html, panel_model, text_line
+
+    uri = mlflow_server.replace("http://", f"http://alice:{PASSWORD}@")
+    experiment = client.create_experiment("tfos-credentials")
+    run = JobRun(Request(tracking_uri=uri, experiment_id=experiment), "creds", "cluster", {"lr": 0.1})
+    assert run.url == f"{mlflow_server}/#/experiments/{experiment}/runs/{run.run_id}"
+    assert run.node_env()["TFOS_MLFLOW_TRACKING_URI"] == uri  # for the chief's supervisor to keep (above)
+    st = S.ClusterState("0123456789ab", "creds", [("chief", 0), ("worker", 0)])
+    st.tracking_url = run.url
+    model = panel_model(st.snapshot())
+    assert PASSWORD not in panel_html(model) + text_line(model) + json.dumps(model)
+    run.finish(S.C_FINISHED)
+    logged = client.get_run(run.run_id)
+    assert logged.info.status == "FINISHED" and logged.data.params["lr"] == "0.1"

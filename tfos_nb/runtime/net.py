@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import random
+import re
 import socket
 import time
+import urllib.parse
 
 
 def resolve(host: str) -> str:
@@ -89,6 +91,29 @@ def reserve_port(port: int) -> socket.socket | None:
 
 def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without the ``user:password@`` of its authority: what may be shown, logged or saved of it.
+
+    A tracking URI such as ``https://user:token@host/`` (or a database store's ``postgresql://user:pw@db/x``)
+    carries a secret; the page it names does not need it.  Only the userinfo goes (a query string is kept).
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: still no userinfo shown
+        return _USERINFO.sub(r"\1", url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def scrub_credentials(text: str) -> str:
+    """``text`` (an error message, a log line) with the userinfo of every URL in it removed."""
+    return _USERINFO.sub(r"\1", text)
+
+
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#]*@")
 
 
 # accept() errors that concern only the connection being accepted (it went away while queued): take the

@@ -5,6 +5,9 @@ a private directory made for it), and a directory another user can write may hol
 planted there first: a symlink to one of this user's files, a FIFO, a file of theirs.  So a log
 is opened without following a symlink, without blocking on a FIFO, and only if it is a regular
 file of this user's with no other name; it is made mode 0600 whatever the umask.
+
+What leaves this machine from a folder (an MLflow upload of a SavedModel or a TensorBoard log
+directory) is copied by :func:`copy_plain_tree`: regular files only, never through a link.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import stat
 
 
@@ -78,3 +82,75 @@ def _check_ours(fd: int, path: str) -> None:
         return
     msg = f"refusing the log {path}: {why}"
     raise OSError(errno.EPERM, msg)
+
+
+def copy_plain_tree(src: str, dst: str) -> list[str]:
+    """Copy the regular files under the folder ``src`` into the new folder ``dst``, keeping the tree and the modes.
+
+    Returns what was left out, as paths relative to ``src``: every symlink (to a file or a folder, wherever it
+    points: ``~/.ssh/id_rsa``, ``/etc/shadow``), every file with more than one name (a hard link planted to one
+    of this user's files) and everything that is neither a regular file nor a folder (FIFOs, sockets, devices).
+    ``src`` itself is resolved (the folder the user named may be a link); below it nothing is followed: each
+    folder and file is opened relative to its parent's descriptor with ``O_NOFOLLOW`` and checked on the open
+    descriptor, so a link swapped in while the copy runs is refused too.
+    """
+    skipped: list[str] = []
+    modes: list[tuple[str, int]] = []  # the folders' own modes, set once their files are in
+    top = os.open(os.path.realpath(src), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    stack = [(top, "")]
+    try:
+        os.mkdir(dst, 0o700)
+        modes.append((dst, stat.S_IMODE(os.fstat(top).st_mode)))
+        while stack:
+            dir_fd, rel = stack.pop()
+            try:
+                with os.scandir(dir_fd) as scan:
+                    entries = sorted(scan, key=lambda e: e.name)
+                for entry in entries:
+                    path = os.path.join(rel, entry.name)
+                    fd = _open_plain(entry, dir_fd)
+                    if fd is None:
+                        skipped.append(path)
+                        continue
+                    st = os.fstat(fd)
+                    if stat.S_ISDIR(st.st_mode) and entry.is_dir(follow_symlinks=False):
+                        os.mkdir(os.path.join(dst, path), 0o700)
+                        modes.append((os.path.join(dst, path), stat.S_IMODE(st.st_mode)))
+                        stack.append((fd, path))
+                        continue
+                    try:
+                        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and entry.is_file(follow_symlinks=False):
+                            _copy_fd(fd, os.path.join(dst, path), stat.S_IMODE(st.st_mode))
+                        else:
+                            skipped.append(path)
+                    finally:
+                        os.close(fd)
+            finally:
+                os.close(dir_fd)
+    except BaseException:
+        for fd, _ in stack:
+            os.close(fd)
+        raise
+    for path, mode in reversed(modes):  # deepest first: a read-only folder is filled before it becomes one
+        os.chmod(path, mode | stat.S_IRWXU)
+    return skipped
+
+
+def _open_plain(entry: os.DirEntry[str], dir_fd: int) -> int | None:
+    """A descriptor on ``entry`` when it is a folder or a regular file (not followed if a link); None otherwise."""
+    if not (entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)):
+        return None  # a symlink, FIFO, socket or device: not even opened
+    try:
+        return os.open(entry.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENOENT):  # replaced by a link or a socket, or gone
+            return None
+        raise
+
+
+def _copy_fd(fd: int, path: str, mode: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(out, "wb") as w, os.fdopen(os.dup(fd), "rb") as r:
+        shutil.copyfileobj(r, w)
+        os.fchmod(w.fileno(), mode | stat.S_IRUSR)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,7 +144,15 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
 
 
 def _web_url(url: Any) -> str | None:
-    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+    """A web page's URL without the ``user:password@`` a tracking URI may carry (the model is shown, and saved in
+    the notebook); None for anything else.  ``runtime.net.without_credentials``'s rule: widgets import no runtime."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return None
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return None
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])) if "@" in parts.netloc else url
 
 
 def mlflow_link(model: Mapping[str, Any]) -> str:

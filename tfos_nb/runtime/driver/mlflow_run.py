@@ -14,14 +14,15 @@ import logging
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .. import net, private
+from ..executor.mlflow_node import URI_ENV, chief_index
 from . import state as S
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def import_mlflow() -> Any:
 class Request:
     """Tracking asked for, resolved on the caller's thread: where to log, and under which run."""
 
-    tracking_uri: str
+    tracking_uri: str = dataclasses.field(repr=False)  # it may carry credentials (https://user:token@host)
     experiment_id: str
     parent_run_id: str | None = None  # the caller's active run: the job logs into it
     all_nodes: bool = False
@@ -113,17 +114,11 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _chief_index(nodes: Sequence[Any]) -> int | None:
-    chief = next((n.index for n in nodes if n.job_name in ("chief", "master")), None)
-    if chief is None:
-        chief = next((n.index for n in nodes if n.job_name == "worker" and n.task_index == 0), None)
-    return chief
-
-
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     """The tracking UI's page of the run, where the server has a UI (HTTP or Databricks); None for a local store.
 
-    Built as MLflow's own client builds the "View run" link it prints.
+    Built as MLflow's own client builds the "View run" link it prints, without the URI's ``user:password@``:
+    the link is shown in the panel and saved in the notebook.
     """
     try:
         from mlflow.store.tracking.rest_store import RestStore
@@ -136,7 +131,7 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
             return None
         host = get_workspace_url() or store.get_host_creds().host.rstrip("/")
         part = "ml/experiments" if is_databricks_uri(tracking_uri) else "#/experiments"
-        return f"{host.rstrip('/')}/{part}/{experiment_id}/runs/{run_id}"
+        return net.without_credentials(f"{host.rstrip('/')}/{part}/{experiment_id}/runs/{run_id}")
     except Exception:  # noqa: BLE001 - a link is a convenience: never a reason to fail a job
         return None
 
@@ -187,9 +182,10 @@ class JobRun:
 
     # -- the hooks ------------------------------------------------------------------------
     def node_env(self) -> dict[str, str]:
-        """The nodes' environment: the run id(s) (``ctx.mlflow_run_id``) and the tracking URI for the chief."""
+        """The nodes' environment: the run id(s) (``ctx.mlflow_run_id``) and the tracking URI, which may carry
+        credentials: only the node that logs keeps it (:func:`~tfos_nb.runtime.executor.mlflow_node.node_env`)."""
         ids = ",".join(self.trial_ids) if self.trial_ids else self.run_id
-        return {RUN_ID_ENV: ids, "TFOS_MLFLOW_TRACKING_URI": self.request.tracking_uri}
+        return {RUN_ID_ENV: ids, URI_ENV: self.request.tracking_uri}
 
     def attach(self, job: Any, *, finish_with_job: bool = False) -> None:
         """Log ``job``'s metrics when it ends (``finish_with_job``: and end the run with it)."""
@@ -221,7 +217,7 @@ class JobRun:
                 line = failure_message(view, what).splitlines()[0]
                 self.failures.append(f"attempt {attempt}: {line}"[:500])
         except Exception as exc:  # noqa: BLE001
-            log.warning("tfos_nb: MLflow logging of %s failed: %s", self.name, exc)
+            log.warning("tfos_nb: MLflow logging of %s failed: %s", self.name, net.scrub_credentials(str(exc)))
 
     def log_returned(self, results: Sequence[Any], state: S.ClusterState) -> None:
         """A sweep's returned values: each result's scalars as its trial's metrics, at the trial's last step."""
@@ -239,7 +235,8 @@ class JobRun:
                 metrics = [self._metric(str(k), v, time.time(), last.get(r.index, 0)) for k, v in values.items()]
                 self._log_metrics(self.trial_ids[r.index], [m for m in metrics if m is not None])
         except Exception as exc:  # noqa: BLE001
-            log.warning("tfos_nb: MLflow logging of %s's results failed: %s", self.name, exc)
+            log.warning("tfos_nb: MLflow logging of %s's results failed: %s", self.name,
+                        net.scrub_credentials(str(exc)))
 
     def finish(self, state: str, *, error: Any = None) -> None:
         """End the run as the job ended (``state``: finished/failed/stopped): tags, artifacts, status (once)."""
@@ -260,7 +257,7 @@ class JobRun:
                 self._log_model()
             self._log_tensorboard()
         except Exception as exc:  # noqa: BLE001
-            log.warning("tfos_nb: MLflow logging of %s failed: %s", self.name, exc)
+            log.warning("tfos_nb: MLflow logging of %s failed: %s", self.name, net.scrub_credentials(str(exc)))
         finally:
             if self.owned:
                 for run_id in self.trial_ids:
@@ -269,7 +266,8 @@ class JobRun:
 
     # -- what is logged -----------------------------------------------------------------
     def _log_history(self, state: S.ClusterState, view: S.ClusterView, attempt: int) -> None:
-        chief = _chief_index(view.nodes)
+        found = chief_index([(n.job_name, n.task_index) for n in view.nodes])
+        chief = None if found is None else view.nodes[found].index
         ordinals: dict[int, int] = {}
         metrics: list[Any] = []
         for role, task_index, index, t, step, values in state.history():
@@ -332,17 +330,28 @@ class JobRun:
             return
         from mlflow.models import Model
 
-        with tempfile.TemporaryDirectory(prefix="tfos_nb-mlflow-") as tmp:
-            root = os.path.join(tmp, "model")
-            shutil.copytree(src, os.path.join(root, "tf2model"))
-            model = Model(run_id=self.run_id, artifact_path="model")
-            model.add_flavor("tensorflow", saved_model_dir="tf2model", model_type="tf2-module", code=None)
-            model.save(os.path.join(root, "MLmodel"))
-            self.client.log_artifacts(self.run_id, root, "model")
+        model = Model(run_id=self.run_id, artifact_path="model")
+        model.add_flavor("tensorflow", saved_model_dir="tf2model", model_type="tf2-module", code=None)
+        self._upload(src, "model", "tf2model", lambda root: model.save(os.path.join(root, "MLmodel")))
 
     def _log_tensorboard(self) -> None:
         if self.log_dir and os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
-            self.client.log_artifacts(self.run_id, self.log_dir, "tensorboard")
+            self._upload(self.log_dir, "tensorboard")
+
+    def _upload(self, src: str, artifact_path: str, under: str = "", add: Callable[[str], None] | None = None) -> None:
+        """The regular files under ``src`` as the run's ``artifact_path`` (in its folder ``under``; ``add(root)`` adds
+        more): a copy that follows no link out of the folder; one warning names what it left out."""
+        with tempfile.TemporaryDirectory(prefix="tfos_nb-mlflow-") as tmp:
+            root = os.path.join(tmp, artifact_path)
+            if under:
+                os.mkdir(root)
+            if skipped := private.copy_plain_tree(src, os.path.join(root, under) if under else root):
+                more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+                log.warning("tfos_nb: not uploaded to MLflow from %s (only regular files are: a symlink or a file "
+                            "with other names could lead outside the folder): %s%s", src, ", ".join(skipped[:10]), more)
+            if add is not None:
+                add(root)
+            self.client.log_artifacts(self.run_id, root, artifact_path)
 
     # -- MLflow calls -----------------------------------------------------------------------
     @staticmethod
@@ -386,4 +395,4 @@ class JobRun:
                 status = {S.FINISHED: "FINISHED", S.FAILED: "FAILED"}.get(outcome or "", "KILLED")
             self.client.set_terminated(run_id, status)
         except Exception as exc:  # noqa: BLE001
-            log.warning("tfos_nb: could not end MLflow run %s: %s", run_id, exc)
+            log.warning("tfos_nb: could not end MLflow run %s: %s", run_id, net.scrub_credentials(str(exc)))

@@ -27,8 +27,9 @@ steps/s as ``system/steps_per_sec/<role>_<index>``.  Tags ``tfos_nb.*``: kind, n
 outcome, attempts, failures, error.  Artifacts: the SavedModel in ``args["export_dir"]`` (an
 MLflow model of the ``tensorflow`` flavour under ``model/``: ``mlflow.tensorflow.load_model(
 "runs:/<id>/model")``), the TensorBoard log directory (``log_dir=``, ``--logdir``) under
-``tensorboard/`` (both when the notebook's machine can read them), and each failed node's output
-tail under ``errors/``.
+``tensorboard/`` (both when the notebook's machine can read them; regular files only: a symlink or a
+file with other names is left out, and one warning names it), and each failed node's output tail under
+``errors/``.  The panel's link to the run never carries the tracking URI's ``user:password@``.
 The run ends FINISHED, FAILED or KILLED (stopped: ■, ``%tfos_shutdown``, a timeout) with the
 job; a run the caller opened is left for the caller's ``with`` block to end.
 
@@ -44,8 +45,9 @@ scalars it returned as metrics at its last step.
 **Nodes that call MLflow themselves.**  Every node gets the run's id as ``ctx.mlflow_run_id``
 (a sweep's trial: its child run's).  The chief (each trial of a sweep) also gets
 ``MLFLOW_RUN_ID`` and ``MLFLOW_TRACKING_URI``, so ``mlflow.start_run()`` and autologging there
-log into the job's run.  On every other node MLflow's ``autolog`` functions (``mlflow.autolog``,
-``mlflow.<flavour>.autolog``) do nothing (see :mod:`..executor.mlflow_node`): a Keras job with
+log into the job's run; the URI, which may carry credentials, reaches no other node's environment.
+On every other node MLflow's ``autolog`` functions (``mlflow.autolog``, ``mlflow.<flavour>.autolog``)
+do nothing (see :mod:`..executor.mlflow_node`): a Keras job with
 ``mlflow.tensorflow.autolog()`` in its function stays one run, not one per worker.  What other
 nodes log by hand is their own business: log from ``ctx.is_chief``.
 

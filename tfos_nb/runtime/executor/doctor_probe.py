@@ -20,11 +20,13 @@ One task per requested node, in one barrier stage:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import secrets
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -204,24 +206,57 @@ def _hadoop_env() -> dict[str, Any]:
     }
 
 
+_TOKEN_MAX = 64  # bytes read of a peer's token file (a token is 16)
+
+
 def _write_token(directory: str, name: str, token: str) -> str | None:
-    """None when the token file was written (the directory made if missing), else why not."""
+    """None when the token file was written (the directory made if missing), else why not.
+
+    The directory may be shared (an export folder others can write, like /tmp) and the name is predictable
+    once the first task's file shows the run's id: the file is made new (``O_EXCL``), never through a symlink
+    (``O_NOFOLLOW``), 0600.  A file or link already there is a reason, never written through.  By hand, not
+    with tfos_nb's ``private`` helpers: this task runs where tfos_nb may not be installed.
+    """
+    path = os.path.join(directory, name)
     try:
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, name)
-        with open(path, "w") as f:
-            f.write(token)
-        return None
+        os.makedirs(directory, exist_ok=True)  # FileExistsError too when a file has the directory's name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        if not os.path.isdir(directory):
+            return f"FileExistsError: {directory} is not a directory"
+        return (f"something is already at {path} (a file or a symlink someone else put there?): "
+                "not written through; remove it, or choose a directory other users cannot write")
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _read_token(directory: str, name: str, token: str) -> str | None:
+    """None when the peer's token file holds ``token``, else why not: a symlink is not followed, and a file that is
+    not a regular file of this user's is not taken for the peer's (the peers run as this user)."""
+    path = os.path.join(directory, name)
     try:
-        with open(os.path.join(directory, name)) as f:
-            got = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a symlink is at {path}, not the peer's token (not followed)"
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"{path} is not a regular file (not the peer's token)"
+        if st.st_uid != os.geteuid():
+            return f"{path} is owned by uid {st.st_uid}, not this user ({os.geteuid()}): not the peer's token"
+        got = os.read(fd, _TOKEN_MAX).decode("utf-8", "replace")
     except OSError as exc:
         return f"{type(exc).__name__}: {exc}"
+    finally:
+        os.close(fd)
     return None if got == token else "another file is there (not this task's token)"
 
 

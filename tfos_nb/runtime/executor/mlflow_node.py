@@ -12,20 +12,42 @@ call MLflow themselves:
   makes one run, not one per worker.  What a non-chief node logs by hand is up to it: log from
   ``ctx.is_chief``.
 
+The tracking URI may carry credentials (``https://user:token@host``): a cluster's supervisor keeps
+it out of every node's environment but the chief's (:func:`node_env`).
+
 Without tracking (no ``TFOS_MLFLOW_RUN_ID``) nothing changes.
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import os
-import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RUN_ID_ENV", "URI_ENV", "disarm_autolog", "setup"]
+from .import_patches import patch_modules
+
+__all__ = ["RUN_ID_ENV", "URI_ENV", "chief_index", "disarm_autolog", "node_env", "setup"]
 
 RUN_ID_ENV = "TFOS_MLFLOW_RUN_ID"  # one id, or a sweep's ids (one per trial, comma-separated)
 URI_ENV = "TFOS_MLFLOW_TRACKING_URI"
+
+
+def chief_index(roles: Sequence[Sequence[Any]]) -> int | None:
+    """The node that logs to MLflow, by its index in ``roles`` (``[job_name, task_index]`` each): the chief
+    (or master), else worker 0 — ``ctx.is_chief``'s rule."""
+    for i, (job_name, _task) in enumerate(roles):
+        if job_name in ("chief", "master"):
+            return i
+    return next((i for i, (job_name, task) in enumerate(roles) if job_name == "worker" and int(task) == 0), None)
+
+
+def node_env(env: Mapping[str, str], roles: Sequence[Sequence[Any]], node: int) -> dict[str, str]:
+    """The cell's ``env`` as cluster node ``node`` gets it: the tracking URI (it may carry a password) only on the
+    node that logs; every node keeps the run id (``ctx.mlflow_run_id``)."""
+    out = dict(env)
+    if node != chief_index(roles):
+        out.pop(URI_ENV, None)
+    return out
 
 
 def setup(ctx: Any) -> None:
@@ -67,35 +89,6 @@ def _is_mlflow(name: str) -> bool:
     return name == "mlflow" or (name.startswith("mlflow.") and name.count(".") == 1)
 
 
-class _AutologOff(importlib.abc.MetaPathFinder):
-    """Disarms ``autolog`` in ``mlflow`` and ``mlflow.<flavour>`` as each is imported."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if not _is_mlflow(fullname):
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        run = getattr(loader, "exec_module", None)
-        if run is not None:
-            def exec_module(module: Any) -> None:
-                run(module)
-                _disarm(module)
-
-            loader.exec_module = exec_module  # type: ignore[union-attr,method-assign]  # this spec's own loader instance
-        return spec
-
-
 def disarm_autolog() -> None:
     """From now on in this process, MLflow's autolog functions do nothing (modules imported already included)."""
-    if not any(isinstance(f, _AutologOff) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AutologOff())
-    for name, module in list(sys.modules.items()):
-        if _is_mlflow(name) and module is not None:
-            _disarm(module)
+    patch_modules(_is_mlflow, _disarm)

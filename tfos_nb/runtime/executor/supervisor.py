@@ -17,6 +17,7 @@ freeing the executor's slot for feeding tasks).  It
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ from .. import net, procs
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
+from . import mlflow_node
 from .owner import REPORT_BYTES_PER_BEAT, ChildOwner, tf_env
 from .tensorboard import ChiefTensorBoard
 
@@ -44,9 +46,11 @@ class Supervisor(ChildOwner):
         meta = m.LaunchMeta.parse(launch_meta)
         if meta.node is None:
             raise m.ProtocolError("LaunchMeta: a supervisor's meta names its node")
-        # run(env=...) applies to the whole node, GPU discovery (PATH to nvidia-smi) included.
-        os.environ.update({k: str(v) for k, v in meta.env.items()})
         index = meta.node
+        # run(env=...) applies to the whole node, GPU discovery (PATH to nvidia-smi) included; the tracking
+        # URI (it may carry credentials) only on the chief, the one node that logs to MLflow
+        meta = dataclasses.replace(meta, env=mlflow_node.node_env(meta.env, meta.roles, index))
+        os.environ.update({k: str(v) for k, v in meta.env.items()})
         control = meta.address
         client = ControlClient(m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"node{index}"), control, timeout=10)
         job_name, task_index = str(meta.roles[index][0]), int(meta.roles[index][1])

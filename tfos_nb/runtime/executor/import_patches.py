@@ -1,0 +1,63 @@
+"""Patching a module as it is imported: how a node keeps MLflow's hands off what it must not touch.
+
+:func:`patch_modules` runs a function on each module of a set right after the module executes (and on those
+imported already), through one finder at the head of ``sys.meta_path``.  The node's MLflow rules use it
+(:mod:`.mlflow_node`: autologging off on nodes that do not log; :mod:`.mlflow_datasets`: no iteration of a
+stream-fed dataset): nothing of MLflow is imported until the node's own code imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["patch_modules"]
+
+Patch = Callable[[Any], None]
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs each registered patch on a module right after it executes, for the modules the patch wants."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[Callable[[str], bool], Patch]] = []
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        wanted = [patch for wants, patch in self.patches if wants(fullname)]
+        if not wanted:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is not None:
+            def exec_module(module: Any) -> None:
+                run(module)
+                for patch in wanted:
+                    patch(module)
+
+            loader.exec_module = exec_module  # type: ignore[union-attr,method-assign]  # this spec's own loader instance
+        return spec
+
+
+_ON_IMPORT = _PatchOnImport()  # the one finder: patches never search each other
+
+
+def patch_modules(wants: Callable[[str], bool], patch: Patch) -> None:
+    """From now on in this process, ``patch`` every module whose name ``wants`` accepts as it is imported, and
+    those imported already (once per ``patch``)."""
+    if _ON_IMPORT not in sys.meta_path:
+        sys.meta_path.insert(0, _ON_IMPORT)
+    if all(p is not patch for _, p in _ON_IMPORT.patches):
+        _ON_IMPORT.patches.append((wants, patch))
+    for name, module in list(sys.modules.items()):
+        if module is not None and wants(name):
+            patch(module)
