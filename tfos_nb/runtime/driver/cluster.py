@@ -31,6 +31,7 @@ from .cluster_streams import ClusterStreams, feeding_action, refuse_dstream, req
 from .control_plane import ControlPlane
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
 from .job import DriverJob
+from .mlflow_inputs import log_train_input
 from .roles import awaited
 from .streaming import StreamingFeed, is_streaming
 
@@ -63,6 +64,7 @@ class TFCluster(ClusterStreams):
         self.name = job.name
         self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
         self.last_feed: dict[str, int] = {}
+        self.tracking: Any = None  # the job's MLflow run (mlflow_run.JobRun), when tracked
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
 
     @property
@@ -146,6 +148,7 @@ class TFCluster(ClusterStreams):
         inflight: collections.deque[tuple[int, Any]] = collections.deque()
 
         told: set[int] = set()
+        told_tracking: list[int] = []  # the epoch whose rows went to MLflow with the DataFrame (the first)
 
         def learn_shares() -> None:
             """Tell the controller each running epoch's number of feeding tasks, so that once all of them went to
@@ -162,6 +165,9 @@ class TFCluster(ClusterStreams):
             epoch, job = inflight[0]
             stats = feed_totals(self._await(job, "feeding", tick=learn_shares))
             inflight.popleft()
+            if is_df and self.tracking is not None and not told_tracking:  # the first epoch: its exact rows
+                told_tracking.append(epoch)
+                log_train_input(self.tracking, dataRDD, stats["rows"] + stats["skipped"])
             for key, n in stats.items():
                 total[key] += n
             self._controller.end_epoch(epoch)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import columns as C
-from . import compat
+from . import compat, mlflow_datasets
 from .feed_hub import Conn, FeedHub
 
 log = logging.getLogger(__name__)
@@ -174,6 +174,7 @@ class DataFeed:
                 yield feed._select(pieces, columns)
 
         ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+        setattr(ds, mlflow_datasets.MARK, True)  # a one-pass stream: MLflow must not iterate it for a digest
         if cache:
             ds = ds.cache()
         if shuffle:

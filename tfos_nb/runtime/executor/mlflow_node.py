@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import mlflow_datasets
 from .import_patches import patch_modules
 
 __all__ = ["RUN_ID_ENV", "URI_ENV", "chief_index", "disarm_autolog", "node_env", "setup"]
@@ -63,6 +64,7 @@ def setup(ctx: Any) -> None:
         own, logs = ids[0], bool(ctx.is_chief)
     ctx.mlflow_run_id = own
     if logs and own:
+        mlflow_datasets.guard()  # autologging must not iterate as_dataset's stream for a digest
         os.environ["MLFLOW_RUN_ID"] = own
         uri = os.environ.get(URI_ENV)
         if uri:

@@ -1,0 +1,129 @@
+"""Issue 41, item 0: MLflow autologging on a stream-fed node, left at its defaults, as a data scientist writes it.
+
+``mlflow.tensorflow.autolog()`` logs ``fit``'s dataset (``log_datasets=True``): its digest iterates the whole
+dataset, which on the chief is ``as_dataset``'s one-pass stream of the DataFrame — an epoch consumed before
+``fit``, and ``fit`` then waiting for rows the job never feeds (a 600 s hang before the fix).  The notebook
+below is the one from the issue: an active run in the notebook, a DataFrame of 1,600 rows of 64 floats in 4
+partitions, a 2-worker MultiWorkerMirroredStrategy cell that turns autologging on.  It must finish, in the one
+run, with the DataFrame as the run's ``train`` input: MLflow's Spark record (schema, Spark's digest), the exact
+row count.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_tracking import Kernel, _streams, _text, client, mlflow_server  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+NOTEBOOK = """\
+import os
+os.environ["MLFLOW_TRACKING_URI"] = {url!r}
+import mlflow
+import numpy as np
+%load_ext tfos_nb
+%config TFOSMagics.renderer = 'text'
+from tfos_nb.magics import spark_session
+
+spark = spark_session(nodes=2)
+mlflow.set_experiment("autolog-feed")
+rng = np.random.default_rng(0)
+x = rng.normal(size=(1600, 64)).astype("float32")
+y = (x[:, :8].sum(axis=1) > 0).astype("float32")
+df = spark.createDataFrame([(r.tolist(), float(t)) for r, t in zip(x, y)], "features array<float>, label float")
+df = df.repartition(4)
+run = mlflow.start_run(run_name="notebook")
+"""
+
+CELL = """\
+%%tfos_cluster --workers 2 --data df --epochs 3 --name autolog --timeout 240
+import mlflow
+import tensorflow as tf
+
+mlflow.tensorflow.autolog()  # log_datasets=True: MLflow's default
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+ds = ctx.get_data_feed().as_dataset(batch_size=64)
+model.fit(ds, epochs=args.epochs, callbacks=[ctx.progress_callback()], verbose=0)
+print("fit done on", ctx.job_name, flush=True)
+"""
+
+
+def test_autolog_with_its_default_dataset_logging_trains_on_the_feed(mlflow_server, client, kernel_specs, tmp_path):  # noqa: F811
+    kernel = Kernel(kernel_specs, tmp_path)
+    try:
+        kernel.run(NOTEBOOK.format(url=mlflow_server), timeout=180)
+        _, msgs = kernel.run(CELL, timeout=300)
+        text = _text(msgs)
+        assert text.count("fit done on") == 2, text[-3000:]
+        run_id = kernel.value("run.info.run_id")
+        expected = kernel.value("mlflow.data.from_spark(df).digest")  # MLflow's own digest of the DataFrame
+        kernel.run("mlflow.end_run()")
+    finally:
+        kernel.close()
+    run = client.get_run(run_id)
+    assert str(run.data.params.get("opt_name")).lower() == "adam", run.data.params  # autolog ran, on the chief
+    assert run.data.tags["tfos_nb.outcome"] == "finished", run.data.tags
+    inputs = run.inputs.dataset_inputs
+    assert len(inputs) == 1, [(i.dataset.name, i.dataset.digest, i.tags) for i in inputs]
+    dataset = inputs[0].dataset
+    assert {t.key: t.value for t in inputs[0].tags}.get("mlflow.data.context") == "train"
+    assert dataset.digest == expected and dataset.source_type == "code"
+    assert json.loads(dataset.profile) == {"num_rows": 1600}
+    columns = [c["name"] for c in json.loads(dataset.schema)["mlflow_colspec"]]
+    assert columns == ["features", "label"], dataset.schema
+    # the cell's output stays clean: MLflow did not warn that it failed to log the dataset
+    assert "Failed to log training dataset" not in _streams(msgs), _streams(msgs)[-3000:]
+
+
+GUARD = """
+import os, types
+import tensorflow as tf
+from tfos_nb.runtime.executor import mlflow_datasets, mlflow_node
+
+pulled = []
+def gen():
+    for i in range(4):
+        pulled.append(i)
+        yield [float(i)]
+stream = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec((None,), tf.float32))
+setattr(stream, mlflow_datasets.MARK, True)  # as DataFeed.as_dataset marks its stream
+derived = stream.map(lambda x: x * 2).batch(2).prefetch(1)  # what a user builds on it
+mlflow_node.setup(types.SimpleNamespace(is_chief=True, mlflow_run_id=None))  # the chief: MLflow is imported after
+import mlflow
+import mlflow.tensorflow
+try:
+    mlflow.data.from_tensorflow(derived)
+    print("not refused")
+except ValueError as exc:
+    print("refused:", exc)
+print("skipped:", mlflow.tensorflow._log_tensorflow_dataset(derived, None, "train"))
+print("pulled:", len(pulled))
+print("other:", type(mlflow.data.from_tensorflow(tf.data.Dataset.from_tensor_slices([1.0, 2.0]))).__name__)
+"""
+
+
+def test_mlflow_never_iterates_a_stream_fed_dataset_on_the_chief(tmp_path):
+    """The guard alone, in a fresh interpreter as a chief's node has it: MLflow's constructor refuses a dataset built
+    on a feed's stream, autologging's dataset step skips it, neither pulls a row; other datasets are MLflow's."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TFOS_MLFLOW_RUN_ID": "r0", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT),
+           "MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri()}
+    out = subprocess.run([sys.executable, "-c", GUARD], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    from tfos_nb.runtime.executor.mlflow_datasets import REFUSAL
+
+    assert lines == [f"refused: {REFUSAL}", "skipped: None", "pulled: 0", "other: TensorFlowDataset"], out.stdout
