@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.conftest import KERNEL, NODE_ENV, kernel_execute, wait_until
+from tests.server_abuse import as_nobody, fork_as_nobody
 
 pytestmark = pytest.mark.slow
 
@@ -187,3 +188,120 @@ def _assert_spark_refuses_a_client_without_the_secret(execute, procs: dict[int, 
         if "ClientEndpoint" in run.stdout + run.stderr:
             answered.append((port, (run.stdout + run.stderr)[-600:]))
     assert not answered, answered
+
+
+# A process holding an embedded Spark (``spark_session``, as a notebook calls it) with executors and their Python
+# workers up; it prints the secrets to look for (the Spark RPC secret from the JVM's SparkConf, Spark Connect's token
+# from this process's environment, where pyspark's client reads it), then stops the Spark when its stdin says so.
+_HOLDER = """\
+import json, os, sys
+from tfos_nb.magics import spark_session
+from tfos_nb.magics._spark import stop_embedded
+spark = spark_session(nodes=2, connect={connect})
+assert spark.range(0, 4, 1, 2).mapInPandas(lambda batches: batches, "id long").count() == 4
+from pyspark import SparkContext
+conf = SparkContext._active_spark_context.getConf()  # the JVM's own context (in Connect mode, the server's)
+print("HOLDING", json.dumps({{"secret": conf.get("spark.authenticate.secret"),
+                             "token": os.environ.get("SPARK_CONNECT_AUTHENTICATE_TOKEN", ""),
+                             "port": conf.get("spark.connect.grpc.binding.port", "")}}), flush=True)
+sys.stdin.readline()
+stop_embedded()
+"""
+
+
+def _read_proc_as_nobody(needles: dict[str, bytes]) -> tuple[list[str], set[int]]:
+    """As uid nobody: which of ``needles`` each readable ``/proc/PID/cmdline`` and ``/proc/PID/environ`` holds
+    (``"PID/file: name"``), and the pids whose command line it could read."""
+    r, w = os.pipe()
+
+    def scan() -> None:
+        os.close(r)
+        lines = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            for part in ("cmdline", "environ"):
+                try:
+                    with open(f"/proc/{name}/{part}", "rb") as f:
+                        data = f.read()
+                except OSError:  # not readable by nobody (environ: another uid's), or the process ended
+                    continue
+                if part == "cmdline":
+                    lines.append(f"read {name}")
+                lines += [f"found {name}/{part}: {what}" for what, needle in needles.items() if needle in data]
+        with os.fdopen(w, "w") as out:
+            out.write("\n".join(lines))
+
+    pid = fork_as_nobody(scan)
+    os.close(w)
+    with os.fdopen(r) as answer:
+        lines = answer.read().splitlines()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, f"the scan as nobody failed ({status})"
+    found = [line.removeprefix("found ") for line in lines if line.startswith("found ")]
+    return found, {int(line.split()[1]) for line in lines if line.startswith("read ")}
+
+
+@pytest.mark.parametrize("connect", [False, True], ids=["classic", "connect"])
+def test_no_other_user_reads_the_embedded_spark_secrets(connect):
+    """Another local user reads every process's command line (``/proc/PID/cmdline``) and the environment of its
+    own processes: neither holds the embedded Spark's RPC secret nor, in Connect mode, the Connect server's token
+    (with either, that user could join the master, the workers or the driver, or drive the server, as this user)."""
+    import json
+    import subprocess
+    import threading
+
+    as_nobody()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE",
+                        "SPARK_CONNECT_AUTHENTICATE_TOKEN", "TFOS_NB_SPARK_CONNECT", "SPARK_LOCAL_IP")}
+    env.update(NODE_ENV, PYSPARK_PYTHON=sys.executable)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER.format(connect=connect)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env=env, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    deadline = threading.Timer(300, holder.kill)  # a Spark that never comes up ends the readline below
+    deadline.start()
+    try:
+        output = []
+        for line in holder.stdout:  # until the holder holds (EOF: it failed, or the deadline killed it)
+            output.append(line)
+            if line.startswith("HOLDING "):
+                break
+        deadline.cancel()
+        assert output and output[-1].startswith("HOLDING "), (holder.poll(), "".join(output)[-2000:])
+        held = json.loads(output[-1].removeprefix("HOLDING "))
+        secret, token = held["secret"], held["token"]
+        assert secret and len(secret) == 64, held
+        needles = {"the Spark RPC secret": secret.encode()}
+        if connect:
+            assert token, held
+            needles["the Spark Connect token"] = token.encode()
+        spark_procs = psutil.Process(holder.pid).children(recursive=True)
+        jvms = [p.pid for p in spark_procs if p.name() == "java"]
+        assert len(jvms) >= 3, [p.cmdline() for p in spark_procs]  # the driver's JVM and two executors'
+
+        found, read = _read_proc_as_nobody(needles)
+        assert not found, f"readable by uid nobody: {found}"
+        assert set(jvms) <= read, (jvms, "nobody could not read these command lines: the scan proves nothing")
+        if connect:
+            _assert_connect_server_refuses_a_client_without_the_token(int(held["port"]), env)
+    finally:
+        deadline.cancel()
+        if holder.poll() is None:
+            holder.stdin.write("stop\n")
+            holder.stdin.flush()
+        try:
+            holder.wait(120)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait(10)
+
+
+def _assert_connect_server_refuses_a_client_without_the_token(port: int, env: dict[str, str]) -> None:
+    """The token guards the server: a Spark Connect client without it (what another user has) runs nothing."""
+    import subprocess
+
+    client = ("from pyspark.sql.connect.session import SparkSession\n"
+              f"SparkSession.builder.remote('sc://127.0.0.1:{port}').getOrCreate().range(1).collect()\n")
+    run = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode != 0 and "UNAUTHENTICATED" in run.stderr, (run.returncode, run.stderr[-2000:])

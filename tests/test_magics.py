@@ -13,7 +13,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from tests.conftest import ipython_with_tfos_nb, spark_session, wait_until
-from tfos_nb.magics import ClusterFailed, ClusterHandle, _render
+from tfos_nb.magics import ClusterFailed, ClusterHandle, _render, _spark
 from tfos_nb.magics._cellfn import build
 
 PYTHON = sys.executable
@@ -190,6 +190,51 @@ def test_status_table_formatting():
     node = types.SimpleNamespace(label="chief:0", state="running", step=40, total_steps=300,
                                  metrics={"epoch": 1, "loss": 0.123456})
     assert _render.node_line(node) == "chief:0 running step 40/300 loss 0.1235"
+
+
+# -- the embedded Spark Connect server needs pyspark >= 4.0 (authentication token, loopback binding) ------------------
+OLD_PYSPARK = ("tfos_nb: the embedded Spark Connect server needs pyspark >= 4.0 (its authentication token and loopback "
+               "binding); pyspark 3.5.3 is installed: upgrade pyspark, or use the classic embedded Spark "
+               "(no TFOS_NB_SPARK_CONNECT / connect=False)")
+
+
+@pytest.mark.parametrize("version", ["4.0.0", "4.3.0", "4.1.0.dev0", "4.0.0rc1", "5.0.0", "10.0.0"])
+def test_pyspark_4_may_run_the_embedded_connect_server(version):
+    assert _spark.connect_refusal(version) is None
+
+
+@pytest.mark.parametrize("version", ["3.5.3", "3.5.9", "3.4.1", "2.4.8", "dev"])
+def test_an_older_pyspark_is_refused_naming_itself_and_the_fix(version):
+    assert _spark.connect_refusal(version) == OLD_PYSPARK.replace("3.5.3", version)
+
+
+def test_the_installed_pyspark_may_run_the_embedded_connect_server():
+    import pyspark
+
+    assert _spark.connect_refusal(pyspark.__version__) is None, pyspark.__version__
+
+
+def test_an_old_pyspark_refuses_connect_before_anything_starts(ip, monkeypatch, capsys):
+    """The magics say it as a one-line UsageError, the Python API as a RuntimeError: no notice, no JVM, no
+    environment of a Spark Connect server."""
+    monkeypatch.setattr(_spark, "_pyspark_version", lambda: "3.5.3")
+    monkeypatch.setattr(_spark, "find_spark_context", lambda ns: None)  # whatever Spark an earlier module left
+    monkeypatch.setenv("TFOS_NB_SPARK_CONNECT", "1")
+    environ = dict(os.environ)
+    for magic, line in (("tfos_cluster", "--workers 1 --name old_connect"), ("tfos_parallel", "--runs 2 --name old_runs")):
+        with pytest.raises(UsageError) as info:
+            ip.run_cell_magic(magic, line, "pass")
+        assert str(info.value) == OLD_PYSPARK
+    for start in (lambda: _spark.spark_session(2), lambda: _spark.spark_session(2, connect=True),
+                  lambda: _spark.start_embedded(2, "local-cluster[{n},1,1024]")):
+        with pytest.raises(RuntimeError) as error:
+            start()
+        assert str(error.value) == OLD_PYSPARK
+    assert "starting" not in capsys.readouterr().out
+    assert dict(os.environ) == environ and not _spark._embedded_sessions
+    assert "old_connect" not in ip.user_ns and "old_runs" not in ip.user_ns
+    monkeypatch.delenv("TFOS_NB_SPARK_CONNECT")  # the classic embedded Spark on the same pyspark is no Connect server
+    assert _spark._refusal(None) is None and _spark._refusal(False) is None and _spark._refusal(True) == OLD_PYSPARK
 
 
 # -- real Spark, real TensorFlow ----------------------------------------------------------------

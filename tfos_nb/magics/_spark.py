@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import secrets
 import sys
 from collections.abc import Callable, Mapping
@@ -12,11 +13,15 @@ from typing import Any
 from ..runtime.driver.start import expected_slots
 from ..runtime.sessions import is_connect
 
-__all__ = ["CONNECT_ENV", "LOOPBACK", "before_embedded_stop", "embedded_host", "embedded_notice", "expected_slots",
-           "find_spark_context", "is_connect", "job_groups", "job_progress", "spark_for_cell", "spark_session",
-           "start_embedded", "stop_embedded"]
+__all__ = ["CONNECT_ENV", "LOOPBACK", "before_embedded_stop", "connect_refusal", "embedded_host", "embedded_notice",
+           "expected_slots", "find_spark_context", "is_connect", "job_groups", "job_progress", "spark_for_cell",
+           "spark_session", "start_embedded", "stop_embedded"]
 
 CONNECT_ENV = "TFOS_NB_SPARK_CONNECT"  # "1": the embedded Spark is a local Spark Connect server (quickstart.sh --connect)
+_CONNECT_AUTH_VAR = "SPARK_CONNECT_AUTHENTICATE_TOKEN"  # where pyspark's Connect client (and server, as a fallback) read it
+# Settings that must never be on a command line (every local user reads /proc/PID/cmdline): they reach the JVM's
+# SparkConf through pyspark's gateway instead.
+_SECRET_CONF = ("spark.authenticate.secret", "spark.connect.authenticate.token")
 
 
 def _context_of(obj: Any) -> Any:
@@ -75,6 +80,35 @@ def embedded_host() -> str:
     return os.environ.get("SPARK_LOCAL_IP") or LOOPBACK
 
 
+def _wants_connect(connect: bool | None) -> bool:
+    return os.environ.get(CONNECT_ENV) == "1" if connect is None else connect
+
+
+def connect_refusal(pyspark_version: str) -> str | None:
+    """Why the embedded Spark cannot be a Spark Connect server on ``pyspark_version``; None where it can.
+
+    Before Spark 4.0 a local Spark Connect server authenticates no one (no token) and listens on every
+    interface (no ``spark.connect.grpc.binding.address``): whoever reaches its port runs code as this user.
+    """
+    match = re.match(r"(\d+)\.(\d+)", pyspark_version)
+    if match and (int(match[1]), int(match[2])) >= (4, 0):
+        return None
+    return (f"tfos_nb: the embedded Spark Connect server needs pyspark >= 4.0 (its authentication token and "
+            f"loopback binding); pyspark {pyspark_version} is installed: upgrade pyspark, or use the classic "
+            f"embedded Spark (no {CONNECT_ENV} / connect=False)")
+
+
+def _pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
+
+
+def _refusal(connect: bool | None) -> str | None:
+    """:func:`connect_refusal` for the installed pyspark where the embedded Spark is to be a Connect server."""
+    return connect_refusal(_pyspark_version()) if _wants_connect(connect) else None
+
+
 def start_embedded(nodes: int, master_template: str, connect: bool | None = None) -> Any:
     """A SparkSession on an embedded ``local-cluster`` with one executor slot per node.
 
@@ -87,16 +121,21 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
     executors (``SPARK_LOCAL_IP`` in the JVM's environment, inherited by the executors),
     and so tfos_nb's control server and the nodes' data servers and TensorBoard, which
     take the driver's address.  A notebook's own Spark session keeps its own settings.
+
+    Raises ``RuntimeError`` for a Connect server on pyspark < 4.0 (:func:`connect_refusal`), before
+    anything starts.
     """
-    if connect is None:
-        connect = os.environ.get(CONNECT_ENV) == "1"
+    refusal = _refusal(connect)
+    if refusal:
+        raise RuntimeError(refusal)
+    connect = _wants_connect(connect)
     os.environ["PYSPARK_PYTHON"] = sys.executable  # executors must import TensorFlow from this environment
 
     host = embedded_host()
     master = master_template.format(n=max(1, nodes))
     # Spark's RPC authenticated with a secret of this session's (local-cluster needs it set explicitly):
     # without it, any local user could join the embedded master, workers or driver and run code as this
-    # user.  It never goes on a command line (every user reads /proc/PID/cmdline): see _start_local_cluster.
+    # user.  It never goes on a command line (every user reads /proc/PID/cmdline): see _launch_jvm.
     secret = secrets.token_hex(32)
     saved = os.environ.get("SPARK_LOCAL_IP")
     os.environ["SPARK_LOCAL_IP"] = host  # read by the JVM that getOrCreate launches, then put back
@@ -122,28 +161,40 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
     return spark
 
 
-def _start_local_cluster(master: str, conf: dict[str, str]) -> Any:
-    """A classic session on ``master`` whose JVM runs in a process session of its own.
+def _launch_jvm(master: str, conf: Mapping[str, str], *, own_session: bool) -> None:
+    """Start pyspark's JVM (its gateway), unless this process has one already.
 
-    A kernel asked to shut down (ipykernel) first sends SIGTERM to every process of its own process
-    group, before any ``atexit`` handler: the JVM, its master and workers then die under a running
-    application, whose workers try to relaunch its executors during the JVM's shutdown (dozens of
-    ERROR lines and Java stacks after a run that succeeded).  In a session of its own the JVM is left
-    to :func:`stop_embedded`; it still exits on its own if this process dies (pyspark's gateway ends at
-    the end of its standard input).
+    ``own_session``: in a process session of its own.  A kernel asked to shut down (ipykernel) first
+    sends SIGTERM to every process of its own process group, before any ``atexit`` handler: the JVM, its
+    master and workers then die under a running application, whose workers try to relaunch its executors
+    during the JVM's shutdown (dozens of ERROR lines and Java stacks after a run that succeeded).  In a
+    session of its own the JVM is left to :func:`stop_embedded`; it still exits on its own if this process
+    dies (pyspark's gateway ends at the end of its standard input).
 
-    pyspark starts the JVM with the settings it is given on its command line; the authentication
-    secret is left out there and reaches the JVM's SparkConf through the gateway (Spark gives it to
-    executors in their environment, not on their command lines).
+    pyspark starts the JVM with ``spark-submit --conf k=v`` for each setting it is given: the secrets
+    (:data:`_SECRET_CONF`) are left out there, and the SparkContext made next in that JVM gets them through
+    the gateway.  Spark hands the RPC secret to its executors in their environment (readable by this user
+    only), not on their command lines.  A JVM an earlier Spark of this process started outlives its
+    SparkContext: pyspark makes the next one there, so it is used as it is.
     """
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    public = {k: v for k, v in conf.items() if k not in _SECRET_CONF}
+    gateway = launch_gateway(SparkConf().setMaster(master).setAll(list(public.items())),
+                             popen_kwargs={"start_new_session": own_session})
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _start_local_cluster(master: str, conf: dict[str, str]) -> Any:
+    """A classic session on ``master``, in a JVM whose command line holds no secret (:func:`_launch_jvm`)."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
-    public = {k: v for k, v in conf.items() if k != "spark.authenticate.secret"}
-    gateway = launch_gateway(SparkConf().setMaster(master).setAll(list(public.items())),
-                             popen_kwargs={"start_new_session": True})
-    SparkContext(conf=SparkConf().setMaster(master).setAll(list(conf.items())), gateway=gateway)
+    _launch_jvm(master, conf, own_session=True)
+    SparkContext(conf=SparkConf().setMaster(master).setAll(list(conf.items())))
     return SparkSession.builder.getOrCreate()  # the session of that context
 
 
@@ -201,8 +252,14 @@ def _start_local_connect(master: str, conf: dict[str, str]) -> Any:
     ``SparkSession.builder.remote("local-cluster[...]")`` does the same on the fixed port 15002 of every
     interface (a second notebook on the machine cannot have one); this is that path with the port chosen
     here: pyspark's own server start (``_start_connect_server``, also used by pyspark's tests) and its
-    markers, so ``spark.stop()`` stops the server as it does for pyspark's local mode. The server takes a
-    random token (pyspark's), which the session sends.
+    markers, so ``spark.stop()`` stops the server as it does for pyspark's local mode.
+
+    pyspark would start the JVM itself, every setting on its command line: the JVM is started first
+    (:func:`_launch_jvm`, no secret on its command line), and pyspark's server start makes its SparkContext
+    there, the secrets through the gateway.  The server takes a random token, which the session sends:
+    in this process's environment (``SPARK_CONNECT_AUTHENTICATE_TOKEN``, where pyspark's client reads it,
+    inherited by the JVM; a process's environment is readable by its own user only) and in the server's
+    SparkConf (so a JVM started earlier without it in its environment still requires it).
     """
     import socket
 
@@ -211,9 +268,14 @@ def _start_local_connect(master: str, conf: dict[str, str]) -> Any:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
         port = probe.getsockname()[1]
-    opts = dict(conf, **{"spark.connect.grpc.binding.address": LOOPBACK, "spark.connect.grpc.binding.port": str(port)})
+    token = os.environ.setdefault(_CONNECT_AUTH_VAR, secrets.token_hex(32))  # one this process was given is kept
+    opts = dict(conf, **{"spark.connect.grpc.binding.address": LOOPBACK, "spark.connect.grpc.binding.port": str(port),
+                         "spark.connect.authenticate.token": token})
     os.environ["SPARK_LOCAL_REMOTE"] = "1"
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    # In this process's group, where pyspark's own server start puts it: a kernel killed outright (no atexit,
+    # so no stop_embedded) takes the server with it, whose shutdown would otherwise fill the terminal.
+    _launch_jvm(master, opts, own_session=False)
     ConnectSession._start_connect_server(master, opts)
     spark = ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
     _embedded_connect[:] = [spark]
@@ -227,7 +289,7 @@ def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,10
     This is what ``%%tfos_cluster`` does when no Spark session exists; call it
     first when the notebook needs Spark itself (to build the DataFrame to feed).
     ``connect`` (default: ``TFOS_NB_SPARK_CONNECT=1`` in the environment) makes the embedded
-    one a local Spark Connect server and session (see :func:`start_embedded`).
+    one a local Spark Connect server and session (see :func:`start_embedded`; ``RuntimeError`` on pyspark < 4.0).
     """
     sc = find_spark_context({})
     if sc is not None:
@@ -236,14 +298,15 @@ def spark_session(nodes: int = 2, master_template: str = "local-cluster[{n},1,10
         from pyspark.sql import SparkSession
 
         return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()  # reuses sc
+    refusal = _refusal(connect)
+    if refusal:
+        raise RuntimeError(refusal)
     print(embedded_notice(master_template.format(n=max(1, nodes)), connect))
     return start_embedded(nodes, master_template, connect)
 
 
 def embedded_notice(master: str, connect: bool | None = None) -> str:
-    if connect is None:
-        connect = os.environ.get(CONNECT_ENV) == "1"
-    kind = "a local Spark Connect server and session" if connect else "an embedded one"
+    kind = "a local Spark Connect server and session" if _wants_connect(connect) else "an embedded one"
     # TensorFlow binds its tf.distribute gRPC server to every interface (hard-coded, no authentication):
     # say so plainly rather than promise a loopback-only cluster.
     return (f"tfos_nb: no Spark session in this kernel; starting {kind} ({master}; Spark and tfos_nb listen on "
@@ -293,6 +356,7 @@ def spark_for_cell(ns: dict[str, Any], master_template: str, nodes: int, embedde
 
     ``nodes`` task slots are checked against what the notebook's Spark application
     will have (0: no check); an embedded Spark gets ``embedded_slots`` (default ``nodes``).
+    An embedded Spark Connect server on pyspark < 4.0 is a ``UsageError`` (:func:`connect_refusal`).
     """
     from IPython.core.error import UsageError
 
@@ -300,6 +364,9 @@ def spark_for_cell(ns: dict[str, Any], master_template: str, nodes: int, embedde
 
     sc = find_spark_context(ns)
     if sc is None:
+        refusal = _refusal(None)
+        if refusal:
+            raise UsageError(refusal)
         n = nodes if embedded_slots is None else embedded_slots
         print(embedded_notice(master_template.format(n=n)))
         spark = start_embedded(n, master_template)
