@@ -244,3 +244,18 @@ def nobody_http_server(port: int = 0) -> Iterator[tuple[int, Callable[[], int]]]
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         os.close(hits_r)
+
+
+@contextmanager
+def writable_by_all(mode: int = 0o777) -> Iterator[Path]:
+    """A fresh folder every user can write, removed after: 0777 (no sticky bit: a shared export or work folder,
+    a TMPDIR set carelessly) or 0o1777 (like /tmp)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp())
+    d.chmod(mode)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -8,15 +8,13 @@ an export folder others can write is tested here, with what uid ``nobody`` plant
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.server_abuse import as_nobody, as_nobody_wait
+from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
 from tfos_nb.runtime.doctor import FAIL, OK, WARN, DoctorFailed, Report, verdicts
 from tfos_nb.runtime.executor import doctor_probe
 
@@ -180,10 +178,8 @@ TOKEN = "0123456789abcdef"
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """An export folder every user can write and no sticky bit protects (a shared folder made 0777)."""
-    d = Path(tempfile.mkdtemp())
-    d.chmod(0o777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with writable_by_all() as d:
+        yield d
 
 
 def test_the_token_file_is_new_and_0600_and_read_back(open_dir: Path) -> None:

@@ -7,14 +7,13 @@ import os
 import pwd
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_until
-from tests.server_abuse import as_nobody, as_nobody_wait
+from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
 from tfos_nb.runtime import private
 from tfos_nb.runtime.driver.start import driver_log_path
 from tfos_nb.runtime.executor.launch import start_coordinator
@@ -29,10 +28,8 @@ BROKEN = m.LaunchMeta(cluster_id="c0ffee", secret="00", control=["127.0.0.1", 0]
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A directory every user can write, like /tmp (sticky) or a shared work directory."""
-    d = Path(tempfile.mkdtemp())
-    d.chmod(0o1777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with writable_by_all(0o1777) as d:
+        yield d
 
 
 def test_a_log_is_0600_whatever_the_umask(tmp_path: Path) -> None:
@@ -110,7 +107,8 @@ def test_the_chiefs_new_tensorboard_log_folder_is_private(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_the_chiefs_tensorboard_keeps_its_info_file_out_of_a_shared_tmpdir(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_chiefs_tensorboard_keeps_its_info_file_out_of_a_shared_tmpdir(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 51, finding 4: TensorBoard writes ``<TMPDIR>/.tensorboard-info/pid-N.info`` (a folder it makes 0777,
     following a link planted there).  With the node's ``TMPDIR`` a folder every user may write (no sticky
     bit), uid ``nobody`` plants ``.tensorboard-info`` as a link to a folder of theirs: the chief's TensorBoard
@@ -118,30 +116,25 @@ def test_the_chiefs_tensorboard_keeps_its_info_file_out_of_a_shared_tmpdir(monke
     from tfos_nb.runtime.executor.tensorboard import ChiefTensorBoard
 
     as_nobody()
-    shared = tempfile.mkdtemp(prefix="tfos-shared-tmp-")
-    theirs = tempfile.mkdtemp(prefix="tfos-nobodys-")
-    logdir = tempfile.mkdtemp(prefix="tfos-tb-logs-")
-    tb = None
-    try:
-        os.chmod(shared, 0o777)  # world-writable, no sticky bit
-        nobody = pwd.getpwnam("nobody")
-        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
-        as_nobody_wait(lambda: os.symlink(theirs, os.path.join(shared, ".tensorboard-info")))
-        monkeypatch.setenv("TMPDIR", shared)
-        tb = ChiefTensorBoard("127.0.0.1", logdir)
-        tb.start()
-        # TensorBoard writes its info file before it serves: once its URL is verified (it answered), it is there
-        assert wait_until(lambda: tb.url or tb.error, 300, what="the chief's TensorBoard"), tb.error
-        assert tb.url, tb.error
-        assert os.listdir(theirs) == [], "TensorBoard wrote through the planted link"
-        own = tb._tmpdir
-        assert own is not None and os.path.dirname(own) != shared
-        st = os.stat(own)
-        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
-        assert [f for f in os.listdir(os.path.join(own, ".tensorboard-info")) if f.startswith("pid-")]
-    finally:
-        if tb is not None:
+    theirs = tmp_path / "nobodys"
+    theirs.mkdir()
+    nobody = pwd.getpwnam("nobody")
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    with writable_by_all() as shared:
+        as_nobody_wait(lambda: os.symlink(theirs, shared / ".tensorboard-info"))
+        monkeypatch.setenv("TMPDIR", str(shared))
+        tb = ChiefTensorBoard("127.0.0.1", str(tmp_path / "logs"))
+        try:
+            tb.start()
+            # TensorBoard writes its info file before it serves: once its URL is verified (it answered), it is there
+            assert wait_until(lambda: tb.url or tb.error, 300, what="the chief's TensorBoard"), tb.error
+            assert tb.url, tb.error
+            assert os.listdir(theirs) == [], "TensorBoard wrote through the planted link"
+            own = tb._tmpdir
+            assert own is not None
+            st = os.stat(own)
+            assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+            assert [f for f in os.listdir(os.path.join(own, ".tensorboard-info")) if f.startswith("pid-")]
+        finally:
             tb.stop()
-        for folder in (shared, theirs, logdir):
-            shutil.rmtree(folder, ignore_errors=True)
-    assert tb is not None and not os.path.exists(tb._tmpdir or "")
+    assert not os.path.exists(own)

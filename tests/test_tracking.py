@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import KERNEL, free_port, import_or_skip, wait_until
-from tests.server_abuse import as_nobody, as_nobody_wait
+from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -586,10 +585,8 @@ def test_the_same_cell_on_spark_connect(mlflow_server, client, kernel_specs, tmp
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A folder every user can write and no sticky bit protects (a shared export folder made 0777)."""
-    d = Path(tempfile.mkdtemp())
-    d.chmod(0o777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+    with writable_by_all() as d:
+        yield d
 
 
 def _artifacts(client: Any, run_id: str) -> dict[str, bytes]:
