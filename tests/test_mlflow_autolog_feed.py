@@ -6,7 +6,7 @@ dataset, which on the chief is ``as_dataset``'s one-pass stream of the DataFrame
 below is the one from the issue: an active run in the notebook, a DataFrame of 1,600 rows of 64 floats in 4
 partitions, a 2-worker MultiWorkerMirroredStrategy cell that turns autologging on.  It must finish, in the one
 run, with the DataFrame as the run's ``train`` input: MLflow's Spark record (schema, Spark's digest), the exact
-row count.
+row count; on a classic Spark session and on Spark Connect alike.
 """
 
 from __future__ import annotations
@@ -57,13 +57,23 @@ print("fit done on", ctx.job_name, flush=True)
 """
 
 
-def test_autolog_with_its_default_dataset_logging_trains_on_the_feed(mlflow_server, client, kernel_specs, tmp_path):  # noqa: F811
-    kernel = Kernel(kernel_specs, tmp_path)
+@pytest.mark.parametrize("connect", [False, True], ids=["classic", "spark-connect"])
+def test_autolog_with_its_default_dataset_logging_trains_on_the_feed(mlflow_server, client, kernel_specs, tmp_path,  # noqa: F811
+                                                                     monkeypatch, connect):
+    env = {}
+    if connect:  # the kernel starts a local Spark Connect server of its own (see test_connect_notebook)
+        env["TFOS_NB_SPARK_CONNECT"] = "1"
+        for name in ("SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE",
+                     "SPARK_CONNECT_AUTHENTICATE_TOKEN"):
+            monkeypatch.delenv(name, raising=False)
+    kernel = Kernel(kernel_specs, tmp_path, env)
     try:
         kernel.run(NOTEBOOK.format(url=mlflow_server), timeout=180)
         _, msgs = kernel.run(CELL, timeout=300)
         text = _text(msgs)
         assert text.count("fit done on") == 2, text[-3000:]
+        assert kernel.value("type(spark).__module__") == (
+            "pyspark.sql.connect.session" if connect else "pyspark.sql.session")
         run_id = kernel.value("run.info.run_id")
         expected = kernel.value("mlflow.data.from_spark(df).digest")  # MLflow's own digest of the DataFrame
         kernel.run("mlflow.end_run()")
