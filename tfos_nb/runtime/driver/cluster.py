@@ -27,7 +27,13 @@ from ..executor.feeder import (
 )
 from . import stacks
 from . import state as S
-from .cluster_streams import ClusterStreams, feeding_action, refuse_dstream, require_batch_rows
+from .cluster_streams import (
+    ClusterStreams,
+    feeding_action,
+    refuse_dstream,
+    require_batch_rows,
+    require_default_queue,
+)
 from .control_plane import ControlPlane
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
 from .job import DriverJob
@@ -116,6 +122,7 @@ class TFCluster(ClusterStreams):
         ``last_feed`` counts both.  A node that failed is an error.
         """
         refuse_dstream(dataRDD, "train")
+        require_default_queue(qname, "train")
         require_batch_rows(batch_rows)
         if not isinstance(num_epochs, numbers.Integral) or isinstance(num_epochs, bool) or num_epochs < 0:
             msg = f"num_epochs must be a non-negative integer (0: 10 epochs), got {num_epochs!r}"
@@ -206,6 +213,7 @@ class TFCluster(ClusterStreams):
         StructType for the result columns) gives a DataFrame through Arrow.
         """
         refuse_dstream(dataRDD, "inference")
+        require_default_queue(qname, "inference")
         require_batch_rows(batch_rows)
         self._require_spark_mode("inference")
         self._require_alive()

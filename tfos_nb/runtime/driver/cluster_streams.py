@@ -68,6 +68,15 @@ def require_batch_rows(batch_rows: Any) -> None:
         raise ValueError(f"batch_rows must be a positive integer, got {batch_rows!r}")
 
 
+def require_default_queue(qname: Any, what: str) -> None:
+    """TensorFlowOnSpark's ``qname`` names the node queue a feed goes to; tfos_nb has one, ``"input"``: any other
+    name is a ValueError up front, not rows arriving mixed into the training feed."""
+    if qname != "input":
+        raise ValueError(f"{what}(qname={qname!r}): tfos_nb feeds each node one queue, 'input' (named feeds, e.g. a "
+                         "validation set, are not supported yet), so these rows would be mixed into it; leave qname "
+                         "at its default")
+
+
 class ClusterStreams:
     """Mixed into TFCluster: its streaming feeds."""
 

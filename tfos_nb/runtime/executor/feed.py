@@ -58,6 +58,11 @@ class DataFeed:
         *,
         numpy_rows: bool = True,
     ) -> None:
+        for name, value, default in (("qname_in", qname_in, "input"), ("qname_out", qname_out, "output")):
+            if value != default:  # TensorFlowOnSpark's named queues: one of each here
+                msg = (f"DataFeed({name}={value!r}): tfos_nb gives each node one feed, {default!r} (named feeds, "
+                       f"e.g. a validation set, are not supported yet); leave {name} at its default")
+                raise ValueError(msg)
         self._hub = hub
         self.train_mode = train_mode
         self.qname_in = qname_in
