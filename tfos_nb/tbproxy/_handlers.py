@@ -20,6 +20,7 @@ Why tornado directly, not jupyter-server-proxy (>= 4.2):
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import os
@@ -73,6 +74,13 @@ _NOT_DOWNSTREAM = _HOP_BY_HOP | {"set-cookie", "content-length", "server", "date
 
 def _connection_tokens(headers: Any) -> set[str]:
     return {t.strip().lower() for v in headers.get_list("Connection") for t in v.split(",") if t.strip()}
+
+
+@functools.lru_cache(maxsize=64)
+def _on_this_machine(host: str) -> str | None:
+    """``host``'s address when it is this machine's, else None; resolved once per host, not on every request."""
+    address = resolve(host)
+    return address if is_local_address(address) else None
 
 
 class TensorBoardProxy(Configurable):
@@ -165,8 +173,8 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         out of reach: the check covers loopback and this machine's own addresses (the embedded Spark's
         chief, a ``%tfos_tensorboard --logdir`` TensorBoard).
         """
-        address = resolve(endpoint.host)
-        if not is_local_address(address):
+        address = _on_this_machine(endpoint.host)
+        if address is None:
             return
         uids = listener_uids(address, endpoint.port)
         if uids - {os.getuid()}:
