@@ -392,14 +392,3 @@ def test_empty_results_with_rows_pending_are_a_clear_error(node):
     feed.batch_results(x)
     t.join(10)
 
-
-def test_a_named_queue_other_than_the_one_a_node_has_is_refused():
-    """TensorFlowOnSpark's ``DataFeed(mgr, qname_in=...)`` (issue 50): a node has one feed, so another name is a
-    ValueError saying so, not a read of the training rows."""
-    from tfos_nb import TFNode
-
-    hub = FeedHub()
-    for make in (lambda: DataFeed(hub, qname_in="validation"), lambda: TFNode.DataFeed(hub, False, "input", "preds")):
-        with pytest.raises(ValueError, match=r"one feed, '(input|output)' \(named feeds, e\.g\. a validation set, are not"):
-            make()
-    assert DataFeed(hub, True, "input", "output").qname_in == "input"  # TensorFlowOnSpark's defaults, spelled out

@@ -365,3 +365,16 @@ def test_tfcluster_members_are_what_a_user_calls():
     extras = {"status", "nodes", "logs", "stacks", "close", "cancel", "closed", "train_stream", "inference_stream",
               "streams", "stop_streams", "request_stop"}
     assert {n for n in dir(TFCluster) if not n.startswith("_")} == tensorflowonspark | extras
+
+
+def test_a_named_queue_other_than_the_one_a_node_has_is_refused():
+    """TensorFlowOnSpark's ``DataFeed(mgr, qname_in=...)`` (issue 50): a node has one feed, so another name is a
+    ValueError saying so, not a read of the training rows."""
+    from tfos_nb.runtime.executor.feed import DataFeed
+    from tfos_nb.runtime.executor.feed_hub import FeedHub
+
+    hub = FeedHub()
+    for make in (lambda: DataFeed(hub, qname_in="validation"), lambda: TFNode.DataFeed(hub, False, "input", "preds")):
+        with pytest.raises(ValueError, match=r"one feed, '(input|output)' \(named feeds, e\.g\. a validation set, are not"):
+            make()
+    assert DataFeed(hub, True, "input", "output").qname_in == "input"  # TensorFlowOnSpark's defaults, spelled out
