@@ -111,7 +111,7 @@ mlflow_node.setup(types.SimpleNamespace(is_chief=True, mlflow_run_id=None))  # t
 import mlflow
 import mlflow.tensorflow
 try:
-    mlflow.data.from_tensorflow(derived)
+    mlflow.data.from_tensorflow(features=derived)  # by name, as MLflow's autologging calls it
     print("not refused")
 except ValueError as exc:
     print("refused:", exc)

@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 
-def log_dataframe(client: Any, run_id: str, df: Any, num_rows: int, context: str = "train") -> str:
-    """Log ``df`` as an input of run ``run_id`` (``context``: MLflow's ``mlflow.data.context`` tag); its digest."""
+def log_dataframe(client: Any, run_id: str, df: Any, num_rows: int, context: str = "train") -> None:
+    """Log ``df`` as an input of run ``run_id`` (``context``: MLflow's ``mlflow.data.context`` tag)."""
     from mlflow.data.dataset import Dataset
     from mlflow.data.spark_dataset import from_spark
     from mlflow.entities import Dataset as DatasetEntity
@@ -30,10 +30,8 @@ def log_dataframe(client: Any, run_id: str, df: Any, num_rows: int, context: str
                            schema=json.dumps({"mlflow_colspec": schema.to_dict()}) if schema is not None else None,
                            profile=json.dumps({"num_rows": int(num_rows)}))
     run = client.get_run(run_id)
-    if any(i.dataset.digest == entity.digest and i.dataset.name == entity.name for i in run.inputs.dataset_inputs):
-        return str(entity.digest)
-    client.log_inputs(run_id, [DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
-    return str(entity.digest)
+    if not any(i.dataset.digest == entity.digest and i.dataset.name == entity.name for i in run.inputs.dataset_inputs):
+        client.log_inputs(run_id, [DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
 
 
 def log_train_input(run: Any, df: Any, num_rows: int) -> None:

@@ -8,7 +8,7 @@ for rows the job never feeds.  So on the node that logs (the chief), once MLflow
 imported:
 
 - autologging's dataset step skips a stream-fed dataset (the notebook logs the DataFrame itself as
-  the run's ``train`` input: its schema, row count and Spark's digest, :meth:`..driver.mlflow_run.JobRun.log_dataset`);
+  the run's ``train`` input: its schema, row count and Spark's digest, :func:`..driver.mlflow_inputs.log_train_input`);
 - ``mlflow.data.from_tensorflow`` refuses one with a sentence saying why (a user's own call).
 
 Other datasets (numpy arrays, ``from_tensor_slices``, files the node reads) are left to MLflow.
@@ -18,6 +18,7 @@ Nothing of MLflow is imported here: each module is patched as it loads (:func:`.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -50,26 +51,30 @@ def is_stream_fed(dataset: Any) -> bool:
     return False
 
 
-def _refusing(from_tensorflow: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(from_tensorflow)
-    def guarded(features: Any, *args: Any, **kwargs: Any) -> Any:
-        if is_stream_fed(features):
-            raise ValueError(REFUSAL)
-        return from_tensorflow(features, *args, **kwargs)
+def _guarded(fn: Callable[..., Any], on_stream: Callable[[], Any]) -> Callable[..., Any]:
+    """``fn``, except that a stream-fed dataset as its first argument (given by position or by name: MLflow
+    calls ``from_tensorflow(features=…)``) gets ``on_stream()`` instead."""
+    name = next(iter(inspect.signature(fn).parameters))
+
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        dataset = args[0] if args else kwargs.get(name)
+        return on_stream() if is_stream_fed(dataset) else fn(*args, **kwargs)
 
     guarded._tfos_nb_guarded = True  # type: ignore[attr-defined]
     return guarded
+
+
+def _refuse() -> Any:
+    raise ValueError(REFUSAL)
+
+
+def _refusing(from_tensorflow: Callable[..., Any]) -> Callable[..., Any]:
+    return _guarded(from_tensorflow, _refuse)  # a user's own call: say why
 
 
 def _skipping(log_dataset: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(log_dataset)
-    def guarded(dataset: Any, *args: Any, **kwargs: Any) -> Any:
-        if is_stream_fed(dataset):
-            return None  # the notebook logs the DataFrame as the run's input
-        return log_dataset(dataset, *args, **kwargs)
-
-    guarded._tfos_nb_guarded = True  # type: ignore[attr-defined]
-    return guarded
+    return _guarded(log_dataset, lambda: None)  # autologging's step: the notebook logs the DataFrame
 
 
 # module -> (attribute, wrapper): the places MLflow builds a dataset record from a tf.data.Dataset
