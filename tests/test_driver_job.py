@@ -159,6 +159,22 @@ def test_epochs_open_and_end_through_the_controller():
     assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).epoch_done == 2
 
 
+def test_nodes_learn_the_epochs_of_the_running_train_call():
+    """train(num_epochs=n) opens each epoch saying how many more it opens: the heartbeats' replies carry the call's
+    first and last epoch (a node's read past them while the last is open is out of step); a stream's epoch, none."""
+    st, ctl, _ = make()
+    register_all(ctl, st)
+
+    def plan():
+        return m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).feed_plan
+
+    assert plan() == []
+    assert [ctl.open_epoch(remaining=r) for r in (2, 1, 0)] == [1, 2, 3] and plan() == [1, 3]
+    assert ctl.open_epoch(remaining=1) == 4 and plan() == [4, 5]  # a second train() of 2 epochs
+    assert ctl.open_epoch(remaining=0) == 5 and plan() == [4, 5]
+    assert ctl.open_epoch() == 6 and plan() == []  # a stream's epoch
+
+
 class _PendingSparkJob:
     """A launch job that has not returned (the nodes are still starting)."""
 

@@ -23,6 +23,7 @@ EXAMPLES = [
     pipes.Phase(phase="building the strategy", moved_at=1700000000.5, stacks=True),
     pipes.EpochDone(epoch=3),
     pipes.EpochAssigned(epoch=3, partitions=2),
+    pipes.FeedPlan(first=4, last=6),
     pipes.Stop(),
     pipes.Launch(meta={"cluster_id": "c1", "node": 2, "roles": [["chief", 0]]}),
     pipes.Launched(ok=True, pid=12, host="10.0.0.1", port=2222),

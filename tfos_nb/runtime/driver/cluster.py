@@ -180,14 +180,15 @@ class TFCluster(ClusterStreams):
             self._controller.end_epoch(epoch)
 
         self._controller.reset_feed_errors()
-        for _ in range(int(num_epochs) or DEFAULT_EPOCHS):
+        epochs = int(num_epochs) or DEFAULT_EPOCHS
+        for i in range(epochs):
             while len(inflight) >= (2 if pipelined else 1):
                 finish_oldest()
             if inflight:  # feeding_started: a DataFrame's job may first run its shuffle as a job of its own
                 last_epoch, last = inflight[-1]
                 self._await(last, "feeding", tick=learn_shares,
                             until=lambda: self._controller.feeding_started(last_epoch) and last.tasks_launched())
-            epoch = self._controller.open_epoch()
+            epoch = self._controller.open_epoch(remaining=epochs - 1 - i)
             meta = self._meta
             if is_df:
                 action = feeding_action(dataRDD, meta, epoch, feed_timeout, batch_rows)

@@ -207,7 +207,8 @@ class Controller:
                         self._fail(f"{node.label} failed")
             cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
                                 kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0,
-                                epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked)
+                                epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked,
+                                feed_plan=list(st.feed_plan or ()))
             if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
                 st.state = S.C_RUNNING
         if new_logs:
@@ -256,11 +257,19 @@ class Controller:
             self._mark_ended(state, error)
         self.state.notify()
 
-    def open_epoch(self) -> int:
-        """A new feeding epoch; returns its number."""
+    def open_epoch(self, remaining: int | None = None) -> int:
+        """A new feeding epoch; returns its number.  ``remaining``: how many more epochs the ``train()`` call that
+        opens it will open (nodes learn the call's epochs: a read past them is out of step); None: a stream's."""
         with self.state.lock:
-            self.state.feed_epoch += 1
-            epoch = self.state.feed_epoch
+            st = self.state
+            st.feed_epoch += 1
+            epoch = st.feed_epoch
+            if remaining is None:
+                st.feed_plan = None
+            else:
+                last = epoch + max(0, int(remaining))
+                first = st.feed_plan[0] if st.feed_plan is not None and st.feed_plan[1] == last else epoch
+                st.feed_plan = (first, last)
         self.state.notify()
         return epoch
 

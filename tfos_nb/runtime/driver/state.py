@@ -260,6 +260,7 @@ class ClusterState:
         self.ended_at: float | None = None
         self.feed_epoch = 0  # the last epoch opened for feeding
         self.epoch_done = 0  # the last epoch fed in full (nodes see its end)
+        self.feed_plan: tuple[int, int] | None = None  # (first, last) epoch the running train() feeds
         self.stop_requested = False
         self.kill_requested = False
         self.job_group = ""

@@ -45,6 +45,10 @@ class ChildRole:
     def call(self, fn: Any, args: Any, ctx: Any) -> Any:
         return fn(args, ctx)
 
+    def error_of(self, exc: BaseException) -> str:
+        """The one line that reports ``exc``, which the function raised."""
+        return error_line(exc)
+
     def on_error(self, error: str) -> None:
         """The function raised ``error`` (after it was reported)."""
 
@@ -118,7 +122,7 @@ def main(role_cls: type[ChildRole]) -> int:
         if not (isinstance(exc, SystemExit) and exc.code in (0, None)):
             print_user_traceback(exc)
             sys.stderr.flush()
-            error = error_line(exc)
+            error = role.error_of(exc)
             reporter.send(pipes.Failed(error=error))
             role.on_error(error)
             return 1

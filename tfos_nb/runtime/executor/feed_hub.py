@@ -14,6 +14,16 @@ ended.  The second is what lets nodes that got unequal shares train together: un
 rows the other nodes can only read by stepping with it.  The next epoch's data waits in its own
 queue.  The bound is per generation: one bound for all, filled by the next epoch's feeders,
 would block this epoch's feeders while the reader waits for them.
+
+Out of step: the driver tells the nodes which epochs the running ``train()`` feeds (``plan``).  A bounded
+reader asking for an epoch past them while the last of them is not all read is out of step with the job (its
+dataset was iterated once more than the job's epochs: a pass before ``fit``, a second ``as_dataset``).  Under a
+synchronous strategy that is a deadlock — its peers hold rows of the last epoch and wait for it in a step, the
+feeding tasks wait for those rows to be read, ``train()`` for the feeding tasks — so after :data:`AHEAD_S`
+(in step, every node asks for the next epoch only once all of this one was read, and its end reaches the
+nodes with the next heartbeats) the read raises :class:`FeedOutOfStep`, naming the node and both counts.
+Once the fed epochs are all read, a read past them waits as before: for the next ``train()``, or for the
+stop that ends it empty.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import collections
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +45,11 @@ from ..protocol import dataplane as dp
 log = logging.getLogger(__name__)
 
 _QUEUE_BATCHES = 16
+AHEAD_S = 10.0  # a bounded read past the fed epochs while the last is still read elsewhere: out of step after this
+
+
+class FeedOutOfStep(RuntimeError):
+    """A node read its feed past the epochs the job feeds while other nodes still read the last of them."""
 
 
 class Conn:
@@ -82,7 +98,9 @@ class Conn:
 class FeedHub:
     """The queue between connections and the consumer, plus the end-of-data signals."""
 
-    def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None) -> None:
+    def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None,
+                 label: str = "this node") -> None:
+        self.label = label  # role:index, for the out-of-step error
         self._cond = threading.Condition()
         self._on_close = on_close  # tells the driver (through the supervisor) that this node reads no more
         self._conns: set[Conn] = set()  # connections not yet answered
@@ -94,6 +112,8 @@ class FeedHub:
         self.stopped = False  # the driver asked the cluster to stop
         self.closed = False  # terminate() or the user's function returned: discard new data
         self.epoch_done = 0
+        self.plan: tuple[int, int] | None = None  # (first, last) epoch the running train() feeds
+        self.out_of_step: str | None = None  # the FeedOutOfStep error, once raised
         self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
         self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
         self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
@@ -180,6 +200,27 @@ class FeedHub:
             self._expected[epoch] = partitions
             self._cond.notify_all()
 
+    def set_plan(self, first: int, last: int) -> None:
+        """The running ``train()`` feeds epochs ``first``..``last`` (0, 0: no train() call announced)."""
+        with self._cond:
+            self.plan = (first, last) if last else None
+            self._cond.notify_all()
+
+    def _ahead(self, gen: int) -> bool:
+        """Whether a bounded read of ``gen`` is past the running train()'s epochs, the last not all read; lock held."""
+        return self.plan is not None and self.epoch_done < self.plan[1] < gen
+
+    def _out_of_step(self, gen: int) -> FeedOutOfStep:
+        assert self.plan is not None
+        first, last = self.plan
+        fed = f"the job feeds {last} epochs" if first <= 1 else f"this train() feeds epochs {first}-{last}"
+        self.out_of_step = (
+            f"{self.label} read its feed out of step: it asked for epoch {gen}, and {fed}; the other nodes still "
+            f"read epoch {last} and wait for {self.label} to step with them. Its dataset was iterated once more "
+            "than the job's epochs: iterate it once per epoch the job feeds (no pass over it before model.fit, no "
+            "second as_dataset() on the same feed; model.fit(ds, epochs=N) with N the job's epochs)")
+        return FeedOutOfStep(self.out_of_step)
+
     def _share_read(self, gen: int) -> bool:
         """Whether this node's share of ``gen`` is all read (or the driver ended ``gen``); lock held."""
         if self.epoch_done >= gen:
@@ -263,6 +304,7 @@ class FeedHub:
         """
         pieces: list[tuple[Conn, pa.RecordBatch]] = []
         got = 0
+        ahead_since: float | None = None
         with self._cond:
             if epoch is not None and not epoch[0]:
                 epoch[0] = self.epoch_done + 1
@@ -276,6 +318,13 @@ class FeedHub:
                     if epoch is not None and self._share_read(epoch[0]):
                         self._read.add(epoch[0])
                         break  # this node's share of the epoch is all taken
+                    if epoch is not None and self._ahead(epoch[0]):
+                        now = time.monotonic()
+                        ahead_since = ahead_since or now
+                        if now - ahead_since >= AHEAD_S:
+                            raise self._out_of_step(epoch[0])
+                    else:
+                        ahead_since = None
                     self._cond.wait(0.5)
                     continue
                 q = self._queues[gen]

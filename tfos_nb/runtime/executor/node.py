@@ -34,7 +34,8 @@ class NodeRole(child_main.ChildRole):
         super().__init__(info, reporter)
         self.hub = self.server = None
         if info.get("feed"):
-            self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()))
+            self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()),
+                               label=f"{info['job_name']}:{info['task_index']}")
             self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"]).start()
             # ends by itself once its imports are done (a second or so); nothing to stop
             threading.Thread(target=C.warm_up, name="tfos-warm-up", daemon=True).start()
@@ -45,6 +46,8 @@ class NodeRole(child_main.ChildRole):
             self.hub.end_epoch(int(cmd.epoch))
         elif self.hub is not None and isinstance(cmd, pipes.EpochAssigned):
             self.hub.epoch_assigned(int(cmd.epoch), int(cmd.partitions))
+        elif self.hub is not None and isinstance(cmd, pipes.FeedPlan):
+            self.hub.set_plan(int(cmd.first), int(cmd.last))
         elif self.hub is not None and isinstance(cmd, pipes.Stop):
             self.hub.stop()
 
@@ -61,6 +64,11 @@ class NodeRole(child_main.ChildRole):
         if isinstance(args, list):
             sys.argv = list(args)  # TensorFlowOnSpark: an argv list is also the node's sys.argv
         return fn(args, ctx)
+
+    def error_of(self, exc: BaseException) -> str:
+        if self.hub is not None and self.hub.out_of_step is not None:  # raised in tf.data's generator: wrapped by TF
+            return f"FeedOutOfStep: {self.hub.out_of_step}"
+        return super().error_of(exc)
 
     def on_error(self, error: str) -> None:
         if self.hub is not None:  # feeders connected now learn of the failure, not of data skipped

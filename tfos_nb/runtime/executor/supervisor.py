@@ -72,6 +72,7 @@ class Supervisor(ChildOwner):
         self.gpus: list[dict[str, Any]] = []
         self._sent_epoch = 0
         self._sent_assigned = 0
+        self._sent_plan: tuple[int, ...] = (0, 0)
         self._sent_stop = False
         self._stacks_done = 0  # the last stack dump the driver asked for (BeatCommand.stacks) and got
         self._stacks_out: dict[str, Any] = {}  # {"id", "text"}: sent with the heartbeats until one is answered
@@ -192,6 +193,10 @@ class Supervisor(ChildOwner):
             if int(epoch) > self._sent_assigned:
                 self._sent_assigned = int(epoch)
                 self.send(pipes.EpochAssigned(epoch=int(epoch), partitions=int(partitions)))
+        plan = tuple(int(e) for e in cmd.feed_plan[:2]) if len(cmd.feed_plan) >= 2 else (0, 0)
+        if plan != self._sent_plan:
+            self._sent_plan = plan
+            self.send(pipes.FeedPlan(first=plan[0], last=plan[1]))
         if cmd.epoch_done > self._sent_epoch:
             self._sent_epoch = cmd.epoch_done
             self.send(pipes.EpochDone(epoch=cmd.epoch_done))

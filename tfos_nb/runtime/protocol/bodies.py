@@ -88,7 +88,8 @@ class NodeSpec(Body):
 @dataclasses.dataclass(frozen=True)
 class BeatCommand(Body):
     """A heartbeat's answer: the last epoch fed in full, the epochs whose partitions all went to nodes (as
-    ``[epoch, partitions sent to this node]``), whether to stop (gracefully) or be killed, and the last stack
+    ``[epoch, partitions sent to this node]``), the epochs the running ``train()`` feeds (``feed_plan``:
+    ``[first, last]``, empty for none), whether to stop (gracefully) or be killed, and the last stack
     dump asked for (``stacks``: a growing id; the node answers with ``Heartbeat.stacks``)."""
 
     epoch_done: int = 0
@@ -97,6 +98,7 @@ class BeatCommand(Body):
     grace: float = 2.0
     epochs_assigned: list[list[int]] = dataclasses.field(default_factory=list)
     stacks: int = 0
+    feed_plan: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

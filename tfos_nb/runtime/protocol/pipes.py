@@ -6,7 +6,7 @@ Three pairs talk over pipes, all on one host:
   function :func:`blob <write_blob>`; the supervisor answers on its stdout with
   :class:`Launched` once it registered with the driver (the launch handshake);
 * an owner (a node's supervisor, a parallel run's Spark task) → its child process
-  (stdin): the function blob, :class:`Start`, then commands (:class:`EpochDone`, :class:`EpochAssigned`,
+  (stdin): the function blob, :class:`Start`, then commands (:class:`EpochDone`, :class:`EpochAssigned`, :class:`FeedPlan`,
   :class:`Stop`); stdin closing means the owner is gone;
 * the child → its owner (the report pipe, ``TFOS_REPORT_FD``): events
   (:class:`Ready`, :class:`Report`, :class:`Failed`, :class:`Finished`,
@@ -139,6 +139,15 @@ class EpochAssigned(Frame):
 
 
 @dataclass(frozen=True)
+class FeedPlan(Frame):
+    """The running ``train()`` feeds epochs ``first``..``last`` (``last`` 0: none announced)."""
+
+    kind: ClassVar[str] = "feed_plan"
+    first: int = 0
+    last: int = 0
+
+
+@dataclass(frozen=True)
 class Stop(Frame):
     """The driver asks the node to stop (its feed ends; the function should return)."""
 
@@ -179,7 +188,8 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, Phase, EpochDone, EpochAssigned, Stop, Launch, Launched, Start)
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, Phase, EpochDone, EpochAssigned, FeedPlan, Stop,
+                              Launch, Launched, Start)
 }
 BLOB = "blob"
 

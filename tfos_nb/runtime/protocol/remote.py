@@ -46,6 +46,7 @@ class Command(Message):
     op: str
     epoch: int = 0
     reason: str = ""
+    remaining: int = -1  # open_epoch: epochs its train() call opens after it (-1: a stream's epoch)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,7 +119,7 @@ class Coordinator:
         ctl = self.controller
         body: remote.Done | remote.EpochOpened | remote.Closed = remote.Done()
         if msg.op == "open_epoch":
-            body = remote.EpochOpened(epoch=ctl.open_epoch())
+            body = remote.EpochOpened(epoch=ctl.open_epoch(None if msg.remaining < 0 else msg.remaining))
         elif msg.op == "end_epoch":
             ctl.end_epoch(msg.epoch)
         elif msg.op == "request_stop":

@@ -96,10 +96,10 @@ class RemoteController:
         except Exception:  # noqa: BLE001 - the mirror failed already; the coordinator ends on its own
             pass
 
-    def open_epoch(self) -> int:
+    def open_epoch(self, remaining: int | None = None) -> int:
         job = self.job
         if job is not None and job.meta is not None:
-            epoch = job.command("open_epoch", remote.EpochOpened).epoch
+            epoch = job.command("open_epoch", remote.EpochOpened, remaining=-1 if remaining is None else remaining).epoch
         else:
             epoch = self.state.feed_epoch + 1
         with self.state.lock:
