@@ -175,6 +175,30 @@ def test_nodes_learn_the_epochs_of_the_running_train_call():
     assert ctl.open_epoch() == 6 and plan() == []  # a stream's epoch
 
 
+def test_the_first_feeding_tasks_sample_reaches_each_node_until_it_confirms_it():
+    st, ctl, _ = make()
+    register_all(ctl, st)
+    run_all(ctl, st)
+
+    def beat(node, **feed):
+        return m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=node, state="running", feed=feed)).body)
+
+    ctl.open_epoch(remaining=1)
+    assert beat(0).feed_sample == {}  # no feeding task has asked yet
+    first = {"schema": "aa", "shapes": [[8], []]}
+    ctl.handle(m.FeedAssign(partition=0, gen=1, host="h", executor_id="1", mode="train", sample=first))
+    ctl.handle(m.FeedAssign(partition=1, gen=1, host="h", executor_id="1", mode="train",
+                            sample={"schema": "bb", "shapes": [[9], []]}))
+    sample = beat(0).feed_sample
+    assert sample["schema"] == "aa" and sample["shapes"] == [[8], []]  # the first one heard of
+    assert beat(0, sample=sample["id"]).feed_sample == {}  # confirmed: no longer sent to node 0
+    assert beat(1).feed_sample == sample  # node 1 has not confirmed it
+    ctl.open_epoch(remaining=0)  # the same train() call: the same sample
+    assert beat(0, sample=sample["id"]).feed_sample == {}
+    ctl.open_epoch(remaining=0)  # a new call: its data's shape is learnt again
+    assert beat(0, sample=sample["id"]).feed_sample == {}
+
+
 class _PendingSparkJob:
     """A launch job that has not returned (the nodes are still starting)."""
 

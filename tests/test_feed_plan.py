@@ -4,13 +4,17 @@ silent wait.  The whole job on a real cluster is ``test_out_of_step.py``."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from tests.server_abuse import SECRET
 from tests.test_feed import feed_in_thread
-from tfos_nb.runtime.executor import feed_hub
+from tfos_nb.runtime.executor import feed_plan
 from tfos_nb.runtime.executor.data_server import DataServer
-from tfos_nb.runtime.executor.feed_hub import FeedHub, FeedOutOfStep
+from tfos_nb.runtime.executor.feed import DataFeed
+from tfos_nb.runtime.executor.feed_hub import FeedHub
+from tfos_nb.runtime.executor.feed_plan import FeedOutOfStep, sample_row
+from tfos_nb.runtime.executor.feeder import _with_sample
 
 
 @pytest.fixture
@@ -23,7 +27,7 @@ def chief():
 
 
 def test_a_read_past_the_fed_epochs_while_the_last_is_read_elsewhere_is_named(chief, monkeypatch):
-    monkeypatch.setattr(feed_hub, "AHEAD_S", 0.0)
+    monkeypatch.setattr(feed_plan, "AHEAD_S", 0.0)
     hub, _ = chief
     hub.set_plan(1, 3)
     hub.end_epoch(2)  # epoch 3's rows are still being read by the other nodes
@@ -35,7 +39,7 @@ def test_a_read_past_the_fed_epochs_while_the_last_is_read_elsewhere_is_named(ch
 
 
 def test_a_second_train_call_names_its_own_epochs(chief, monkeypatch):
-    monkeypatch.setattr(feed_hub, "AHEAD_S", 0.0)
+    monkeypatch.setattr(feed_plan, "AHEAD_S", 0.0)
     hub, _ = chief
     hub.set_plan(4, 5)
     hub.end_epoch(4)
@@ -46,7 +50,7 @@ def test_a_second_train_call_names_its_own_epochs(chief, monkeypatch):
 def test_a_read_within_the_fed_epochs_or_after_all_were_read_waits_as_before(chief, monkeypatch):
     """Reading ahead is only out of step while the last fed epoch is open: the same read once it ended waits
     for the next train() (or the stop that ends it empty), and so does any read with no train() announced."""
-    monkeypatch.setattr(feed_hub, "AHEAD_S", 0.0)
+    monkeypatch.setattr(feed_plan, "AHEAD_S", 0.0)
     hub, server = chief
     hub.set_plan(1, 2)
     t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(5)], gen=2, partition=0)
@@ -59,3 +63,31 @@ def test_a_read_within_the_fed_epochs_or_after_all_were_read_waits_as_before(chi
     assert hub.take(64, True, [3]) == [] and hub.out_of_step is None
     hub.set_plan(0, 0)  # a stream's epoch: no plan, nothing is ahead
     assert hub.plan is None and not hub._ahead(9)
+
+
+def test_a_node_given_no_row_builds_its_dataset_from_the_feeders_sample(chief):
+    """A node that got no partition (or only empty ones) of the epoch it reads first has no row to build
+    ``as_dataset``'s signature from: it takes a row of zeros shaped as the fed rows, from the first feeding task's
+    sample (schema and value shapes, through the driver), once its share is known to be empty — and reads nothing."""
+    tf = pytest.importorskip("tensorflow")
+    hub, _ = chief
+    schema = pa.schema([("x", pa.list_(pa.float32())), ("y", pa.float32()), ("tag", pa.string())])
+    rows = pa.RecordBatch.from_pylist([{"x": [1.0] * 8, "y": 1.0, "tag": "a"}] * 3, schema=schema)
+    batches, sample = _with_sample([rows.slice(0, 0), rows])  # an empty first batch, as an empty partition's
+    assert sum(b.num_rows for b in batches) == 3 and sample["shapes"] == [[8], [], []]
+    zeros = sample_row(sample)
+    assert zeros.to_pylist() == [{"x": [0.0] * 8, "y": 0.0, "tag": ""}]
+    hub.set_plan(1, 2, sample)
+    hub.epoch_assigned(1, 0)  # this node's share of epoch 1: no partition
+    ds = DataFeed(hub).as_dataset(batch_size=4, columns=(0, 1))
+    assert ds.element_spec == (tf.TensorSpec((None, 8), tf.float32), tf.TensorSpec((None,), tf.float32))
+    assert list(ds) == [] and hub.rows == 0  # its epoch 1: empty, at once
+
+
+def test_without_a_sample_a_node_waits_for_its_first_row(chief):
+    hub, _ = chief
+    hub.epoch_assigned(1, 0)
+    hub.set_plan(1, 1, {"schema": "not hex", "shapes": []})  # nothing usable: no sample
+    assert hub.sample is None
+    hub.stop()
+    assert hub.peek() is None  # it waited until the feed ended, as before

@@ -88,3 +88,20 @@ def test_one_epoch_more_than_fed_reads_nothing_and_trains_every_row_once(sc, tra
     assert cluster.status().state == "finished"
     logs = cluster.logs(tail=None)
     assert all(any("fit done:" in line for line in lines) for lines in logs.values()), logs
+
+
+def test_a_node_given_no_rows_trains_in_step_with_its_peer(sc, train_df, no_leaks):
+    """One partition for two nodes: one node gets every row, the other none. Its ``as_dataset()`` has no row to
+    build its signature from; it takes it from the DataFrame's schema (the driver sends it with the epochs) and
+    steps with empty batches while its peer reads — it waited for a first row until ``feed_timeout`` before."""
+    one = train_df.coalesce(1)
+    cluster = start_cluster(sc, mwms_fun, {"epochs": 2, "misstep": None}, 2,
+                            input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+    try:
+        cluster.train(one, num_epochs=2, feed_timeout=150)
+    finally:
+        cluster.shutdown(timeout=120)
+    assert cluster.last_feed == {"rows": 2 * ROWS, "skipped": 0, "partitions": 2}
+    assert cluster.status().state == "finished"
+    logs = cluster.logs(tail=None)
+    assert all(any("fit done: 2 epochs" in line for line in lines) for lines in logs.values()), logs

@@ -208,7 +208,7 @@ class Controller:
             cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
                                 kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0,
                                 epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked,
-                                feed_plan=list(st.feed_plan or ()))
+                                feed_plan=list(st.feed_plan or ()), feed_sample=self._sample_for(node, msg))
             if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
                 st.state = S.C_RUNNING
         if new_logs:
@@ -269,6 +269,8 @@ class Controller:
             else:
                 last = epoch + max(0, int(remaining))
                 first = st.feed_plan[0] if st.feed_plan is not None and st.feed_plan[1] == last else epoch
+                if first == epoch:  # a new call: its data's shape is learnt again
+                    st.feed_sample, st.feed_sample_id = {}, st.feed_sample_id + 1
                 st.feed_plan = (first, last)
         self.state.notify()
         return epoch
@@ -356,9 +358,22 @@ class Controller:
             st.notify()
 
     # -- feeding ------------------------------------------------------------------
+    def _sample_for(self, node: S._Node, msg: m.Heartbeat) -> dict[str, Any]:
+        """The running train()'s data shape for a node that has not confirmed it (a node given no row builds its
+        dataset from it); lock held."""
+        st = self.state
+        seen = msg.feed.get("sample")
+        if isinstance(seen, int) and not isinstance(seen, bool):
+            node.sample_seen = max(node.sample_seen, seen)
+        if st.feed_plan is None or not st.feed_sample or node.sample_seen >= st.feed_sample_id:
+            return {}
+        return {**st.feed_sample, "id": st.feed_sample_id}
+
     def _feed_assign(self, msg: m.FeedAssign) -> m.Reply:
         st = self.state
         with st.lock:
+            if msg.sample and not st.feed_sample and st.feed_plan is not None and msg.gen >= st.feed_plan[0]:
+                st.feed_sample = dict(msg.sample)
             if st.state == S.C_FAILED:
                 return m.Reply(ok=False, error=st.error or "cluster failed")
             if st.state == S.C_STOPPED or st.kill_requested:

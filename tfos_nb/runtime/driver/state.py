@@ -171,6 +171,7 @@ class _Node:
         self.moved_at: float | None = None  # (state clock) when it last moved; None: when the cluster started
         self.phase_log: deque[str] = deque(maxlen=100)  # the node process's phases, in the order it went through them
         self.stacks_asked = 0  # the last stack dump asked of it (Controller.request_stacks)
+        self.sample_seen = 0  # the feed sample its supervisor relayed to it (ClusterState.feed_sample_id)
         self.stacks: tuple[int, str] = (0, "")  # the last dump it sent: (id, text)
 
     @property
@@ -261,6 +262,8 @@ class ClusterState:
         self.feed_epoch = 0  # the last epoch opened for feeding
         self.epoch_done = 0  # the last epoch fed in full (nodes see its end)
         self.feed_plan: tuple[int, int] | None = None  # (first, last) epoch the running train() feeds
+        self.feed_sample: dict[str, Any] = {}  # its data's shape, from the first feeding task: {"schema", "shapes"}
+        self.feed_sample_id = 0  # which call's sample (nodes confirm the one they have)
         self.stop_requested = False
         self.kill_requested = False
         self.job_group = ""

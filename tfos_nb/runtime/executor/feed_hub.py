@@ -19,7 +19,7 @@ Out of step: the driver tells the nodes which epochs the running ``train()`` fee
 reader asking for an epoch past them while the last of them is not all read is out of step with the job (its
 dataset was iterated once more than the job's epochs: a pass before ``fit``, a second ``as_dataset``).  Under a
 synchronous strategy that is a deadlock — its peers hold rows of the last epoch and wait for it in a step, the
-feeding tasks wait for those rows to be read, ``train()`` for the feeding tasks — so after :data:`AHEAD_S`
+feeding tasks wait for those rows to be read, ``train()`` for the feeding tasks — so after :data:`.feed_plan.AHEAD_S`
 (in step, every node asks for the next epoch only once all of this one was read, and its end reaches the
 nodes with the next heartbeats) the read raises :class:`FeedOutOfStep`, naming the node and both counts.
 Once the fed epochs are all read, a read past them waits as before: for the next ``train()``, or for the
@@ -41,17 +41,12 @@ import pyarrow as pa
 from .. import columns as C
 from .. import results as R
 from ..protocol import dataplane as dp
+from . import feed_plan
+from .feed_plan import FeedOutOfStep, out_of_step_message, sample_row
 
 log = logging.getLogger(__name__)
 
 _QUEUE_BATCHES = 16
-AHEAD_S = 10.0  # a bounded read past the fed epochs while the last is still read elsewhere: out of step after this
-
-
-class FeedOutOfStep(RuntimeError):
-    """A node read its feed past the epochs the job feeds while other nodes still read the last of them."""
-
-
 class Conn:
     """One feeding task's connection, seen from the node."""
 
@@ -114,6 +109,7 @@ class FeedHub:
         self.epoch_done = 0
         self.plan: tuple[int, int] | None = None  # (first, last) epoch the running train() feeds
         self.out_of_step: str | None = None  # the FeedOutOfStep error, once raised
+        self.sample: pa.RecordBatch | None = None  # a row of zeros shaped as the fed data's (from the driver)
         self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
         self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
         self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
@@ -139,7 +135,9 @@ class FeedHub:
 
     def peek(self) -> pa.RecordBatch | None:
         """The oldest queued batch, left in place (``as_dataset`` builds its signature from it); blocks until one
-        arrives, None once the feed ended without one."""
+        arrives, None once the feed ended without one.  A node whose share of the next epoch it reads is all in and
+        empty (it got no partition, or empty ones) gets a row of zeros shaped as the fed data's (:func:`sample_row`,
+        never read as data): waiting for a row would wait for an epoch its peers can only end by stepping with it."""
         with self._cond:
             while True:
                 for g in sorted(self._queues):
@@ -148,7 +146,16 @@ class FeedHub:
                             return batch
                 if self.stopped or self.closed:
                     return None
+                if self.sample is not None and self._share_read(self._next_epoch()):
+                    return self.sample
                 self._cond.wait(0.5)
+
+    def _next_epoch(self) -> int:
+        """The epoch a new bounded read takes: the oldest the driver has not ended and no read here finished."""
+        gen = self.epoch_done + 1
+        while gen in self._read:
+            gen += 1
+        return gen
 
     def queued_rows(self) -> dict[int, int]:
         """Rows waiting to be read, by generation."""
@@ -200,10 +207,14 @@ class FeedHub:
             self._expected[epoch] = partitions
             self._cond.notify_all()
 
-    def set_plan(self, first: int, last: int) -> None:
-        """The running ``train()`` feeds epochs ``first``..``last`` (0, 0: no train() call announced)."""
+    def set_plan(self, first: int, last: int, sample: dict[str, Any] | None = None) -> None:
+        """The running ``train()`` feeds epochs ``first``..``last`` (0, 0: no train() call announced); ``sample``:
+        its data's shape (``{"schema", "shapes"}``), once a feeding task told the driver."""
+        row = sample_row(sample) if sample else None
         with self._cond:
             self.plan = (first, last) if last else None
+            if row is not None:
+                self.sample = row
             self._cond.notify_all()
 
     def _ahead(self, gen: int) -> bool:
@@ -212,13 +223,7 @@ class FeedHub:
 
     def _out_of_step(self, gen: int) -> FeedOutOfStep:
         assert self.plan is not None
-        first, last = self.plan
-        fed = f"the job feeds {last} epochs" if first <= 1 else f"this train() feeds epochs {first}-{last}"
-        self.out_of_step = (
-            f"{self.label} read its feed out of step: it asked for epoch {gen}, and {fed}; the other nodes still "
-            f"read epoch {last} and wait for {self.label} to step with them. Its dataset was iterated once more "
-            "than the job's epochs: iterate it once per epoch the job feeds (no pass over it before model.fit, no "
-            "second as_dataset() on the same feed; model.fit(ds, epochs=N) with N the job's epochs)")
+        self.out_of_step = out_of_step_message(self.label, gen, *self.plan)
         return FeedOutOfStep(self.out_of_step)
 
     def _share_read(self, gen: int) -> bool:
@@ -307,9 +312,7 @@ class FeedHub:
         ahead_since: float | None = None
         with self._cond:
             if epoch is not None and not epoch[0]:
-                epoch[0] = self.epoch_done + 1
-                while epoch[0] in self._read:
-                    epoch[0] += 1
+                epoch[0] = self._next_epoch()
             while got < n:
                 gen = self._next_gen(epoch)
                 if gen is None:
@@ -321,7 +324,7 @@ class FeedHub:
                     if epoch is not None and self._ahead(epoch[0]):
                         now = time.monotonic()
                         ahead_since = ahead_since or now
-                        if now - ahead_since >= AHEAD_S:
+                        if now - ahead_since >= feed_plan.AHEAD_S:
                             raise self._out_of_step(epoch[0])
                     else:
                         ahead_since = None

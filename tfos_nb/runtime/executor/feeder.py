@@ -19,6 +19,7 @@ served right away.
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -79,7 +80,7 @@ class _Feeder:
     def where(self) -> str:
         return f"{self.node.label or '?'} at {self.node.host or '?'}"
 
-    def assign(self) -> m.FeedAssignment:
+    def assign(self, sample: dict[str, Any] | None = None) -> m.FeedAssignment:
         deadline = time.monotonic() + self.timeout
         delay = 0.02
         while True:
@@ -90,6 +91,7 @@ class _Feeder:
                     host=socket.gethostname(),
                     executor_id=executor_id(),
                     mode=self.mode,
+                    sample=sample or {},
                 )
             )
             if reply.ok:
@@ -179,15 +181,32 @@ def _count(batches: Iterator[Any]) -> int:
     return sum(b.num_rows for b in batches)
 
 
+def _with_sample(batches: Iterable[Any]) -> tuple[Iterator[Any], dict[str, Any]]:
+    """``batches`` (unchanged) and the shape of their rows, from the first that has one: the Arrow schema (IPC,
+    hex) and each column's value shape (``columns.batch_to_columns`` of one row).  The driver passes the first it
+    hears of to every node: one given no row of an epoch builds its dataset from it.  Empty for no rows."""
+    it = iter(batches)
+    head: list[Any] = []
+    for batch in it:
+        head.append(batch)
+        if batch.num_rows:
+            try:
+                shapes = [list(col.shape[1:]) for col in C.batch_to_columns(batch.slice(0, 1))]
+            except C.FeedDataError:  # the feed itself reports it
+                return itertools.chain(head, it), {}
+            return itertools.chain(head, it), {"schema": bytes(batch.schema.serialize()).hex(), "shapes": shapes}
+    return iter(head), {}
+
+
 def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float) -> dict[str, Any]:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them)."""
     feeder = _Feeder(meta, partition, gen, "train", timeout)
+    batches, sample = _with_sample(batches)
     try:
-        node = feeder.assign()
+        node = feeder.assign(sample)
     except BaseException:
         feeder.client.close()
         raise
-    batches = iter(batches)
     if node.skip:  # no node reads data any more
         skipped = _count(batches)
         feeder.release(0, skipped, None)

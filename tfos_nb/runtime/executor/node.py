@@ -47,7 +47,7 @@ class NodeRole(child_main.ChildRole):
         elif self.hub is not None and isinstance(cmd, pipes.EpochAssigned):
             self.hub.epoch_assigned(int(cmd.epoch), int(cmd.partitions))
         elif self.hub is not None and isinstance(cmd, pipes.FeedPlan):
-            self.hub.set_plan(int(cmd.first), int(cmd.last))
+            self.hub.set_plan(int(cmd.first), int(cmd.last), cmd.sample)
         elif self.hub is not None and isinstance(cmd, pipes.Stop):
             self.hub.stop()
 

@@ -72,7 +72,8 @@ class Supervisor(ChildOwner):
         self.gpus: list[dict[str, Any]] = []
         self._sent_epoch = 0
         self._sent_assigned = 0
-        self._sent_plan: tuple[int, ...] = (0, 0)
+        self._sent_plan = (0, 0)
+        self.sample_seen = 0  # the feed sample relayed to the node (confirmed to the driver with each heartbeat)
         self._sent_stop = False
         self._stacks_done = 0  # the last stack dump the driver asked for (BeatCommand.stacks) and got
         self._stacks_out: dict[str, Any] = {}  # {"id", "text"}: sent with the heartbeats until one is answered
@@ -156,7 +157,9 @@ class Supervisor(ChildOwner):
                 reports.append(self.reports.popleft())
                 size += len(json.dumps(reports[-1]))
             # A node whose function failed is not "done reading": feeders that lost it wait for its failure.
-            feed = {"closed": True} if self.feed_closed and self.error is None else {}
+            feed: dict[str, Any] = {"closed": True} if self.feed_closed and self.error is None else {}
+            if self.sample_seen:
+                feed["sample"] = self.sample_seen
             value = self.value
             phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
         if phase:  # an age, not the node's clock: the driver's clock may differ
@@ -193,10 +196,12 @@ class Supervisor(ChildOwner):
             if int(epoch) > self._sent_assigned:
                 self._sent_assigned = int(epoch)
                 self.send(pipes.EpochAssigned(epoch=int(epoch), partitions=int(partitions)))
-        plan = tuple(int(e) for e in cmd.feed_plan[:2]) if len(cmd.feed_plan) >= 2 else (0, 0)
-        if plan != self._sent_plan:
-            self._sent_plan = plan
-            self.send(pipes.FeedPlan(first=plan[0], last=plan[1]))
+        first, last = (int(e) for e in cmd.feed_plan[:2]) if len(cmd.feed_plan) >= 2 else (0, 0)
+        sample_id = int(cmd.feed_sample.get("id", 0)) if cmd.feed_sample else 0
+        if (first, last) != self._sent_plan or sample_id > self.sample_seen:
+            self._sent_plan = (first, last)
+            self.sample_seen = max(self.sample_seen, sample_id)
+            self.send(pipes.FeedPlan(first=first, last=last, sample=dict(cmd.feed_sample)))
         if cmd.epoch_done > self._sent_epoch:
             self._sent_epoch = cmd.epoch_done
             self.send(pipes.EpochDone(epoch=cmd.epoch_done))

@@ -99,6 +99,9 @@ class BeatCommand(Body):
     epochs_assigned: list[list[int]] = dataclasses.field(default_factory=list)
     stacks: int = 0
     feed_plan: list[int] = dataclasses.field(default_factory=list)
+    #: the fed data's shape while ``feed_plan`` is set, until the node confirms it: ``{"id", "schema": Arrow IPC
+    #: schema as hex, "shapes": each column's value shape}`` (a node given no row builds its dataset from it)
+    feed_sample: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

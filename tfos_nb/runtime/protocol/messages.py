@@ -147,6 +147,7 @@ class FeedAssign(Message):
     host: str
     executor_id: str
     mode: str  # train | infer
+    sample: dict[str, Any] = dataclasses.field(default_factory=dict)  # train: {"schema", "shapes"} of its first rows
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,11 +140,13 @@ class EpochAssigned(Frame):
 
 @dataclass(frozen=True)
 class FeedPlan(Frame):
-    """The running ``train()`` feeds epochs ``first``..``last`` (``last`` 0: none announced)."""
+    """The running ``train()`` feeds epochs ``first``..``last`` (``last`` 0: none announced); ``sample``: its data's
+    shape once a feeding task told it (``{"id", "schema", "shapes"}``, see ``BeatCommand.feed_sample``)."""
 
     kind: ClassVar[str] = "feed_plan"
     first: int = 0
     last: int = 0
+    sample: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
