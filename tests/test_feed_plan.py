@@ -91,3 +91,26 @@ def test_without_a_sample_a_node_waits_for_its_first_row(chief):
     assert hub.sample is None
     hub.stop()
     assert hub.peek() is None  # it waited until the feed ended, as before
+
+
+def test_a_node_whose_partitions_were_all_empty_builds_from_the_sample_of_this_call(chief):
+    """Empty partitions connect and end (their end is queued for inference's sake): a share of only those is
+    still empty. A second train() call's data may have another shape: the last call's sample is not used."""
+    hub, server = chief
+    schema = pa.schema([("x", pa.list_(pa.float32())), ("y", pa.float32())])
+    rows = pa.RecordBatch.from_pylist([{"x": [1.0] * 8, "y": 1.0}], schema=schema)
+    _, first = _with_sample([rows])
+    hub.set_plan(1, 1, first)
+    hub.epoch_done = 1  # the first call's epoch, read and ended
+    wide = pa.RecordBatch.from_pylist([{"x": [1.0] * 3, "y": 1.0}], schema=schema)
+    _, second = _with_sample([wide])
+    hub.set_plan(2, 2, {})  # a new call; its sample is not known yet
+    assert hub.sample is None
+    hub.set_plan(2, 2, second)
+    threads = [feed_in_thread(server.port, [], gen=2, partition=p)[0] for p in (0, 1)]  # two empty partitions
+    for t in threads:
+        t.join(10)
+    hub.epoch_assigned(2, 2)
+    assert hub._share_in(2) and hub.queued_rows() == {2: 0}  # both ended, no row queued (their ends are)
+    got = hub.peek()
+    assert got is hub.sample and got.to_pylist() == [{"x": [0.0] * 3, "y": 0.0}]

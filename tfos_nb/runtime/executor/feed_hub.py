@@ -146,7 +146,7 @@ class FeedHub:
                             return batch
                 if self.stopped or self.closed:
                     return None
-                if self.sample is not None and self._share_read(self._next_epoch()):
+                if self.sample is not None and self._share_in(self._next_epoch()):  # no data queued (above)
                     return self.sample
                 self._cond.wait(0.5)
 
@@ -212,6 +212,8 @@ class FeedHub:
         its data's shape (``{"schema", "shapes"}``), once a feeding task told the driver."""
         row = sample_row(sample) if sample else None
         with self._cond:
+            if last and (self.plan is None or self.plan[0] != first):  # a new call: the last one's shape is not its
+                self.sample = None
             self.plan = (first, last) if last else None
             if row is not None:
                 self.sample = row
@@ -226,12 +228,16 @@ class FeedHub:
         self.out_of_step = out_of_step_message(self.label, gen, *self.plan)
         return FeedOutOfStep(self.out_of_step)
 
-    def _share_read(self, gen: int) -> bool:
-        """Whether this node's share of ``gen`` is all read (or the driver ended ``gen``); lock held."""
+    def _share_in(self, gen: int) -> bool:
+        """Whether every partition of this node's share of ``gen`` ended (or the driver ended ``gen``); lock held."""
         if self.epoch_done >= gen:
             return True
         expected = self._expected.get(gen)
-        return expected is not None and self._ended.get(gen, 0) >= expected and not self._queues.get(gen)
+        return expected is not None and self._ended.get(gen, 0) >= expected
+
+    def _share_read(self, gen: int) -> bool:
+        """Whether this node's share of ``gen`` is all read (or the driver ended ``gen``); lock held."""
+        return self.epoch_done >= gen or (self._share_in(gen) and not self._queues.get(gen))
 
     def stop(self) -> None:
         with self._cond:
