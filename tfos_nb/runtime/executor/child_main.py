@@ -18,7 +18,7 @@ import traceback
 from typing import Any
 
 from ..protocol import pipes
-from . import phases
+from . import keras3_mwms, phases
 from .context import Reporter
 
 # Frames of these modules above the user's function only hide the cause: not printed.
@@ -114,6 +114,7 @@ def main(role_cls: type[ChildRole]) -> int:
     from .mlflow_node import setup as mlflow_setup
 
     mlflow_setup(ctx)  # ctx.mlflow_run_id; MLflow autologging off on all but the chief
+    keras3_mwms.install()  # Keras 3's fit under MultiWorkerMirroredStrategy, repaired once it is imported
     value = None
     try:
         watcher.function_runs()

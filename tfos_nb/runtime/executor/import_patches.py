@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["patch_modules"]
 
-Patch = Callable[[Any], None]
+Patch = Callable[[Any], object]  # what it returns is ignored
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
