@@ -4,6 +4,8 @@ silent wait.  The whole job on a real cluster is ``test_out_of_step.py``."""
 
 from __future__ import annotations
 
+import threading
+
 import pyarrow as pa
 import pytest
 
@@ -114,3 +116,21 @@ def test_a_node_whose_partitions_were_all_empty_builds_from_the_sample_of_this_c
     assert hub._share_in(2) and hub.queued_rows() == {2: 0}  # both ended, no row queued (their ends are)
     got = hub.peek()
     assert got is hub.sample and got.to_pylist() == [{"x": [0.0] * 3, "y": 0.0}]
+
+
+def test_a_share_known_before_its_calls_plan_waits_for_that_calls_sample(chief):
+    """The next call's first share can reach the node before its plan: the last call's sample (another shape)
+    must not stand in for the new data's; the read waits for the new call's."""
+    hub, _ = chief
+    schema = pa.schema([("x", pa.list_(pa.float32()))])
+    _, old = _with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 8}], schema=schema)])
+    _, new = _with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 3}], schema=schema)])
+    hub.set_plan(1, 1, old)
+    hub.end_epoch(1)
+    hub.epoch_assigned(2, 0)  # the new call's first epoch: no partition here; its plan not heard of yet
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(batch=hub.peek()))
+    reader.start()
+    hub.set_plan(2, 2, new)
+    reader.join(10)
+    assert got["batch"].to_pylist() == [{"x": [0.0] * 3}]

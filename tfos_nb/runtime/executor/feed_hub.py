@@ -146,7 +146,9 @@ class FeedHub:
                             return batch
                 if self.stopped or self.closed:
                     return None
-                if self.sample is not None and self._share_in(self._next_epoch()):  # no data queued (above)
+                gen = self._next_epoch()
+                if self.sample is not None and self.plan is not None and self.plan[0] <= gen <= self.plan[1] \
+                        and self._share_in(gen):  # an empty share of this call's epoch (no row is queued: above)
                     return self.sample
                 self._cond.wait(0.5)
 

@@ -192,16 +192,17 @@ class Supervisor(ChildOwner):
         """Relay the driver's commands to the node process: the end of an epoch, stop; take a stack dump asked for."""
         if self._stacks_in_beat and self._stacks_out.get("id") == self._stacks_in_beat:
             self._stacks_out = {}  # the driver has it
-        for epoch, partitions in cmd.epochs_assigned:
-            if int(epoch) > self._sent_assigned:
-                self._sent_assigned = int(epoch)
-                self.send(pipes.EpochAssigned(epoch=int(epoch), partitions=int(partitions)))
+        # the call's plan first: a node learns the shape of its data before its share of the call's first epoch
         first, last = (int(e) for e in cmd.feed_plan[:2]) if len(cmd.feed_plan) >= 2 else (0, 0)
         sample_id = int(cmd.feed_sample.get("id", 0)) if cmd.feed_sample else 0
         if (first, last) != self._sent_plan or sample_id > self.sample_seen:
             self._sent_plan = (first, last)
             self.sample_seen = max(self.sample_seen, sample_id)
             self.send(pipes.FeedPlan(first=first, last=last, sample=dict(cmd.feed_sample)))
+        for epoch, partitions in cmd.epochs_assigned:
+            if int(epoch) > self._sent_assigned:
+                self._sent_assigned = int(epoch)
+                self.send(pipes.EpochAssigned(epoch=int(epoch), partitions=int(partitions)))
         if cmd.epoch_done > self._sent_epoch:
             self._sent_epoch = cmd.epoch_done
             self.send(pipes.EpochDone(epoch=cmd.epoch_done))
