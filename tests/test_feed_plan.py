@@ -134,3 +134,35 @@ def test_a_share_known_before_its_calls_plan_waits_for_that_calls_sample(chief):
     hub.set_plan(2, 2, new)
     reader.join(10)
     assert got["batch"].to_pylist() == [{"x": [0.0] * 3}]
+
+
+def test_a_new_dataset_while_the_calls_last_epoch_is_read_elsewhere_is_named(chief, monkeypatch):
+    """A node whose share of the last epoch is read (its fit ended before its peers') and that builds its next
+    dataset waits in as_dataset's peek for an epoch nobody feeds: named, as a read past the plan is (found by the
+    feed stress run: the chief in peek for the next trial, its two workers in the last trial's first step)."""
+    monkeypatch.setattr(feed_plan, "AHEAD_S", 0.0)
+    hub, _ = chief
+    hub.set_plan(3, 3)
+    hub.end_epoch(2)
+    hub.epoch_assigned(3, 0)  # no partition of epoch 3 here
+    assert hub.take(64, True, [0]) == []  # this node's share of epoch 3 is read (nothing)
+    with pytest.raises(FeedOutOfStep, match=r"^chief:0 read its feed out of step: it asked for epoch 4"):
+        hub.peek()
+
+
+def test_an_epoch_whose_read_stopped_at_its_last_row_is_not_read_again(chief):
+    """Keras (tf_keras) runs as many steps in later epochs as the first had, so an epoch's iterator can be dropped
+    after its last row without asking once more (the end never seen here).  The next epoch's iterator must read
+    the next epoch -- not the same one again, empty (found by the feed stress run: that node lagged one epoch
+    and read the next train() call's rows into the last call's dataset)."""
+    hub, server = chief
+    hub.set_plan(1, 2)
+    t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(4)], gen=1, partition=0)
+    first = [0]
+    assert sum(b.num_rows for _, b in hub.take(4, True, first)) == 4 and first == [1]  # all of epoch 1; end not seen
+    t.join(10)
+    hub.epoch_assigned(1, 1)  # the share is in; the driver has not ended epoch 1 yet
+    t, _ = feed_in_thread(server.port, [(2.0, i) for i in range(3)], gen=2, partition=1)
+    second = [0]
+    assert sum(b.num_rows for _, b in hub.take(3, True, second)) == 3 and second == [2]
+    t.join(10)

@@ -18,7 +18,7 @@ import traceback
 from typing import Any
 
 from ..protocol import pipes
-from . import keras3_mwms, phases
+from . import keras3_mwms, keras_epochs, phases
 from .context import Reporter
 
 # Frames of these modules above the user's function only hide the cause: not printed.
@@ -115,6 +115,7 @@ def main(role_cls: type[ChildRole]) -> int:
 
     mlflow_setup(ctx)  # ctx.mlflow_run_id; MLflow autologging off on all but the chief
     keras3_mwms.install()  # Keras 3's fit under MultiWorkerMirroredStrategy, repaired once it is imported
+    keras_epochs.install()  # every fed epoch as long as its data, in either Keras
     value = None
     try:
         watcher.function_runs()

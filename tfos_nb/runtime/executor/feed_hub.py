@@ -113,6 +113,7 @@ class FeedHub:
         self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
         self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
         self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
+        self._started: set[int] = set()  # generations a bounded read began (see _next_epoch)
         self.rows = 0
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
@@ -138,6 +139,7 @@ class FeedHub:
         arrives, None once the feed ended without one.  A node whose share of the next epoch it reads is all in and
         empty (it got no partition, or empty ones) gets a row of zeros shaped as the fed data's (:func:`sample_row`,
         never read as data): waiting for a row would wait for an epoch its peers can only end by stepping with it."""
+        ahead_since: float | None = None
         with self._cond:
             while True:
                 for g in sorted(self._queues):
@@ -150,14 +152,25 @@ class FeedHub:
                 if self.sample is not None and self.plan is not None and self.plan[0] <= gen <= self.plan[1] \
                         and self._share_in(gen):  # an empty share of this call's epoch (no row is queued: above)
                     return self.sample
+                if self._ahead(gen):  # a new dataset while the call's last epoch is still read elsewhere
+                    now = time.monotonic()
+                    ahead_since = ahead_since or now
+                    if now - ahead_since >= feed_plan.AHEAD_S:
+                        raise self._out_of_step(gen)
+                else:
+                    ahead_since = None
                 self._cond.wait(0.5)
 
     def _next_epoch(self) -> int:
         """The epoch a new bounded read takes: the oldest the driver has not ended and no read here finished."""
         gen = self.epoch_done + 1
-        while gen in self._read:
-            gen += 1
+        while gen in self._read or (gen in self._started and self._share_in(gen) and not self._has_rows(gen)):
+            gen += 1  # read to its end; or begun, and all of it in and taken (Keras left it at its last row)
         return gen
+
+    def _has_rows(self, gen: int) -> bool:
+        """Whether rows of ``gen`` are queued here; lock held."""
+        return any(kind == "data" for kind, _, _ in self._queues.get(gen, ()))
 
     def queued_rows(self) -> dict[int, int]:
         """Rows waiting to be read, by generation."""
@@ -201,6 +214,7 @@ class FeedHub:
                     for g in [g for g in table if g <= epoch]:
                         del table[g]
                 self._read = {g for g in self._read if g > epoch}
+                self._started = {g for g in self._started if g > epoch}
                 self._cond.notify_all()
 
     def epoch_assigned(self, epoch: int, partitions: int) -> None:
@@ -321,6 +335,7 @@ class FeedHub:
         with self._cond:
             if epoch is not None and not epoch[0]:
                 epoch[0] = self._next_epoch()
+                self._started.add(epoch[0])
             while got < n:
                 gen = self._next_gen(epoch)
                 if gen is None:
