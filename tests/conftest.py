@@ -105,6 +105,18 @@ def _global_shell_forgets_its_clusters() -> Iterator[None]:
         magics.handles.clear()
 
 
+def binary_frame(spark: Any, rows: int, width: int, informative: int, partitions: int) -> Any:
+    """A seeded two-class DataFrame (``x array<float>``, ``y float``): the label is whether the sum of the first
+    ``informative`` features is positive (a tutorial's separable set)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, width)).astype("float32")
+    y = (x[:, :informative].sum(axis=1) > 0).astype("float32")
+    return spark.createDataFrame([(r.tolist(), float(t)) for r, t in zip(x, y)], "x array<float>, y float").repartition(
+        partitions)
+
+
 def start_cluster(spark: Any, fn: Callable[..., Any], args: Any, n: int = 2, **kw: Any) -> Any:
     """``TFCluster.run`` as the tests call it: each node's TensorFlow with one thread (:data:`NODE_ENV`) unless
     ``env`` says otherwise."""

@@ -17,7 +17,7 @@ import sys
 import cloudpickle
 import pytest
 
-from tests.conftest import spark_fixture, start_cluster
+from tests.conftest import binary_frame, spark_fixture, start_cluster
 from tfos_nb import TFCluster
 
 pytestmark = pytest.mark.slow
@@ -29,12 +29,7 @@ ROWS, EPOCHS = 1600, 3
 
 @pytest.fixture(scope="module")
 def train_df(spark):
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, 8)).astype("float32")
-    y = (x[:, :2].sum(axis=1) > 0).astype("float32")
-    return spark.createDataFrame([(r.tolist(), float(t)) for r, t in zip(x, y)], "x array<float>, y float").repartition(4)
+    return binary_frame(spark, ROWS, 8, 2, 4)
 
 
 def mwms_fun(args, ctx):

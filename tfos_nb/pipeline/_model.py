@@ -78,6 +78,10 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
       given to the constructor or :meth:`setModelFn`) rebuilds the model and the
       latest checkpoint there restores it (``tf.train.Checkpoint(model=model)``
       or ``model.save_weights`` layouts); mappings use the model's input/output names.
+    * ``ExportDir`` naming a ``.keras`` file (Keras 3's ``model.save("model.keras")``):
+      the file loaded with ``keras.models.load_model``; mappings use the model's
+      input names (its ``keras.Input(name=...)``) and output names (a functional
+      model's output names, or the last layer's name for one output).
 
     Array columns and ``VectorUDT`` columns feed tensors (vectors go through
     ``vector_to_array``; a flat array feeds a tensor of higher rank, e.g.
@@ -143,6 +147,8 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
     def _ref(self) -> model_runners.ModelRef:
         tags = tuple(t.strip() for t in self.getTagSet().split(",") if t.strip())
         if self.isDefined(self.exportDir):
+            if self.getExportDir().rstrip("/").endswith(".keras"):  # a Keras 3 model file
+                return model_runners.ModelRef(model_runners.KERAS, self.getExportDir(), tags, None)
             sig = self.getSignatureDefKey()
             return model_runners.ModelRef(model_runners.SIGNATURE if sig else model_runners.TENSORS, self.getExportDir(), tags, sig)
         if self.isDefined(self.modelDir):
@@ -177,7 +183,7 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         ref = self._ref()
         ins, outs = self._describe(ref, dataset)
         what = {model_runners.SIGNATURE: f"signature {ref.signature!r} input aliases", model_runners.CHECKPOINT: "model inputs",
-                model_runners.TENSORS: "placeholders"}[ref.style]
+                model_runners.KERAS: "model inputs", model_runners.TENSORS: "placeholders"}[ref.style]
         if not self.isDefined(self.inputMapping):
             msg = f"TFModel needs InputMapping (DataFrame column -> tensor); {what}: {_names(ins, ref)}"
             raise ValueError(msg)
@@ -204,7 +210,7 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         else:
             out_map = {k: k for k in sorted(outs)}
         out_what = {model_runners.SIGNATURE: f"signature {ref.signature!r} output aliases", model_runners.CHECKPOINT: "model outputs",
-                    model_runners.TENSORS: "tensors"}[ref.style]
+                    model_runners.KERAS: "model outputs", model_runners.TENSORS: "tensors"}[ref.style]
         for tensor, col in out_map.items():
             if tensor not in outs:
                 names = _signature_tensors(ref) if ref.style == model_runners.TENSORS else sorted(outs)

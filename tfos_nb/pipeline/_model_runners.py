@@ -22,6 +22,7 @@ import numpy as np
 SIGNATURE = "signature"
 TENSORS = "tensors"
 CHECKPOINT = "checkpoint"
+KERAS = "keras"  # a Keras 3 model file (model.save("....keras")), loaded with keras.models.load_model
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,50 @@ def _describe_checkpoint(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str
     return ins, outs
 
 
+def _load_keras(ref: ModelRef) -> Any:
+    """The ``.keras`` file as a Keras 3 model (``import keras`` is Keras 3 whatever ``tf.keras`` is here)."""
+    import keras
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(ref.path):
+        msg = f"no Keras model file {ref.path!r}; set ExportDir to a file written by model.save('....keras')"
+        raise ValueError(msg)
+    local = ref.path
+    if "://" in ref.path:  # keras.models.load_model reads local files: copy a remote one here first
+        import tempfile
+
+        local = os.path.join(tempfile.mkdtemp(prefix="tfos-keras-"), os.path.basename(ref.path))
+        tf.io.gfile.copy(ref.path, local)
+    return keras.models.load_model(local, compile=False)
+
+
+def _keras_output_names(model: Any) -> list[str]:
+    """A Keras 3 model's output names: a functional model's own (its dict keys), else its last layers' names."""
+    names = getattr(model, "output_names", None)
+    if names and len(names) == len(model.outputs):
+        return [str(n) for n in names]
+    if len(model.outputs) == 1:
+        return [model.layers[-1].name]
+    return [t.name for t in model.outputs]
+
+
+def _describe_keras(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    model = _load_keras(ref)
+
+    def info(name: str, t: Any) -> TensorInfo:
+        shape = tuple(-1 if d is None else int(d) for d in t.shape)
+        return TensorInfo(name, "string" if str(t.dtype) == "string" else np.dtype(str(t.dtype)).name, shape)
+
+    ins = {t.name: info(t.name, t) for t in model.inputs}
+    outs = {n: info(n, t) for n, t in zip(_keras_output_names(model), model.outputs)}
+    return ins, outs
+
+
 def describe(ref: ModelRef) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
     """(inputs, outputs) of the model, by the names the mappings use in this style."""
     _legacy_keras()
-    return {SIGNATURE: _describe_signature, TENSORS: _describe_tensors, CHECKPOINT: _describe_checkpoint}[ref.style](ref)
+    return {SIGNATURE: _describe_signature, TENSORS: _describe_tensors, CHECKPOINT: _describe_checkpoint,
+            KERAS: _describe_keras}[ref.style](ref)
 
 
 def keras_is_not_the_nodes() -> bool:
@@ -211,32 +252,49 @@ class _TensorRunner:
 
 
 class _CheckpointRunner:
-    def __init__(self, ref: ModelRef, inputs: list[str], outputs: list[str]) -> None:
-        import tensorflow as tf
+    """A Keras model rebuilt by ``model_fn`` and restored from the latest checkpoint, scored with its own call."""
 
-        model = _build(ref)
-        self._names = list(model.input_names)
+    def __init__(self, ref: ModelRef, inputs: list[str], outputs: list[str]) -> None:
+        model = self._load(ref)
+        self._names, self._out_names = self._input_output_names(model)
         self._outputs = outputs
-        self._out_names = list(model.output_names)
 
         def predict(xs: Any) -> Any:
             return model(xs if len(xs) > 1 else xs[0], training=False)
 
+        import tensorflow as tf
+
         self._model = model
         self._predict = tf.function(predict, reduce_retracing=True)
+
+    def _load(self, ref: ModelRef) -> Any:
+        return _build(ref)
+
+    def _input_output_names(self, model: Any) -> tuple[list[str], list[str]]:
+        return list(model.input_names), list(model.output_names)
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self._predict([feeds[n] for n in self._names])
         if isinstance(out, dict):
-            got = {k: v.numpy() for k, v in out.items()}
+            got = {k: np.asarray(v) for k, v in out.items()}
         else:
             outs = out if isinstance(out, (list, tuple)) else [out]
-            got = {n: v.numpy() for n, v in zip(self._out_names, outs)}
+            got = {n: np.asarray(v) for n, v in zip(self._out_names, outs)}
         return {k: got[k] for k in self._outputs}
 
 
+class _KerasRunner(_CheckpointRunner):
+    """A Keras 3 ``.keras`` file, scored as the checkpoint style scores its model."""
+
+    def _load(self, ref: ModelRef) -> Any:
+        return _load_keras(ref)
+
+    def _input_output_names(self, model: Any) -> tuple[list[str], list[str]]:
+        return [t.name for t in model.inputs], _keras_output_names(model)
+
+
 _RUNNERS: dict[str, Callable[..., Any]] = {SIGNATURE: _SignatureRunner, TENSORS: _TensorRunner,
-                                           CHECKPOINT: _CheckpointRunner}
+                                           CHECKPOINT: _CheckpointRunner, KERAS: _KerasRunner}
 _CACHE: dict[tuple[Any, ...], Any] = {}
 _CACHE_LOCK = threading.Lock()
 _CACHE_MAX = 4

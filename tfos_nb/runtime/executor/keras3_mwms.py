@@ -21,7 +21,8 @@ than one worker (keras-team/keras#20585, tensorflow/tensorflow#72388): ``ValueEr
 Each repair replaces one function and keeps the original on it (:data:`MARK`); nothing changes unless Keras' major
 version is 3 and the three functions exist.  ``tests/test_keras3.py`` fails when upstream changes them (then this
 module is revisited: dropped once Keras fixes it).  Outside multi-worker training the repaired functions call the
-originals.  Known limit: ``steps_per_execution > 1`` still fails under the strategy (a separate Keras 3 problem).
+originals.  ``steps_per_execution > 1`` fails inside Keras under the strategy (a separate Keras 3 problem): refused
+before the first step with one sentence (:data:`STEPS_PER_EXECUTION`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from collections.abc import Callable
 from typing import Any
 
 TARGET = "keras.src.backend.tensorflow.trainer"
+STEPS_PER_EXECUTION = (
+    "Keras 3 runs one step per execution under MultiWorkerMirroredStrategy across workers: compile("
+    "steps_per_execution={n}) fails inside Keras' TensorFlow trainer ('You must feed a value for placeholder "
+    "tensor ...'); compile without steps_per_execution (or use tf.keras, which is tf_keras on the nodes)")
 MARK = "_tfos_nb_original"
 
 
@@ -66,6 +71,8 @@ def _symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
         strategy = self._distribute_strategy
         if strategy is None or iterator is None or not _multi_worker(strategy, tf):
             return original(self, iterator=iterator, data_batch=data_batch)
+        if int(getattr(self, "steps_per_execution", 1) or 1) > 1:
+            raise ValueError(STEPS_PER_EXECUTION.format(n=self.steps_per_execution))
         spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec", None)
         data_batch = _spec_batch(spec, tf) if spec is not None else None
         if data_batch is None:  # Keras' own pull of a batch, minus the cross-worker reduce of the data
