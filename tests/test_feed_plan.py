@@ -126,6 +126,8 @@ def test_a_share_known_before_its_calls_plan_waits_for_that_calls_sample(chief):
     _, old = _with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 8}], schema=schema)])
     _, new = _with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 3}], schema=schema)])
     hub.set_plan(1, 1, old)
+    hub.epoch_assigned(1, 0)
+    assert hub.take(64, True, [0]) == []  # the node read the last call's epoch (its share: nothing)
     hub.end_epoch(1)
     hub.epoch_assigned(2, 0)  # the new call's first epoch: no partition here; its plan not heard of yet
     got = {}
@@ -165,4 +167,22 @@ def test_an_epoch_whose_read_stopped_at_its_last_row_is_not_read_again(chief):
     t, _ = feed_in_thread(server.port, [(2.0, i) for i in range(3)], gen=2, partition=1)
     second = [0]
     assert sum(b.num_rows for _, b in hub.take(3, True, second)) == 3 and second == [2]
+    t.join(10)
+
+
+def test_a_node_starting_after_its_empty_epoch_ended_reads_that_epoch_not_the_next(chief):
+    """One read is one epoch: a node whose share of an epoch was empty and whose read begins after the driver
+    ended that epoch (its peers took every row) reads it, empty, and its next read the next epoch -- it does not
+    skip it and lag its peers by an epoch (found by the feed stress run: worker:1 read epochs 3-6 of a call
+    feeding 2-5, the last with the next call's rows)."""
+    hub, server = chief
+    hub.set_plan(2, 5)
+    hub.epoch_done = 1
+    hub.epoch_assigned(2, 0)
+    hub.end_epoch(2)  # epoch 2 read in full elsewhere before this node's first read of the call
+    first = [0]
+    assert hub.take(64, True, first) == [] and first == [2]
+    t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(3)], gen=3, partition=0)
+    second = [0]
+    assert sum(b.num_rows for _, b in hub.take(3, True, second)) == 3 and second == [3]
     t.join(10)

@@ -113,7 +113,7 @@ class FeedHub:
         self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
         self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
         self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
-        self._started: set[int] = set()  # generations a bounded read began (see _next_epoch)
+        self._begun = 0  # the last generation a bounded read began here (see _next_epoch)
         self.rows = 0
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
@@ -162,10 +162,23 @@ class FeedHub:
                 self._cond.wait(0.5)
 
     def _next_epoch(self) -> int:
-        """The epoch a new bounded read takes: the oldest the driver has not ended and no read here finished."""
+        """The epoch a new bounded read takes; lock held.
+
+        Within a ``train()`` call (a plan known) one read is one epoch: the one after the last this node began,
+        whether or not the driver ended it meanwhile (a node whose share of an epoch was empty, starting late,
+        reads that epoch, empty, instead of skipping it and lagging its peers by an epoch) -- except that a read
+        cut short with rows of its epoch left (``ds.take(k)``) is continued; a new call's reads start at its
+        first epoch.  Without a plan (a stream): the oldest epoch the driver has not ended and no read here
+        finished."""
+        if self.plan is not None:
+            last = self._begun
+            if last and last not in self._read and last > self.epoch_done and (
+                    not self._share_in(last) or self._has_rows(last)):
+                return last
+            return max(last + 1, self.plan[0])
         gen = self.epoch_done + 1
-        while gen in self._read or (gen in self._started and self._share_in(gen) and not self._has_rows(gen)):
-            gen += 1  # read to its end; or begun, and all of it in and taken (Keras left it at its last row)
+        while gen in self._read:
+            gen += 1
         return gen
 
     def _has_rows(self, gen: int) -> bool:
@@ -214,7 +227,6 @@ class FeedHub:
                     for g in [g for g in table if g <= epoch]:
                         del table[g]
                 self._read = {g for g in self._read if g > epoch}
-                self._started = {g for g in self._started if g > epoch}
                 self._cond.notify_all()
 
     def epoch_assigned(self, epoch: int, partitions: int) -> None:
@@ -335,7 +347,7 @@ class FeedHub:
         with self._cond:
             if epoch is not None and not epoch[0]:
                 epoch[0] = self._next_epoch()
-                self._started.add(epoch[0])
+                self._begun = max(self._begun, epoch[0])
             while got < n:
                 gen = self._next_gen(epoch)
                 if gen is None:
