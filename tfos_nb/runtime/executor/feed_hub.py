@@ -15,15 +15,10 @@ rows the other nodes can only read by stepping with it.  The next epoch's data w
 queue.  The bound is per generation: one bound for all, filled by the next epoch's feeders,
 would block this epoch's feeders while the reader waits for them.
 
-Out of step: the driver tells the nodes which epochs the running ``train()`` feeds (``plan``).  A bounded
-reader asking for an epoch past them while the last of them is not all read is out of step with the job (its
-dataset was iterated once more than the job's epochs: a pass before ``fit``, a second ``as_dataset``).  Under a
-synchronous strategy that is a deadlock — its peers hold rows of the last epoch and wait for it in a step, the
-feeding tasks wait for those rows to be read, ``train()`` for the feeding tasks — so after :data:`.feed_plan.AHEAD_S`
-(in step, every node asks for the next epoch only once all of this one was read, and its end reaches the
-nodes with the next heartbeats) the read raises :class:`FeedOutOfStep`, naming the node and both counts.
-Once the fed epochs are all read, a read past them waits as before: for the next ``train()``, or for the
-stop that ends it empty.
+Out of step: the driver tells the nodes which epochs the running ``train()`` feeds (``plan``); a bounded read
+past them while the last is not all read elsewhere (a dataset iterated once more than the job's epochs) would
+deadlock a synchronous strategy, so after :data:`.feed_plan.AHEAD_S` it raises :class:`FeedOutOfStep`, naming
+the node.  Once the fed epochs are all read, a read past them waits for the next ``train()`` or the stop.
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ import collections
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -139,7 +133,7 @@ class FeedHub:
         arrives, None once the feed ended without one.  A node whose share of the next epoch it reads is all in and
         empty (it got no partition, or empty ones) gets a row of zeros shaped as the fed data's (:func:`sample_row`,
         never read as data): waiting for a row would wait for an epoch its peers can only end by stepping with it."""
-        ahead_since: float | None = None
+        ahead = feed_plan.Ahead()
         with self._cond:
             while True:
                 for g in sorted(self._queues):
@@ -152,24 +146,14 @@ class FeedHub:
                 if self.sample is not None and self.plan is not None and self.plan[0] <= gen <= self.plan[1] \
                         and self._share_in(gen):  # an empty share of this call's epoch (no row is queued: above)
                     return self.sample
-                if self._ahead(gen):  # a new dataset while the call's last epoch is still read elsewhere
-                    now = time.monotonic()
-                    ahead_since = ahead_since or now
-                    if now - ahead_since >= feed_plan.AHEAD_S:
-                        raise self._out_of_step(gen)
-                else:
-                    ahead_since = None
+                if ahead.still(self._ahead(gen)):  # a new dataset while the call's last epoch is still read elsewhere
+                    raise self._out_of_step(gen)
                 self._cond.wait(0.5)
 
     def _next_epoch(self) -> int:
-        """The epoch a new bounded read takes; lock held.
-
-        Within a ``train()`` call (a plan known) one read is one epoch: the one after the last this node began,
-        whether or not the driver ended it meanwhile (a node whose share of an epoch was empty, starting late,
-        reads that epoch, empty, instead of skipping it and lagging its peers by an epoch) -- except that a read
-        cut short with rows of its epoch left (``ds.take(k)``) is continued; a new call's reads start at its
-        first epoch.  Without a plan (a stream): the oldest epoch the driver has not ended and no read here
-        finished."""
+        """The epoch a new bounded read takes (lock held): in a ``train()`` call, the one after the last begun here,
+        ended or not (an empty share read late is read, not skipped), or the call's first; a read cut short with
+        rows left (``ds.take(k)``) is continued.  In a stream: the oldest not ended and not read here."""
         if self.plan is not None:
             last = self._begun
             if last and last not in self._read and last > self.epoch_done and (
@@ -337,13 +321,12 @@ class FeedHub:
         Blocks until ``n`` rows are there, or the data ends: the cluster stops, in
         inference mode a partition ends, or with ``epoch=[g]`` this node's share of
         generation ``g`` ends (``_share_read``).  A bounded read given ``[0]`` picks
-        its epoch first: the oldest one the driver has not ended and no earlier read
-        on this node finished — a node that gets the next epoch's data first waits
-        for this epoch's, and one whose share of an epoch is nothing reads nothing.
+        its epoch first (:meth:`_next_epoch`) — a node that gets the next epoch's data
+        first waits for this epoch's, and one whose share of an epoch is nothing reads nothing.
         """
         pieces: list[tuple[Conn, pa.RecordBatch]] = []
         got = 0
-        ahead_since: float | None = None
+        ahead = feed_plan.Ahead()
         with self._cond:
             if epoch is not None and not epoch[0]:
                 epoch[0] = self._next_epoch()
@@ -356,13 +339,8 @@ class FeedHub:
                     if epoch is not None and self._share_read(epoch[0]):
                         self._read.add(epoch[0])
                         break  # this node's share of the epoch is all taken
-                    if epoch is not None and self._ahead(epoch[0]):
-                        now = time.monotonic()
-                        ahead_since = ahead_since or now
-                        if now - ahead_since >= feed_plan.AHEAD_S:
-                            raise self._out_of_step(epoch[0])
-                    else:
-                        ahead_since = None
+                    if ahead.still(epoch is not None and self._ahead(epoch[0])):
+                        raise self._out_of_step(epoch[0] if epoch else 0)
                     self._cond.wait(0.5)
                     continue
                 q = self._queues[gen]

@@ -9,6 +9,7 @@ the signature of its dataset (:func:`sample_row`).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,22 @@ import pyarrow as pa
 log = logging.getLogger(__name__)
 
 AHEAD_S = 10.0  # a bounded read past the fed epochs while the last is still read elsewhere: out of step after this
+
+
+class Ahead:
+    """How long a waiting read has been past the fed epochs: :meth:`still` is True once it has been for
+    :data:`AHEAD_S` without a break."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def still(self, ahead: bool) -> bool:
+        if not ahead:
+            self._since = None
+            return False
+        now = time.monotonic()
+        self._since = self._since or now
+        return now - self._since >= AHEAD_S
 
 
 class FeedOutOfStep(RuntimeError):
