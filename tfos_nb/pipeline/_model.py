@@ -165,9 +165,11 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
     def _describe(self, ref: model_runners.ModelRef, dataset: Any) -> Any:
         key = ref.key()
         if key not in self._described:
-            if ref.style == model_runners.CHECKPOINT and model_runners.keras_is_not_the_nodes():
-                # This process's tf.keras is Keras 3 for good: rebuild the model where the rows will be
-                # scored, in a Python worker, which uses the nodes' tf_keras.
+            if ref.style == model_runners.KERAS or (
+                    ref.style == model_runners.CHECKPOINT and model_runners.keras_is_not_the_nodes()):
+                # Loaded where the rows will be scored, in a Python worker: a .keras file needs Keras 3 and
+                # TensorFlow, whose start-up lines would land in the notebook; and a notebook whose tf.keras is
+                # Keras 3 for good rebuilds a checkpoint's model with the nodes' tf_keras there.
                 self._described[key] = _describe_in_a_worker(dataset.sparkSession, ref)
             else:
                 self._described[key] = model_runners.describe(ref)
