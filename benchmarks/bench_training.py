@@ -13,7 +13,9 @@ on the same held-out rows:
 * ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
   node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
   MultiWorkerMirroredStrategy (``tfos_nb_cache``: ``as_dataset(cache=True)``, one epoch fed;
-  ``tfos_nb_serial``: one epoch's feeding job at a time);
+  ``tfos_nb_serial``: one epoch's feeding job at a time; ``tfos_nb_keras3``: the model written with
+  ``import keras``, Keras 3, whose trainer the nodes repair for MultiWorkerMirroredStrategy, beside
+  ``single_keras3``, single-process Keras 3);
 * ``tfos``    -- TensorFlowOnSpark 2.2.5's documented form (its ``mnist_spark`` example):
   ``from_generator`` over ``DataFeed.next_batch(1)``, ``steps_per_epoch`` capped at 90 %, ``terminate()``;
   ``tfos_batched`` asks ``next_batch`` for whole batches.
@@ -74,21 +76,25 @@ def make_data(rows: int, seed: int, separation: float):
     return x.astype(np.float32), y
 
 
-def build_model(kind: str = "mlp"):
-    """``mlp``: 784-128-10.  ``cnn``: TensorFlowOnSpark's mnist example CNN on the rows as 28×28×1 images."""
-    import tensorflow as tf
-
-    if kind == "cnn":
-        layers = [tf.keras.layers.Reshape((28, 28, 1)),
-                  tf.keras.layers.Conv2D(32, 3, activation="relu"),
-                  tf.keras.layers.MaxPooling2D(),
-                  tf.keras.layers.Flatten(),
-                  tf.keras.layers.Dense(64, activation="relu")]
+def build_model(kind: str = "mlp", keras3: bool = False):
+    """``mlp``: 784-128-10.  ``cnn``: TensorFlowOnSpark's mnist example CNN on the rows as 28×28×1 images.
+    ``keras3``: the same model written with ``import keras`` (Keras 3), not ``tf.keras`` (tf_keras on the nodes)."""
+    if keras3:
+        import keras as k
     else:
-        layers = [tf.keras.layers.Dense(128, activation="relu")]
-    model = tf.keras.Sequential([tf.keras.layers.Input(shape=(FEATURES,)), *layers,
-                                 tf.keras.layers.Dense(CLASSES, activation="softmax")])
-    model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=1e-3),
+        import tensorflow as tf
+
+        k = tf.keras
+    if kind == "cnn":
+        layers = [k.layers.Reshape((28, 28, 1)),
+                  k.layers.Conv2D(32, 3, activation="relu"),
+                  k.layers.MaxPooling2D(),
+                  k.layers.Flatten(),
+                  k.layers.Dense(64, activation="relu")]
+    else:
+        layers = [k.layers.Dense(128, activation="relu")]
+    model = k.Sequential([k.layers.Input(shape=(FEATURES,)), *layers, k.layers.Dense(CLASSES, activation="softmax")])
+    model.compile(optimizer=k.optimizers.Adam(learning_rate=1e-3),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
@@ -112,14 +118,18 @@ def tfos_nb_main(args, ctx):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     t_strategy = time.time()
     with strategy.scope():
-        model = args["build_model"](args["model"])
+        model = args["build_model"](args["model"], keras3=args.get("keras3", False))
     t_model = time.time()
+    if args.get("keras3"):
+        import keras as callbacks_keras  # Keras 3 takes its own callbacks only
+    else:
+        callbacks_keras = tf.keras
     feed = ctx.get_data_feed()
     # waits for the first batch; cache=True keeps the first epoch on the node for the later ones
     ds = feed.as_dataset(batch_size=args["batch"], columns=(0, 1), cache=args.get("cache", False))
     t_data = time.time()
 
-    class StepTimer(tf.keras.callbacks.Callback):
+    class StepTimer(callbacks_keras.callbacks.Callback):
         """Steps and wall time of the epochs after the first (which builds the graph and the collectives).
 
         Takes the batch logs as tensors (``_supports_tf_logs``) so that it does not make Keras
@@ -153,7 +163,10 @@ def tfos_nb_main(args, ctx):
     t_fit = time.time()
     model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=callbacks)
     t_fit_end = time.time()
-    compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
+    if args.get("keras3"):  # every worker saves (a collective); only the chief's copy is kept
+        model.save(args["export_dir"] + ".keras" if ctx.is_chief else os.path.join(args["out_dir"], "w.keras"))
+    else:
+        compat.export_saved_model(model, args["export_dir"], ctx.is_chief)
     phases = {"enter": t_enter, "import+strategy": t_strategy - t_enter, "model": t_model - t_strategy,
               "wait for first batch": t_data - t_model,
               "first epoch": getattr(timer, "t_epoch1", t_fit_end) - t_fit,
@@ -400,7 +413,12 @@ class Bench:
     def accuracy(self, export_dir):
         import tensorflow as tf
 
-        model = tf.keras.models.load_model(export_dir)
+        if os.path.exists(export_dir + ".keras"):  # the Keras 3 variant's file
+            import keras
+
+            model = keras.models.load_model(export_dir + ".keras")
+        else:
+            model = tf.keras.models.load_model(export_dir)
         pred = model.predict(self.x_test, batch_size=1024, verbose=0).argmax(axis=1)
         return float((pred == self.y_test).mean())
 
@@ -420,7 +438,7 @@ class Bench:
         steps = -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs
         return {"wall s": wall, "fit s": wall, "steps": steps, "accuracy": float((pred == self.y_test).mean())}
 
-    def tfos_nb(self, breakdown=False, cache=False):
+    def tfos_nb(self, breakdown=False, cache=False, keras3=False):
         from tfos_nb import TFCluster
 
         export_dir = self._export_dir("nb")
@@ -428,7 +446,7 @@ class Bench:
         # as_dataset's batch is the global batch under MWMS (Keras splits it across the replicas)
         args = {"batch": GLOBAL_BATCH, "epochs": self.opts.epochs, "export_dir": export_dir,
                 "breakdown": breakdown, "out_dir": out_dir, "build_model": build_model, "model": self.opts.model,
-                "progress": os.environ.get("BENCH_PROGRESS", "1") == "1", "cache": cache}
+                "progress": os.environ.get("BENCH_PROGRESS", "1") == "1", "cache": cache, "keras3": keras3}
         t0, w0 = time.perf_counter(), time.time()
         cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
                                 input_mode=TFCluster.InputMode.SPARK, master_node="chief")
@@ -468,6 +486,23 @@ class Bench:
             self.phases = {"TFCluster.run()": t_run, "run() to node function": chief["enter"] - w0,
                            **{k: v for k, v in chief.items() if k != "enter"}, "shutdown()": t_shutdown}
         return res
+
+    def tfos_nb_keras3(self):
+        """tfos_nb with the model written for Keras 3 (``import keras``); the nodes repair its trainer for MWMS."""
+        return self.tfos_nb(keras3=True)
+
+    def single_keras3(self):
+        """Single-process Keras 3: the reference for the Keras 3 variant's accuracy."""
+        import keras
+
+        keras.utils.set_random_seed(self.opts.seed)
+        t0 = time.perf_counter()
+        model = build_model(self.opts.model, keras3=True)
+        model.fit(self.x_train, self.y_train, batch_size=GLOBAL_BATCH, epochs=self.opts.epochs, verbose=0)
+        wall = time.perf_counter() - t0
+        pred = model.predict(self.x_test, batch_size=1024, verbose=0).argmax(axis=1)
+        steps = -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs
+        return {"wall s": wall, "fit s": wall, "steps": steps, "accuracy": float((pred == self.y_test).mean())}
 
     def tfos_nb_cache(self):
         """tfos_nb with ``as_dataset(cache=True)``: one epoch fed, the nodes replay it for the later epochs."""
@@ -626,6 +661,8 @@ VARIANTS = {
                    % (GLOBAL_BATCH, GLOBAL_BATCH * NODES),
     "tfos_nb": "tfos_nb (as_dataset + model.fit)",
     "tfos_nb_cache": "tfos_nb, as_dataset(cache=True): one epoch fed, replayed on the nodes",
+    "tfos_nb_keras3": "tfos_nb, the model written for Keras 3 (import keras)",
+    "single_keras3": "single-process Keras 3",
     "tfos": "TensorFlowOnSpark 2.2.5, its example's idiom (from_generator over next_batch(1))",
     "tfos_batched": "TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
     "tfos_nb_serial": "tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)",
