@@ -46,7 +46,6 @@ def test_notebook_runs_headless(path, kernel_specs, tmp_path):
         assert float(match.group(1)) >= 0.9, match.group(0)
     if path.name == "keras3.ipynb":  # the model was Keras 3's, and it scored the test rows from its .keras file
         assert re.search(r"^\[chief:0\] saved .*digits\.keras with Keras 3\.", text, flags=re.M), text[-2000:]
-        assert re.search(r"^accuracy: 0\.9\d\d on \d+ test digits", text, flags=re.M), text[-2000:]
         assert "cuInit" not in text and "absl::InitializeLog" not in text  # Keras 3 is loaded in a worker, not here
     if path.name == "pipeline.ipynb":
         # the extension shows a panel for the cluster TFEstimator.fit starts; its final snapshot is saved
