@@ -135,6 +135,17 @@ def test_a_stage_that_could_not_run_fails_and_connect_says_what_it_allows():
     assert not by_status(checks, FAIL) and any(c.area == "session" and "Spark Connect" in c.detail for c in checks)
 
 
+def test_a_stage_that_did_not_finish_checks_nothing_on_the_executors():
+    # seen on a slow CI host: "network OK: every node reached every other (0 connections)" under a barrier FAIL
+    checks = verdicts(SESSION, DRIVER, [], nodes=2, export_dir="/data/out",
+                      stage_error="the doctor's barrier stage of 2 task(s) did not finish in 120 s")
+    probed = {c.area: c for c in checks if c.area in ("gpus", "network", "storage")}
+    assert set(probed) == {"gpus", "network", "storage"}
+    assert all(c.status == WARN and "not checked" in c.detail for c in probed.values()), probed
+    (barrier,) = [c for c in checks if c.area == "barrier"]
+    assert barrier.status == FAIL and "reach each other" in barrier.fix
+
+
 def test_report_text_raises_one_error_and_renders_html():
     from tfos_nb.magics._doctor import report_html
 

@@ -43,6 +43,12 @@ def spark(netns: NetnsCluster) -> Iterator[object]:
     confs = {"spark.driver.host": netns.host_ip, "spark.driver.bindAddress": netns.host_ip,
              "spark.executor.memory": "1g", "spark.executor.cores": "1", "spark.cores.max": str(netns.workers),
              "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "1",
+             # Each task fetches the stage's task (a torrent broadcast) from the driver or from a peer executor that
+             # holds it. Behind the blackhole route a fetch from the peer waits Spark's connection timeout
+             # (spark.network.timeout, 120 s: past the doctor's stage timeout) before trying the driver, so the
+             # stage's outcome would hang on which executor fetched first (seen in CI: the barrier check FAILed,
+             # the network went unchecked). 5 s keeps Spark's retry and tests the doctor's own probe.
+             "spark.shuffle.io.connectionCreationTimeout": "5s",
              **{f"spark.executorEnv.{k}": v for k, v in NODE_ENV.items()}}
     for key, value in confs.items():
         builder = builder.config(key, value)

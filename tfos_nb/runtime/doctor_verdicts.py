@@ -35,6 +35,10 @@ def verdicts(session: dict[str, Any], driver: dict[str, Any], executors: list[di
     firsts = _per_executor(executors)
     for facts in firsts:
         checks += _versions(driver, facts)
+    if not executors:  # the probe stage did not run: nothing is known of the executors
+        areas = ["gpus", "network"] + (["storage"] if export_dir else [])
+        checks += [Check(a, "cluster", WARN, "not checked: no probe task ran (see the barrier check)") for a in areas]
+        return _merged(checks)
     checks += _gpus(executors, num_gpus)
     checks += _network(executors, session["backend"])
     if export_dir:
@@ -99,7 +103,8 @@ def _slots(session: dict[str, Any], nodes: int, feeders: int, probed: int, stage
             out.append(Check("slots", "cluster", OK, f"the {feeders} feeding tasks of an epoch run at once"))
     if stage_error is not None and slots is not None:
         out.append(Check("barrier", "cluster", FAIL, stage_error,
-                         "see the executors' logs (spark.task.maxFailures, an executor that dies at start)"))
+                         "see the executors' logs (spark.task.maxFailures, an executor that dies at start); executors must "
+                         "reach each other: each fetches the stage's task from the driver or a peer executor"))
     elif stage_error is None:
         out.append(Check("barrier", "cluster", OK,
                          f"a barrier stage of {probed} task(s) ran on {conf.get('spark.master') or 'the master'}"))

@@ -162,7 +162,7 @@ def _run(job: Any, timeout: float, tasks: int) -> tuple[list[dict[str, Any]], st
         if not job.wait(timeout):
             job.cancel()
             return [], (f"the doctor's barrier stage of {tasks} task(s) did not finish in {timeout:.0f} s "
-                        "(not enough free task slots, or an executor hangs)")
+                        "(not enough free task slots, an executor hangs, or one cannot reach another)")
     except BaseException:
         job.cancel()
         raise
