@@ -45,7 +45,8 @@ def test_quickstart_then_errors_interrupt_and_runs_in_one_connect_kernel(connect
             nbformat.write(nb, tmp_path / path.name)
         errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
         assert not errors, [(e.ename, e.evalue) for e in errors]
-        text = "".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
+        # a cell's last line may end with no newline (the text panel's status line): one cell's text per line
+        text = "\n".join(_text(c.get("outputs", [])) for c in nb.cells if c.cell_type == "code")
         assert "session: pyspark.sql.connect.session" in text
         assert "starting a local Spark Connect server and session" in text
         assert re.search(r"^accuracy: 0\.9\d\d", text, flags=re.M), text[-2000:]
