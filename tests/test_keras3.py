@@ -29,6 +29,7 @@ import inspect
 import keras
 import keras.src.backend.tensorflow.trainer as trainer
 from tfos_nb.runtime.executor import keras3_mwms
+from tfos_nb.runtime.executor.import_patches import ORIGINAL
 
 cls = trainer.TensorFlowTrainer
 print("reduce of the data:", "distribute_strategy.reduce(" in inspect.getsource(cls._maybe_symbolic_build))
@@ -37,7 +38,7 @@ print("replica-context metrics:", "merge_call" not in inspect.getsource(cls.get_
 originals = (cls._maybe_symbolic_build, trainer.reduce_per_replica, cls.get_metrics_result)
 print("patched:", keras3_mwms.patch_trainer(trainer), keras3_mwms.patch_trainer(trainer))
 now = (cls._maybe_symbolic_build, trainer.reduce_per_replica, cls.get_metrics_result)
-print("kept:", [getattr(f, keras3_mwms.MARK, None) is o for f, o in zip(now, originals)])
+print("kept:", [getattr(f, ORIGINAL, None) is o for f, o in zip(now, originals)])
 """
 
 

@@ -3,7 +3,8 @@
 :func:`patch_modules` runs a function on each module of a set right after the module executes (and on those
 imported already), through one finder at the head of ``sys.meta_path``.  The node's MLflow rules use it
 (:mod:`.mlflow_node`: autologging off on nodes that do not log; :mod:`.mlflow_datasets`: no iteration of a
-stream-fed dataset): nothing of MLflow is imported until the node's own code imports it.
+stream-fed dataset): nothing of MLflow is imported until the node's own code imports it.  The patches replace
+functions with :func:`replace_once` (also :mod:`.keras_epochs` and :mod:`.keras3_mwms`, Keras' repairs).
 """
 
 from __future__ import annotations
@@ -13,9 +14,27 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["patch_modules"]
+__all__ = ["ORIGINAL", "patch_modules", "replace_once"]
 
 Patch = Callable[[Any], object]  # what it returns is ignored
+ORIGINAL = "_tfos_nb_original"  # on a replacement: the function it replaced
+
+
+def replace_once(owner: Any, name: str, repair: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Set ``owner.name`` to ``repair(function)`` unless it is a replacement already (which keeps the function it
+    replaced as :data:`ORIGINAL`, its docstring too); False when ``owner`` has no such function."""
+    try:
+        original = getattr(owner, name, None)
+    except Exception:  # noqa: BLE001 - a lazy attribute that fails to load: nothing to replace
+        return False
+    if not callable(original):
+        return False
+    if not hasattr(original, ORIGINAL):
+        fn = repair(original)
+        fn.__doc__ = original.__doc__
+        setattr(fn, ORIGINAL, original)
+        setattr(owner, name, fn)
+    return True
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

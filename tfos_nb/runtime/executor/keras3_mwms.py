@@ -18,7 +18,7 @@ than one worker (keras-team/keras#20585, tensorflow/tensorflow#72388): ``ValueEr
    own; read in a ``merge_call`` (as tf_keras does), every step's logs are the global values, the same on every
    worker and, at an epoch's last step, equal to the epoch's logs and ``History`` (what the panel shows).
 
-Each repair replaces one function and keeps the original on it (:data:`MARK`); nothing changes unless Keras' major
+Each repair replaces one function and keeps the original on it (``import_patches.replace_once``); nothing changes unless Keras' major
 version is 3 and the three functions exist.  ``tests/test_keras3.py`` fails when upstream changes them (then this
 module is revisited: dropped once Keras fixes it).  Outside multi-worker training the repaired functions call the
 originals.  ``steps_per_execution > 1`` fails inside Keras under the strategy (a separate Keras 3 problem): refused
@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .import_patches import replace_once
+
 TARGET = "keras.src.backend.tensorflow.trainer"
 STEPS_PER_EXECUTION = (
     "Keras 3 runs one step per execution under MultiWorkerMirroredStrategy across workers: compile("
     "steps_per_execution={n}) fails inside Keras' TensorFlow trainer ('You must feed a value for placeholder "
     "tensor ...'); compile without steps_per_execution (or use tf.keras, which is tf_keras on the nodes)")
-MARK = "_tfos_nb_original"
 
 
 def _spec_batch(spec: Any, tf: Any) -> Any:
@@ -122,12 +123,7 @@ def patch_trainer(module: Any) -> bool:
     if not version.startswith("3.") or any(getattr(owner, name, None) is None for name, (owner, _) in found.items()):
         return False
     for name, (owner, repair) in found.items():
-        original = getattr(owner, name)
-        if not hasattr(original, MARK):
-            repaired = repair(original)
-            repaired.__doc__ = original.__doc__
-            setattr(repaired, MARK, original)
-            setattr(owner, name, repaired)  # reduce_per_replica: a module global the step functions look up
+        replace_once(owner, name, repair)  # reduce_per_replica: a module global the step functions look up
     return True
 
 

@@ -18,23 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .import_patches import replace_once
 from .mlflow_datasets import is_stream_fed
 
 TF_KERAS = "tf_keras.src.engine.data_adapter"
 KERAS3 = "keras.src.trainers.epoch_iterator"
-MARK = "_tfos_nb_original"
-
-
-def _repaired(owner: Any, name: str, repair: Callable[[Any], Any]) -> bool:
-    original = getattr(owner, name, None)
-    if original is None:
-        return False
-    if not hasattr(original, MARK):
-        fn = repair(original)
-        fn.__doc__ = original.__doc__
-        setattr(fn, MARK, original)
-        setattr(owner, name, fn)
-    return True
 
 
 def patch_tf_keras(module: Any) -> bool:
@@ -51,7 +39,7 @@ def patch_tf_keras(module: Any) -> bool:
         return enumerate_epochs
 
     cls = getattr(module, "DataHandler", None)
-    return cls is not None and _repaired(cls, "enumerate_epochs", repair)
+    return cls is not None and replace_once(cls, "enumerate_epochs", repair)
 
 
 def patch_keras3(module: Any) -> bool:
@@ -78,7 +66,7 @@ def patch_keras3(module: Any) -> bool:
         return _interrupted_warning
 
     cls = getattr(module, "EpochIterator", None)
-    return cls is not None and _repaired(cls, "_enumerate_iterator", repair) and _repaired(
+    return cls is not None and replace_once(cls, "_enumerate_iterator", repair) and replace_once(
         cls, "_interrupted_warning", quiet)
 
 

@@ -22,7 +22,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .import_patches import patch_modules
+from .import_patches import patch_modules, replace_once
 
 __all__ = ["REFUSAL", "guard", "is_stream_fed"]
 
@@ -61,7 +61,6 @@ def _guarded(fn: Callable[..., Any], on_stream: Callable[[], Any]) -> Callable[.
         dataset = args[0] if args else kwargs.get(name)
         return on_stream() if is_stream_fed(dataset) else fn(*args, **kwargs)
 
-    guarded._tfos_nb_guarded = True  # type: ignore[attr-defined]
     return guarded
 
 
@@ -88,12 +87,7 @@ _PATCHES: dict[str, list[tuple[str, Callable[[Callable[..., Any]], Callable[...,
 
 def _patch(module: Any) -> None:
     for attr, wrap in _PATCHES.get(getattr(module, "__name__", ""), ()):
-        try:
-            fn = getattr(module, attr, None)
-        except Exception:  # noqa: BLE001 - a lazy attribute that fails to load: nothing to guard
-            continue
-        if callable(fn) and not getattr(fn, "_tfos_nb_guarded", False):
-            setattr(module, attr, wrap(fn))
+        replace_once(module, attr, wrap)
 
 
 def guard() -> None:
