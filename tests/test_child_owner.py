@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import threading
 import time
 
 import cloudpickle
 import pytest
 
+from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver.errors import failure_message, first_failure
 from tfos_nb.runtime.executor.launch import child_env, import_path
-from tfos_nb.runtime.executor.owner import ChildOwner
+from tfos_nb.runtime.executor.owner import STOPPED_S, ChildOwner
 from tfos_nb.runtime.protocol import messages as m
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
@@ -148,6 +151,53 @@ def test_a_child_whose_function_failed_and_that_lingers_is_ended_and_reported_fa
     assert driver.states()[-1] == "failed"
     assert driver.beats[-1].error == "ValueError: boom"
     assert any("ValueError: boom" in line for line in driver.beats[-1].tail)
+
+
+def test_a_stopped_child_is_ended_and_reported_failed(driver, tmp_path):
+    """A node process stopped by SIGSTOP (or held by a debugger) answers neither its peers' collectives nor its
+    feeders: after STOPPED_S it is ended as failed, saying so.  Before, it "ran" until the sleep ended (60 s here;
+    in a cluster: until a peer's collective failed, naming the peer, or a feeder's timeout)."""
+    owner = _owner(driver, "sleeps", {}, tmp_path)
+    stopped_at: list[float] = []
+
+    ended = threading.Event()
+
+    def stop_when_sleeping() -> None:
+        if wait_until(lambda: "sleeping" in driver.logs(), 30):
+            os.kill(owner.child.pid, signal.SIGSTOP)
+            stopped_at.append(time.monotonic())
+            # a stopped child never ends by itself: without the rule, supervise() would wait for ever
+            if not ended.wait(30):
+                os.kill(owner.child.pid, signal.SIGKILL)
+
+    stopper = threading.Thread(target=stop_when_sleeping, daemon=True)
+    stopper.start()
+    try:
+        outcome, code = _to_the_end(owner)
+    finally:
+        ended.set()
+    took = time.monotonic() - stopped_at[0] if stopped_at else None
+    stopper.join(5)
+    assert stopped_at, driver.logs()
+    assert (outcome, code) == ("failed", -signal.SIGKILL)
+    assert driver.beats[-1].state == "failed"
+    assert driver.beats[-1].error.startswith("the child process was stopped (SIGSTOP, or a debugger held it) for 5 s")
+    assert took is not None and STOPPED_S <= took < 30, took  # ended by the rule, not by the watchdog
+
+
+def test_the_node_that_failed_first_is_named_not_the_peer_that_waited_for_it():
+    """A node stopped or killed mid-step fails first; a peer waiting for it in a collective fails seconds later
+    with TensorFlow's error.  The first to fail is the cause, whatever the nodes' order."""
+    st = S.ClusterState("c1", "t", [("chief", 0), ("worker", 0), ("worker", 1)])
+    chief, w0, w1 = st.nodes
+    for n, at, error in ((chief, 13.6, "CollectiveReduceV2: Collective ops is aborted by: ..."),
+                         (w0, 5.2, "the node process was stopped (SIGSTOP, or a debugger held it) for 5 s"),
+                         (w1, 2.0, "no heartbeat for 10 s: the node's supervisor or its executor died")):
+        n.state, n.failed_at, n.error = S.FAILED, at, error
+    first, rest = first_failure(st.snapshot())
+    assert first is not None and first.label == "worker:0"
+    assert [n.label for n in rest] == ["chief:0", "worker:1"]  # a lost node (no heartbeat) comes last
+    assert failure_message(st.snapshot(), "cluster t").startswith("worker:0 failed on host ? (executor ?): the node")
 
 
 def test_a_child_that_dies_fails_with_its_exit_and_last_lines(driver, tmp_path):

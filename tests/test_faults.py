@@ -145,6 +145,70 @@ def test_sigkill_mid_training_is_detected(sc, feed_df, target, no_leaks):
     figure(f"SIGKILL of worker:0's {target} mid-training", "TFClusterError; every node stopped", detected)
 
 
+# -- 2b. a node's process stopped (SIGSTOP): the node at fault is named, not a peer that waited for it ---------
+
+# STOPPED_S (5 s) plus a heartbeat; 30 s is issue 41's bound for naming a fault
+STOPPED_NAMED_WITHIN_S = 30
+
+
+def mwms_own_data(args, ctx):
+    """MWMS chief + worker on data of their own, long enough to be stopped mid-training."""
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x = np.random.default_rng(ctx.task_index).normal(size=(1024, 8)).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1))).repeat().batch(32)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(ds, epochs=1, steps_per_epoch=100_000, verbose=0, callbacks=[ctx.progress_callback()])
+
+
+def _stop_when_training(cluster, stopped_at: list[float]) -> threading.Thread:
+    def stop() -> None:
+        if not wait_until(lambda: step_reached(cluster, "worker:0", 3), 120):
+            cluster.close()  # never reached: end the wait so the test fails with the nodes' state, not a hang
+            return
+        node = next(n for n in cluster.nodes if n.label == "worker:0")
+        stopped_at.append(time.monotonic())
+        os.kill(node.child_pid, signal.SIGSTOP)
+
+    t = threading.Thread(target=stop, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("workload", ["fed reader", "MWMS"])
+def test_a_stopped_node_is_named_within_seconds(sc, feed_df, workload, no_leaks):
+    """worker:0's node process SIGSTOPped mid-training (alive, silent).  Fed, its feeders waited for it until the
+    feed timeout (600 s); under MultiWorkerMirroredStrategy the chief's collective failed after about 14 s and the
+    error named the chief (issue 41).  Now worker:0 is named, as stopped, within seconds, and nothing is left."""
+    stopped_at: list[float] = []
+    if workload == "fed reader":
+        cluster = run(sc, slow_reader, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+        stopper = _stop_when_training(cluster, stopped_at)
+        with pytest.raises(TFCluster.TFClusterError) as info:
+            cluster.train(feed_df, 1)
+    else:
+        cluster = run(sc, mwms_own_data, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.TENSORFLOW)
+        stopper = _stop_when_training(cluster, stopped_at)
+        with pytest.raises(TFCluster.TFClusterError) as info:
+            cluster.shutdown(timeout=300)
+    assert stopped_at, f"worker:0 never reached step 3: {cluster.nodes}"
+    named = time.monotonic() - stopped_at[0]
+    stopper.join(5)
+    text = str(info.value)
+    assert text.startswith("worker:0 failed on host "), text
+    assert "was stopped (SIGSTOP, or a debugger held it)" in text, text
+    assert info.value.node == "worker:0"
+    assert named <= STOPPED_NAMED_WITHIN_S, named
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    figure(f"SIGSTOP of worker:0's node process mid-training ({workload})",
+           "TFClusterError naming worker:0 as stopped (not the peer); every node stopped", named)
+
+
 # -- 3. the executor JVM under a node dies -------------------------------------------------
 
 

@@ -57,6 +57,18 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, or a debugger holds it): state T or t in Linux's ``/proc/PID/stat``;
+    False where there is no such file.  (Read by hand: psutil is not among what executors need installed.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    end = stat.rfind(b")")  # the state follows the command name, which may hold spaces and parentheses
+    return end >= 0 and stat[end + 2:end + 3] in (b"T", b"t")
+
+
 def executor_jvm_pid() -> int | None:
     """The pid of the JVM above this Python process (Linux /proc), if any."""
     pid = os.getppid()

@@ -202,7 +202,7 @@ class Controller:
                     node.state = msg.state
                     node.exit_code = msg.exit_code
                     if msg.state == S.FAILED:
-                        node.error = msg.error or "failed"
+                        node.error, node.failed_at = msg.error or "failed", self.clock()
                         node.tail = list(msg.tail)
                         self._fail(f"{node.label} failed")
             cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
@@ -346,7 +346,7 @@ class Controller:
                 if n.state in S.TERMINAL or n.state == S.PENDING or n.last_heartbeat is None:
                     continue
                 if now - n.last_heartbeat > self.heartbeat_timeout:
-                    n.state = S.FAILED
+                    n.state, n.failed_at = S.FAILED, now
                     n.error = (
                         f"no heartbeat for {now - n.last_heartbeat:.0f} s: the node's supervisor or its "
                         f"executor ({n.executor_id or '?'} on {n.host}) died"

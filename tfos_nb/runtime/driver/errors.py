@@ -34,8 +34,10 @@ class TFClusterError(RuntimeError):
 def first_failure(view: S.ClusterView) -> tuple[S.NodeView | None, list[S.NodeView]]:
     """(the node that failed first on its own, the others that failed), or (None, []) when none did."""
     failed = [n for n in view.nodes if n.state == S.FAILED]
-    # The first node that failed on its own is the cause; lost ones (no heartbeat) come last.
-    failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""), n.index))
+    # The first node that failed on its own is the cause (a peer waiting for it in a collective fails later);
+    # lost ones (no heartbeat) come last.
+    failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""),
+                               float("inf") if n.failed_at is None else n.failed_at, n.index))
     return (failed[0], failed[1:]) if failed else (None, [])
 
 

@@ -55,7 +55,7 @@ class RunController(Controller):
                 st.update_progress(node, report)
             if not status.get("ok"):
                 if node.state != S.FAILED:
-                    node.state = S.FAILED
+                    node.state, node.failed_at = S.FAILED, st.clock()
                     node.error = node.error or status.get("error") or "failed"
                     node.tail = node.tail or list(status.get("tail") or [])
                 self._fail(f"{node.label} failed")

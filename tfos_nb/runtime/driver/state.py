@@ -95,6 +95,7 @@ class NodeView:
     last_heartbeat_age: float | None = None
     rows_fed: int = 0
     error: str | None = None
+    failed_at: float | None = None  # when it failed (the state's clock)
     exit_code: int | None = None
     tail: tuple[str, ...] = ()
     tensorboard: str | None = None
@@ -161,6 +162,7 @@ class _Node:
         self.rows_fed = 0
         self.feed_closed = False  # its function called terminate() or returned: it reads no more data
         self.error: str | None = None
+        self.failed_at: float | None = None  # (state clock) when it was marked failed: the first is the cause
         self.exit_code: int | None = None
         self.tail: list[str] = []
         self.logs: deque[str] = deque(maxlen=LOG_LINES_KEPT)
@@ -232,6 +234,7 @@ class _Node:
             last_heartbeat_age=None if self.last_heartbeat is None else now - self.last_heartbeat,
             rows_fed=self.rows_fed,
             error=self.error,
+            failed_at=self.failed_at,
             exit_code=self.exit_code,
             tail=tuple(self.tail),
             tensorboard=self.tensorboard,

@@ -39,6 +39,10 @@ TAIL_LINES = 100
 LINGER_S = 10.0
 STACKS_MAX_BYTES = 256 * 1024  # of a stack dump sent to the driver (the first threads: the signalled one first)
 STACKS_WAIT_S = 3.0
+# A child stopped this long (SIGSTOP, or a debugger holds it) is ended as failed: it answers neither its peers'
+# collectives (theirs fail after about 10 s, and would name the wrong node) nor its feeders (who would wait for
+# the feed timeout).
+STOPPED_S = 5.0
 
 
 def tf_env(env: dict[str, str], meta: m.LaunchMeta, gpus: list[dict[str, Any]], pin_gpus: bool) -> dict[str, str]:
@@ -300,6 +304,7 @@ class ChildOwner:
         assert self.child is not None
         last_ok = time.monotonic()
         ended_at: float | None = None
+        stopped_at: float | None = None
         while True:
             code = self.child.poll()
             with self.lock:
@@ -318,6 +323,15 @@ class ChildOwner:
                 with self.lock:
                     self.error = f"executor {self.executor_id} (JVM pid {self.jvm_pid}) died"
                 return "failed", self.kill(grace=1)
+            if code is None and procs.is_stopped(self.child.pid):
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at >= STOPPED_S:
+                    with self.lock:
+                        self.error = (f"{self.process_name} was stopped (SIGSTOP, or a debugger held it) for "
+                                      f"{STOPPED_S:.0f} s: its peers and feeders wait for it; ended")
+                    return "failed", self.kill(grace=0)
+            else:
+                stopped_at = None
             try:
                 reply = self.heartbeat("running" if running else "starting")
                 last_ok = time.monotonic()

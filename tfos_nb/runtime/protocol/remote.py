@@ -125,8 +125,8 @@ class Report(Body):
 class NodeSnapshot(Body):
     """One node as the coordinator's state has it.
 
-    ``age``/``still``: seconds since its last heartbeat / since it last moved (ages, not times: the two
-    clocks differ); ``logs``/``reports``: its output lines and reports after those the notebook said it
+    ``age``/``still``/``failed``: seconds since its last heartbeat / since it last moved / since it failed (ages,
+    not times: the two clocks differ); ``logs``/``reports``: its output lines and reports after those the notebook said it
     has, with ``logs_count``/``history_count`` how many it has with them.
     """
 
@@ -159,6 +159,7 @@ class NodeSnapshot(Body):
     logs_count: int
     reports: list[Report]
     history_count: int
+    failed: float | None = None
 
     NESTED: ClassVar[dict[str, type[Body]]] = {"reports": Report}
 

@@ -70,6 +70,7 @@ def take(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], history_
                 metrics=dict(n.metrics), rate=n.rate,
                 age=None if n.last_heartbeat is None else now - n.last_heartbeat,
                 still=None if n.moved_at is None else now - n.moved_at,  # an age: the clocks differ
+                failed=None if n.failed_at is None else now - n.failed_at,
                 logs=logs, logs_count=logs_count,
                 reports=[remote.Report(time=t, step=step, metrics=metrics) for t, step, metrics in hist],
                 history_count=h_seen + len(hist)))
@@ -101,6 +102,7 @@ class Mirror:
                 n.gpus, n.tail, n.metrics = list(d.gpus), list(d.tail), dict(d.metrics)
                 n.last_heartbeat = None if d.age is None else now - d.age
                 n.moved_at = None if d.still is None else now - d.still
+                n.failed_at = None if d.failed is None else now - d.failed
                 if d.reports:
                     st.record_reports(n, [dataclasses.asdict(r) for r in d.reports])
                 if d.rate is not None:
