@@ -461,7 +461,8 @@ class Bench:
             cluster.shutdown()
             t_shutdown = time.perf_counter() - t1
         wall = time.perf_counter() - t0
-        nodes = [json.load(open(os.path.join(out_dir, f))) for f in sorted(os.listdir(out_dir))]
+        reports = sorted(f for f in os.listdir(out_dir) if f.endswith(".json"))  # a Keras 3 worker's w.keras too
+        nodes = [json.load(open(os.path.join(out_dir, f))) for f in reports]
         res = {"wall s": wall, "fit s": nodes[0]["fit"], "accuracy": self.accuracy(export_dir)}
         if nodes[0].get("steps"):
             res["steps"] = nodes[0]["steps"]
