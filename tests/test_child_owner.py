@@ -159,7 +159,6 @@ def test_a_stopped_child_is_ended_and_reported_failed(driver, tmp_path):
     in a cluster: until a peer's collective failed, naming the peer, or a feeder's timeout)."""
     owner = _owner(driver, "sleeps", {}, tmp_path)
     stopped_at: list[float] = []
-
     ended = threading.Event()
 
     def stop_when_sleeping() -> None:

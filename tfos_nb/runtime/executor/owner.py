@@ -323,7 +323,7 @@ class ChildOwner:
                 with self.lock:
                     self.error = f"executor {self.executor_id} (JVM pid {self.jvm_pid}) died"
                 return "failed", self.kill(grace=1)
-            if code is None and procs.is_stopped(self.child.pid):
+            if procs.is_stopped(self.child.pid):  # code is None here: the child has not exited
                 stopped_at = stopped_at or time.monotonic()
                 if time.monotonic() - stopped_at >= STOPPED_S:
                     with self.lock:
