@@ -5,6 +5,7 @@ their phases in order (real Spark local-cluster, real TensorFlow, MultiWorkerMir
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 import pytest
@@ -81,11 +82,20 @@ def test_a_worker_blocked_before_the_first_collective_is_named_and_its_stack_sho
 
         # the chief building its strategy (the phases both nodes went through, should it not)
         assert wait_until(lambda: chief_phase() == P.STRATEGY, 240), seen
-        # from then on the chief does not move: flagged within the threshold (plus a sample and a heartbeat)
+        # from then on the chief does not move: flagged within the threshold (plus a sample and a heartbeat).
+        # The worker, blocked since it entered the node function, may be flagged first (on a slow machine the
+        # chief reaches its strategy seconds after the worker blocks): its own line is true too, and comes after.
         expected = ("chief:0: no step for 3 s, building the strategy (its first collective) — "
                     "worker:0 (running the node function) has not reached it")
-        stalls = wait_until(lambda: handle.status().stalls, STALL_AFTER + 2.5, 0.05)
+
+        def chief_flagged() -> tuple[str, ...] | None:
+            lines = handle.status().stalls
+            return lines if any(line.startswith("chief:0:") for line in lines) else None
+
+        stalls = wait_until(chief_flagged, STALL_AFTER + 2.5, 0.05)
         assert stalls and stalls[0] == expected, (stalls, handle.status().nodes)
+        assert all(re.fullmatch(r"worker:0: no step for \d+ s, in the node function", line)
+                   for line in stalls[1:]), stalls
 
         capsys.readouterr()
         ip.run_line_magic("tfos_stack", "stuck --node worker:0")
