@@ -43,6 +43,8 @@ NOISE = [
     "/tensorflow.CoordinationService/Heartbeat:",
     '[worker:0] :UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses; last error: '
     'UNKNOWN: ipv4:192.0.2.2:23852: Failed to connect to remote host: Connection refused", grpc_status:14}',
+    # gloo, as JAX's processes join (keras.distribution.initialize() on tfos_nb's nodes, 2026-11-25)
+    "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
 ]
 KEPT = [
     "user print chief",

@@ -16,8 +16,9 @@ never by words a user's own print could contain:
 * TensorFlow's own C++ log format ``YYYY-mm-dd hh:mm:ss.micros: [IWE]
   path:line] …`` (oneDNN, ``cpu_feature_guard``);
 * the few fixed lines those loggers print without a prefix (absl's
-  ``WARNING: All log messages before absl::InitializeLog() …`` and the
-  continuation of ``cpu_feature_guard``'s message);
+  ``WARNING: All log messages before absl::InitializeLog() …``, the
+  continuation of ``cpu_feature_guard``'s message, and gloo's ``[Gloo] Rank 0 is
+  connected to 1 peer ranks…`` as JAX's processes join);
 * the unprefixed lines that end a gRPC error record: TensorFlow's ``Additional
   GRPC error information from remote target …`` and gRPC core's status string
   ``:UNAVAILABLE:Error received from peer  {…}`` (a worker's last heartbeat to a
@@ -42,6 +43,7 @@ _GRPC = re.compile(r"^(?:Additional GRPC error information from remote target \S
 _FIXED = (
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "To enable the following instructions: ",  # cpu_feature_guard's second line
+    "[Gloo] Rank ",  # JAX's CPU collectives (gloo) as each process joins: "[Gloo] Rank 0 is connected to 1 peer ranks…"
 )
 
 

@@ -23,6 +23,23 @@ from .feed_hub import Conn, FeedHub
 
 log = logging.getLogger(__name__)
 
+JAX_REFUSED = ("as_dataset(): Keras' JAX backend across processes (keras.distribution) needs the same number of "
+               "batches on every process in every epoch, and a fed node's share of an epoch varies, so its peers "
+               "would wait in a collective with no error: feed this job with the TensorFlow backend "
+               "(MultiWorkerMirroredStrategy), or give every node an equal shard of its own (InputMode.TENSORFLOW)")
+
+
+def refuse_jax_processes() -> None:
+    """ValueError when this process runs JAX across processes (``keras.distribution.initialize()`` done, more
+    than one process): a stream's varying share would hang its collectives (see :data:`JAX_REFUSED`).
+    Asks nothing of JAX before it is initialized (that would fix its backends too early)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
+        raise ValueError(JAX_REFUSED)
+
+
 def _concat_columns(pieces: list[tuple[Any, pa.RecordBatch]]) -> list[np.ndarray]:
     cols = [C.batch_to_columns(b) for _, b in pieces]
     if len(cols) == 1:
@@ -156,6 +173,7 @@ class DataFeed:
         if shuffle < 0:
             msg = f"shuffle is a buffer size in rows (0 for none), got {shuffle}"
             raise ValueError(msg)
+        refuse_jax_processes()  # keras.distribution.initialize() came first, as Keras asks
         import tensorflow as tf
 
         first = self._hub.peek()
@@ -169,6 +187,7 @@ class DataFeed:
         feed = self
 
         def gen() -> Iterator[Any]:
+            refuse_jax_processes()  # initialize() after as_dataset(): refused at fit's first read
             epoch = [0]
             while True:
                 pieces = feed._take(batch_size, epoch if epochs_bounded else None)

@@ -35,6 +35,20 @@ from .owner import REPORT_BYTES_PER_BEAT, ChildOwner, tf_env
 from .tensorboard import ChiefTensorBoard
 
 
+def keras_distribution_env(cluster_spec: Mapping[str, list[str]], job_name: str, task_index: int) -> dict[str, str]:
+    """What ``keras.distribution.initialize()`` reads on a training node (Keras 3's JAX backend): every
+    trainer's address, the chief's first (the coordinator), their number, and this node's process id.  Empty
+    on a ps or evaluator node, which take no part in Keras' multi-process training."""
+    leaders = [*cluster_spec.get("chief", []), *cluster_spec.get("master", [])]
+    trainers = [*leaders, *cluster_spec.get("worker", [])]
+    if job_name not in ("chief", "master", "worker"):
+        return {}
+    process_id = task_index + (len(leaders) if job_name == "worker" else 0)
+    return {"KERAS_DISTRIBUTION_JOB_ADDRESSES": ",".join(trainers),
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(trainers)),
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(process_id)}
+
+
 class Supervisor(ChildOwner):
     """Owns a node's TensorFlow process: registers it, starts it with the cluster spec, relays commands."""
 
@@ -115,6 +129,8 @@ class Supervisor(ChildOwner):
         pin = bool(self.meta.spark_gpus or self.gpus or spec.host_has_gpus)
         env = tf_env(dict(os.environ), self.meta, self.gpus, pin)
         env["TF_CONFIG"] = json.dumps(spec.tf_config)
+        for key, value in keras_distribution_env(spec.cluster_spec, self.job_name, self.task_index).items():
+            env.setdefault(key, value)  # the cell's env may set its own
         info: dict[str, Any] = {
             "node": self.index,
             "job_name": self.job_name,
