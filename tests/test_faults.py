@@ -209,6 +209,113 @@ def test_a_stopped_node_is_named_within_seconds(sc, feed_df, workload, no_leaks)
            "TFClusterError naming worker:0 as stopped (not the peer); every node stopped", named)
 
 
+# -- 2c. a node function that never returns, out of memory, a full disk ------------------------------------
+
+
+def never_returns(args, ctx):
+    """Trains (a step reported), then leaves a non-daemon thread running and returns: Python waits for it at exit."""
+    import threading as th
+    import time as t
+
+    ctx.report(step=1)
+    if ctx.job_name == "worker":
+        th.Thread(target=th.Event().wait, name="metrics-uploader").start()  # never ends, not a daemon
+    print(f"function returns (t={t.time():.3f})", flush=True)
+
+
+def test_a_function_whose_thread_never_ends_is_ended_and_says_which_thread(sc, no_leaks):
+    """Training done, the function returned, but a non-daemon thread keeps worker:0's process alive (Python joins
+    such threads at exit): the supervisor ends it LINGER_S after the function's end, the node's output names the
+    thread first, and the job ends as finished (its work was done)."""
+    from tfos_nb.runtime.executor.owner import LINGER_S
+
+    cluster = run(sc, never_returns, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.TENSORFLOW)
+    cluster.shutdown(timeout=120)
+    ended = time.time()
+    logs = cluster.logs("worker:0")["worker:0"]
+    returned = float(re.search(r"\(t=([0-9.]+)\)", " ".join(logs)).group(1))
+    assert cluster.status().state == "finished", cluster.status()
+    named = [line for line in logs if "'metrics-uploader' (not daemon) keeps this process from exiting" in line]
+    assert named, logs
+    assert f"it is ended {LINGER_S:.0f} s after the function's end" in named[0]
+    assert not any("keeps this process" in line for line in cluster.logs("chief:0")["chief:0"])  # it exited
+    took = ended - returned
+    assert took >= LINGER_S, took  # ended by the owner's linger, not earlier
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    figure("worker:0's function returns, a non-daemon thread of its keeps the process alive",
+           "its output names the thread; the process is ended LINGER_S (10 s) after the function's end; the job "
+           "finishes", took)
+
+
+def runs_out(args, ctx):
+    """A fed reader that, at step 3 on worker:0, does what ``args['fault']`` says: allocate past its memory limit,
+    or write past a full disk."""
+    import resource
+    import time as t
+
+    import numpy as np
+
+    feed = ctx.get_data_feed()
+    step = 0
+    while not feed.should_stop():
+        if feed.next_batch(1):
+            step += 1
+            ctx.report(step=step)
+            if ctx.job_name == "worker" and step == 3:
+                if args["fault"] == "memory":
+                    limit = 2 << 30  # 2 GiB of address space: well above what the node holds, below the ask
+                    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+                    print(f"allocating (t={t.time():.3f})", flush=True)
+                    np.ones(4 << 30, dtype=np.uint8)
+                else:
+                    print(f"writing (t={t.time():.3f})", flush=True)
+                    with open(args["export_dir"] + "/weights.bin", "wb") as f:  # as an exporter writes
+                        f.write(np.ones(1 << 20, dtype=np.float32).tobytes())
+            t.sleep(0.05)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs: the export directory of a job whose disk is full."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        from tests.conftest import skip_environment
+
+        skip_environment("a full disk is a small tmpfs: mounting it needs root and mount(8)")
+    where = tmp_path / "export"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)], check=True)
+    try:
+        yield str(where)
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+@pytest.mark.parametrize("fault", ["memory", "disk"])
+def test_out_of_memory_and_a_full_disk_are_named(sc, feed_df, fault, request, no_leaks):
+    export_dir = request.getfixturevalue("full_disk") if fault == "disk" else ""
+    cluster = run(sc, runs_out, {"fault": fault, "export_dir": export_dir}, 2, master_node="chief",
+                  input_mode=TFCluster.InputMode.SPARK)
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster.train(feed_df, 1)
+    text = str(info.value)
+    took = time.time() - float(re.search(r"\(t=([0-9.]+)\)", text).group(1))  # the fault's time, in its last lines
+    assert text.startswith("worker:0 failed on host ") and info.value.node == "worker:0", text
+    if fault == "memory":
+        assert "MemoryError: Unable to allocate 4.00 GiB" in text, text
+    else:
+        assert "OSError: [Errno 28] No space left on device" in text, text
+    assert took <= DETECTED_WITHIN_S, took
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    what = ("worker:0 out of memory (an allocation past its RLIMIT_AS)" if fault == "memory" else
+            "worker:0 writes to a full export_dir (a 64 KiB tmpfs)")
+    figure(what, f"TFClusterError naming worker:0: {'MemoryError' if fault == 'memory' else 'OSError ENOSPC'} "
+                 "+ its last lines; every node stopped", took)
+
+
 # -- 3. the executor JVM under a node dies -------------------------------------------------
 
 

@@ -20,7 +20,10 @@ from typing import Any
 from ..protocol import pipes
 from . import keras3_mwms, keras_epochs, phases
 from .context import Reporter
+from .owner import LINGER_S
 
+# A process alive this long after its function ended says which threads keep it (well within the owner's LINGER_S).
+LINGER_NOTE_S = 2.0
 # Frames of these modules above the user's function only hide the cause: not printed.
 OWN_MODULES = (__name__, "tfos_nb.runtime.executor.node", "tfos_nb.runtime.executor.run_task",
                "tfos_nb.magics._cellfn")
@@ -75,6 +78,30 @@ def print_user_traceback(exc: BaseException) -> None:
 def error_line(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
+
+
+def lingering_threads() -> list[str]:
+    """The names of this process's live non-daemon threads but the main one: Python waits for them at exit."""
+    main_thread = threading.main_thread()
+    return [t.name for t in threading.enumerate() if t is not main_thread and not t.daemon and t.is_alive()]
+
+
+def name_what_lingers(after_s: float = LINGER_NOTE_S) -> None:
+    """Once the function has ended: should this process still be alive ``after_s`` later, print which of its
+    threads keep it from exiting (the owner ends it :data:`~.owner.LINGER_S` after the function's end; the user
+    reads why).  A daemon timer: a process that exits in time says nothing."""
+
+    def note() -> None:
+        names = lingering_threads()
+        if names:
+            print(f"tfos_nb: the function has ended, but its thread{'s' if len(names) > 1 else ''} "
+                  f"{', '.join(repr(n) for n in names)} (not daemon) keep{'' if len(names) > 1 else 's'} this "
+                  f"process from exiting: it is ended {LINGER_S:.0f} s after the function's end (make such threads "
+                  f"daemon threads, or join them before returning)", file=sys.stderr, flush=True)
+
+    timer = threading.Timer(after_s, note)
+    timer.daemon = True
+    timer.start()
 
 
 def _watch_owner(fd: int, role: ChildRole) -> None:
@@ -133,6 +160,7 @@ def main(role_cls: type[ChildRole]) -> int:
         watcher.stop()
         reporter.flush()
         role.cleanup()
+        name_what_lingers()
     sys.stdout.flush()
     sys.stderr.flush()
     return role.finish(value)
