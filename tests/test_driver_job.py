@@ -6,6 +6,7 @@ cancelling a start from another thread, and a teardown that runs once.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -46,8 +47,12 @@ def run_all(ctl, st):
         assert ctl.handle(m.Heartbeat(node=i, state="running", data_port=6000 + i)).ok
 
 
+PARTITIONS = itertools.count()
+
+
 def assign(ctl, executor_id="", mode="train"):
-    return ctl.handle(m.FeedAssign(partition=0, gen=1, host="h", executor_id=executor_id, mode=mode))
+    """A new partition's feeding task asks (the same partition asking again is Spark's retry: refused)."""
+    return ctl.handle(m.FeedAssign(partition=next(PARTITIONS), gen=1, host="h", executor_id=executor_id, mode=mode))
 
 
 def test_states_go_pending_registered_starting_running_then_finish():
@@ -309,3 +314,74 @@ def test_a_coordinator_address_its_executor_cannot_bind_is_a_clear_error_never_e
             proc.wait(10)
     assert status["ok"] is False
     assert "cannot listen on 192.0.2.1" in status["error"] and "must be an address of that machine" in status["error"]
+
+
+def test_a_training_partition_fed_again_by_sparks_retry_stops_the_cluster_naming_it():
+    """Spark retried a feeding task whose attempt died mid-partition (its Python worker killed): the retry would
+    feed from the partition's first row, training what the node already took twice (25,000 rows trained of 20,000
+    in a real run, with 20,000 reported).  It is refused after REFED_GRACE_S (a lost executor's node failure, the
+    truer error, comes first), and the cluster fails saying why; a partition asked for once is served."""
+    from tfos_nb.runtime.driver.controller import REFED_GRACE_S
+
+    st, ctl, clock = make()
+    register_all(ctl, st)
+    run_all(ctl, st)
+    ctl.open_epoch(remaining=0)
+    ask = m.FeedAssign(partition=7, gen=1, host="h", executor_id="", mode="train")
+    first = m.FeedAssignment.from_dict(ctl.handle(ask).body)
+    assert ctl.handle(m.FeedAssign(partition=8, gen=1, host="h", executor_id="", mode="train")).ok
+    again = ctl.handle(ask)  # the retry, at once: wait (the node failure of a lost executor would come first)
+    assert m.Retry.from_dict(again.body) == m.Retry(0.2) and st.state == S.C_RUNNING
+    clock.t += REFED_GRACE_S
+    refused = ctl.handle(ask)
+    assert not refused.ok and st.state == S.C_FAILED
+    assert refused.error == st.error
+    assert st.error.startswith(f"Spark started the feeding task of partition 7 again after an attempt that was "
+                               f"feeding it to {first.label} died")
+    assert "would be trained twice" in st.error
+    # an inference partition asked again is served as before (its results are Spark's, retried whole)
+    st2, ctl2, _ = make()
+    register_all(ctl2, st2)
+    run_all(ctl2, st2)
+    infer = m.FeedAssign(partition=7, gen=1, host="h", executor_id="", mode="infer")
+    assert ctl2.handle(infer).ok and ctl2.handle(infer).ok
+
+
+def test_a_training_partition_cut_short_stops_the_cluster_after_the_grace_a_streams_does_not():
+    """A node saw a training partition's connection break before its end (its feeder died): the cluster fails
+    REFED_GRACE_S after the driver hears of it (time for a lost executor's node failure to come first), naming the
+    partition, the node and the rows that reached it.  A stream's micro-batch (no train() plan) is left to Spark's
+    at-least-once foreachBatch, as before."""
+    from tfos_nb.runtime.driver.controller import REFED_GRACE_S
+
+    st, ctl, clock = make()
+    register_all(ctl, st)
+    run_all(ctl, st)
+
+    def beat(node, **feed):
+        return ctl.handle(m.Heartbeat(node=node, state="running", feed=feed))
+
+    stream = ctl.open_epoch()  # a stream's epoch: no plan
+    beat(1, dropped=[[stream, 3, 50]])
+    clock.t += REFED_GRACE_S
+    beat(0)
+    assert st.state == S.C_RUNNING
+    gen = ctl.open_epoch(remaining=0)
+    beat(1, dropped=[[gen, 9, 120], "junk", [gen, "x", 1]])  # malformed items are ignored
+    beat(0)
+    assert st.state == S.C_RUNNING  # within the grace
+    clock.t += REFED_GRACE_S
+    beat(0)
+    assert st.state == S.C_FAILED
+    assert st.error.startswith("the feeding task of partition 9 died after 120 of its rows reached worker:0 (its "
+                               "Python worker or task was killed)"), st.error
+    # a cluster being stopped (an interrupt, shutdown()) ignores the cuts its own stop makes
+    st2, ctl2, clock2 = make()
+    register_all(ctl2, st2)
+    run_all(ctl2, st2)
+    gen2 = ctl2.open_epoch(remaining=0)
+    ctl2.request_stop()
+    ctl2.handle(m.Heartbeat(node=1, state="running", feed={"dropped": [[gen2, 0, 5]]}))
+    clock2.t += REFED_GRACE_S
+    ctl2.handle(m.Heartbeat(node=1, state="running"))
+    assert st2.state != S.C_FAILED

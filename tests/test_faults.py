@@ -9,6 +9,7 @@ Reliability section quotes a run of this module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -75,7 +76,7 @@ def slow_reader(args, ctx):
     feed = ctx.get_data_feed()
     step = 0
     while not feed.should_stop():
-        if feed.next_batch(1):
+        if feed.next_batch(args.get("batch", 1)):
             step += 1
             ctx.report(step=step)
             if args.get("raise_at") and ctx.job_name == "worker" and step == args["raise_at"]:
@@ -314,6 +315,62 @@ def test_out_of_memory_and_a_full_disk_are_named(sc, feed_df, fault, request, no
             "worker:0 writes to a full export_dir (a 64 KiB tmpfs)")
     figure(what, f"TFClusterError naming worker:0: {'MemoryError' if fault == 'memory' else 'OSError ENOSPC'} "
                  "+ its last lines; every node stopped", took)
+
+
+def feeding_workers(cluster) -> list[psutil.Process]:
+    """Spark's Python workers (the processes pyspark.daemon forks, one per task) connected to a node's data port."""
+    with cluster.state.lock:
+        ports = {n.data_port for n in cluster.state.nodes if n.data_port}
+    found = []
+    for p in psutil.process_iter(["cmdline", "ppid"]):
+        with contextlib.suppress(psutil.Error):
+            parent = psutil.Process(p.info["ppid"])
+            if "pyspark.daemon" in " ".join(parent.cmdline()) and any(
+                    c.raddr and c.raddr.port in ports and c.status == psutil.CONN_ESTABLISHED
+                    for c in p.net_connections(kind="inet")):
+                found.append(p)
+    return found
+
+
+def test_a_killed_feeding_python_worker_stops_the_cluster_instead_of_feeding_rows_twice(sc, feed_df, no_leaks):
+    """SIGKILL of the Spark Python worker feeding a partition, mid-partition.  Spark retries the task (this module's
+    spark.task.maxFailures=4) and the retry feeds the partition from its first row: before, the rows the node had
+    taken were trained twice with no error (20,000 rows fed, 25,000 trained, 20,000 reported).  Now the retry is
+    refused and the cluster fails saying so, within seconds; nothing is left."""
+    # 100 rows a step, 10,000 a second a node: the rows already on their way when the feeder dies (up to 16 Arrow
+    # batches queued on the node, the socket's buffers) are read within seconds, then the node sees the cut
+    cluster = run(sc, slow_reader, {"batch": 100, "pause": 0.01}, 2, master_node="chief",
+                  input_mode=TFCluster.InputMode.SPARK)
+    killed: list[float] = []
+
+    def kill_feeder():
+        if not wait_until(lambda: step_reached(cluster, "worker:0", 3) and feeding_workers(cluster), 120):
+            cluster.close()  # never reached: end train() so the test fails with the nodes' state, not a hang
+            return
+        victim = feeding_workers(cluster)[0]
+        killed.append(time.monotonic())
+        victim.kill()
+
+    killer = threading.Thread(target=kill_feeder, daemon=True)
+    killer.start()
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        cluster.train(feed_df, 1)
+    assert killed, f"no feeding worker found: {cluster.nodes}"
+    named = time.monotonic() - killed[0]
+    killer.join(5)
+    text = str(info.value)
+    # the node saw the cut first, or Spark's retry asked first: either way, refused before a row is fed twice
+    assert re.search(r"(the feeding task of partition \d+ died after \d+ of its rows reached (chief|worker):0|"
+                     r"Spark started the feeding task of partition \d+ again after an attempt that was feeding it "
+                     r"to (chief|worker):0 died) \(its Python worker or task was killed\)", text), text
+    assert "would be trained twice; the cluster stops" in text
+    assert named <= STOPPED_NAMED_WITHIN_S, named
+    assert cluster.status().state == "failed"
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    figure("SIGKILL of the Spark Python worker feeding a partition, mid-partition",
+           "TFClusterError: Spark's retry of the partition refused (it would train rows twice); every node "
+           "stopped (before: the rows were trained twice, no error)", named)
 
 
 # -- 3. the executor JVM under a node dies -------------------------------------------------

@@ -186,3 +186,37 @@ def test_a_node_starting_after_its_empty_epoch_ended_reads_that_epoch_not_the_ne
     second = [0]
     assert sum(b.num_rows for _, b in hub.take(3, True, second)) == 3 and second == [3]
     t.join(10)
+
+
+def test_a_training_partition_cut_short_is_told_once_its_rows_are_in_and_one_that_ended_is_not():
+    """A feeder that dies mid-partition (its connection breaks before END): the node tells the driver which
+    partition, and how many of its rows arrived (``on_drop``), once it has read them; a partition that ended, an
+    inference partition and a cut made by the node's own close are not told."""
+    import socket as so
+
+    from tests.conftest import wait_until
+    from tests.test_feed import send
+    from tfos_nb.runtime import columns as C
+    from tfos_nb.runtime.protocol import dataplane as dp
+
+    told: list[tuple[int, int, int]] = []
+    hub = FeedHub(label="worker:0", on_drop=lambda c: told.append((c.gen, c.partition, c.received)))
+    server = DataServer(hub, SECRET, "127.0.0.1").start()
+    try:
+        rows = [([float(i)] * 4, i) for i in range(250)]
+        cut = dp.client_connect("127.0.0.1", server.port, SECRET, {"partition": 7, "gen": 1, "mode": "train"}, 10)
+        dp.send_frame(cut, dp.Kind.DATA, C.encode_ipc(C.rows_to_batch(rows[:100])))
+        cut.shutdown(so.SHUT_RDWR)  # the feeder is gone mid-partition
+        cut.close()
+        whole = send(server.port, rows, partition=8)  # a partition that ends
+        infer = dp.client_connect("127.0.0.1", server.port, SECRET, {"partition": 9, "gen": 0, "mode": "infer"}, 10)
+        infer.close()
+        taken = 0
+        while taken < 350:
+            taken += sum(b.num_rows for _, b in hub.take(50, True))
+        assert wait_until(lambda: told == [(1, 7, 100)], 10), told  # the reader thread tells it as it ends
+        whole.close()
+    finally:
+        hub.close()
+        server.stop()
+    assert told == [(1, 7, 100)]  # neither the ended partition, the inference one, nor the node's own close

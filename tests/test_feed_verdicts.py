@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from tfos_nb.runtime.driver import state as S
 from tfos_nb.runtime.driver.controller import Controller
 from tfos_nb.runtime.protocol import messages as m
@@ -15,8 +17,12 @@ def cluster():
     return st, ctl
 
 
+PARTITIONS = itertools.count()
+
+
 def assign(ctl, mode="train"):
-    return ctl.handle(m.FeedAssign(partition=0, gen=1, host="h", executor_id="", mode=mode))
+    """A new partition's feeding task asks (the same partition asking again is Spark's retry: refused)."""
+    return ctl.handle(m.FeedAssign(partition=next(PARTITIONS), gen=1, host="h", executor_id="", mode=mode))
 
 
 def check(ctl, node):

@@ -33,6 +33,9 @@ from .shares import EpochShares
 from .tensorboard_news import tensorboard_news
 
 log = logging.getLogger(__name__)
+# A training partition's feeding task started again by Spark is refused this long after it first asks: a lost
+# executor's node fails meanwhile (its supervisor sees the JVM gone within a heartbeat), and that error comes first.
+REFED_GRACE_S = 2.0
 
 
 def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, num_gpus: int | None, *,
@@ -46,6 +49,19 @@ def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, nu
         num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
     return Controller(state, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir,
                       num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
+
+
+def refed_partition(partition: int, node: S._Node | None, rows: int | None = None) -> str:
+    """The cluster's error when a training partition's feeding task died after it began to feed (its Python
+    worker killed, its task lost; ``rows``: what reached the node, as the node saw its connection break) or Spark
+    starts it again (``rows`` None): a second feed of the partition would train rows twice."""
+    who = node.label if node is not None else "a node"
+    what = (f"the feeding task of partition {partition} died after {rows} of its rows reached {who}" if rows is not None
+            else f"Spark started the feeding task of partition {partition} again after an attempt that was feeding it "
+                 f"to {who} died")
+    return (f"{what} (its Python worker or task was killed): Spark's retry feeds a partition from its first row, "
+            f"so rows {who} already took would be trained twice; the cluster stops. train() again on a new cluster, "
+            "or give the job retries (run_job(retries=N), %%tfos_cluster --retries N)")
 
 
 class Controller:
@@ -63,6 +79,9 @@ class Controller:
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
         self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
+        self._refed_at: dict[tuple[int, int], float] = {}  # (epoch, partition) asked for again -> when first
+        self._dropped: dict[tuple[int, int], tuple[int, int, float]] = {}  # (epoch, partition) cut short ->
+        # (node, rows that reached it, when the driver heard of it)
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
         self._handlers: dict[type, Callable[[Any], m.Reply]] = {
@@ -175,6 +194,7 @@ class Controller:
                 node.data_port = msg.data_port
             if msg.feed.get("closed"):
                 node.feed_closed = True
+            self._feeds_dropped(node, msg.feed.get("dropped"))
             stalls.apply_news(node, msg.phase, msg.stacks, self.clock())
             spec = (self._specs or {}).get(node.index)
             tb_lines = tensorboard_news(node, spec is not None and spec.tensorboard, msg)
@@ -369,6 +389,27 @@ class Controller:
             return {}
         return {**st.feed_sample, "id": st.feed_sample_id}
 
+    def _batch_epoch(self, gen: int) -> bool:
+        """Whether ``gen`` is an open epoch of the running ``train()`` call (lock held).  A stream's micro-batches
+        are not: Spark's ``foreachBatch`` is at-least-once by its own contract (a failed batch is replayed)."""
+        plan = self.state.feed_plan
+        return gen > self.state.epoch_done and plan is not None and plan[0] <= gen <= plan[1]
+
+    def _feeds_dropped(self, node: S._Node, dropped: Any) -> None:
+        """A node's training partitions whose connection broke mid-partition (lock held): the cluster fails
+        REFED_GRACE_S after the first is heard of, unless it ended meanwhile (a lost executor's node failing,
+        the truer error, takes its feeding tasks' connections with it)."""
+        st = self.state
+        now = self.clock()
+        for item in dropped if isinstance(dropped, list) else []:
+            if isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item):
+                gen, partition, rows = item
+                if self._batch_epoch(gen):
+                    self._dropped.setdefault((gen, partition), (node.index, rows, now))
+        for (_, partition), (index, rows, at) in sorted(self._dropped.items()):
+            if now - at >= REFED_GRACE_S and not (st.ended or st.stop_requested or st.kill_requested):
+                self._fail(refed_partition(partition, self._node(index), rows))
+
     def _feed_assign(self, msg: m.FeedAssign) -> m.Reply:
         st = self.state
         with st.lock:
@@ -378,6 +419,16 @@ class Controller:
                 return m.Reply(ok=False, error=st.error or "cluster failed")
             if st.state == S.C_STOPPED or st.kill_requested:
                 return m.Reply(ok=False, error="cluster stopped")
+            if msg.mode == "train" and self._batch_epoch(msg.gen):
+                earlier = self._shares.fed_to(msg.gen, msg.partition)
+                if earlier is not None:  # Spark retried a feeding task that died after it began to feed
+                    # A lost executor fails its node within a heartbeat or two, the truer error: it is let come first
+                    asked = self._refed_at.setdefault((msg.gen, msg.partition), self.clock())
+                    if self.clock() - asked < REFED_GRACE_S:
+                        return m.Reply(ok=False, body=m.Retry(0.2).to_dict())
+                    error = refed_partition(msg.partition, self._node(earlier))
+                    self._fail(error)
+                    return m.Reply(ok=False, error=error)
             self._gens_feeding.add(msg.gen)
             feedable = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
             live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]

@@ -18,11 +18,18 @@ class EpochShares:
         self._sent: dict[int, dict[int, int]] = {}  # epoch -> node -> partitions sent to it
         self._tasks: dict[int, int] = {}  # epoch -> tasks of its feeding stage, once known
         self._assigned: dict[int, dict[int, int]] = {}  # epochs whose partitions all went out -> shares
+        self._fed_to: dict[int, dict[int, int]] = {}  # epoch -> partition -> the node it went to
+
+    def fed_to(self, epoch: int, partition: int) -> int | None:
+        """The node ``partition`` of ``epoch`` went to, if it went to one (a feeding task asking again for it is
+        Spark's retry of a task that died mid-partition)."""
+        return self._fed_to.get(epoch, {}).get(partition)
 
     def handed_out(self, epoch: int, partition: int, node: int | None) -> None:
         """``partition`` of ``epoch`` went to ``node`` (None: skipped, no node reads any more)."""
         self._parts.setdefault(epoch, set()).add(partition)
         if node is not None:
+            self._fed_to.setdefault(epoch, {})[partition] = node
             sent = self._sent.setdefault(epoch, {})
             sent[node] = sent.get(node, 0) + 1
         self._check(epoch)
@@ -38,7 +45,7 @@ class EpochShares:
 
     def forget_through(self, epoch: int) -> None:
         """Epochs up to ``epoch`` ended: nodes need no share of them."""
-        for table in (self._parts, self._sent, self._tasks, self._assigned):
+        for table in (self._parts, self._sent, self._tasks, self._assigned, self._fed_to):
             for e in [e for e in table if e <= epoch]:
                 del table[e]
 

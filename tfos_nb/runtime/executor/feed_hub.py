@@ -88,10 +88,11 @@ class FeedHub:
     """The queue between connections and the consumer, plus the end-of-data signals."""
 
     def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None,
-                 label: str = "this node") -> None:
+                 label: str = "this node", on_drop: Callable[[Conn], None] | None = None) -> None:
         self.label = label  # role:index, for the out-of-step error
         self._cond = threading.Condition()
         self._on_close = on_close  # tells the driver (through the supervisor) that this node reads no more
+        self._on_drop = on_drop  # tells it that a training partition's feeder died mid-partition
         self._conns: set[Conn] = set()  # connections not yet answered
         self.error: str | None = None  # why the node's function failed, once it did
         # per generation, in arrival order: ("data", conn, batch) and ("eoc", conn, None) at a partition's end
@@ -194,13 +195,17 @@ class FeedHub:
             conn.finish()
 
     def drop(self, conn: Conn, error: str) -> None:
-        """A connection broke (the feeder went away): forget it."""
+        """A connection broke (the feeder went away): forget it.  A training partition cut short while this node
+        reads is told to the driver (``on_drop``): Spark's retry of its task would feed its rows again."""
         with self._cond:
             self._conns.discard(conn)
+            cut_short = not conn.ended and conn.mode == "train" and not (self.closed or self.stopped)
             if not conn.ended:
                 self._ended[conn.gen] = self._ended.get(conn.gen, 0) + 1
                 self._cond.notify_all()
         conn.finish(error)
+        if cut_short and self._on_drop is not None:
+            self._on_drop(conn)
 
     def end_epoch(self, epoch: int) -> None:
         """The driver saw every partition of generations up to ``epoch`` fed: readers of them end once they are read."""

@@ -234,6 +234,9 @@ def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[A
         skipped = sent + _count(batches)
         feeder.release(0, skipped, None)
         return {"partition": partition, "rows": 0, "skipped": skipped}
+    except Exception as exc:  # the partition's own rows failed (a UDF upstream raised): the driver hears the cause
+        feeder.release(sent, 0, f"{type(exc).__name__}: {exc}")  # first, not the node's report of the cut
+        raise
     rows, skipped = int(done.get("rows", sent)), int(done.get("skipped", 0))
     feeder.release(rows, skipped, None)
     return {"partition": partition, "rows": rows, "skipped": skipped}

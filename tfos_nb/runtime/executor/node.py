@@ -35,7 +35,9 @@ class NodeRole(child_main.ChildRole):
         self.hub = self.server = None
         if info.get("feed"):
             self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()),
-                               label=f"{info['job_name']}:{info['task_index']}")
+                               label=f"{info['job_name']}:{info['task_index']}",
+                               on_drop=lambda c: reporter.send(pipes.FeedDropped(gen=c.gen, partition=c.partition,
+                                                                                 rows=c.received)))
             self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"]).start()
             # ends by itself once its imports are done (a second or so); nothing to stop
             threading.Thread(target=C.warm_up, name="tfos-warm-up", daemon=True).start()

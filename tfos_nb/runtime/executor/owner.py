@@ -93,6 +93,7 @@ class ChildOwner:
         self.finished = False  # the function returned
         self.ended = False  # the function returned or raised: the process has nothing left to do but exit
         self.feed_closed = False  # the function stopped reading data (terminate() or returned)
+        self.feed_dropped: list[list[int]] = []  # [gen, partition, rows] of training partitions cut short
         self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at"} (its time.time())
         self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
         self.stacks_ready = False  # the child dumps its stacks into self._stacks on STACK_SIGNAL
@@ -241,6 +242,8 @@ class ChildOwner:
                         self.value = msg.value
                     elif isinstance(msg, pipes.FeedClosed):
                         self.feed_closed = True
+                    elif isinstance(msg, pipes.FeedDropped) and len(self.feed_dropped) < 100:
+                        self.feed_dropped.append([int(msg.gen), int(msg.partition), int(msg.rows)])
                     elif isinstance(msg, pipes.Phase):
                         if str(msg.phase) != self.phase.get("phase") and len(self.phases_seen) < 100:
                             self.phases_seen.append(str(msg.phase))  # a short phase between two beats is seen too

@@ -176,6 +176,8 @@ class Supervisor(ChildOwner):
             feed: dict[str, Any] = {"closed": True} if self.feed_closed and self.error is None else {}
             if self.sample_seen:
                 feed["sample"] = self.sample_seen
+            if self.feed_dropped:
+                feed["dropped"] = list(self.feed_dropped)
             value = self.value
             phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
         if phase:  # an age, not the node's clock: the driver's clock may differ

@@ -110,6 +110,17 @@ class FeedClosed(Frame):
 
 
 @dataclass(frozen=True)
+class FeedDropped(Frame):
+    """A training partition's connection broke before its end (its feeding task died): ``rows`` of it arrived.
+    Spark's retry would feed them again, so the driver stops the cluster (``driver.controller``)."""
+
+    kind: ClassVar[str] = "feed_dropped"
+    gen: int = 0
+    partition: int = -1
+    rows: int = 0
+
+
+@dataclass(frozen=True)
 class Phase(Frame):
     """Where the child is (one of ``executor.phases.PHASES``) and when its main thread last moved
     (``moved_at``, its ``time.time()``); ``stacks``: it dumps its stacks on the owner's signal."""
@@ -190,7 +201,7 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, Phase, EpochDone, EpochAssigned, FeedPlan, Stop,
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, Phase, EpochDone, EpochAssigned, FeedPlan, Stop,
                               Launch, Launched, Start)
 }
 BLOB = "blob"
