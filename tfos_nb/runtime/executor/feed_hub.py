@@ -91,8 +91,7 @@ class FeedHub:
                  label: str = "this node", on_drop: Callable[[Conn], None] | None = None) -> None:
         self.label = label  # role:index, for the out-of-step error
         self._cond = threading.Condition()
-        self._on_close = on_close  # tells the driver (through the supervisor) that this node reads no more
-        self._on_drop = on_drop  # tells it that a training partition's feeder died mid-partition
+        self._on_close, self._on_drop = on_close, on_drop  # to the driver: "reads no more", "a partition cut short"
         self._conns: set[Conn] = set()  # connections not yet answered
         self.error: str | None = None  # why the node's function failed, once it did
         # per generation, in arrival order: ("data", conn, batch) and ("eoc", conn, None) at a partition's end
@@ -195,8 +194,7 @@ class FeedHub:
             conn.finish()
 
     def drop(self, conn: Conn, error: str) -> None:
-        """A connection broke (the feeder went away): forget it.  A training partition cut short while this node
-        reads is told to the driver (``on_drop``): Spark's retry of its task would feed its rows again."""
+        """A connection broke (the feeder went away): forget it; a training one cut short is told (``on_drop``)."""
         with self._cond:
             self._conns.discard(conn)
             cut_short = not conn.ended and conn.mode == "train" and not (self.closed or self.stopped)
