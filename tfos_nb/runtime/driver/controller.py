@@ -79,9 +79,8 @@ class Controller:
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
         self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
-        self._refed_at: dict[tuple[int, int], float] = {}  # (epoch, partition) asked for again -> when first
-        self._dropped: dict[tuple[int, int], tuple[int, int, float]] = {}  # (epoch, partition) cut short ->
-        # (node, rows that reached it, when the driver heard of it)
+        # (epoch, partition) cut short or asked for again -> (its node, rows that reached it if known, when heard of)
+        self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
         self._handlers: dict[type, Callable[[Any], m.Reply]] = {
@@ -396,19 +395,25 @@ class Controller:
         return gen > self.state.epoch_done and plan is not None and plan[0] <= gen <= plan[1]
 
     def _feeds_dropped(self, node: S._Node, dropped: Any) -> None:
-        """A node's training partitions whose connection broke mid-partition (lock held): the cluster fails
-        REFED_GRACE_S after the first is heard of, unless it ended meanwhile (a lost executor's node failing,
-        the truer error, takes its feeding tasks' connections with it)."""
-        st = self.state
-        now = self.clock()
+        """A node's training partitions whose connection broke mid-partition (a heartbeat's news; lock held)."""
         for item in dropped if isinstance(dropped, list) else []:
             if isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item):
                 gen, partition, rows = item
                 if self._batch_epoch(gen):
-                    self._dropped.setdefault((gen, partition), (node.index, rows, now))
-        for (_, partition), (index, rows, at) in sorted(self._dropped.items()):
-            if now - at >= REFED_GRACE_S and not (st.ended or st.stop_requested or st.kill_requested):
+                    self._cut.setdefault((gen, partition), (node.index, rows, self.clock()))
+        self._fail_cut()
+
+    def _fail_cut(self) -> None:
+        """Fail the cluster REFED_GRACE_S after a training partition was first heard of as cut short or asked for
+        again (lock held), unless it ended or is being stopped meanwhile: a lost executor's node failing, the
+        truer error, takes its feeding tasks with it and comes first."""
+        st = self.state
+        if st.ended or st.stop_requested or st.kill_requested:
+            return
+        for (_, partition), (index, rows, at) in sorted(self._cut.items()):
+            if self.clock() - at >= REFED_GRACE_S:
                 self._fail(refed_partition(partition, self._node(index), rows))
+                return
 
     def _feed_assign(self, msg: m.FeedAssign) -> m.Reply:
         st = self.state
@@ -422,13 +427,11 @@ class Controller:
             if msg.mode == "train" and self._batch_epoch(msg.gen):
                 earlier = self._shares.fed_to(msg.gen, msg.partition)
                 if earlier is not None:  # Spark retried a feeding task that died after it began to feed
-                    # A lost executor fails its node within a heartbeat or two, the truer error: it is let come first
-                    asked = self._refed_at.setdefault((msg.gen, msg.partition), self.clock())
-                    if self.clock() - asked < REFED_GRACE_S:
-                        return m.Reply(ok=False, body=m.Retry(0.2).to_dict())
-                    error = refed_partition(msg.partition, self._node(earlier))
-                    self._fail(error)
-                    return m.Reply(ok=False, error=error)
+                    self._cut.setdefault((msg.gen, msg.partition), (earlier, None, self.clock()))
+                    self._fail_cut()
+                    if st.state == S.C_FAILED:
+                        return m.Reply(ok=False, error=st.error)
+                    return m.Reply(ok=False, body=m.Retry(0.2).to_dict())
             self._gens_feeding.add(msg.gen)
             feedable = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
             live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]

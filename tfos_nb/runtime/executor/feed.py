@@ -11,6 +11,7 @@ columns (``next_batch_arrays``), or as a ``tf.data.Dataset`` (``as_dataset``).
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,8 +34,6 @@ def refuse_jax_processes() -> None:
     """ValueError when this process runs JAX across processes (``keras.distribution.initialize()`` done, more
     than one process): a stream's varying share would hang its collectives (see :data:`JAX_REFUSED`).
     Asks nothing of JAX before it is initialized (that would fix its backends too early)."""
-    import sys
-
     jax = sys.modules.get("jax")
     if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
         raise ValueError(JAX_REFUSED)
