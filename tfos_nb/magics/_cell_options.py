@@ -21,7 +21,8 @@ from IPython.core.error import UsageError
 from ..runtime.args import Namespace
 from ._run_handle import RunHandle
 
-__all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "tracking", "usage"]
+__all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "tracking", "usage",
+           "validation_var"]
 
 
 def usage(msg: str) -> UsageError:
@@ -92,18 +93,35 @@ def check_timeout(timeout: float | None) -> None:
         raise usage(f"--timeout must be more than 0 seconds, got {timeout:g}")
 
 
-def data_var(ns: Mapping[str, Any], var: str) -> Any:
+def data_var(ns: Mapping[str, Any], var: str, flag: str = "--data") -> Any:
     """``--data VAR``: the notebook's Spark DataFrame (batch or streaming) or RDD."""
     if var not in ns:
-        raise usage(f"--data {var}: no such variable in the notebook")
+        raise usage(f"{flag} {var}: no such variable in the notebook")
     value = ns[var]
     try:
         from pyspark import RDD
         from pyspark.sql import DataFrame
     except ImportError:  # pragma: no cover - pyspark is a dependency
-        raise usage("--data needs pyspark installed") from None
+        raise usage(f"{flag} needs pyspark installed") from None
     if not isinstance(value, (DataFrame, RDD)):
-        raise usage(f"--data {var}: expected a Spark DataFrame or RDD, got {type(value).__name__}")
+        raise usage(f"{flag} {var}: expected a Spark DataFrame or RDD, got {type(value).__name__}")
+    return value
+
+
+def validation_var(ns: Mapping[str, Any], var: str | None, data: Any, data_name: str | None) -> Any:
+    """``--validation-data VAR``: a DataFrame or RDD fed once as the named feed ``validation``, checked as the
+    runtime checks it (batch data, the training data's columns) so that bad input is a UsageError before any job."""
+    if var is None:
+        return None
+    if data is None:
+        raise usage("--validation-data needs --data (the training data it validates)")
+    value = data_var(ns, var, "--validation-data")
+    from ..runtime.driver.cluster_streams import named_sets
+
+    try:
+        named_sets(data, "input", value, None)
+    except (TypeError, ValueError) as exc:
+        raise usage(f"--validation-data {var}: {exc}") from None
     return value
 
 

@@ -66,6 +66,7 @@ class ClusterHandle(RunHandle):
         evaluator_grace: float = 30.0,
         data: Any = None,
         epochs: int = 1,
+        validation: Any = None,
         tensorboard: bool = False,
         log_dir: str | None = None,
         env: dict[str, str] | None = None,
@@ -99,6 +100,7 @@ class ClusterHandle(RunHandle):
         self._grace = float(evaluator_grace) if evaluator else 0.0
         self._run = start_cluster  # tfos_nb.runtime.driver.start.run, or a test's fake
         self._fn, self._args, self._data, self._epochs = fn, args, data, epochs
+        self._validation = validation  # fed once as the named feed "validation" (--validation-data)
         self._timer: threading.Timer | None = None
         self._stopper: threading.Thread | None = None
         self._cluster: TFCluster | None = None
@@ -181,7 +183,7 @@ class ClusterHandle(RunHandle):
         try:
             if not stopping:
                 if self._data is not None:
-                    cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600)
+                    cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600, validation=self._validation)
                 cluster.shutdown(grace_secs=self._grace, timeout=self.timeout or 259200)
         except BaseException:
             self._close_cluster(cluster)

@@ -13,7 +13,18 @@ from traitlets import Bool, Enum, Float, Integer, Unicode, Union
 from ..runtime.driver import parallel as P
 from ..runtime.driver.start import add_start_listener, remove_start_listener
 from . import _cell_panel, _doctor, _render, _views
-from ._cell_options import Namespace, cell_args, check_name, check_timeout, data_var, grid, node_env, tracking, usage
+from ._cell_options import (
+    Namespace,
+    cell_args,
+    check_name,
+    check_timeout,
+    data_var,
+    grid,
+    node_env,
+    tracking,
+    usage,
+    validation_var,
+)
 from ._cellfn import CellError, build
 from ._cluster_handle import ClusterFailed, ClusterHandle
 from ._magic_args import argument, cell_magic, line_magic, magic_arguments, no_var_expand, parse_argstring
@@ -111,6 +122,8 @@ class TFOSMagics(Magics):
               help="spark: the driver feeds --data to the nodes; tensorflow: the cell reads its own data "
               "(default: spark with --data, else tensorflow)")
     @argument("--data", metavar="VAR", help="a DataFrame (batch or streaming) or RDD in the notebook to feed (--input-mode spark)")
+    @argument("--validation-data", metavar="VAR", help="a DataFrame or RDD in the notebook fed once as the named feed "
+              "'validation' (ctx.get_data_feed(qname_in='validation').as_dataset(...) for fit's validation_data)")
     @argument("--epochs", type=int, default=None, metavar="E", help="epochs to feed; also args.epochs (default 1)")
     @argument("--args", metavar="EXPR",
               help="a dict or namespace (a Python expression, quoted if it has spaces) passed as `args`")
@@ -187,6 +200,7 @@ class TFOSMagics(Magics):
                              "unbounded epoch, fed until the query ends or the cluster is stopped")
         elif opts.data:
             raise usage("--data is fed only with --input-mode spark")
+        validation = validation_var(ns, opts.validation_data, data, opts.data)
         values = cell_args(opts.args, ns)
         if opts.epochs is not None:
             values["epochs"] = opts.epochs
@@ -207,7 +221,8 @@ class TFOSMagics(Magics):
                        num_executors=nodes, num_ps=opts.ps, eval_node=opts.evaluator, name=name, log_dir=opts.logdir,
                        input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries)
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps, tracking=run,
-                               evaluator=opts.evaluator, data=data, epochs=epochs, tensorboard=opts.tensorboard,
+                               evaluator=opts.evaluator, data=data, epochs=epochs, validation=validation,
+                               tensorboard=opts.tensorboard,
                                log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
                                retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs

@@ -30,6 +30,7 @@ from . import state as S
 from .cluster_streams import (
     ClusterStreams,
     feeding_action,
+    named_sets,
     refuse_dstream,
     require_batch_rows,
     require_default_queue,
@@ -70,6 +71,7 @@ class TFCluster(ClusterStreams):
         self.name = job.name
         self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
         self.last_feed: dict[str, int] = {}
+        self.last_sets: dict[str, dict[str, int]] = {}  # named feeds (validation=, feeds=): rows fed per set
         self.tracking: Any = None  # the job's MLflow run (mlflow_run.JobRun), when tracked
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
 
@@ -111,7 +113,7 @@ class TFCluster(ClusterStreams):
 
     # -- data ------------------------------------------------------------------
     def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input",  # noqa: N803 - TFoS name
-              *, batch_rows: int = 1024) -> None:
+              *, batch_rows: int = 1024, validation: Any = None, feeds: dict[str, Any] | None = None) -> None:
         """Feed an RDD or DataFrame to the chief/worker nodes, ``num_epochs`` times (0, the default: 10 times,
         as TensorFlowOnSpark does).
 
@@ -120,15 +122,29 @@ class TFCluster(ClusterStreams):
         Returns when every row was taken by a node, or skipped because the node it
         went to stopped reading (its function called ``terminate()`` or returned);
         ``last_feed`` counts both.  A node that failed is an error.
+
+        ``validation`` (a DataFrame or RDD with the training data's columns) is fed
+        once, before the first epoch, as the named feed ``"validation"``: each node
+        keeps its share and reads it whole at every iteration of
+        ``ctx.get_data_feed(qname_in="validation").as_dataset(...)``, for
+        ``model.fit(ds, validation_data=val_ds)``.  ``feeds`` adds sets under other
+        names (e.g. ``{"test": test_df}``).  ``qname`` other than ``"input"``
+        (TensorFlowOnSpark's named queue) feeds ``dataRDD`` itself as that named
+        set, read ``num_epochs`` times by ``next_batch`` (``last_sets`` counts each set).
         """
         refuse_dstream(dataRDD, "train")
-        require_default_queue(qname, "train")
         require_batch_rows(batch_rows)
         if not isinstance(num_epochs, numbers.Integral) or isinstance(num_epochs, bool) or num_epochs < 0:
             msg = f"num_epochs must be a non-negative integer (0: 10 epochs), got {num_epochs!r}"
             raise ValueError(msg)
+        sets = named_sets(dataRDD, qname, validation, feeds)
         self._require_spark_mode("train")
         self._require_alive()
+        for name, data in sets.items():
+            self._feed_set(name, data, (int(num_epochs) or DEFAULT_EPOCHS) if qname != "input" else 1, feed_timeout,
+                           batch_rows)
+        if qname != "input":  # TensorFlowOnSpark's named queue: the data was this set
+            return
         if is_streaming(dataRDD):  # one unbounded epoch, until the query or the nodes end
             if int(num_epochs) > 1:
                 msg = "num_epochs does not apply to a streaming DataFrame: a stream is one unbounded epoch"
@@ -205,6 +221,25 @@ class TFCluster(ClusterStreams):
         self.last_feed = total
         if total["skipped"]:
             log.warning("tfos_nb: %d row(s) were not read: the nodes' functions returned first", total["skipped"])
+
+    def _feed_set(self, name: str, data: Any, passes: int, feed_timeout: float, batch_rows: int) -> None:
+        """Feed ``data`` once as the named set ``name`` (one Spark job; see :mod:`.feed_sets`)."""
+        from pyspark.sql import DataFrame
+
+        if not isinstance(data, DataFrame):
+            self._refuse_rdd_on_connect("train")
+        version = self._controller.open_set(name, passes)
+        if isinstance(data, DataFrame):
+            action = feeding_action(data, self._meta, version, feed_timeout, batch_rows, name)
+        else:
+            fn = make_rdd_feeder(self._meta, version, feed_timeout, batch_rows, name)
+
+            def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
+                return [json.loads(s) for s in data.mapPartitionsWithIndex(fn).collect()]
+
+        stats = feed_totals(self._watch(f"set-{name}", f"tfos_nb {self.name}: feed {name}", action, f"feeding {name}"))
+        self._controller.end_set(name, version)
+        self.last_sets[name] = stats
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,  # noqa: N803 - TFoS name
                   schema: Any = None, batch_rows: int = 1024) -> Any:

@@ -28,6 +28,7 @@ from ..net import hostport
 from ..protocol import messages as m
 from . import stalls
 from . import state as S
+from .feed_sets import FeedSets
 from .roles import FEEDABLE
 from .shares import EpochShares
 from .tensorboard_news import tensorboard_news
@@ -79,6 +80,7 @@ class Controller:
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
         self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
+        self._sets = FeedSets()  # named feeds: sets fed once (a validation set), kept by the nodes
         # (epoch, partition) cut short or asked for again -> (its node, rows that reached it if known, when heard of)
         self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
         self.feed_errors: list[str] = []
@@ -227,7 +229,8 @@ class Controller:
             cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
                                 kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0,
                                 epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked,
-                                feed_plan=list(st.feed_plan or ()), feed_sample=self._sample_for(node, msg))
+                                feed_plan=list(st.feed_plan or ()), feed_sample=self._sample_for(node, msg),
+                                feed_sets=self._sets.for_node(node.index))
             if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
                 st.state = S.C_RUNNING
         if new_logs:
@@ -293,6 +296,24 @@ class Controller:
                 st.feed_plan = (first, last)
         self.state.notify()
         return epoch
+
+    def open_set(self, name: str, passes: int = 1) -> int:
+        """A named feed (a set fed once, see :mod:`.feed_sets`) is about to be fed; returns its version."""
+        with self.state.lock:
+            version = self._sets.open(name, passes)
+        self.state.notify()
+        return version
+
+    def end_set(self, name: str, version: int) -> None:
+        """Every partition of the named feed's ``version`` is on its node: nodes may read it."""
+        with self.state.lock:
+            self._sets.end(name, version)
+        self.state.notify()
+
+    def set_rows(self, name: str) -> dict[int, int]:
+        """Rows of the named feed each node holds (by node index)."""
+        with self.state.lock:
+            return self._sets.rows(name)
 
     def end_epoch(self, epoch: int) -> None:
         """Every row of ``epoch`` was taken: nodes reading with as_dataset() see its end."""
@@ -417,6 +438,8 @@ class Controller:
 
     def _feed_assign(self, msg: m.FeedAssign) -> m.Reply:
         st = self.state
+        if msg.feed != "input":
+            return self._set_assign(msg)
         with st.lock:
             if msg.sample and not st.feed_sample and st.feed_plan is not None and msg.gen >= st.feed_plan[0]:
                 st.feed_sample = dict(msg.sample)
@@ -457,6 +480,24 @@ class Controller:
             target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
             return m.Reply(ok=True, body=target.to_dict())
 
+    def _set_assign(self, msg: m.FeedAssign) -> m.Reply:
+        """A named feed's partition goes to the node that had it (Spark's retry) or the one holding fewest."""
+        st = self.state
+        with st.lock:
+            if st.state in (S.C_FAILED, S.C_STOPPED) or st.kill_requested:
+                return m.Reply(ok=False, error=st.error or f"cluster {st.state}")
+            fed = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
+            live = [n for n in fed if n.state == S.RUNNING]
+            if not live:
+                if fed and all(n.state in S.TERMINAL for n in fed):
+                    return m.Reply(ok=False, error=f"no node runs to take the feed {msg.feed!r} (all ended)")
+                return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+            node = self._sets.assign(msg.feed, msg.gen, msg.partition, msg.sample, live, msg.executor_id)
+            if isinstance(node, str):
+                return m.Reply(ok=False, error=node)
+            target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
+            return m.Reply(ok=True, body=target.to_dict())
+
     def _feed_check(self, msg: m.FeedCheck) -> m.Reply:
         """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""
         st = self.state
@@ -478,7 +519,10 @@ class Controller:
         st = self.state
         with st.lock:
             node = self._node(msg.node)
-            if node is not None:
+            if msg.feed != "input":  # a named feed's partition: held by its node once every row is in
+                if node is not None and not msg.error and msg.rows > 0:
+                    self._sets.held(msg.feed, msg.gen, msg.partition, node.index, msg.rows)
+            elif node is not None:
                 self._active[node.index] = max(0, self._active.get(node.index, 0) - 1)
                 node.rows_fed += msg.rows
             if msg.error:

@@ -18,6 +18,7 @@ from .. import columns as C
 from .. import net
 from ..protocol import dataplane as dp
 from .feed_hub import Conn, FeedHub
+from .named_feeds import NamedFeeds, check_name
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,9 @@ class DataServer:
     """
 
     def __init__(self, hub: FeedHub, secret: bytes, host: str, *, handshake_deadline: float = HANDSHAKE_DEADLINE_S,
-                 max_handshakes: int = MAX_HANDSHAKES) -> None:
+                 max_handshakes: int = MAX_HANDSHAKES, named: NamedFeeds | None = None) -> None:
         self._hub = hub
+        self._named = named  # where a named feed's connections write (``feed`` in their header)
         self._secret = secret
         self._handshake_deadline = handshake_deadline
         self._max_handshakes = max_handshakes
@@ -118,6 +120,14 @@ class DataServer:
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Conn(sock, header)
+            named = self._named if conn.feed != "input" else None
+            if conn.feed != "input" and (named is None or conn.mode != "train"):
+                raise dp.DataPlaneError(f"no feed {conn.feed!r} here")
+            if named is not None:
+                try:
+                    check_name(conn.feed)
+                except ValueError as exc:
+                    raise dp.DataPlaneError(str(exc)) from None
             while True:
                 kind, payload = dp.recv_frame(sock)
                 if kind is dp.Kind.DATA:
@@ -125,9 +135,15 @@ class DataServer:
                         batch = C.decode_ipc(payload)
                     except (pa.ArrowInvalid, OSError) as exc:
                         raise dp.DataPlaneError(f"bad Arrow batch: {exc}") from None
-                    self._hub.put(conn, conn.gen, batch)
+                    if named is not None:
+                        try:
+                            named.put(conn, batch)
+                        except pa.ArrowException as exc:  # a batch another partition's schema does not take
+                            raise dp.DataPlaneError(f"feed {conn.feed!r}: {exc}") from None
+                    else:
+                        self._hub.put(conn, conn.gen, batch)
                 elif kind is dp.Kind.END:
-                    self._hub.end_conn(conn)
+                    (named or self._hub).end_conn(conn)
                     return
                 else:
                     raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
@@ -139,4 +155,4 @@ class DataServer:
                 sock.close()
             else:
                 log.warning("tfos_nb data connection dropped: %s", exc)
-                self._hub.drop(conn, str(exc))
+                (self._named if conn.feed != "input" and self._named is not None else self._hub).drop(conn, str(exc))

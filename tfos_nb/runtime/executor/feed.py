@@ -21,6 +21,7 @@ import pyarrow as pa
 from .. import columns as C
 from . import compat, mlflow_datasets
 from .feed_hub import Conn, FeedHub
+from .named_feeds import NamedFeeds, NamedReader
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,14 @@ def refuse_jax_processes() -> None:
     jax = sys.modules.get("jax")
     if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
         raise ValueError(JAX_REFUSED)
+
+
+def _named_feeds(hub: FeedHub, name: str) -> NamedFeeds:
+    named = getattr(hub, "named", None)
+    if named is None:
+        raise ValueError(f"DataFeed(qname_in={name!r}): this feed has no named sets (a node of a cluster fed by "
+                         "train() has them)")
+    return named  # type: ignore[no-any-return]
 
 
 def _concat_columns(pieces: list[tuple[Any, pa.RecordBatch]]) -> list[np.ndarray]:
@@ -74,12 +83,13 @@ class DataFeed:
         *,
         numpy_rows: bool = True,
     ) -> None:
-        for name, value, default in (("qname_in", qname_in, "input"), ("qname_out", qname_out, "output")):
-            if value != default:  # TensorFlowOnSpark's named queues: one of each here
-                msg = (f"DataFeed({name}={value!r}): tfos_nb gives each node one feed, {default!r} (named feeds, "
-                       f"e.g. a validation set, are not supported yet); leave {name} at its default")
-                raise ValueError(msg)
-        self._hub = hub
+        if qname_out != "output":  # TensorFlowOnSpark's named output queues: results go back on one
+            msg = (f"DataFeed(qname_out={qname_out!r}): inference results go back on one queue, 'output'; leave "
+                   "qname_out at its default")
+            raise ValueError(msg)
+        # the training stream, or a set fed once under a name (train(..., validation=df), qname=...)
+        self._hub: FeedHub | NamedReader = hub if qname_in == "input" else NamedReader(_named_feeds(hub, qname_in),
+                                                                                      qname_in)
         self.train_mode = train_mode
         self.qname_in = qname_in
         self.qname_out = qname_out
@@ -222,16 +232,16 @@ class DataFeed:
 
         return pick(columns)
 
-    def _take(self, n: int, epoch: list[int] | None = None) -> list[tuple[Conn, pa.RecordBatch]]:
+    def _take(self, n: int, epoch: list[int] | None = None) -> list[tuple[Conn | None, pa.RecordBatch]]:
         if n <= 0:
             msg = f"batch size must be positive, got {n}"
             raise ValueError(msg)
-        pieces = self._hub.take(n, self.train_mode, epoch)
+        pieces: list[tuple[Conn | None, pa.RecordBatch]] = list(self._hub.take(n, self.train_mode, epoch))
         if not pieces and self._hub.drained():
             self.done_feeding = True
         return pieces
 
-    def _mapped(self, pieces: list[tuple[Conn, pa.RecordBatch]]) -> dict[str, Any]:
+    def _mapped(self, pieces: list[tuple[Conn | None, pa.RecordBatch]]) -> dict[str, Any]:
         assert self.input_mapping is not None
         if not pieces:
             return {tensor: [] for tensor in self.input_mapping.values()}

@@ -49,10 +49,8 @@ class Conn:
         self.partition = int(header.get("partition", -1))
         self.gen = int(header.get("gen", 0))
         self.mode = str(header.get("mode", "train"))
-        self.received = 0
-        self.consumed = 0
-        self.answered = 0
-        self.skipped = 0
+        self.feed = str(header.get("feed", "input"))  # a named feed's name (named_feeds.py), else "input"
+        self.received = self.consumed = self.answered = self.skipped = 0
         self.ended = False  # the feeder sent E
         self.closed = False
         self._send_lock = threading.Lock()
@@ -94,6 +92,7 @@ class FeedHub:
         self._on_close, self._on_drop = on_close, on_drop  # to the driver: "reads no more", "a partition cut short"
         self._conns: set[Conn] = set()  # connections not yet answered
         self.error: str | None = None  # why the node's function failed, once it did
+        self.named: Any = None  # the node's named feeds (named_feeds.NamedFeeds), read by DataFeed(qname_in=name)
         # per generation, in arrival order: ("data", conn, batch) and ("eoc", conn, None) at a partition's end
         self._queues: dict[int, collections.deque[tuple[str, Conn, Any]]] = {}
         self._sizes: dict[int, int] = {}  # data items queued per generation (what the bound counts)

@@ -64,8 +64,10 @@ def _recv_answer(sock: socket.socket) -> dict[str, Any]:
 
 
 class _Feeder:
-    def __init__(self, meta: m.LaunchMeta, partition: int, gen: int, mode: str, timeout: float) -> None:
+    def __init__(self, meta: m.LaunchMeta, partition: int, gen: int, mode: str, timeout: float,
+                 feed: str = "input") -> None:
         self.meta = meta
+        self.feed = feed
         self.secret = bytes.fromhex(meta.secret)
         self.codec = m.Codec(self.secret, meta.cluster_id, f"feeder-p{partition}")
         self.client = ControlClient(self.codec, meta.address, timeout=30)
@@ -92,6 +94,7 @@ class _Feeder:
                     executor_id=executor_id(),
                     mode=self.mode,
                     sample=sample or {},
+                    feed=self.feed,
                 )
             )
             if reply.ok:
@@ -119,6 +122,7 @@ class _Feeder:
                     skipped=skipped,
                     error=error,
                     error_kind=error_kind,
+                    feed=self.feed,
                 )
             )
             return m.FeedReleased.from_dict(reply.body).cluster_error
@@ -128,7 +132,7 @@ class _Feeder:
             self.client.close()
 
     def connect(self) -> Any:
-        header = {"partition": self.partition, "gen": self.gen, "mode": self.mode}
+        header = {"partition": self.partition, "gen": self.gen, "mode": self.mode, "feed": self.feed}
         return dp.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
 
     def verdict(self, exc: BaseException) -> tuple[str, str | None]:
@@ -198,9 +202,11 @@ def _with_sample(batches: Iterable[Any]) -> tuple[Iterator[Any], dict[str, Any]]
     return iter(head), {}
 
 
-def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float) -> dict[str, Any]:
-    """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them)."""
-    feeder = _Feeder(meta, partition, gen, "train", timeout)
+def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
+               feed: str = "input") -> dict[str, Any]:
+    """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them).
+    ``feed``: a named feed's name (``gen`` its version: the node keeps the rows as a set), else the training stream."""
+    feeder = _Feeder(meta, partition, gen, "train", timeout, feed)
     batches, sample = _with_sample(batches)
     try:
         node = feeder.assign(sample)
@@ -326,11 +332,11 @@ def _rechunk(batches: Iterable[Any], batch_rows: int) -> Iterator[Any]:
 
 
 def make_rdd_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
-                    batch_rows: int) -> Callable[[int, Iterable[Any]], Iterator[str]]:
+                    batch_rows: int, name: str = "input") -> Callable[[int, Iterable[Any]], Iterator[str]]:
     launch_meta = m.LaunchMeta.parse(meta)
 
     def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
-        yield json.dumps(feed_train(launch_meta, partition, gen, rows_to_batches(rows, batch_rows), timeout))
+        yield json.dumps(feed_train(launch_meta, partition, gen, rows_to_batches(rows, batch_rows), timeout, name))
 
     return feed
 
@@ -345,13 +351,13 @@ def _partition_id() -> int:
 
 
 def make_arrow_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
-                      batch_rows: int) -> Callable[[Iterable[Any]], Iterator[Any]]:
+                      batch_rows: int, name: str = "input") -> Callable[[Iterable[Any]], Iterator[Any]]:
     launch_meta = m.LaunchMeta.parse(meta)
 
     def feed(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
         partition = _partition_id()
-        stats = feed_train(launch_meta, partition, gen, _rechunk(batches, batch_rows), timeout)
+        stats = feed_train(launch_meta, partition, gen, _rechunk(batches, batch_rows), timeout, name)
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
             schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64())]),

@@ -30,15 +30,17 @@ class NodeRole(child_main.ChildRole):
         from .. import columns as C
         from .data_server import DataServer
         from .feed_hub import FeedHub
+        from .named_feeds import NamedFeeds
 
         super().__init__(info, reporter)
-        self.hub = self.server = None
+        self.hub = self.server = self.named = None
         if info.get("feed"):
-            self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()),
-                               label=f"{info['job_name']}:{info['task_index']}",
+            label = f"{info['job_name']}:{info['task_index']}"
+            self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()), label=label,
                                on_drop=lambda c: reporter.send(pipes.FeedDropped(gen=c.gen, partition=c.partition,
                                                                                  rows=c.received)))
-            self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"]).start()
+            self.hub.named = self.named = NamedFeeds(label, self._training_fed)
+            self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"], named=self.named).start()
             # ends by itself once its imports are done (a second or so); nothing to stop
             threading.Thread(target=C.warm_up, name="tfos-warm-up", daemon=True).start()
         self.ctx: NodeContext | None = None
@@ -50,8 +52,17 @@ class NodeRole(child_main.ChildRole):
             self.hub.epoch_assigned(int(cmd.epoch), int(cmd.partitions))
         elif self.hub is not None and isinstance(cmd, pipes.FeedPlan):
             self.hub.set_plan(int(cmd.first), int(cmd.last), cmd.sample)
+        elif self.named is not None and isinstance(cmd, pipes.FeedSets):
+            self.named.update(dict(cmd.feeds))
         elif self.hub is not None and isinstance(cmd, pipes.Stop):
             self.hub.stop()
+            if self.named is not None:
+                self.named.stop()
+
+    def _training_fed(self) -> bool:
+        """Whether a train() call is feeding this node now (its epochs announced, not all ended)."""
+        plan = self.hub.plan if self.hub is not None else None
+        return plan is not None and self.hub is not None and self.hub.epoch_done < plan[1]
 
     def context(self) -> NodeContext:
         port_fd = self.info.get("port_fd")
@@ -81,6 +92,8 @@ class NodeRole(child_main.ChildRole):
             # Data still arriving is skipped (the server keeps accepting until the
             # process exits), so feeders return instead of waiting.
             self.hub.close()
+        if self.named is not None:
+            self.named.close()  # the sets' files go with the node
 
     def finish(self, value: Any) -> int:
         self.reporter.send(pipes.Finished(value=plain_value(value, self.ctx)))

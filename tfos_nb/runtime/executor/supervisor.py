@@ -89,6 +89,7 @@ class Supervisor(ChildOwner):
         self._sent_plan = (0, 0)
         self.sample_seen = 0  # the feed sample relayed to the node (confirmed to the driver with each heartbeat)
         self._sent_stop = False
+        self._sent_sets: dict[str, Any] = {}  # the named feeds last relayed to the node
         self._stacks_done = 0  # the last stack dump the driver asked for (BeatCommand.stacks) and got
         self._stacks_out: dict[str, Any] = {}  # {"id", "text"}: sent with the heartbeats until one is answered
         self._stacks_in_beat = 0  # the dump the last heartbeat carried
@@ -210,6 +211,9 @@ class Supervisor(ChildOwner):
         """Relay the driver's commands to the node process: the end of an epoch, stop; take a stack dump asked for."""
         if self._stacks_in_beat and self._stacks_out.get("id") == self._stacks_in_beat:
             self._stacks_out = {}  # the driver has it
+        if cmd.feed_sets != self._sent_sets:  # before the plan: a read of a set the call feeds is not refused
+            self._sent_sets = dict(cmd.feed_sets)
+            self.send(pipes.FeedSets(feeds=self._sent_sets))
         # the call's plan first: a node learns the shape of its data before its share of the call's first epoch
         first, last = (int(e) for e in cmd.feed_plan[:2]) if len(cmd.feed_plan) >= 2 else (0, 0)
         sample_id = int(cmd.feed_sample.get("id", 0)) if cmd.feed_sample else 0

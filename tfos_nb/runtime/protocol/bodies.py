@@ -102,6 +102,9 @@ class BeatCommand(Body):
     #: the fed data's shape while ``feed_plan`` is set, until the node confirms it: ``{"id", "schema": Arrow IPC
     #: schema as hex, "shapes": each column's value shape}`` (a node given no row builds its dataset from it)
     feed_sample: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the named feeds (sets fed once: a validation set) this node holds a share of: ``{name: {"version", "parts"
+    #: (its partitions; None while the set is fed), "passes", "sample"}}`` (see ``executor/named_feeds.py``)
+    feed_sets: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

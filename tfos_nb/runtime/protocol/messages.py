@@ -148,6 +148,7 @@ class FeedAssign(Message):
     executor_id: str
     mode: str  # train | infer
     sample: dict[str, Any] = dataclasses.field(default_factory=dict)  # train: {"schema", "shapes"} of its first rows
+    feed: str = "input"  # a named feed's name (a set fed once, ``gen`` its version), else the training stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +163,7 @@ class FeedRelease(Message):
     skipped: int = 0
     error: str | None = None
     error_kind: str | None = None  # ERROR_LOST_CONNECTION: the connection to the node broke (see error_kind())
+    feed: str = "input"  # as FeedAssign's
 
 
 @dataclasses.dataclass(frozen=True)

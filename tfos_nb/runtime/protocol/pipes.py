@@ -6,8 +6,8 @@ Three pairs talk over pipes, all on one host:
   function :func:`blob <write_blob>`; the supervisor answers on its stdout with
   :class:`Launched` once it registered with the driver (the launch handshake);
 * an owner (a node's supervisor, a parallel run's Spark task) → its child process
-  (stdin): the function blob, :class:`Start`, then commands (:class:`EpochDone`, :class:`EpochAssigned`, :class:`FeedPlan`,
-  :class:`Stop`); stdin closing means the owner is gone;
+  (stdin): the function blob, :class:`Start`, then commands (:class:`EpochDone`, :class:`EpochAssigned`,
+  :class:`FeedPlan`, :class:`FeedSets`, :class:`Stop`); stdin closing means the owner is gone;
 * the child → its owner (the report pipe, ``TFOS_REPORT_FD``): events
   (:class:`Ready`, :class:`Report`, :class:`Failed`, :class:`Finished`,
   :class:`FeedClosed`, :class:`Phase`).
@@ -161,6 +161,15 @@ class FeedPlan(Frame):
 
 
 @dataclass(frozen=True)
+class FeedSets(Frame):
+    """The named feeds this node holds a share of (``BeatCommand.feed_sets``): ``{name: {"version", "parts"
+    (None while the set is fed), "passes", "sample"}}``."""
+
+    kind: ClassVar[str] = "feed_sets"
+    feeds: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Stop(Frame):
     """The driver asks the node to stop (its feed ends; the function should return)."""
 
@@ -201,8 +210,8 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, Phase, EpochDone, EpochAssigned, FeedPlan, Stop,
-                              Launch, Launched, Start)
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, Phase, EpochDone, EpochAssigned,
+                              FeedPlan, FeedSets, Stop, Launch, Launched, Start)
 }
 BLOB = "blob"
 

@@ -22,7 +22,7 @@ from .bodies import Body
 from .messages import Message
 
 # Command ops the coordinator obeys (the Controller methods the notebook calls).
-OPS = ("open_epoch", "end_epoch", "request_stop", "request_kill", "cancel", "set_running",
+OPS = ("open_epoch", "end_epoch", "open_set", "end_set", "request_stop", "request_kill", "cancel", "set_running",
        "reset_feed_errors", "close")
 
 
@@ -39,14 +39,15 @@ class Snapshot(Message):
 class Command(Message):
     """The notebook asks the coordinator's Controller for a transition (one of :data:`OPS`).
 
-    Its reply body: :class:`EpochOpened` (``open_epoch``), :class:`Closed` (``close``), else :class:`Done`.
+    Its reply body: :class:`EpochOpened` (``open_epoch``; ``open_set``: the set's version), :class:`Closed` (``close``),
+    else :class:`Done`.
     """
 
     TYPE: ClassVar[str] = "command"
     op: str
     epoch: int = 0
     reason: str = ""
-    remaining: int = -1  # open_epoch: epochs its train() call opens after it (-1: a stream's epoch)
+    remaining: int = -1  # open_epoch: epochs its train() call opens after it (-1: a stream's epoch); open_set: passes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,6 +122,10 @@ class Coordinator:
             body = remote.EpochOpened(epoch=ctl.open_epoch(None if msg.remaining < 0 else msg.remaining))
         elif msg.op == "end_epoch":
             ctl.end_epoch(msg.epoch)
+        elif msg.op == "open_set":
+            body = remote.EpochOpened(epoch=ctl.open_set(msg.reason, msg.remaining))
+        elif msg.op == "end_set":
+            ctl.end_set(msg.reason, msg.epoch)
         elif msg.op == "request_stop":
             ctl.request_stop()
         elif msg.op == "request_kill":

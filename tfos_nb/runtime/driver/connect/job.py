@@ -109,6 +109,18 @@ class RemoteController:
     def end_epoch(self, epoch: int) -> None:
         self._send("end_epoch", epoch=epoch)
 
+    def open_set(self, name: str, passes: int = 1) -> int:
+        job = self.job
+        assert job is not None and job.meta is not None  # a cluster's train() runs once it is connected
+        return job.command("open_set", remote.EpochOpened, reason=name, remaining=passes).epoch
+
+    def end_set(self, name: str, version: int) -> None:
+        self._send("end_set", reason=name, epoch=version)
+
+    def set_rows(self, name: str) -> dict[int, int]:
+        """Not mirrored: the coordinator keeps who holds what."""
+        return {}
+
     def feeding_started(self, epoch: int) -> bool:
         """Whether ``epoch`` was opened: ``TFCluster.train`` does not pipeline epochs on Spark Connect (an epoch's
         end is itself a Spark job), so it never waits for a feeding stage to start here."""
