@@ -47,6 +47,9 @@ def test_tensorflow_mode_runs_to_completion(spark):
 
 def test_spark_mode_train_and_inference(spark):
     def fun(args, ctx):
+        val = ctx.get_data_feed(qname_in="validation")  # the set train(..., validation=) fed before the epochs
+        held = [int(i) for batch in iter(lambda: val.next_batch_arrays(64), ()) for i in batch[1]]
+        print(f"validation rows {len(held)}")
         feed = ctx.get_data_feed()
         n = 0
         while not feed.should_stop():
@@ -58,15 +61,18 @@ def test_spark_mode_train_and_inference(spark):
                     n += len(batch)
                     ctx.report(step=n)
         print(f"rows {n}")
+        return held
 
     cluster = run(spark, fun, {}, 2, input_mode=TFCluster.InputMode.SPARK)
     df = spark.range(0, 1000, 1, 4).selectExpr("cast(id as float) as x", "id % 10 as y")
-    cluster.train(df, 2)
+    cluster.train(df, 2, validation=spark.range(5000, 5300, 1, 3).selectExpr("cast(id as float) as x", "id as y"))
     assert cluster.last_feed["rows"] == 2000
+    assert cluster.last_sets == {"validation": {"rows": 300, "skipped": 0, "partitions": 3}}
     out = cluster.inference(spark.range(0, 100, 1, 2).selectExpr("cast(id as double) as x"), schema="y double")
     assert sorted(r.y for r in out.collect()) == [2.0 * i for i in range(100)]
     cluster.shutdown(timeout=120)
     assert sum(n.step for n in cluster.nodes) == 2000  # every training row was read (inference rows answered)
+    assert sorted(i for held in cluster.state.values().values() for i in held) == list(range(5000, 5300))
     assert sum(n.rows_fed for n in cluster.nodes) >= 2000
     assert nothing_left() is True
 

@@ -58,6 +58,7 @@ BAD_INPUT = [
     ("--data numbers", "pass", "--data numbers: expected a Spark DataFrame or RDD, got list"),
     ("--input-mode spark", "pass", "--input-mode spark needs --data VAR (a DataFrame or RDD to feed)"),
     ("--input-mode tensorflow --data numbers", "pass", "--data is fed only with --input-mode spark"),
+    ("--validation-data numbers", "pass", "--validation-data needs --data (the training data it validates)"),
     ("--args numbers", "pass", "--args must be a dict or a namespace, got list"),
     ("--args nope", "pass", "--args nope: NameError: name 'nope' is not defined"),
     ("--args \"{'epochs': 'x'}\"", "pass", "--epochs must be at least 1, got 'x'"),
@@ -265,7 +266,17 @@ def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
 
     x, y, _, _ = load_digits_arrays()
     df = to_dataframe(magic_spark, x[:640], y[:640], partitions=4).cache()
-    ip.user_ns.update(train_df=df, export_dir=str(tmp_path / "model"))
+    val_df = to_dataframe(magic_spark, x[640:800], y[640:800], partitions=3).cache()  # Keras' validation_data
+    ip.user_ns.update(train_df=df, val_df=val_df, export_dir=str(tmp_path / "model"),
+                      bad_val=val_df.select("label", "features"), numbers=[1, 2])
+    for var, message in [("numbers", "--validation-data numbers: expected a Spark DataFrame or RDD, got list"),
+                         ("bad_val", "--validation-data bad_val: the set 'validation' has columns (label bigint, "
+                                     "features array<float>) and the training data (features array<float>, label "
+                                     "bigint): the nodes read both the same way; select the same columns, in the "
+                                     "same order, with the same types")]:
+        with pytest.raises(UsageError) as info:
+            ip.run_cell_magic("tfos_cluster", f"--workers 2 --data train_df --validation-data {var}", "pass")
+        assert str(info.value) == message
     ip.run_cell("from tfos_nb.examples.digits import build_model\ndef make_model():\n    return build_model(0.02)")
     cell = textwrap.dedent(
         """
@@ -275,13 +286,15 @@ def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
         with strategy.scope():
             model = make_model()
         ds = ctx.get_data_feed().as_dataset(batch_size=args.batch_size)
-        model.fit(ds, epochs=args.epochs, verbose=0, callbacks=[ctx.progress_callback()])
+        val = ctx.get_data_feed(qname_in="validation").as_dataset(batch_size=args.batch_size)
+        hist = model.fit(ds, epochs=args.epochs, validation_data=val, verbose=0, callbacks=[ctx.progress_callback()])
         compat.export_saved_model(model, export_dir, ctx.is_chief)
         print(f"done {ctx.job_name} lr-check {args.batch_size}")
+        print("val_accuracy", repr(hist.history["val_accuracy"]))
         """
     )
-    ip.run_cell_magic("tfos_cluster", "--workers 2 --data train_df --epochs 2 --args \"{'batch_size': 32}\" "
-                      "--name mnist_like", cell)
+    ip.run_cell_magic("tfos_cluster", "--workers 2 --data train_df --validation-data val_df --epochs 2 "
+                      "--args \"{'batch_size': 32}\" --name mnist_like", cell)
     out = capsys.readouterr().out
     assert "[chief:0] done chief lr-check 32" in out and "[worker:0] done worker lr-check 32" in out
     handle = ip.user_ns["mnist_like"]
@@ -291,6 +304,14 @@ def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
     assert result["last_feed"]["rows"] == 2 * 640
     assert set(result["metrics"]) == {"chief:0", "worker:0"}
     assert result["metrics"]["chief:0"]["epoch"] == 2 and "accuracy" in result["metrics"]["chief:0"]
+    # the chief's Keras History, as printed in the cell, is what the panel and the handle show
+    printed = [line for line in out.splitlines() if line.startswith("[chief:0] val_accuracy ")]
+    assert len(printed) == 1, out
+    val_accuracy = eval(printed[0].split(" ", 2)[2])  # noqa: S307 - a list of floats this test's cell printed
+    assert result["metrics"]["chief:0"]["val_accuracy"] == pytest.approx(val_accuracy[-1], rel=1e-6)
+    history = handle.history
+    chief_epochs = history[(history["node"] == "chief:0") & history["val_accuracy"].notna()]
+    assert list(chief_epochs["val_accuracy"]) == pytest.approx(val_accuracy, rel=1e-6)  # one report per epoch end
     assert os.path.exists(tmp_path / "model" / "saved_model.pb")
     assert handle.wait() is result
 

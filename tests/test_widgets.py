@@ -329,3 +329,10 @@ def test_job_progress_counts_the_job_groups_tasks_and_skips_skipped_stages():
     assert job_progress(sc, job_groups("g", 1)) == (5, 8, 1)
     assert job_progress(None, ["g-launch"]) is None
     assert job_progress(NS(statusTracker=lambda: 1 / 0), ["g-launch"]) is None  # a stopping Spark: no numbers
+
+
+def test_each_validation_value_is_shown_beside_its_metric():
+    """Keras' val_* values (fit's validation_data) sit beside loss and accuracy, not cut behind other metrics."""
+    n = node("running", step=40, total_steps=300, metrics={"auc": 0.7, "val_auc": 0.6, "accuracy": 0.9, "loss": 0.3,
+                                                           "val_accuracy": 0.85, "val_loss": 0.35, "epoch": 2})
+    assert panel_model(cluster(n))["rows"][0]["metrics"] == "epoch 2 loss 0.3 val_loss 0.35 accuracy 0.9 val_accuracy 0.85"
