@@ -307,7 +307,7 @@ def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
     # the chief's Keras History, as printed in the cell, is what the panel and the handle show
     printed = [line for line in out.splitlines() if line.startswith("[chief:0] val_accuracy ")]
     assert len(printed) == 1, out
-    val_accuracy = eval(printed[0].split(" ", 2)[2])  # noqa: S307 - a list of floats this test's cell printed
+    val_accuracy = eval(printed[0].split(" ", 2)[2])  # a list of floats this test's cell printed
     assert result["metrics"]["chief:0"]["val_accuracy"] == pytest.approx(val_accuracy[-1], rel=1e-6)
     history = handle.history
     chief_epochs = history[(history["node"] == "chief:0") & history["val_accuracy"].notna()]

@@ -37,11 +37,15 @@ x = rng.normal(size=(1600, 64)).astype("float32")
 y = (x[:, :8].sum(axis=1) > 0).astype("float32")
 df = spark.createDataFrame([(r.tolist(), float(t)) for r, t in zip(x, y)], "features array<float>, label float")
 df = df.repartition(4)
+xv = rng.normal(size=(400, 64)).astype("float32")
+yv = (xv[:, :8].sum(axis=1) > 0).astype("float32")
+val_df = spark.createDataFrame([(r.tolist(), float(t)) for r, t in zip(xv, yv)], "features array<float>, label float")
+val_df = val_df.repartition(3)
 run = mlflow.start_run(run_name="notebook")
 """
 
 CELL = """\
-%%tfos_cluster --workers 2 --data df --epochs 3 --name autolog --timeout 240
+%%tfos_cluster --workers 2 --data df --validation-data val_df --epochs 3 --name autolog --timeout 240
 import mlflow
 import tensorflow as tf
 
@@ -52,7 +56,8 @@ with strategy.scope():
                                  tf.keras.layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
 ds = ctx.get_data_feed().as_dataset(batch_size=64)
-model.fit(ds, epochs=args.epochs, callbacks=[ctx.progress_callback()], verbose=0)
+val = ctx.get_data_feed(qname_in="validation").as_dataset(batch_size=64)
+model.fit(ds, validation_data=val, epochs=args.epochs, callbacks=[ctx.progress_callback()], verbose=0)
 print("fit done on", ctx.job_name, flush=True)
 """
 
@@ -76,16 +81,22 @@ def test_autolog_with_its_default_dataset_logging_trains_on_the_feed(mlflow_serv
             "pyspark.sql.connect.session" if connect else "pyspark.sql.session")
         run_id = kernel.value("run.info.run_id")
         expected = kernel.value("mlflow.data.from_spark(df).digest")  # MLflow's own digest of the DataFrame
+        val_digest = kernel.value("mlflow.data.from_spark(val_df).digest")
+        val_history = kernel.value("list(autolog.history.query('node == \"chief:0\"')['val_accuracy'].dropna())")
         kernel.run("mlflow.end_run()")
     finally:
         kernel.close()
     run = client.get_run(run_id)
     assert str(run.data.params.get("opt_name")).lower() == "adam", run.data.params  # autolog ran, on the chief
     assert run.data.tags["tfos_nb.outcome"] == "finished", run.data.tags
-    inputs = run.inputs.dataset_inputs
-    assert len(inputs) == 1, [(i.dataset.name, i.dataset.digest, i.tags) for i in inputs]
-    dataset = inputs[0].dataset
-    assert {t.key: t.value for t in inputs[0].tags}.get("mlflow.data.context") == "train"
+    inputs = {next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset
+              for i in run.inputs.dataset_inputs}
+    assert len(run.inputs.dataset_inputs) == 2 and sorted(inputs) == ["train", "validation"], inputs
+    dataset = inputs["train"]
+    assert inputs["validation"].digest == val_digest and json.loads(inputs["validation"].profile) == {"num_rows": 400}
+    # Keras' validation values: logged by step in the run, the last equal to the history's (the panel's) last
+    assert len(val_history) == 3, val_history
+    assert [m.value for m in client.get_metric_history(run_id, "val_accuracy")][-1] == pytest.approx(val_history[-1])
     assert dataset.digest == expected and dataset.source_type == "code"
     assert json.loads(dataset.profile) == {"num_rows": 1600}
     columns = [c["name"] for c in json.loads(dataset.schema)["mlflow_colspec"]]

@@ -240,6 +240,8 @@ class TFCluster(ClusterStreams):
         stats = feed_totals(self._watch(f"set-{name}", f"tfos_nb {self.name}: feed {name}", action, f"feeding {name}"))
         self._controller.end_set(name, version)
         self.last_sets[name] = stats
+        if isinstance(data, DataFrame) and self.tracking is not None:
+            log_train_input(self.tracking, data, stats["rows"] + stats["skipped"], context=name)
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,  # noqa: N803 - TFoS name
                   schema: Any = None, batch_rows: int = 1024) -> Any:

@@ -5,7 +5,8 @@ stream-fed dataset cannot be iterated twice (:mod:`..executor.mlflow_datasets` s
 notebook holds the DataFrame itself, so it logs the record instead, once its first epoch was fed:
 MLflow's own Spark dataset (``mlflow.data.from_spark``: the schema, and a digest of the DataFrame's
 plan from Spark's ``semanticHash``, so the same data logs the same digest) with the exact row count
-that epoch fed as its profile.  A DataFrame logged already in the run is not logged again.
+that epoch fed as its profile.  A named set (``train(..., validation=val_df)``) is logged the same way once fed,
+its name as the context (``validation``).  A DataFrame logged already in the run is not logged again.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ def log_dataframe(client: Any, run_id: str, df: Any, num_rows: int, context: str
         client.log_inputs(run_id, [DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])])
 
 
-def log_train_input(run: Any, df: Any, num_rows: int) -> None:
-    """``df`` as the ``train`` input of ``run`` (a :class:`~.mlflow_run.JobRun`); a failure is a warning, never the
-    job's."""
+def log_train_input(run: Any, df: Any, num_rows: int, context: str = "train") -> None:
+    """``df`` as an input of ``run`` (a :class:`~.mlflow_run.JobRun`): ``train``, or a named set's name (a
+    validation set: ``validation``); a failure is a warning, never the job's."""
     import logging
 
     from .. import net
 
     try:
-        log_dataframe(run.client, run.run_id, df, num_rows)
+        log_dataframe(run.client, run.run_id, df, num_rows, context)
     except Exception as exc:  # noqa: BLE001 - tracking never fails a job once it runs
-        logging.getLogger(__name__).warning("tfos_nb: MLflow logging of %s's training DataFrame failed: %s", run.name,
+        what = "training DataFrame" if context == "train" else f"{context!r} DataFrame"
+        logging.getLogger(__name__).warning("tfos_nb: MLflow logging of %s's %s failed: %s", run.name, what,
                                             net.scrub_credentials(str(exc)))
