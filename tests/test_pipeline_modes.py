@@ -441,3 +441,61 @@ def test_tensorboard_serves_the_fit_logdir_on_the_chief(spark, tmp_path, started
     assert rec["log_dir"] == logdir  # the chief's ctx.log_dir is ModelDir
     assert glob.glob(os.path.join(logdir, "train", "events.out.tfevents.*"))
     assert wait_until(lambda: runs(url) is None, 10), seen  # TensorBoard stopped with the cluster
+
+
+def validating_train_fn(args, ctx):
+    """Keras' fit with validation_data, the validation rows fed by the estimator (Validation Param)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = build_model()
+        model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=0.01),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    train = ctx.get_data_feed().as_dataset(batch_size=args.batch_size)
+    val = ctx.get_data_feed(qname_in="validation").as_dataset(batch_size=args.batch_size)
+    hist = model.fit(train, validation_data=val, epochs=args.epochs, verbose=0, callbacks=[ctx.progress_callback()])
+    again = ctx.get_data_feed(qname_in="validation")  # this node's share, read once more
+    labels = [int(v) for cols in iter(lambda: again.next_batch_arrays(10_000), ()) for v in cols[1]]
+    _record(args.facts, role=ctx.job_name, history={k: [float(v) for v in vs] for k, vs in hist.history.items()},
+            validation=args.validation, labels=labels)
+
+
+def test_a_validation_column_is_fed_once_and_the_model_keeps_keras_val_values(spark, digits_data, tmp_path, no_leaks):
+    from pyspark.sql import functions as F
+
+    xtr, ytr, _, _ = digits_data
+    facts = str(tmp_path / "facts.jsonl")
+    df = _test_frame(spark, xtr, ytr, partitions=4).withColumn("is_val", F.col("id") % 5 == 0)
+    marked = sorted(int(r.label) for r in df.filter("is_val").collect())
+    est = TFEstimator(validating_train_fn, {"facts": facts}, env=NODE_ENV, inputMapping={"features": "x", "label": "y"})
+    model = est.setValidation("is_val").setClusterSize(2).setEpochs(2).setBatchSize(64).fit(df)
+    records = _records(facts)
+    assert len(records) == 2 and records[0]["history"] == records[1]["history"], records
+    assert sorted(v for r in records for v in r["labels"]) == marked  # the marked rows, each once, none else
+    assert records[0]["validation"] == "is_val"  # train_fn sees the Param as args.validation
+    history = records[0]["history"]
+    assert len(history["val_accuracy"]) == 2 and history["val_accuracy"][-1] > 0.5, history
+    assert model.getValidationMetrics() == pytest.approx({"val_loss": history["val_loss"][-1],
+                                                          "val_accuracy": history["val_accuracy"][-1]}, rel=1e-6)
+    model.write().save(str(tmp_path / "model"))
+    assert TFModel.load(str(tmp_path / "model")).getValidationMetrics() == model.getValidationMetrics()
+
+
+def test_validation_param_splits_and_refuses(spark):
+    from tfos_nb.pipeline._validation import split
+
+    df = spark.range(400).selectExpr("id", "id % 3 = 0 as flag", "cast(id as string) as name")
+    train, val = split(df, 0.25)
+    a, b = {r.id for r in train.collect()}, {r.id for r in val.collect()}
+    assert a | b == set(range(400)) and not a & b and 50 < len(b) < 150
+    assert {r.id for r in split(df, 0.25)[1].collect()} == b  # seeded: the same rows at every fit
+    with pytest.raises(ValueError, match="Validation column 'name' is string; it must be boolean"):
+        split(df, "name")
+    with pytest.raises(ValueError, match=r"Validation column 'nope' is not in the DataFrame; its columns: \['id'"):
+        split(df, "nope")
+    for bad in (0, 1.5, "", True):
+        with pytest.raises(ValueError, match="Validation is a fraction of the rows"):
+            TFEstimator().setValidation(bad)
+    with pytest.raises(ValueError, match="Validation rows are fed"):
+        TFEstimator(count_rows_fn, {}).setValidation(0.2).setInputMode("TENSORFLOW").fit(df)

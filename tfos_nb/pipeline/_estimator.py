@@ -32,6 +32,7 @@ from ._params import (
     _CallablesWriter,
     _to_protocol,
 )
+from ._validation import HasValidation, last_values, split
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ class _TrainThenExport:
 
 class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode,
                   HasProtocol, HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize,
-                  HasEpochs, HasReaders, HasSteps, DefaultParamsReadable["TFEstimator"], DefaultParamsWritable):
+                  HasEpochs, HasReaders, HasSteps, HasValidation, DefaultParamsReadable["TFEstimator"],
+                  DefaultParamsWritable):
     """Train ``train_fn(args, ctx)`` on a tfos_nb cluster from a DataFrame; ``fit`` returns a :class:`TFModel`.
 
     ``fit(df)`` selects the ``InputMapping`` columns (in the mapping's order;
@@ -174,7 +176,12 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
                    f"{master} coordinates and the workers only serve, so no node would read the DataFrame; use "
                    "setInputMode('TENSORFLOW') and read the data in train_fn (e.g. the coordinator's dataset_fn)")
             raise ValueError(msg)
-        source = None
+        source = val_source = None
+        validation = self.getOrDefault(self.validation) if self.isDefined(self.validation) else None
+        if validation is not None and mode != tfc.InputMode.SPARK:
+            msg = ("TFEstimator's Validation rows are fed (InputMode.SPARK); with InputMode.TENSORFLOW train_fn "
+                   "reads its own validation data")
+            raise ValueError(msg)
         if mode == tfc.InputMode.SPARK:
             if not self.isDefined(self.inputMapping):
                 msg = f"TFEstimator with InputMode.SPARK needs InputMapping; DataFrame columns: {dataset.columns}"
@@ -187,20 +194,29 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
                     raise ValueError(msg)
                 c = F.col(col)
                 cols.append(vector_to_array(c, "float32").alias(col) if isinstance(fields[col], VectorUDT) else c)
-            source = dataset.select(*cols)
+            if validation is not None:  # fed once as the named feed "validation" (see _validation.py)
+                train_rows, val_rows = split(dataset, validation)
+                source, val_source = train_rows.select(*cols), val_rows.select(*cols)
+            else:
+                source = dataset.select(*cols)
         elif self.isDefined(self.tfrecordDir) and self.getOrDefault(self.tfrecordDir) and tf_args is args:
             args.tfrecord_dir = self._export_tfrecords(dataset)
         sc = dataset.sparkSession  # classic or Spark Connect: run() takes either
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
         # the one start → train → shutdown the runtime has (no retries: a failed fit raises)
-        tfc.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
-                    data=source, num_epochs=self.getOrDefault(self.epochs), batch_rows=self.getBatchSize(),
+        outcome = tfc.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
+                    data=source, validation=val_source, num_epochs=self.getOrDefault(self.epochs),
+                    batch_rows=self.getBatchSize(),
                     grace_secs=self.getOrDefault(self.graceSecs),
                     num_ps=num_ps, tensorboard=self.getOrDefault(self.tensorboard),
                     input_mode=mode, master_node=master, env=self.env,
                     driver_ps_nodes=self.getOrDefault(self.driverPSNodes),
                     log_dir=args.get("model_dir"), name=f"{self.uid}.fit", mlflow=self.mlflow)
-        return self._model_for(args, dataset)
+        model = self._model_for(args, dataset)
+        values = last_values(outcome.status) if val_source is not None else {}
+        if values:
+            model._set(validationMetrics=values)
+        return model
 
     def _export_tfrecords(self, dataset: Any) -> str:
         """InputMode.TENSORFLOW with TFRecordDir: where ``train_fn`` reads the DataFrame (``args.tfrecord_dir``)."""

@@ -24,6 +24,7 @@ from ._params import (
     _CallablesReader,
     _CallablesWriter,
 )
+from ._validation import HasValidationMetrics
 
 
 class _Scorer:
@@ -57,7 +58,8 @@ def _empty_dtype(t: model_runners.TensorInfo) -> str:
 
 
 class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, HasModelDir, HasExportDir,
-              HasSignatureDefKey, HasTagSet, DefaultParamsReadable["TFModel"], DefaultParamsWritable):
+              HasSignatureDefKey, HasTagSet, HasValidationMetrics, DefaultParamsReadable["TFModel"],
+              DefaultParamsWritable):
     """Batch inference with a TensorFlow model as a Spark ML ``Model``.
 
     ``transform(df)`` adds one column per ``OutputMapping`` entry, keeping every

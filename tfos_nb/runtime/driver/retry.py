@@ -50,9 +50,11 @@ def run_once(
     shutdown_timeout: float = 259200,
     grace_secs: float = 0,
     batch_rows: int = 1024,
+    validation: Any = None,
     **run_kwargs: Any,
 ) -> TFCluster:
-    """One start → train (``data``, when given) → shutdown; the cluster is closed whatever happens.
+    """One start → train (``data``, when given; ``validation``: its validation set, fed once) → shutdown; the
+    cluster is closed whatever happens.
 
     Returns the shut-down cluster (its ``status()`` is the final view); raises what start,
     train or shutdown raised.
@@ -60,7 +62,7 @@ def run_once(
     cluster = run(sc, map_fun, tf_args, num_executors, **run_kwargs)
     try:
         if data is not None:
-            cluster.train(data, num_epochs, feed_timeout=feed_timeout, batch_rows=batch_rows)
+            cluster.train(data, num_epochs, feed_timeout=feed_timeout, batch_rows=batch_rows, validation=validation)
         cluster.shutdown(grace_secs=grace_secs, timeout=shutdown_timeout)
         return cluster
     finally:

@@ -10,6 +10,7 @@ between a node and a run is a :class:`ChildRole`: what it does before the functi
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -116,6 +117,9 @@ def _watch_owner(fd: int, role: ChildRole) -> None:
 
 def main(role_cls: type[ChildRole]) -> int:
     stacks = phases.install_stack_dump()  # first: a stack is asked for once the first Phase says so
+    # A crash in native code (SIGSEGV, SIGABRT, SIGBUS…) prints where each Python thread was to the output the
+    # driver shows with the node's error, which otherwise ends at the last line printed before the crash.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     import cloudpickle
 
     stdin = os.fdopen(os.dup(0), "rb", buffering=0)  # unbuffered: the commands after Start stay in the pipe
