@@ -163,12 +163,16 @@ def test_magic_feeds_a_streaming_dataframe_until_tfos_shutdown(spark, tmp_path, 
     magics.renderer = "none"
     src, out = Source(tmp_path), tmp_path / "seen"
     out.mkdir()
-    names = dict(spark=spark, sdf=src.stream(spark), stream_train_fun=stream_train_fun, out_dir=str(out))
+    val_df = spark.createDataFrame([_row(10_000 + i) for i in range(30)], SCHEMA)  # a static validation set
+    names = dict(spark=spark, sdf=src.stream(spark), stream_train_fun=stream_train_fun, out_dir=str(out), val_df=val_df)
     ip.user_ns.update(names)
     try:
         with pytest.raises(UsageError, match="--epochs does not apply to a streaming --data sdf"):
             ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --epochs 2", "pass")
-        ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --background --name streamed",
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --data sdf --validation-data val_df --background --name streamed",
+                          "v = ctx.get_data_feed(qname_in='validation')\n"
+                          "print('validation ids', sorted(int(i) for c in iter(lambda: v.next_batch_arrays(8), ()) "
+                          "for i in c[0]))\n"
                           "stream_train_fun({'out': out_dir}, ctx)")
         handle = ip.user_ns["streamed"]
         try:
@@ -181,6 +185,8 @@ def test_magic_feeds_a_streaming_dataframe_until_tfos_shutdown(spark, tmp_path, 
         finally:
             ip.run_line_magic("tfos_shutdown", "streamed")
         assert handle.done and handle.state == "stopped" and not feed.is_active
+        # the stream fed the training feed; the static DataFrame, fed once before it, the set "validation"
+        assert f"validation ids {list(range(10_000, 10_030))}" in handle.logs()["worker:0"]
     finally:  # the shell is shared with other test modules: leave it as it was
         magics.renderer = renderer
         magics.handles.pop("streamed", None)

@@ -39,8 +39,10 @@ def fit_with_validation(args, ctx):
     val = ctx.get_data_feed(qname_in="validation").as_dataset(batch_size=50, columns=(0, 1))
     hist = model.fit(train, validation_data=val, epochs=args["epochs"], callbacks=[ctx.progress_callback()],
                      verbose=0)
+    test = ctx.get_data_feed(qname_in="test").as_dataset(batch_size=50, columns=(0, 1))  # after fit: a third set
+    tested = model.evaluate(test, verbose=0, return_dict=True)
     return {"history": {k: [float(v) for v in vs] for k, vs in hist.history.items()},
-            "weights": [w.tolist() for w in model.get_weights()]}
+            "weights": [w.tolist() for w in model.get_weights()], "test": {k: float(v) for k, v in tested.items()}}
 
 
 def _reference(weights, val_rows):
@@ -61,13 +63,13 @@ def _reference(weights, val_rows):
                          ids=["2-nodes-3-partitions", "3-nodes-2-partitions"])
 def test_fit_validates_on_the_whole_validation_set_every_epoch(sc, spark, nodes, val_partitions, no_leaks):
     df = binary_frame(spark, ROWS, 16, 4, 6)
-    train_df, val_df = df.randomSplit([0.8, 0.2], seed=7)
-    train_df, val_df = train_df.cache(), val_df.repartition(val_partitions).cache()
-    val_rows = val_df.collect()
+    train_df, val_df, test_df = df.randomSplit([0.7, 0.2, 0.1], seed=7)
+    train_df, val_df, test_df = train_df.cache(), val_df.repartition(val_partitions).cache(), test_df.cache()
+    val_rows, test_rows = val_df.collect(), test_df.collect()
     cluster = start_cluster(sc, fit_with_validation, {"epochs": EPOCHS}, nodes, input_mode=TFCluster.InputMode.SPARK,
                             master_node="chief")
     try:
-        cluster.train(train_df, num_epochs=EPOCHS, feed_timeout=120, validation=val_df)
+        cluster.train(train_df, num_epochs=EPOCHS, feed_timeout=120, validation=val_df, feeds={"test": test_df})
         held = cluster._controller.set_rows("validation")
     finally:
         cluster.shutdown(timeout=240)
@@ -79,11 +81,15 @@ def test_fit_validates_on_the_whole_validation_set_every_epoch(sc, spark, nodes,
     assert all(len(v) == EPOCHS for v in history.values())
     assert all(v["history"] == history for v in values.values())  # one model: the same values on every node
     # every validation row once, on some node; fed once, not once per epoch
-    assert cluster.last_sets == {"validation": {"rows": len(val_rows), "skipped": 0, "partitions": val_partitions}}
+    assert cluster.last_sets["validation"] == {"rows": len(val_rows), "skipped": 0, "partitions": val_partitions}
+    assert cluster.last_sets["test"]["rows"] == len(test_rows)
     assert sum(held.values()) == len(val_rows) and len(held) <= min(nodes, val_partitions), held
     ref = _reference(chief["weights"], val_rows)
     assert history["val_accuracy"][-1] == pytest.approx(ref["accuracy"], abs=1e-6), (history, ref)
     assert history["val_loss"][-1] == pytest.approx(ref["loss"], rel=1e-4), (history, ref)
+    tested = _reference(chief["weights"], test_rows)  # model.evaluate on the fed test set, after fit
+    assert chief["test"]["accuracy"] == pytest.approx(tested["accuracy"], abs=1e-6), (chief["test"], tested)
+    assert chief["test"]["loss"] == pytest.approx(tested["loss"], rel=1e-4), (chief["test"], tested)
     # the panel's epoch reports are Keras' own values, val_* included
     ends = {m["epoch"]: m for role, _, _, _, _, m in cluster.state.history() if role == "chief" and "val_loss" in m}
     assert sorted(ends) == list(range(1, EPOCHS + 1)), ends
@@ -205,5 +211,27 @@ def test_spool_keeps_each_partition_once(tmp_path):
     while not reader.drained():
         rows += [v for _, b in reader.take(2, True) for v in b.column(0).to_pylist()]
     assert rows == [1, 2, 3, 7] * 2  # passes=2: a sequential read goes through the set twice
+    # the rows handed to TensorFlow live in this process's memory, never in a read-only map of the file: TensorFlow
+    # writes into an input tensor's buffer when it reuses it (the autolog notebook's node died of SIGSEGV)
+    held = [b for _, b in NamedReader(feeds, "validation").take(10, True, [0])]
+    files = {str(p) for p in (tmp_path / "validation" / "1").iterdir()}
+    assert held and not [name for name in _mappings(held) if name in files], _mappings(held)
     feeds.close()
     assert not tmp_path.exists()
+
+
+def _mappings(batches):
+    """The file each batch buffer's memory is mapped from ('' for anonymous memory), from /proc/self/maps."""
+    regions = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            regions.append((start, end, parts[5].strip() if len(parts) > 5 else ""))
+    names = []
+    for batch in batches:
+        for column in batch.columns:
+            for buf in column.buffers():
+                if buf is not None and buf.size:
+                    names += [name for start, end, name in regions if start <= buf.address < end]
+    return names

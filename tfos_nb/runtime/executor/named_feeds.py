@@ -50,11 +50,14 @@ class Share:
         self.name, self.version, self.paths, self.passes, self.sample = name, version, paths, passes, sample
 
     def batches(self, passes: int) -> Iterator[pa.RecordBatch]:
+        """The share's batches, ``passes`` times, read into memory of this process: never a memory map, whose
+        read-only pages TensorFlow would write into when it reuses an input tensor's buffer (SIGSEGV)."""
         for _ in range(passes):
             for path in self.paths:
-                reader = pa.ipc.open_file(pa.memory_map(path))
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
+                with pa.OSFile(path, "rb") as source:
+                    reader = pa.ipc.open_file(source)
+                    for i in range(reader.num_record_batches):
+                        yield reader.get_batch(i)
 
 
 class NamedFeeds:
