@@ -186,7 +186,7 @@ def test_magic_feeds_a_streaming_dataframe_until_tfos_shutdown(spark, tmp_path, 
             ip.run_line_magic("tfos_shutdown", "streamed")
         assert handle.done and handle.state == "stopped" and not feed.is_active
         # the stream fed the training feed; the static DataFrame, fed once before it, the set "validation"
-        assert f"validation ids {list(range(10_000, 10_030))}" in handle.logs()["worker:0"]
+        assert f"validation ids {list(range(10_000, 10_030))}" in handle.logs()["chief:0"]
     finally:  # the shell is shared with other test modules: leave it as it was
         magics.renderer = renderer
         magics.handles.pop("streamed", None)
