@@ -26,6 +26,8 @@ EXAMPLES = [
     pipes.EpochAssigned(epoch=3, partitions=2),
     pipes.FeedPlan(first=4, last=6),
     pipes.FeedPlan(first=1, last=3, sample={"id": 2, "schema": "ff00", "shapes": [[8], []]}),
+    pipes.FeedSets(feeds={"validation": {"version": 3, "parts": None, "passes": 1, "sample": {}}}),
+    pipes.FeedSets(feeds={"validation": {"version": 3, "parts": [0, 2], "passes": 1, "sample": {"schema": "ff00"}}}),
     pipes.Stop(),
     pipes.Launch(meta={"cluster_id": "c1", "node": 2, "roles": [["chief", 0]]}),
     pipes.Launched(ok=True, pid=12, host="10.0.0.1", port=2222),

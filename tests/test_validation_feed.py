@@ -154,7 +154,7 @@ def test_a_node_reading_a_set_nobody_feeds_is_named_not_waited_on(sc, spark, no_
 
 
 def test_a_set_whose_columns_differ_is_refused_before_any_job(spark):
-    from tfos_nb.runtime.driver.cluster_streams import named_sets
+    from tfos_nb.runtime.driver.cluster_sets import named_sets
 
     train_df = spark.range(4).selectExpr("cast(id as float) as x", "id as y")
     with pytest.raises(ValueError, match=r"^the set 'validation' has columns \(y bigint, x float\) and the training "

@@ -116,7 +116,7 @@ def validation_var(ns: Mapping[str, Any], var: str | None, data: Any, data_name:
     if data is None:
         raise usage("--validation-data needs --data (the training data it validates)")
     value = data_var(ns, var, "--validation-data")
-    from ..runtime.driver.cluster_streams import named_sets
+    from ..runtime.driver.cluster_sets import named_sets
 
     try:
         named_sets(data, "input", value, None)

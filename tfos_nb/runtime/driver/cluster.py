@@ -27,10 +27,10 @@ from ..executor.feeder import (
 )
 from . import stacks
 from . import state as S
+from .cluster_sets import ClusterSets, named_sets
 from .cluster_streams import (
     ClusterStreams,
     feeding_action,
-    named_sets,
     refuse_dstream,
     require_batch_rows,
     require_default_queue,
@@ -56,7 +56,7 @@ class InputMode:
     SPARK = 1  #: the driver feeds RDD/DataFrame partitions with ``train()`` / ``inference()``
 
 
-class TFCluster(ClusterStreams):
+class TFCluster(ClusterSets, ClusterStreams):
     """A running TensorFlow cluster on Spark executors (made by :func:`run`)."""
 
     def __init__(self, job: DriverJob, meta: dict[str, Any], input_mode: int, num_executors: int) -> None:
@@ -71,7 +71,7 @@ class TFCluster(ClusterStreams):
         self.name = job.name
         self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
         self.last_feed: dict[str, int] = {}
-        self.last_sets: dict[str, dict[str, int]] = {}  # named feeds (validation=, feeds=): rows fed per set
+        self.last_sets: dict[str, dict[str, int]] = {}  # named sets (validation=, feeds=): rows fed per set
         self.tracking: Any = None  # the job's MLflow run (mlflow_run.JobRun), when tracked
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
 
@@ -221,27 +221,6 @@ class TFCluster(ClusterStreams):
         self.last_feed = total
         if total["skipped"]:
             log.warning("tfos_nb: %d row(s) were not read: the nodes' functions returned first", total["skipped"])
-
-    def _feed_set(self, name: str, data: Any, passes: int, feed_timeout: float, batch_rows: int) -> None:
-        """Feed ``data`` once as the named set ``name`` (one Spark job; see :mod:`.feed_sets`)."""
-        from pyspark.sql import DataFrame
-
-        if not isinstance(data, DataFrame):
-            self._refuse_rdd_on_connect("train")
-        version = self._controller.open_set(name, passes)
-        if isinstance(data, DataFrame):
-            action = feeding_action(data, self._meta, version, feed_timeout, batch_rows, name)
-        else:
-            fn = make_rdd_feeder(self._meta, version, feed_timeout, batch_rows, name)
-
-            def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
-                return [json.loads(s) for s in data.mapPartitionsWithIndex(fn).collect()]
-
-        stats = feed_totals(self._watch(f"set-{name}", f"tfos_nb {self.name}: feed {name}", action, f"feeding {name}"))
-        self._controller.end_set(name, version)
-        self.last_sets[name] = stats
-        if isinstance(data, DataFrame) and self.tracking is not None:
-            log_train_input(self.tracking, data, stats["rows"] + stats["skipped"], context=name)
 
     def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input", *,  # noqa: N803 - TFoS name
                   schema: Any = None, batch_rows: int = 1024) -> Any:

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 from ..executor.feeder import make_arrow_feeder
 from ..executor.stream_feeder import make_batch_feeder
-from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, is_streaming, require_stream, sink_writer
+from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
-__all__ = ["ClusterStreams", "feeding_action", "named_sets", "refuse_dstream", "require_batch_rows"]
+__all__ = ["ClusterStreams", "feeding_action", "refuse_dstream", "require_batch_rows"]
 
 
 def feeding_action(df: Any, meta: dict[str, Any], epoch: int, feed_timeout: float,
@@ -75,63 +75,6 @@ def require_default_queue(qname: Any, what: str) -> None:
     if qname != "input":
         raise ValueError(f"{what}(qname={qname!r}): inference feeds the nodes' 'input' feed (named feeds are sets "
                          "for training: train(..., validation=df) or train(df, qname=...)); leave qname at its default")
-
-
-def _columns(data: Any) -> list[tuple[str, str]] | None:
-    """A DataFrame's columns and types; None for an RDD (its rows are only known once read)."""
-    from pyspark.sql import DataFrame
-
-    return [(str(n), str(t)) for n, t in data.dtypes] if isinstance(data, DataFrame) else None
-
-
-def named_sets(data: Any, qname: Any, validation: Any, feeds: Any) -> dict[str, Any]:
-    """The named feeds a ``train()`` call feeds before its epochs (name -> DataFrame/RDD), checked up front: names
-    (see ``named_feeds.check_name``), batch data (a set is fed once: not a stream), the training data's columns."""
-    from ..executor.named_feeds import check_name
-
-    if qname != "input":
-        check_name(qname)
-        if validation is not None or feeds:
-            raise ValueError(f"train(qname={qname!r}) feeds its data as that named set; give validation= and feeds= "
-                             "to the call that feeds the training data")
-        if is_streaming(data):
-            raise ValueError(f"train(qname={qname!r}): a named set is fed once; a streaming DataFrame never ends")
-        return {qname: data}
-    if feeds is not None and not isinstance(feeds, dict):
-        raise TypeError(f"feeds is a dict of name -> DataFrame or RDD, got {type(feeds).__name__}")
-    sets = dict(feeds or {})
-    if validation is not None:
-        if "validation" in sets:
-            raise ValueError("the set 'validation' is given twice: as validation= and in feeds=")
-        sets = {"validation": validation, **sets}
-    expected = _columns(data)
-    for name, value in sets.items():
-        check_name(name)
-        if name == "input":
-            raise ValueError("'input' is the training feed's name; give a named set another name")
-        refuse_dstream(value, "train")
-        if not _is_spark_data(value):
-            raise TypeError(f"the set {name!r} is a DataFrame or RDD, got {type(value).__name__}")
-        if is_streaming(value):
-            raise ValueError(f"the set {name!r} is fed once; a streaming DataFrame never ends (the training data may "
-                             "be a stream, its sets not)")
-        got = _columns(value)
-        if expected is not None and got is not None and got != expected:
-            raise ValueError(f"the set {name!r} has columns {_show(got)} and the training data {_show(expected)}: the "
-                             "nodes read both the same way; select the same columns, in the same order, with the same "
-                             "types")
-    return sets
-
-
-def _show(columns: list[tuple[str, str]]) -> str:
-    return "(" + ", ".join(f"{n} {t}" for n, t in columns) + ")"
-
-
-def _is_spark_data(value: Any) -> bool:
-    from pyspark import RDD
-    from pyspark.sql import DataFrame
-
-    return isinstance(value, (DataFrame, RDD))
 
 
 class ClusterStreams:

@@ -1,0 +1,115 @@
+"""The named sets of :class:`~tfos_nb.runtime.driver.cluster.TFCluster`: validation and test sets fed once.
+
+``train(df, validation=val_df)``, ``train(df, feeds={"test": test_df})`` and TensorFlowOnSpark's
+``train(rdd, qname="validation")`` feed each set in one Spark job before the training epochs; the nodes keep
+their shares (``executor/named_feeds.py``) and read them with ``ctx.get_data_feed(qname_in=NAME)``; the
+driver's record of who holds what is ``feed_sets.py``.  What is given is checked here first, before any job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..executor.feeder import feed_totals, make_rdd_feeder
+from .cluster_streams import feeding_action, refuse_dstream
+from .mlflow_inputs import log_train_input
+from .streaming import is_streaming
+
+if TYPE_CHECKING:
+    from .control_plane import ControlPlane
+
+__all__ = ["ClusterSets", "named_sets"]
+
+
+def _columns(data: Any) -> list[tuple[str, str]] | None:
+    """A DataFrame's columns and types; None for an RDD (its rows are only known once read)."""
+    from pyspark.sql import DataFrame
+
+    return [(str(n), str(t)) for n, t in data.dtypes] if isinstance(data, DataFrame) else None
+
+
+def named_sets(data: Any, qname: Any, validation: Any, feeds: Any) -> dict[str, Any]:
+    """The named feeds a ``train()`` call feeds before its epochs (name -> DataFrame/RDD), checked up front: names
+    (see ``named_feeds.check_name``), batch data (a set is fed once: not a stream), the training data's columns."""
+    from ..executor.named_feeds import check_name
+
+    if qname != "input":
+        check_name(qname)
+        if validation is not None or feeds:
+            raise ValueError(f"train(qname={qname!r}) feeds its data as that named set; give validation= and feeds= "
+                             "to the call that feeds the training data")
+        if is_streaming(data):
+            raise ValueError(f"train(qname={qname!r}): a named set is fed once; a streaming DataFrame never ends")
+        return {qname: data}
+    if feeds is not None and not isinstance(feeds, dict):
+        raise TypeError(f"feeds is a dict of name -> DataFrame or RDD, got {type(feeds).__name__}")
+    sets = dict(feeds or {})
+    if validation is not None:
+        if "validation" in sets:
+            raise ValueError("the set 'validation' is given twice: as validation= and in feeds=")
+        sets = {"validation": validation, **sets}
+    expected = _columns(data)
+    for name, value in sets.items():
+        check_name(name)
+        if name == "input":
+            raise ValueError("'input' is the training feed's name; give a named set another name")
+        refuse_dstream(value, "train")
+        if not _is_spark_data(value):
+            raise TypeError(f"the set {name!r} is a DataFrame or RDD, got {type(value).__name__}")
+        if is_streaming(value):
+            raise ValueError(f"the set {name!r} is fed once; a streaming DataFrame never ends (the training data may "
+                             "be a stream, its sets not)")
+        got = _columns(value)
+        if expected is not None and got is not None and got != expected:
+            raise ValueError(f"the set {name!r} has columns {_show(got)} and the training data {_show(expected)}: the "
+                             "nodes read both the same way; select the same columns, in the same order, with the same "
+                             "types")
+    return sets
+
+
+def _show(columns: list[tuple[str, str]]) -> str:
+    return "(" + ", ".join(f"{n} {t}" for n, t in columns) + ")"
+
+
+def _is_spark_data(value: Any) -> bool:
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
+
+    return isinstance(value, (DataFrame, RDD))
+
+
+class ClusterSets:
+    """Mixed into TFCluster: feeding its named sets."""
+
+    name: str
+    tracking: Any
+    last_sets: dict[str, dict[str, int]]
+    _meta: dict[str, Any]
+    _controller: ControlPlane
+
+    if TYPE_CHECKING:  # provided by TFCluster
+        def _refuse_rdd_on_connect(self, what: str) -> None: ...
+        def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any: ...
+
+    def _feed_set(self, name: str, data: Any, passes: int, feed_timeout: float, batch_rows: int) -> None:
+        """Feed ``data`` once as the named set ``name`` (one Spark job; see :mod:`.feed_sets`)."""
+        from pyspark.sql import DataFrame
+
+        if not isinstance(data, DataFrame):
+            self._refuse_rdd_on_connect("train")
+        version = self._controller.open_set(name, passes)
+        if isinstance(data, DataFrame):
+            action = feeding_action(data, self._meta, version, feed_timeout, batch_rows, name)
+        else:
+            fn = make_rdd_feeder(self._meta, version, feed_timeout, batch_rows, name)
+
+            def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
+                return [json.loads(s) for s in data.mapPartitionsWithIndex(fn).collect()]
+
+        stats = feed_totals(self._watch(f"set-{name}", f"tfos_nb {self.name}: feed {name}", action, f"feeding {name}"))
+        self._controller.end_set(name, version)
+        self.last_sets[name] = stats
+        if isinstance(data, DataFrame) and self.tracking is not None:
+            log_train_input(self.tracking, data, stats["rows"] + stats["skipped"], context=name)
