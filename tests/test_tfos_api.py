@@ -367,14 +367,15 @@ def test_tfcluster_members_are_what_a_user_calls():
     assert {n for n in dir(TFCluster) if not n.startswith("_")} == tensorflowonspark | extras
 
 
-def test_a_named_queue_other_than_the_one_a_node_has_is_refused():
-    """TensorFlowOnSpark's ``DataFeed(mgr, qname_in=...)`` (issue 50): a node has one feed, so another name is a
-    ValueError saying so, not a read of the training rows."""
+def test_named_queues_read_sets_and_results_have_one_queue():
+    """TensorFlowOnSpark's ``DataFeed(mgr, qname_in=...)`` (issue 50) reads a named set the node holds; a hub with no
+    sets (outside a fed node) says so; results go back on one queue, 'output', so another is refused."""
     from tfos_nb.runtime.executor.feed import DataFeed
     from tfos_nb.runtime.executor.feed_hub import FeedHub
 
     hub = FeedHub()
-    for make in (lambda: DataFeed(hub, qname_in="validation"), lambda: TFNode.DataFeed(hub, False, "input", "preds")):
-        with pytest.raises(ValueError, match=r"one feed, '(input|output)' \(named feeds, e\.g\. a validation set, are not"):
-            make()
+    with pytest.raises(ValueError, match=r"DataFeed\(qname_in='validation'\): this feed has no named sets"):
+        DataFeed(hub, qname_in="validation")
+    with pytest.raises(ValueError, match=r"DataFeed\(qname_out='preds'\): inference results go back on one queue"):
+        TFNode.DataFeed(hub, False, "input", "preds")
     assert DataFeed(hub, True, "input", "output").qname_in == "input"  # TensorFlowOnSpark's defaults, spelled out
