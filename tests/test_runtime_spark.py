@@ -396,7 +396,7 @@ def test_cpu_only_nodes_say_cpu(sc, no_leaks):
     assert cluster.nodes[0].device == "CPU"
 
 
-def test_train_twice_on_a_running_cluster(spark, sc, no_leaks):
+def test_train_twice_on_a_running_cluster(spark, sc, no_leaks, caplog):
     def counter(args, ctx):
         feed = ctx.get_data_feed()
         n = 0
@@ -421,7 +421,13 @@ def test_train_twice_on_a_running_cluster(spark, sc, no_leaks):
     with pytest.raises(ValueError, match=r"inference\(qname='q2'\): inference feeds the nodes' 'input' feed"):
         cluster.inference(df.rdd, qname="q2")
     cluster.train(df.rdd.map(tuple), 2, qname="input", batch_rows=7)  # odd sizes are fine: batches of 7 rows
-    cluster.shutdown()
+    with caplog.at_level("WARNING", logger="tfos_nb"):
+        cluster.shutdown()
+    # the set was fed and no node read it: said once the job ended
+    assert [r.getMessage() for r in caplog.records if "no node's function read it" in r.getMessage()] == [
+        "tfos_nb: the set 'validation' (1000 rows) was fed to the nodes and no node's function read it: read it with "
+        "ctx.get_data_feed(qname_in='validation') (for Keras: model.fit(..., validation_data="
+        "ctx.get_data_feed(qname_in='validation').as_dataset(batch_size)))"]
     assert sum(n.step for n in cluster.nodes) == 3000
     assert sum(n.rows_fed for n in cluster.nodes) == 3000
 

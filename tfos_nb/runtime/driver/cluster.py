@@ -299,6 +299,7 @@ class TFCluster(ClusterSets, ClusterStreams):
             view = self.state.snapshot()
             if view.state == S.C_FAILED:
                 raise error_for(view)
+            self._warn_unread_sets()
         finally:
             self.close()
 

@@ -9,6 +9,7 @@ driver's record of who holds what is ``feed_sets.py``.  What is given is checked
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from .control_plane import ControlPlane
 
 __all__ = ["ClusterSets", "named_sets"]
+log = logging.getLogger(__name__)
 
 
 def _columns(data: Any) -> list[tuple[str, str]] | None:
@@ -113,3 +115,11 @@ class ClusterSets:
         self.last_sets[name] = stats
         if isinstance(data, DataFrame) and self.tracking is not None:
             log_train_input(self.tracking, data, stats["rows"] + stats["skipped"], context=name)
+
+    def _warn_unread_sets(self) -> None:
+        """A set fed with rows that no node's function read (a ``validation`` passed, ``validation_data`` not):
+        said once the job ended, as the unread training rows are."""
+        for name, rows in self._controller.unread_sets().items():
+            log.warning("tfos_nb: the set %r (%d rows) was fed to the nodes and no node's function read it: read it "
+                        "with ctx.get_data_feed(qname_in=%r) (for Keras: model.fit(..., validation_data="
+                        "ctx.get_data_feed(qname_in=%r).as_dataset(batch_size)))", name, rows, name, name)

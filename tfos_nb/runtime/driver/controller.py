@@ -196,6 +196,8 @@ class Controller:
             if msg.feed.get("closed"):
                 node.feed_closed = True
             self._feeds_dropped(node, msg.feed.get("dropped"))
+            if isinstance(msg.feed.get("sets_read"), list):
+                self._sets.read_by(node.index, [str(n) for n in msg.feed["sets_read"]])
             stalls.apply_news(node, msg.phase, msg.stacks, self.clock())
             spec = (self._specs or {}).get(node.index)
             tb_lines = tensorboard_news(node, spec is not None and spec.tensorboard, msg)
@@ -314,6 +316,11 @@ class Controller:
         """Rows of the named feed each node holds (by node index)."""
         with self.state.lock:
             return self._sets.rows(name)
+
+    def unread_sets(self) -> dict[str, int]:
+        """Named sets fed with rows that no node's function read (name -> rows)."""
+        with self.state.lock:
+            return self._sets.unread()
 
     def end_epoch(self, epoch: int) -> None:
         """Every row of ``epoch`` was taken: nodes reading with as_dataset() see its end."""

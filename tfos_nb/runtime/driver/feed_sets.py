@@ -32,6 +32,7 @@ class FeedSets:
     def __init__(self) -> None:
         self._sets: dict[str, _Set] = {}
         self._version = 0
+        self._read: set[str] = set()  # names some node's function read
 
     def open(self, name: str, passes: int) -> int:
         """A new feed of ``name`` (``passes``: how often a sequential read goes through it); returns its version."""
@@ -84,6 +85,15 @@ class FeedSets:
         return {name: {"version": s.version, "passes": s.passes, "sample": s.sample,
                        "parts": sorted(p for p, n in s.held.items() if n == node) if s.ready else None}
                 for name, s in self._sets.items()}
+
+    def read_by(self, node: int, names: list[str]) -> None:
+        """``node``'s function read these sets (a heartbeat's news)."""
+        self._read.update(names)
+
+    def unread(self) -> dict[str, int]:
+        """Sets whose rows no node's function read: name -> rows fed."""
+        fed = {name: sum(list(s.rows.values())) for name, s in self._sets.items() if name not in self._read}
+        return {name: rows for name, rows in fed.items() if rows}
 
     def rows(self, name: str) -> dict[int, int]:
         """Rows of ``name`` each node holds."""

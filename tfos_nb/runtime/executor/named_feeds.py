@@ -63,8 +63,10 @@ class Share:
 class NamedFeeds:
     """This node's named feeds: the writing side (the data server's connections) and the driver's news."""
 
-    def __init__(self, label: str, training_fed: Callable[[], bool], root: str | None = None) -> None:
+    def __init__(self, label: str, training_fed: Callable[[], bool], root: str | None = None,
+                 on_open: Callable[[str], None] | None = None) -> None:
         self.label = label
+        self._on_open = on_open  # to the driver: "the function reads this set"
         self._training_fed = training_fed  # whether a train() call feeds this node now
         self._root = root or tempfile.mkdtemp(prefix="tfos-feeds-")  # 0700: only this user reads the sets
         self._cond = threading.Condition()
@@ -145,8 +147,11 @@ class NamedFeeds:
         """This node's share of ``name`` once the driver says the set is in (blocks until then); None when the
         cluster stops first.  ValueError when a ``train()`` call feeds this node without ``name``."""
         ahead = feed_plan.Ahead()
-        with self._cond:
+        if name not in self.opened:
             self.opened.add(name)
+            if self._on_open is not None:
+                self._on_open(name)
+        with self._cond:
             while True:
                 info = self._known.get(name)
                 if info is not None and info.get("parts") is not None:

@@ -39,7 +39,8 @@ class NodeRole(child_main.ChildRole):
             self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()), label=label,
                                on_drop=lambda c: reporter.send(pipes.FeedDropped(gen=c.gen, partition=c.partition,
                                                                                  rows=c.received)))
-            self.hub.named = self.named = NamedFeeds(label, self._training_fed)
+            self.hub.named = self.named = NamedFeeds(label, self._training_fed,
+                                                     on_open=lambda name: reporter.send(pipes.FeedOpened(name=name)))
             self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"], named=self.named).start()
             # ends by itself once its imports are done (a second or so); nothing to stop
             threading.Thread(target=C.warm_up, name="tfos-warm-up", daemon=True).start()

@@ -94,6 +94,7 @@ class ChildOwner:
         self.ended = False  # the function returned or raised: the process has nothing left to do but exit
         self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.feed_dropped: list[list[int]] = []  # [gen, partition, rows] of training partitions cut short
+        self.sets_read: list[str] = []  # named sets the function read
         self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at"} (its time.time())
         self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
         self.stacks_ready = False  # the child dumps its stacks into self._stacks on STACK_SIGNAL
@@ -244,6 +245,8 @@ class ChildOwner:
                         self.feed_closed = True
                     elif isinstance(msg, pipes.FeedDropped) and len(self.feed_dropped) < 100:
                         self.feed_dropped.append([int(msg.gen), int(msg.partition), int(msg.rows)])
+                    elif isinstance(msg, pipes.FeedOpened) and len(self.sets_read) < 100:
+                        self.sets_read.append(str(msg.name))
                     elif isinstance(msg, pipes.Phase):
                         if str(msg.phase) != self.phase.get("phase") and len(self.phases_seen) < 100:
                             self.phases_seen.append(str(msg.phase))  # a short phase between two beats is seen too

@@ -179,6 +179,8 @@ class Supervisor(ChildOwner):
                 feed["sample"] = self.sample_seen
             if self.feed_dropped:
                 feed["dropped"] = list(self.feed_dropped)
+            if self.sets_read:
+                feed["sets_read"] = list(self.sets_read)
             value = self.value
             phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
         if phase:  # an age, not the node's clock: the driver's clock may differ

@@ -121,6 +121,14 @@ class FeedDropped(Frame):
 
 
 @dataclass(frozen=True)
+class FeedOpened(Frame):
+    """The node function read (or began to read) the named set ``name`` (the driver says so of a set nobody read)."""
+
+    kind: ClassVar[str] = "feed_opened"
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class Phase(Frame):
     """Where the child is (one of ``executor.phases.PHASES``) and when its main thread last moved
     (``moved_at``, its ``time.time()``); ``stacks``: it dumps its stacks on the owner's signal."""
@@ -210,7 +218,7 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, Phase, EpochDone, EpochAssigned,
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, FeedOpened, Phase, EpochDone, EpochAssigned,
                               FeedPlan, FeedSets, Stop, Launch, Launched, Start)
 }
 BLOB = "blob"

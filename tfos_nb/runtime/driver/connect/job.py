@@ -121,6 +121,10 @@ class RemoteController:
         """Not mirrored: the coordinator keeps who holds what."""
         return {}
 
+    def unread_sets(self) -> dict[str, int]:
+        """Not mirrored (nothing is said of an unread set on Spark Connect)."""
+        return {}
+
     def feeding_started(self, epoch: int) -> bool:
         """Whether ``epoch`` was opened: ``TFCluster.train`` does not pipeline epochs on Spark Connect (an epoch's
         end is itself a Spark job), so it never waits for a feeding stage to start here."""
