@@ -284,6 +284,11 @@ ARG_NAMES = {
 }
 
 
+#: tfos_nb's own Params (TensorFlowOnSpark has none of them): in ``args`` only when set, so that ``args`` has
+#: TensorFlowOnSpark's keys for a program that does not use them
+OWN_PARAMS = frozenset({"validation", "validationMetrics"})
+
+
 def arg_name(param: str) -> str:
     """The ``args`` key of a Param: TensorFlowOnSpark's snake_case name."""
     return ARG_NAMES.get(param) or re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", param).lower()
@@ -306,7 +311,7 @@ class TFParams(Params):
             key = arg_name(param.name)
             if self.isDefined(param):
                 merged[key] = self.getOrDefault(param)
-            elif key not in merged:
+            elif key not in merged and param.name not in OWN_PARAMS:
                 merged[key] = None  # TensorFlowOnSpark's default for an unset path or mapping
         return merged
 
