@@ -73,6 +73,7 @@ def main() -> int:
 
     from tfos_nb import TFCluster
 
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one (pyarrow, tfos_nb)
     spark = (SparkSession.builder.master("local-cluster[2,1,2048]").appName("bench-validation")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.executorEnv.PYTHONPATH", ROOT).getOrCreate())
