@@ -124,7 +124,8 @@ def jupyter_app(root: Path, app: str, lab_settings: bool = True) -> Iterator[Lab
         tracker.mkdir(parents=True)  # open the notebook with its kernel, no "Select Kernel" dialog
         (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
     (root / "config").mkdir()  # user-level config: only the app in the page, for the test to ask its kernel's state
-    (root / "config" / "jupyter_server_config.json").write_text(json.dumps({"LabApp": {"expose_app_in_browser": True}}))
+    (root / "config" / "jupyter_server_config.json").write_text(json.dumps(
+        {"LabApp": {"expose_app_in_browser": True}, "JupyterNotebookApp": {"expose_app_in_browser": True}}))
     env = child_env(JUPYTER_CONFIG_DIR=str(root / "config"), JUPYTER_PLATFORM_DIRS="1",
                     JUPYTERLAB_SETTINGS_DIR=str(root / "lab-settings"), JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"))
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -173,6 +174,17 @@ def browser() -> Iterator[object]:
             ctx.close()
 
 
+# the notebook's session is ready with its kernel connected: the status bar says "Idle" from the first kernel_info
+# reply, before that; a run in between left the cell pending ([*]) for good with the kernel idle, in JupyterLab
+# (one CI run; JupyterLab's issue 11636 describes the same race after a restart) and in Notebook 7 (one CI run)
+SESSION_READY_JS = """async () => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    if (!w || !w.sessionContext) return false;
+    await w.sessionContext.ready;
+    const k = w.sessionContext.session && w.sessionContext.session.kernel;
+    return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
+}"""
+
 # the live panel's node rows (in the widget; at the end of the cell the widget's output is emptied and one
 # static table, the snapshot, follows it):
 # node, host, executor, device, state, step, ... (tfos_nb.widgets._view.COLUMNS)
@@ -210,16 +222,7 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.wait_for_function(
             "() => Array.from(document.querySelectorAll('.jp-StatusBar-TextItem')).some(e => /\\| Idle$/.test(e.innerText))",
         )
-        # and the notebook's session is ready with its kernel connected: the status bar says "Idle" from the first
-        # kernel_info reply, before that; a Shift+Enter in between left the cell pending ([*]) for good with the kernel
-        # idle in one CI run (JupyterLab's issue 11636 describes the same race after a restart)
-        page.wait_for_function("""async () => {
-            const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-            if (!w || !w.sessionContext) return false;
-            await w.sessionContext.ready;
-            const k = w.sessionContext.session && w.sessionContext.session.kernel;
-            return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
-        }""")
+        page.wait_for_function(SESSION_READY_JS)
         # run both cells as a person would: into the first cell, Shift+Enter twice
         page.locator(".jp-Cell .jp-InputArea-editor").first.click()
         page.keyboard.press("Shift+Enter")
@@ -310,10 +313,11 @@ def test_panel_in_notebook7(notebook7: Lab, browser, tmp_path: Path) -> None:
     try:
         page.goto(f"{notebook7.url}notebooks/browser.ipynb?token={notebook7.token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        # Notebook 7 has no status bar: the kernel of this notebook's session is up and idle
+        # Notebook 7 has no status bar: the kernel of this notebook's session is up and idle, and the page connected
         wait_for(lambda: [s for s in notebook7.api("api/sessions") or []
                           if s["path"].endswith("browser.ipynb") and s["kernel"]["execution_state"] == "idle"],
                  120, "the notebook's kernel")
+        page.wait_for_function(SESSION_READY_JS, timeout=120_000)
         # the toolbar's ▶ (run and advance), not Shift+Enter: Notebook 7.6's shortcut settings fail to load now and
         # then (the page error ignored above), and a keystroke then runs nothing; the button's command always does
         run = page.locator('.jp-NotebookPanel-toolbar [data-command="notebook:run-cell-and-select-next"]').first
