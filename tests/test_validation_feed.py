@@ -221,6 +221,23 @@ def test_spool_keeps_each_partition_once(tmp_path):
     held = [b for _, b in NamedReader(feeds, "validation").take(10, True, [0])]
     files = {str(p) for p in (tmp_path / "validation" / "1").iterdir()}
     assert held and not [name for name in _mappings(held) if name in files], _mappings(held)
+    # the next train() call feeds the set again while a pass over this one is still read (the nodes validate the
+    # previous call's last epoch): that pass reads on; versions before the previous one go once a newer one is in
+    reading = NamedReader(feeds, "validation")
+    in_flight = [0]
+    assert [b.column(0).to_pylist() for _, b in reading.take(2, True, in_flight)] == [[1, 2]]
+    for version in (2, 3):
+        again = conn(0)
+        again.gen = version
+        feeds.update({"validation": {"version": version, "parts": None, "passes": 1, "sample": {}}})
+        feeds.put(again, batch(10 * version))
+        feeds.end_conn(again)
+        feeds.update({"validation": {"version": version, "parts": [0], "passes": 1, "sample": {}}})
+        if version == 2:
+            assert [b.column(0).to_pylist() for _, b in reading.take(5, True, in_flight)] == [[3], [7]]
+    assert sorted(os.listdir(tmp_path / "validation")) == ["2", "3"]
+    assert [b.column(0).to_pylist() for _, b in reading.take(5, True, [0])] == [[30]]
+    feeds.update({"test": {"version": 4, "parts": [], "passes": 1, "sample": {}}})  # no partition of it came here
     feeds.close()
     assert not tmp_path.exists()
 

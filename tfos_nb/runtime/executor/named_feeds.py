@@ -81,11 +81,20 @@ class NamedFeeds:
         ``parts`` None while the set is being fed."""
         with self._cond:
             for name, info in feeds.items():
-                old = self._known.get(name)
                 self._known[name] = dict(info)
-                if old is not None and old.get("version") != info.get("version"):
-                    shutil.rmtree(self._folder(name, int(old["version"])), ignore_errors=True)  # open reads go on
-            self._cond.notify_all()
+                if info.get("parts") is not None:  # a version is in: the ones before the last go (a pass of the
+                    self._drop_before(name, int(info["version"]))  # last may still be read: the next train() call's
+            self._cond.notify_all()  # set arrives while the nodes validate the previous call's last epoch)
+
+    def _drop_before(self, name: str, version: int) -> None:
+        """Remove the versions of ``name`` older than ``version``, but for the newest of them."""
+        folder = os.path.join(self._root, check_name(name))
+        try:
+            versions = sorted(int(v) for v in os.listdir(folder) if v.isdigit())
+        except FileNotFoundError:  # no partition of the set came here
+            return
+        for old in [v for v in versions if v < version][:-1]:
+            shutil.rmtree(os.path.join(folder, str(old)), ignore_errors=True)
 
     def stop(self) -> None:
         with self._cond:
