@@ -191,6 +191,8 @@ def test_status_table_formatting():
     node = types.SimpleNamespace(label="chief:0", state="running", step=40, total_steps=300,
                                  metrics={"epoch": 1, "loss": 0.123456})
     assert _render.node_line(node) == "chief:0 running step 40/300 loss 0.1235"
+    node.metrics = {"epoch": 3, "accuracy": 0.9, "auc": 0.8, "loss": 0.3, "val_accuracy": 0.85, "val_loss": 0.35}
+    assert _render.node_line(node) == "chief:0 running step 40/300 loss 0.3 val_loss 0.35 accuracy 0.9 val_accuracy 0.85"
 
 
 # -- the embedded Spark Connect server needs pyspark >= 4.0 (authentication token, loopback binding) ------------------

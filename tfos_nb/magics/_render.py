@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..widgets import metric_order
+
 __all__ = ["format_metrics", "node_line", "status_table"]
 
 
 def format_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
+    """The first ``limit`` metrics in the panel's order (loss first, each val_* beside its metric)."""
     parts = []
-    for k, v in list(metrics.items())[:limit]:
+    for k, v in sorted(metrics.items(), key=lambda kv: metric_order(kv[0]))[:limit]:
         if isinstance(v, float):
             parts.append(f"{k} {v:.4g}")
         else:

@@ -8,6 +8,7 @@ ipywidgets is imported only when the widget back-end is made.
 from __future__ import annotations
 
 from ._renderer import RENDERERS, Renderer, choose_renderer, make_renderer
-from ._view import JobProgress, panel_html, panel_model, text_line
+from ._view import JobProgress, metric_order, panel_html, panel_model, text_line
 
-__all__ = ["RENDERERS", "JobProgress", "Renderer", "choose_renderer", "make_renderer", "panel_html", "panel_model", "text_line"]
+__all__ = ["RENDERERS", "JobProgress", "Renderer", "choose_renderer", "make_renderer", "metric_order", "panel_html",
+           "panel_model", "text_line"]

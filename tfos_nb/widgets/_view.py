@@ -51,14 +51,16 @@ def _num(value: Any) -> str:
     return str(value)
 
 
-def _metrics(metrics: Mapping[str, Any], limit: int = 4, total_epochs: int | None = None) -> str:
-    # loss first: it is what a user looks for; each metric's validation value (Keras' val_*) beside it;
-    # epoch is shown in the step column's context
-    def order(key: str) -> tuple[bool, str, bool]:
-        base = key[4:] if key.startswith("val_") else key
-        return base != "loss", base, key != base
+def metric_order(key: str) -> tuple[bool, str, bool]:
+    """How metrics are listed: loss first (what a user looks for), each metric's validation value (Keras' val_*)
+    beside it, then by name."""
+    base = key[4:] if key.startswith("val_") else key
+    return base != "loss", base, key != base
 
-    keys = sorted((k for k in metrics if k != "epoch"), key=order)[:limit]
+
+def _metrics(metrics: Mapping[str, Any], limit: int = 4, total_epochs: int | None = None) -> str:
+    # epoch is shown in the step column's context
+    keys = sorted((k for k in metrics if k != "epoch"), key=metric_order)[:limit]
     parts = [f"{k} {_num(metrics[k])}" for k in keys]
     if "epoch" in metrics:
         parts.insert(0, f"epoch {_num(metrics['epoch'])}" + (f"/{total_epochs}" if total_epochs else ""))
