@@ -194,15 +194,15 @@ def test_spool_keeps_each_partition_once(tmp_path):
         return pa.record_batch([pa.array(list(ids), pa.int64())], names=["id"])
 
     first = conn(0)
-    feeds.put(first, batch(1, 2))
+    feeds.put(first, 1, batch(1, 2))
     feeds.drop(first, "broken")  # cut short: nothing kept
     for _ in range(2):  # Spark's retry, and a second retry after a success: the file is replaced, not added
         again = conn(0)
-        feeds.put(again, batch(1, 2))
-        feeds.put(again, batch(3))
+        feeds.put(again, 1, batch(1, 2))
+        feeds.put(again, 1, batch(3))
         feeds.end_conn(again)
     other = conn(2)
-    feeds.put(other, batch(7))
+    feeds.put(other, 1, batch(7))
     feeds.end_conn(other)
     assert sorted(os.listdir(tmp_path / "validation" / "1")) == ["p0.arrow", "p2.arrow"]
     feeds.update({"validation": {"version": 1, "parts": [2, 0], "passes": 2, "sample": {}}})
@@ -230,7 +230,7 @@ def test_spool_keeps_each_partition_once(tmp_path):
         again = conn(0)
         again.gen = version
         feeds.update({"validation": {"version": version, "parts": None, "passes": 1, "sample": {}}})
-        feeds.put(again, batch(10 * version))
+        feeds.put(again, version, batch(10 * version))
         feeds.end_conn(again)
         feeds.update({"validation": {"version": version, "parts": [0], "passes": 1, "sample": {}}})
         if version == 2:

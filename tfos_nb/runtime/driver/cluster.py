@@ -11,7 +11,6 @@ RPC per row, and a teardown that leaves no process behind.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import numbers
 import os
@@ -22,7 +21,6 @@ from typing import Any
 from ..executor.feeder import (
     feed_totals,
     make_arrow_inferer,
-    make_rdd_feeder,
     make_rdd_inferer,
 )
 from . import stacks
@@ -205,15 +203,7 @@ class TFCluster(ClusterSets, ClusterStreams):
                 self._await(last, "feeding", tick=learn_shares,
                             until=lambda: self._controller.feeding_started(last_epoch) and last.tasks_launched())
             epoch = self._controller.open_epoch(remaining=epochs - 1 - i)
-            meta = self._meta
-            if is_df:
-                action = feeding_action(dataRDD, meta, epoch, feed_timeout, batch_rows)
-            else:
-                fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows)
-
-                def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
-                    return [json.loads(s) for s in dataRDD.mapPartitionsWithIndex(fn).collect()]
-
+            action = feeding_action(dataRDD, self._meta, epoch, feed_timeout, batch_rows)
             inflight.append((epoch, self._job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",
                                                        action)))
         while inflight:

@@ -8,12 +8,11 @@ driver's record of who holds what is ``feed_sets.py``.  What is given is checked
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..executor.feeder import feed_totals, make_rdd_feeder
+from ..executor.feeder import feed_totals
 from .cluster_streams import feeding_action, refuse_dstream
 from .mlflow_inputs import log_train_input
 from .streaming import is_streaming
@@ -102,14 +101,7 @@ class ClusterSets:
         if not isinstance(data, DataFrame):
             self._refuse_rdd_on_connect("train")
         version = self._controller.open_set(name, passes)
-        if isinstance(data, DataFrame):
-            action = feeding_action(data, self._meta, version, feed_timeout, batch_rows, name)
-        else:
-            fn = make_rdd_feeder(self._meta, version, feed_timeout, batch_rows, name)
-
-            def action(fn: Callable[..., Any] = fn) -> list[dict[str, int]]:
-                return [json.loads(s) for s in data.mapPartitionsWithIndex(fn).collect()]
-
+        action = feeding_action(data, self._meta, version, feed_timeout, batch_rows, name)
         stats = feed_totals(self._watch(f"set-{name}", f"tfos_nb {self.name}: feed {name}", action, f"feeding {name}"))
         self._controller.end_set(name, version)
         self.last_sets[name] = stats

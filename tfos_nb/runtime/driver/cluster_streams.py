@@ -12,6 +12,7 @@ from the coordinator through the notebook's mirror (see :mod:`.streaming`).
 
 from __future__ import annotations
 
+import json
 import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,24 +23,25 @@ if TYPE_CHECKING:
     from .control_plane import ControlPlane
     from .job import DriverJob
 
-from ..executor.feeder import make_arrow_feeder
+from ..executor.feeder import make_arrow_feeder, make_rdd_feeder
 from ..executor.stream_feeder import make_batch_feeder
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, require_stream, sink_writer
 
 __all__ = ["ClusterStreams", "feeding_action", "refuse_dstream", "require_batch_rows"]
 
 
-def feeding_action(df: Any, meta: dict[str, Any], epoch: int, feed_timeout: float,
+def feeding_action(data: Any, meta: dict[str, Any], epoch: int, feed_timeout: float,
                    batch_rows: int, name: str = "input") -> Callable[[], list[dict[str, int]]]:
-    """The Spark action that feeds a DataFrame's partitions to the nodes as epoch ``epoch`` (a ``train()``
-    epoch or a stream's micro-batch), or as version ``epoch`` of the named feed ``name``; it returns each
-    partition's counts."""
+    """The Spark action that feeds a DataFrame's (``mapInArrow``) or an RDD's partitions to the nodes as epoch
+    ``epoch`` (a ``train()`` epoch or a stream's micro-batch), or as version ``epoch`` of the named feed ``name``;
+    it returns each partition's counts."""
+    from pyspark.sql import DataFrame
+
+    if not isinstance(data, DataFrame):
+        rdd_fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows, name)
+        return lambda: [json.loads(s) for s in data.mapPartitionsWithIndex(rdd_fn).collect()]
     fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows, name)
-
-    def action() -> list[dict[str, int]]:
-        return [r.asDict() for r in df.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
-
-    return action
+    return lambda: [r.asDict() for r in data.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
 
 
 def refuse_dstream(data: Any, what: str) -> None:

@@ -463,7 +463,7 @@ class Controller:
                         return m.Reply(ok=False, error=st.error)
                     return m.Reply(ok=False, body=m.Retry(0.2).to_dict())
             self._gens_feeding.add(msg.gen)
-            feedable = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
+            feedable = self._fed_nodes()
             live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]
             if not live:
                 if feedable and all(n.state in S.TERMINAL or n.feed_closed for n in feedable):
@@ -484,8 +484,16 @@ class Controller:
             self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
             if msg.mode == "train" and msg.gen > st.epoch_done:
                 self._shares.handed_out(msg.gen, msg.partition, node.index)
-            target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
-            return m.Reply(ok=True, body=target.to_dict())
+            return self._assigned_to(node)
+
+    def _fed_nodes(self) -> list[S._Node]:
+        """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
+        return [n for n in self.state.nodes if n.job_name in FEEDABLE and n.data_port]
+
+    @staticmethod
+    def _assigned_to(node: S._Node) -> m.Reply:
+        target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
+        return m.Reply(ok=True, body=target.to_dict())
 
     def _set_assign(self, msg: m.FeedAssign) -> m.Reply:
         """A named feed's partition goes to the node that had it (Spark's retry) or the one holding fewest."""
@@ -493,7 +501,7 @@ class Controller:
         with st.lock:
             if st.state in (S.C_FAILED, S.C_STOPPED) or st.kill_requested:
                 return m.Reply(ok=False, error=st.error or f"cluster {st.state}")
-            fed = [n for n in st.nodes if n.job_name in FEEDABLE and n.data_port]
+            fed = self._fed_nodes()
             live = [n for n in fed if n.state == S.RUNNING]
             if not live:
                 if fed and all(n.state in S.TERMINAL for n in fed):
@@ -502,8 +510,7 @@ class Controller:
             node = self._sets.assign(msg.feed, msg.gen, msg.partition, msg.sample, live, msg.executor_id)
             if isinstance(node, str):
                 return m.Reply(ok=False, error=node)
-            target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
-            return m.Reply(ok=True, body=target.to_dict())
+            return self._assigned_to(node)
 
     def _feed_check(self, msg: m.FeedCheck) -> m.Reply:
         """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""

@@ -18,7 +18,7 @@ from .. import columns as C
 from .. import net
 from ..protocol import dataplane as dp
 from .feed_hub import Conn, FeedHub
-from .named_feeds import NamedFeeds, check_name
+from .named_feeds import NAME, NamedFeeds
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class DataServer:
 
     def _serve(self, sock: socket.socket) -> None:
         conn: Conn | None = None
+        sink: FeedHub | NamedFeeds | None = None
         try:
             try:
                 header = dp.server_handshake(sock, self._secret, time.monotonic() + self._handshake_deadline)
@@ -120,14 +121,10 @@ class DataServer:
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Conn(sock, header)
-            named = self._named if conn.feed != "input" else None
-            if conn.feed != "input" and (named is None or conn.mode != "train"):
-                raise dp.DataPlaneError(f"no feed {conn.feed!r} here")
-            if named is not None:
-                try:
-                    check_name(conn.feed)
-                except ValueError as exc:
-                    raise dp.DataPlaneError(str(exc)) from None
+            sink = self._sink(conn)
+            if sink is None:  # answered, never dropped: no partition of anything was cut
+                conn.finish(f"no feed {conn.feed!r} here")
+                return
             while True:
                 kind, payload = dp.recv_frame(sock)
                 if kind is dp.Kind.DATA:
@@ -135,24 +132,26 @@ class DataServer:
                         batch = C.decode_ipc(payload)
                     except (pa.ArrowInvalid, OSError) as exc:
                         raise dp.DataPlaneError(f"bad Arrow batch: {exc}") from None
-                    if named is not None:
-                        try:
-                            named.put(conn, batch)
-                        except pa.ArrowException as exc:  # a batch another partition's schema does not take
-                            raise dp.DataPlaneError(f"feed {conn.feed!r}: {exc}") from None
-                    else:
-                        self._hub.put(conn, conn.gen, batch)
+                    sink.put(conn, conn.gen, batch)
                 elif kind is dp.Kind.END:
-                    (named or self._hub).end_conn(conn)
+                    sink.end_conn(conn)
                     return
                 else:
                     raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
-        except (OSError, dp.DataPlaneError) as exc:
-            if conn is None:
+        except (OSError, dp.DataPlaneError, pa.ArrowException) as exc:  # Arrow: a set's batch its file refuses
+            if conn is None or sink is None:
                 if isinstance(exc, dp.HandshakeTimeout):
                     self.timed_out += 1
                 log.debug("tfos_nb data connection refused: %s", exc)
                 sock.close()
             else:
                 log.warning("tfos_nb data connection dropped: %s", exc)
-                (self._named if conn.feed != "input" and self._named is not None else self._hub).drop(conn, str(exc))
+                sink.drop(conn, str(exc))
+
+    def _sink(self, conn: Conn) -> FeedHub | NamedFeeds | None:
+        """Where ``conn``'s batches go: the training stream's hub, a named set's files, or nowhere (refused)."""
+        if conn.feed == "input":
+            return self._hub
+        if self._named is None or conn.mode != "train" or not NAME.fullmatch(conn.feed):
+            return None
+        return self._named

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,7 +48,7 @@ def _named_feeds(hub: FeedHub, name: str) -> NamedFeeds:
     return named  # type: ignore[no-any-return]
 
 
-def _concat_columns(pieces: list[tuple[Any, pa.RecordBatch]]) -> list[np.ndarray]:
+def _concat_columns(pieces: Sequence[tuple[Any, pa.RecordBatch]]) -> list[np.ndarray]:
     cols = [C.batch_to_columns(b) for _, b in pieces]
     if len(cols) == 1:
         return cols[0]
@@ -219,7 +219,7 @@ class DataFeed:
         return ds.with_options(opts)
 
     # -- internals ----------------------------------------------------------------
-    def _select(self, pieces: list[tuple[Any, pa.RecordBatch]], columns: Any) -> Any:
+    def _select(self, pieces: Sequence[tuple[Any, pa.RecordBatch]], columns: Any) -> Any:
         """``pieces`` as ``as_dataset`` yields them: their columns (a dict with ``input_mapping``), picked."""
         cols = self._mapped(pieces) if self.input_mapping else tuple(_concat_columns(pieces))
         if columns is None:
@@ -232,16 +232,16 @@ class DataFeed:
 
         return pick(columns)
 
-    def _take(self, n: int, epoch: list[int] | None = None) -> list[tuple[Conn | None, pa.RecordBatch]]:
+    def _take(self, n: int, epoch: list[int] | None = None) -> Sequence[tuple[Conn | None, pa.RecordBatch]]:
         if n <= 0:
             msg = f"batch size must be positive, got {n}"
             raise ValueError(msg)
-        pieces: list[tuple[Conn | None, pa.RecordBatch]] = list(self._hub.take(n, self.train_mode, epoch))
+        pieces: Sequence[tuple[Conn | None, pa.RecordBatch]] = self._hub.take(n, self.train_mode, epoch)
         if not pieces and self._hub.drained():
             self.done_feeding = True
         return pieces
 
-    def _mapped(self, pieces: list[tuple[Conn | None, pa.RecordBatch]]) -> dict[str, Any]:
+    def _mapped(self, pieces: Sequence[tuple[Conn | None, pa.RecordBatch]]) -> dict[str, Any]:
         assert self.input_mapping is not None
         if not pieces:
             return {tensor: [] for tensor in self.input_mapping.values()}

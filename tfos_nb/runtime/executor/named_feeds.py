@@ -109,10 +109,11 @@ class NamedFeeds:
     def _folder(self, name: str, version: int) -> str:
         return os.path.join(self._root, check_name(name), str(version))
 
-    def put(self, conn: Conn, batch: pa.RecordBatch) -> None:
+    def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
+        """A batch of ``conn``'s partition of version ``gen`` of its set (as :meth:`FeedHub.put`)."""
         entry = self._writing.get(id(conn))
         if entry is None:
-            folder = self._folder(conn.feed, conn.gen)
+            folder = self._folder(conn.feed, gen)
             os.makedirs(folder, mode=0o700, exist_ok=True)
             final = os.path.join(folder, f"p{conn.partition}.arrow")
             temporary = f"{final}.{id(conn)}.part"

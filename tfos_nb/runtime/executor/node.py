@@ -62,8 +62,8 @@ class NodeRole(child_main.ChildRole):
 
     def _training_fed(self) -> bool:
         """Whether a train() call is feeding this node now (its epochs announced, not all ended)."""
-        plan = self.hub.plan if self.hub is not None else None
-        return plan is not None and self.hub is not None and self.hub.epoch_done < plan[1]
+        hub = self.hub
+        return hub is not None and hub.plan is not None and hub.epoch_done < hub.plan[1]
 
     def context(self) -> NodeContext:
         port_fd = self.info.get("port_fd")
