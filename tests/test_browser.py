@@ -184,6 +184,11 @@ SESSION_READY_JS = """async () => {
     const k = w.sessionContext.session && w.sessionContext.session.kernel;
     return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
 }"""
+# JupyterLab binds its keys once its shortcut settings are loaded (a request to the server, slow on a cold first run):
+# a Shift+Enter pressed before that runs nothing, and the cell's prompt stays empty (a CI run waited 300 s so)
+KEYS_READY_JS = """() => !!window.jupyterapp && window.jupyterapp.commands.keyBindings.some(
+    b => b.command === 'notebook:run-cell-and-select-next' && b.keys.join(' ') === 'Shift Enter')"""
+PROMPT_JS = "() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText"
 
 # the live panel's node rows (in the widget; at the end of the cell the widget's output is emptied and one
 # static table, the snapshot, follows it):
@@ -223,10 +228,13 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
             "() => Array.from(document.querySelectorAll('.jp-StatusBar-TextItem')).some(e => /\\| Idle$/.test(e.innerText))",
         )
         page.wait_for_function(SESSION_READY_JS)
+        page.wait_for_function(KEYS_READY_JS)
         # run both cells as a person would: into the first cell, Shift+Enter twice
         page.locator(".jp-Cell .jp-InputArea-editor").first.click()
         page.keyboard.press("Shift+Enter")
-        page.wait_for_function("() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText.includes('[1]')",
+        # the key was taken (the cell is queued or ran), then the cell ran: two failures told apart
+        page.wait_for_function(f"() => /\\[[*1]\\]/.test(({PROMPT_JS})())", timeout=30_000)
+        page.wait_for_function(f"() => ({PROMPT_JS})().includes('[1]')",
                                timeout=300_000)  # the first import in a fresh venv compiles every module
         page.keyboard.press("Shift+Enter")
         page.wait_for_selector(".jp-Cell:nth-child(2) .jp-InputPrompt:has-text('[*]')")
