@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 
 import cloudpickle
@@ -259,5 +260,26 @@ def test_a_tensorboard_that_fails_to_start_says_why(sc, tmp_path, no_leaks):
         assert any(line.startswith("[tfos_nb] no TensorBoard: TensorBoard exited with code 3") for line in logs), logs
         assert "[tensorboard] simulated TensorBoard breakage" in logs, logs
         assert cluster.status().state == "running"  # training goes on without it
+    finally:
+        _stop(cluster, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_tensorboard_that_crashes_mid_run_is_named_and_training_goes_on(sc, tmp_path, no_leaks):
+    """TensorBoard killed (SIGKILL) after it served: the URL is withdrawn at once (its port is anyone's now), the
+    panel's TensorBoard error says how it ended, and the nodes go on; named within issue 41's 30 s."""
+    cluster = _start(sc, tmp_path)
+    try:
+        url = wait_until(cluster.tensorboard_url, 300, what="the chief's TensorBoard URL")
+        tensorboard = _listener(int(url.rsplit(":", 1)[1]))
+        assert tensorboard is not None and "tensorboard.main" in tensorboard.cmdline(), url
+        killed_at = time.monotonic()
+        tensorboard.kill()
+        error = wait_until(lambda: cluster.status().tensorboard_error, 30, what="the TensorBoard error")
+        named = time.monotonic() - killed_at
+        assert error.startswith("TensorBoard killed by SIGKILL"), error
+        assert cluster.tensorboard_url() is None and cluster.status().tensorboard is None
+        assert cluster.status().state == "running"  # training goes on without it
+        print(f"\nTensorBoard killed mid-run: named in {named:.1f} s")
     finally:
         _stop(cluster, tmp_path)

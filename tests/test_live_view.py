@@ -20,7 +20,7 @@ from tfos_nb.runtime.driver.controller import new_cluster
 from tfos_nb.runtime.executor import phases as P
 from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.protocol import messages as m
-from tfos_nb.runtime.protocol import pipes
+from tfos_nb.runtime.protocol import pipes, remote
 from tfos_nb.widgets import make_renderer, panel_html, panel_model, text_line
 from tfos_nb.widgets._view import state_key
 
@@ -92,7 +92,8 @@ def test_watcher_follows_a_real_thread_through_the_phases(tmp_path, monkeypatch)
 
     thread = threading.Thread(target=node_function, name="node-function")
     thread.start()
-    watcher = P.PhaseWatcher(lambda phase, moved: sent.append((phase, moved)), sample_s=0.05, thread=thread.ident)
+    watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append((phase, moved)), sample_s=0.05,
+                             thread=thread.ident)
     watcher.function_runs()
     watcher.start()
     try:
@@ -122,7 +123,7 @@ def test_training_is_reported_when_it_begins_not_at_the_next_sample():
     """A node whose training is shorter than a sampling interval still shows it trained (the CI run saw a chief
     go from "first step" to "finishing" with no "training" between)."""
     sent: list[str] = []
-    watcher = P.PhaseWatcher(lambda phase, moved: sent.append(phase), sample_s=3600)  # no sampling thread
+    watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append(phase), sample_s=3600)  # no sampling thread
     watcher.function_runs()
     watcher.stepped(0)  # Keras' step 0: training has not begun
     assert sent == [P.RUNNING]
@@ -152,7 +153,7 @@ def test_a_sample_keeps_no_other_thread_s_data_alive():
         ready.set()
         gone.wait(60)  # blocked, as a connection waiting for room in the queue; then it ends with batch a local
 
-    watcher = P.PhaseWatcher(lambda phase, moved: None, sample_s=3600)  # no sampling thread: samples by hand
+    watcher = P.PhaseWatcher(lambda phase, moved, where: None, sample_s=3600)  # no sampling thread: samples by hand
     thread = threading.Thread(target=reader)
     gc.disable()
     try:
@@ -183,8 +184,41 @@ def test_classify_by_the_outermost_library_call():
     assert P.rank(P.STRATEGY) > P.rank(P.RUNNING) and P.rank(P.WAITING_FOR_DATA) is None
 
 
+def test_where_names_the_user_code_a_library_called_and_nothing_inside_the_library(tmp_path):
+    """A Keras callback that sleeps is named (its function, file and line); a thread blocked inside TensorFlow's own
+    code is not (the phase says where it is)."""
+    keras_fit = tmp_path / "keras" / "src" / "trainers" / "fake_fit.py"
+    keras_fit.parent.mkdir(parents=True)
+    keras_fit.write_text("import threading\n"
+                         "def fit(callback):\n    callback()\n"
+                         "def step(gate):\n    gate.wait(30)\n")
+    fake_fit = _load(keras_fit, "fake_keras_fit")
+    gate = threading.Event()
+    sent: list[str] = []
+
+    def on_epoch_end() -> None:
+        gate.wait(30)  # the user's callback waits (a sleep, a lock): stdlib frames under it are not its place
+
+    for target, expected in [(lambda: fake_fit.fit(on_epoch_end), "on_epoch_end (test_live_view.py:"),
+                             (lambda: fake_fit.step(gate), "")]:
+        gate.clear()
+        thread = threading.Thread(target=target)
+        thread.start()
+        try:
+            watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append(where), sample_s=3600, thread=thread.ident)
+            watcher.function_runs()
+            wait_until(lambda: (f := sys._current_frames().get(thread.ident)) is not None and f.f_code.co_name == "wait"
+                       and f.f_code.co_filename == threading.__file__, 10, 0.01, what="the thread waits in threading")
+            watcher.sample()
+            assert sent[-1].startswith(expected) if expected else sent[-1] == "", sent
+            assert sent[-1].endswith(")") or not expected
+        finally:
+            gate.set()
+            thread.join(10)
+
+
 def test_phase_frame_on_the_report_pipe():
-    frame = pipes.Phase(phase=P.STRATEGY, moved_at=12.5, stacks=True)
+    frame = pipes.Phase(phase=P.STRATEGY, moved_at=12.5, where="on_epoch_end (cell.py:12)", stacks=True)
     assert pipes.decode(pipes.encode(frame)) == frame
 
 
@@ -240,6 +274,66 @@ def test_stall_names_the_phase_and_the_node_that_has_not_reached_it():
     view = ctl.state.snapshot()
     assert [n.label for n in view.nodes if n.stall] == ["worker:0"]
     assert "has not reached" not in view.nodes[2].stall
+
+
+def fed_cluster(stall_after=3.0):
+    """A fed (InputMode.SPARK) chief and worker, both serving their feed."""
+    ctl = new_cluster([("chief", 0), ("worker", 0)], "fed", {}, 0, input_mode_spark=True, tensorboard=False,
+                      log_dir=None, heartbeat_timeout=60, stall_after=stall_after)
+    clock = Clock()
+    ctl.state.clock = ctl.clock = clock
+    ctl.state._t0 = clock.t
+    for i in range(2):
+        assert ctl.handle(m.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1)).ok
+    for i in range(2):
+        assert ctl.handle(m.AwaitSpec(node=i)).ok
+        beat(ctl, i, P.RUNNING, data_port=5000 + i)
+    ctl.set_running()
+    return ctl, clock
+
+
+def assign(ctl, partition: int, executor: str) -> int:
+    reply = ctl.handle(m.FeedAssign(partition=partition, gen=1, host="127.0.0.1", executor_id=executor, mode="train"))
+    assert reply.ok, reply.error
+    return int(reply.body["node"])
+
+
+def test_stall_says_which_feeding_task_waits_for_which_node():
+    """Who waits for whom on the data path: a node that waits for data names the feeding task open to it (a feeder
+    stalled mid-partition); a node that sits in its own code while a feeding task is open to it is named with its
+    place in that code and the task that waits for it (a callback that sleeps: it stops reading)."""
+    ctl, clock = fed_cluster()
+    ctl.open_epoch()
+    to_chief = assign(ctl, 2, "0")  # a partition goes to the node on its own executor when it can
+    to_worker = assign(ctl, 3, "1")
+    assert (to_chief, to_worker) == (0, 1)
+    clock.t += 5
+    beat(ctl, 0, P.WAITING_FOR_DATA, still=4.0)
+    ctl.handle(m.Heartbeat(node=1, state="running",
+                           phase={"phase": P.TRAINING, "still_s": 4.0, "where": "on_epoch_end (cell.py:12)"}))
+    view = ctl.state.snapshot()
+    assert view.stalls == (
+        "chief:0: no step for 4 s, waiting for data — it waits for the feeding task of partition 2 (executor 0, open 5 s)",
+        "worker:0: no step for 4 s, training, in on_epoch_end (cell.py:12) — the feeding task of partition 3 "
+        "(executor 1, open 5 s) waits for it to take rows")
+    assert view.nodes[1].where == "on_epoch_end (cell.py:12)"
+    # the feeding task of partition 2 ends: nothing sends to the chief, and the flag says so
+    assert ctl.handle(m.FeedRelease(partition=2, gen=1, node=0, rows=10)).ok
+    assert ctl.state.snapshot().stalls[0] == ("chief:0: no step for 4 s, waiting for data — no feeding task is connected "
+                                              "to it; the epoch waits for partition 3 at worker:0")
+    assert ctl.handle(m.FeedRelease(partition=3, gen=1, node=1, rows=10)).ok
+    assert ctl.state.snapshot().stalls[0] == "chief:0: no step for 4 s, waiting for data — no feeding task is connected to it now"
+    # once Spark says the epoch's stage has 6 tasks, the partitions whose task never asked for a node are named
+    ctl.set_feed_tasks(1, 6)
+    assert ctl.state.snapshot().stalls[0] == (
+        "chief:0: no step for 4 s, waiting for data — no feeding task is connected to it; partitions 0, 1, 4, 5 reached "
+        "no node yet (a Spark task waiting for a slot, or computing its first rows)")
+    # the Spark Connect mirror carries the place and the open feeding tasks, and flags the same
+    data = snapshot.take(ctl.state, snapshot.LogBook(2), [0, 0], [0, 0], [], 0)
+    mirror_state = S.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
+    mirror_state.stall_after = 3.0
+    snapshot.Mirror(mirror_state).apply(remote.ClusterSnapshot.from_dict(data.to_dict()))
+    assert mirror_state.snapshot().stalls == ctl.state.snapshot().stalls
 
 
 def test_phases_the_driver_knows_before_the_node_process_runs():
@@ -432,7 +526,7 @@ def test_the_watcher_sends_even_when_nothing_moves():
     release = threading.Event()
     thread = threading.Thread(target=release.wait, args=(30,), name="blocked")
     thread.start()
-    watcher = P.PhaseWatcher(lambda phase, moved: sent.append(moved), sample_s=0.05, thread=thread.ident)
+    watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append(moved), sample_s=0.05, thread=thread.ident)
     watcher.function_runs()
     watcher.start()
     try:

@@ -210,3 +210,30 @@ def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others
     c.tick()
     assert st.nodes[0].state == S.FAILED and st.nodes[0].error.startswith("no heartbeat for 11 s")
     assert st.nodes[1].state != S.FAILED and st.state == S.C_FAILED
+
+
+def test_every_node_silent_at_once_names_the_path_to_the_driver():
+    """Nodes on different executors all silent in the same heartbeat window: not each executor dying, but the
+    executors cut off from the driver's control server (issue 41's "driver's control port unreachable")."""
+    from tfos_nb.runtime.driver import controller as ctl
+    from tfos_nb.runtime.driver import state as S
+
+    now = [1000.0]
+    st = S.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
+    c = ctl.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    c.address = ("10.0.0.1", 41234)
+    for i in range(2):
+        assert c.handle(m.Register(node=i, host=f"h{i}", port=i + 1, executor_id=str(i), pid=i + 1)).ok
+    for i in range(2):
+        assert c.handle(m.AwaitSpec(node=i)).ok
+    now[0] += 9.5
+    c.tick()
+    assert st.state != S.C_FAILED  # within the timeout
+    now[0] += 1.0
+    c.tick()
+    assert st.state == S.C_FAILED
+    for n in st.nodes:
+        assert n.state == S.FAILED
+        assert n.error == ("no heartbeat from any of the 2 nodes for 10 s: their executors cannot reach the driver's "
+                           "control server at 10.0.0.1:41234 (a firewall or a network change between them and this "
+                           "machine), or every executor was lost"), n.error

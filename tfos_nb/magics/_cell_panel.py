@@ -134,7 +134,7 @@ def follow(magics: PanelSettings, handle: Any) -> None:
                 print(f"tfos_nb: TensorBoard of {handle.name}: {where} (on the chief at {tensorboard})")
             render()
     except KeyboardInterrupt:
-        print(f"tfos_nb: interrupted; stopping cluster {handle.name}", file=sys.stderr)
+        print(f"tfos_nb: interrupted; stopping cluster {handle.name}{handle.stalled_now()}", file=sys.stderr)
         handle.stop("interrupted")
         deadline = time.monotonic() + INTERRUPT_GRACE_S
         while not handle.done and time.monotonic() < deadline:

@@ -18,6 +18,7 @@ from typing import Any
 from ..runtime.driver import retry, stacks
 from ..runtime.driver import state as S
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
+from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import run
 from ._run_handle import RunFailed, RunHandle, first_line
 
@@ -76,7 +77,7 @@ class ClusterHandle(RunHandle):
         start_cluster: Callable[..., TFCluster] = run,
         clock: Callable[[], float] = time.time,
         tracking: Any = None,
-        stall_after: float | None = 120.0,
+        stall_after: float | None = DEFAULT_STALL_AFTER,
     ) -> None:
         super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
                          background=background, clock=clock, tracking=tracking)
@@ -102,6 +103,7 @@ class ClusterHandle(RunHandle):
         self._fn, self._args, self._data, self._epochs = fn, args, data, epochs
         self._validation = validation  # fed once as the named feed "validation" (--validation-data)
         self._timer: threading.Timer | None = None
+        self._stalled_at_timeout = ""  # the stall flags when the timeout stopped the job (its message says them)
         self._stopper: threading.Thread | None = None
         self._cluster: TFCluster | None = None
         self._live: TFCluster | None = None  # the attempt's cluster until the handle's thread tore it down
@@ -161,12 +163,16 @@ class ClusterHandle(RunHandle):
     # -- the handle's thread --------------------------------------------------------------
     def _run_job(self) -> None:
         if self.timeout:
-            self._timer = threading.Timer(self.timeout, self.stop, args=("timeout",))
+            self._timer = threading.Timer(self.timeout, self._time_out)
             self._timer.daemon = True
             self._timer.start()
         if self._stop_reason is None:  # the runtime's retry loop, with this handle's attempt, stop and log line
             self._live, _ = retry.attempts(self._attempt, self.retries, failures=self.failures,
                                            on_retry=self._on_retry, stopped=lambda: self._stop_reason is not None)
+
+    def _time_out(self) -> None:
+        self._stalled_at_timeout = self.stalled_now()  # where the job was stuck, before the stop clears it
+        self.stop("timeout")
 
     def _on_retry(self, attempt: int, exc: TFClusterError) -> None:
         self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {attempt} of {self.retries + 1})"])
@@ -192,7 +198,8 @@ class ClusterHandle(RunHandle):
 
     def _finished(self) -> None:
         if self._stop_reason == "timeout":
-            self._error = TimeoutError(f"did not finish within {self.timeout:g} s and was torn down")
+            self._error = TimeoutError(f"did not finish within {self.timeout:g} s and was torn down"
+                                       f"{self._stalled_at_timeout}")
         if self._timer is not None:
             self._timer.cancel()
         self._result = self._make_result(ended=True)

@@ -11,6 +11,7 @@ from IPython.core.magic import Magics, magics_class
 from traitlets import Bool, Enum, Float, Integer, Unicode, Union
 
 from ..runtime.driver import parallel as P
+from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import add_start_listener, remove_start_listener
 from . import _cell_panel, _doctor, _render, _views
 from ._cell_options import (
@@ -70,7 +71,7 @@ class TFOSMagics(Magics):
         None, allow_none=True, help="Default --timeout in seconds for a cell's whole run (None: no limit)."
     ).tag(config=True)
     stall_after = Float(
-        120.0, allow_none=True,
+        DEFAULT_STALL_AFTER, allow_none=True,
         help="Seconds a chief/worker may go without moving (no new phase, step or stack) before the panel flags it "
         "as stalled, naming its phase and the nodes that have not reached it (%tfos_stack NAME shows where it "
         "waits). 0 or None: never.",

@@ -138,6 +138,15 @@ class RunHandle:
         """Output lines by node label, None before the job exists."""
         raise NotImplementedError
 
+    def stalled_now(self) -> str:
+        """``"; stalled then: LINE; LINE"`` from the job's stall flags now (who waits for whom), else ""; for the
+        message of a job stopped by ■ or its timeout."""
+        try:
+            lines = getattr(self.status(), "stalls", ()) or ()
+        except Exception:  # noqa: BLE001 - a view for a message: never in the way of the stop
+            return ""
+        return "; stalled then: " + "; ".join(lines) if lines else ""
+
     def _no_node(self, node: str) -> str:
         return f"no node {node!r} in {self.name}"
 

@@ -75,6 +75,7 @@ class Controller:
         self.log_dir = log_dir
         self.num_gpus = num_gpus
         self.heartbeat_timeout = heartbeat_timeout
+        self.address: tuple[str, int] | None = None  # where the nodes reach its control server (DriverJob.open_control)
         self._specs: dict[int, m.NodeSpec] | None = None
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
@@ -327,6 +328,7 @@ class Controller:
         with self.state.lock:
             self.state.epoch_done = max(self.state.epoch_done, epoch)
             self._shares.forget_through(self.state.epoch_done)
+            self.state.feed_pending = tuple(self._shares.pending(self.state.epoch_done))
         self.state.notify()
 
     def set_feed_tasks(self, epoch: int, tasks: int) -> None:
@@ -334,6 +336,7 @@ class Controller:
         with self.state.lock:
             if epoch > self.state.epoch_done:
                 self._shares.set_tasks(epoch, tasks)
+                self.state.feed_pending = tuple(self._shares.pending(self.state.epoch_done))
 
     def feeding_started(self, epoch: int) -> bool:
         """Whether a feeding task of ``epoch`` has asked for a node: its job's feeding stage runs (not a stage before it)."""
@@ -389,18 +392,27 @@ class Controller:
         now = self.clock()
         changed = False
         with st.lock:
-            for n in st.nodes:
-                if n.state in S.TERMINAL or n.state == S.PENDING or n.last_heartbeat is None:
-                    continue
-                if now - n.last_heartbeat > self.heartbeat_timeout:
-                    n.state, n.failed_at = S.FAILED, now
+            beating = [n for n in st.nodes if n.state not in S.TERMINAL and n.state != S.PENDING
+                       and n.last_heartbeat is not None]
+            silent = [n for n in beating if now - n.last_heartbeat > self.heartbeat_timeout]  # type: ignore[operator]
+            # every node silent at once, on more than one executor: the path to this process, not each executor
+            cut = len(silent) > 1 and len(silent) == len(beating) and len({n.executor_id for n in silent}) > 1
+            for n in silent:
+                assert n.last_heartbeat is not None
+                n.state, n.failed_at = S.FAILED, now
+                if cut:
+                    where = f"{self.address[0]}:{self.address[1]}" if self.address else "this process"
+                    n.error = (f"no heartbeat from any of the {len(silent)} nodes for {self.heartbeat_timeout:.0f} s: "
+                               f"their executors cannot reach the driver's control server at {where} (a firewall "
+                               "or a network change between them and this machine), or every executor was lost")
+                else:
                     n.error = (
                         f"no heartbeat for {now - n.last_heartbeat:.0f} s: the node's supervisor or its "
                         f"executor ({n.executor_id or '?'} on {n.host}) died"
                     )
-                    n.tail = list(n.logs)[-20:]
-                    self._fail(f"{n.label} lost")
-                    changed = True
+                n.tail = list(n.logs)[-20:]
+                self._fail(f"{n.label} lost")
+                changed = True
         if changed:
             st.notify()
 
@@ -484,6 +496,8 @@ class Controller:
             self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
             if msg.mode == "train" and msg.gen > st.epoch_done:
                 self._shares.handed_out(msg.gen, msg.partition, node.index)
+                st.feed_pending = tuple(self._shares.pending(st.epoch_done))
+            st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
             return self._assigned_to(node)
 
     def _fed_nodes(self) -> list[S._Node]:
@@ -510,6 +524,7 @@ class Controller:
             node = self._sets.assign(msg.feed, msg.gen, msg.partition, msg.sample, live, msg.executor_id)
             if isinstance(node, str):
                 return m.Reply(ok=False, error=node)
+            st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
             return self._assigned_to(node)
 
     def _feed_check(self, msg: m.FeedCheck) -> m.Reply:
@@ -533,6 +548,7 @@ class Controller:
         st = self.state
         with st.lock:
             node = self._node(msg.node)
+            st.feeding.pop((msg.feed, msg.gen, msg.partition), None)
             if msg.feed != "input":  # a named feed's partition: held by its node once every row is in
                 if node is not None and not msg.error and msg.rows > 0:
                     self._sets.held(msg.feed, msg.gen, msg.partition, node.index, msg.rows)

@@ -127,7 +127,8 @@ class DriverJob:
         self._server = ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), ctl.handle, host,
                                      on_tick=ctl.tick)
         try:
-            return self._server.start()
+            ctl.address = self._server.start()
+            return ctl.address
         except OSError as exc:  # never every interface instead: the port would be open to every network
             self._server = None
             msg = (f"{exc.strerror}; spark.driver.host must name an address of this machine "

@@ -39,6 +39,12 @@ class EpochShares:
             self._tasks[epoch] = tasks
             self._check(epoch)
 
+    def pending(self, after: int) -> list[int]:
+        """The partitions of epochs after ``after`` whose feeding task has not asked for a node yet (their Spark task
+        waits for a slot, or its upstream computation has not made its first batch), where the stage's size is known."""
+        return sorted({p for e, tasks in self._tasks.items() if e > after
+                       for p in range(tasks) if p not in self._parts.get(e, ())})
+
     def for_node(self, node: int) -> list[list[int]]:
         """``[epoch, partitions sent to node]`` for each epoch whose partitions all went out (heartbeat answer)."""
         return [[e, shares.get(node, 0)] for e, shares in sorted(self._assigned.items())]

@@ -16,6 +16,7 @@ from ..executor.launch import LAUNCH_SCHEMA, make_launcher, start_supervisor
 from ..procs import kill_tree
 from ..protocol import messages as m
 from ..sessions import is_connect
+from . import stalls
 from . import state as S
 from .awaiting import await_running
 from .backends import new_job
@@ -58,7 +59,7 @@ def run(
     on_start: Callable[[DriverJob], None] | None = None,
     node_output: bool | None = None,
     preflight: bool | dict[str, Any] = False,
-    stall_after: float | None = 120.0,
+    stall_after: float | None = stalls.DEFAULT_STALL_AFTER,
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 

@@ -105,6 +105,8 @@ class NodeView:
     phase: str | None = None  # where a live node is (executor.phases); None once it ended
     still_for: float | None = None  # seconds since it last moved (phase, progress or stack changed)
     stall: str | None = None  # why it counts as stalled (driver.stalls), else None
+    where: str = ""  # its main thread's place in the user's code, when it is there (executor.phases.where)
+    feeders: tuple[tuple[int, str, float], ...] = ()  # feeding tasks open to it: (partition, executor, seconds open)
 
     @property
     def label(self) -> str:
@@ -171,6 +173,7 @@ class _Node:
         self.working_dir = ""
         self.phase: str | None = None  # the node process's own phase (executor.phases), from its heartbeats
         self.moved_at: float | None = None  # (state clock) when it last moved; None: when the cluster started
+        self.where = ""  # its main thread's place in the user's code (executor.phases.where), from its heartbeats
         self.phase_log: deque[str] = deque(maxlen=100)  # the node process's phases, in the order it went through them
         self.stacks_asked = 0  # the last stack dump asked of it (Controller.request_stacks)
         self.sample_seen = 0  # the feed sample its supervisor relayed to it (ClusterState.feed_sample_id)
@@ -205,7 +208,7 @@ class _Node:
             return self.phase or phases.STARTING
         return self.phase  # None: a peer that does not say (a parallel run's)
 
-    def view(self, now: float, t0: float = 0.0) -> NodeView:
+    def view(self, now: float, t0: float = 0.0, feeders: tuple[tuple[int, str, float], ...] = ()) -> NodeView:
         gpus = tuple(self.gpus)
         if gpus:
             device = ", ".join(
@@ -243,6 +246,8 @@ class _Node:
             curve_metric=self.curve_metric,
             phase=self.current_phase(),
             still_for=None if self.state in TERMINAL else now - (t0 if self.moved_at is None else self.moved_at),
+            where=self.where if self.state not in TERMINAL else "",
+            feeders=feeders,
         )
 
 
@@ -272,6 +277,9 @@ class ClusterState:
         self.job_group = ""
         self.tracking_url: str | None = None  # set once, before the job starts (tracking.JobRun.attach)
         self.stall_after: float | None = stalls.DEFAULT_STALL_AFTER  # seconds without moving that flag a node
+        # feeding tasks connected to a node now: (feed, gen, partition) -> (node index, executor id, since (clock))
+        self.feeding: dict[tuple[str, int, int], tuple[int, str, float]] = {}
+        self.feed_pending: tuple[int, ...] = ()  # partitions of the open epochs no feeding task has asked a node for
         self._listeners: list[Callable[[ClusterState], None]] = []
         self._log_listeners: list[Callable[[str, list[str]], None]] = []
 
@@ -321,8 +329,11 @@ class ClusterState:
             tb = next((n.tensorboard for n in self.nodes if n.tensorboard), None)
             tb_error = next((n.tensorboard_error for n in self.nodes if n.tensorboard_error), None)
             live = self.state in (C_RESERVING, C_RUNNING)
-            nodes, stall_lines = stalls.with_stalls(tuple(n.view(now, self._t0) for n in self.nodes),
-                                                    self.stall_after if live else None)
+            open_to: dict[int, list[tuple[int, str, float]]] = {}
+            for (_, _, partition), (node, executor, since) in sorted(self.feeding.items()):
+                open_to.setdefault(node, []).append((partition, executor, now - since))
+            views = tuple(n.view(now, self._t0, tuple(open_to.get(n.index, ()))) for n in self.nodes)
+            nodes, stall_lines = stalls.with_stalls(views, self.stall_after if live else None, self.feed_pending)
             return ClusterView(
                 cluster_id=self.cluster_id,
                 name=self.name,

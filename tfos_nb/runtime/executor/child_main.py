@@ -130,7 +130,8 @@ def main(role_cls: type[ChildRole]) -> int:
     sys.stdin = open(os.devnull)  # noqa: SIM115 - user code must not read the owner's pipe
     reporter = Reporter(os.fdopen(int(os.environ["TFOS_REPORT_FD"]), "w", buffering=1))
     watcher = phases.PhaseWatcher(
-        lambda phase, moved_at: reporter.send(pipes.Phase(phase=phase, moved_at=moved_at, stacks=stacks)))
+        lambda phase, moved_at, where: reporter.send(pipes.Phase(phase=phase, moved_at=moved_at, where=where,
+                                                                 stacks=stacks)))
     reporter.on_step = watcher.stepped
     watcher.start()
     role = role_cls(start.info, reporter)

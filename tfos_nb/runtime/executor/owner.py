@@ -95,7 +95,7 @@ class ChildOwner:
         self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.feed_dropped: list[list[int]] = []  # [gen, partition, rows] of training partitions cut short
         self.sets_read: list[str] = []  # named sets the function read
-        self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at"} (its time.time())
+        self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at" (its time.time()), "where"}
         self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
         self.stacks_ready = False  # the child dumps its stacks into self._stacks on STACK_SIGNAL
         self.phase_at = time.monotonic()  # when the last Phase frame came (the child sends one every TICK_S)
@@ -250,7 +250,8 @@ class ChildOwner:
                     elif isinstance(msg, pipes.Phase):
                         if str(msg.phase) != self.phase.get("phase") and len(self.phases_seen) < 100:
                             self.phases_seen.append(str(msg.phase))  # a short phase between two beats is seen too
-                        self.phase = {"phase": str(msg.phase), "moved_at": float(msg.moved_at)}
+                        self.phase = {"phase": str(msg.phase), "moved_at": float(msg.moved_at),
+                                      "where": str(msg.where)[:200]}
                         self.phase_at, self._frozen_read = time.monotonic(), False
                         self.stacks_ready = self.stacks_ready or bool(msg.stacks)
                 self.wake.set()

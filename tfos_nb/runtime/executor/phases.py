@@ -147,6 +147,25 @@ def _frames(frame: Any) -> list[Frame]:
     return out
 
 
+_LIBRARY = (*_TF_DIRS, f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep,  # tfos_nb's own
+            os.path.dirname(os.__file__) + os.sep)  # the standard library
+
+
+def where(frame: Any) -> str:
+    """The main thread's innermost frame in the user's own code, ``function (file:line)``, when that frame is
+    the innermost of all but library calls under it (e.g. a Keras callback sleeping or waiting on something);
+    "" when the thread is inside TensorFlow or Keras (a step, a save), which the phase already says."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<frozen") and not any(d in filename for d in _LIBRARY):
+            return f"{frame.f_code.co_name} ({os.path.basename(filename)}:{frame.f_lineno})"
+        if _is_tf(filename):
+            return ""
+        frame = frame.f_back
+    return ""
+
+
 def _fingerprint(frame: Any) -> tuple[tuple[int, int], ...]:
     out: list[tuple[int, int]] = []
     while frame is not None:
@@ -156,10 +175,11 @@ def _fingerprint(frame: Any) -> tuple[tuple[int, int], ...]:
 
 
 class PhaseWatcher:
-    """Samples this process's threads and sends ``send(phase, moved_at)`` when the phase changes, and at least
-    every :data:`TICK_S` (its owner tells a frozen process by the silence); ``moved_at`` is a ``time.time()``."""
+    """Samples this process's threads and sends ``send(phase, moved_at, where)`` when the phase changes, and at
+    least every :data:`TICK_S` (its owner tells a frozen process by the silence); ``moved_at`` is a ``time.time()``,
+    ``where`` the main thread's place in the user's code (:func:`where`)."""
 
-    def __init__(self, send: Callable[[str, float], None], sample_s: float = SAMPLE_S,
+    def __init__(self, send: Callable[[str, float, str], None], sample_s: float = SAMPLE_S,
                  thread: int | None = None) -> None:
         self._send = send
         self._sample_s = sample_s
@@ -237,6 +257,8 @@ class PhaseWatcher:
         else:
             phase = classify(_frames(main), stepped, default) if main is not None else default
         fingerprint = _fingerprint(main) if main is not None else ()
+        place = where(main) if main is not None and fixed is None else ""
+        del main
         with self._lock:
             if fingerprint != self._print:
                 self._print = fingerprint
@@ -248,7 +270,7 @@ class PhaseWatcher:
             moved = self.moved_at
         if changed or now - self._sent_at >= TICK_S:
             self._sent_at = now
-            self._send(phase, moved)
+            self._send(phase, moved, place)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._sample_s):

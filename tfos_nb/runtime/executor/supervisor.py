@@ -184,7 +184,8 @@ class Supervisor(ChildOwner):
             value = self.value
             phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
         if phase:  # an age, not the node's clock: the driver's clock may differ
-            phase = {"phase": phase["phase"], "still_s": max(0.0, time.time() - phase["moved_at"]), "seen": seen}
+            phase = {"phase": phase["phase"], "still_s": max(0.0, time.time() - phase["moved_at"]), "seen": seen,
+                     "where": phase.get("where", "")}
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
         tb = self.tensorboard

@@ -128,7 +128,7 @@ class Heartbeat(Message):
     reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
     returned: dict[str, Any] = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
     feed: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
-    phase: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"phase": executor.phases name, "still_s": idle s, "seen": [...]}
+    phase: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"phase", "still_s": idle s, "seen": [...], "where": in user code}
     stacks: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"id": BeatCommand.stacks answered, "text": the dump}
     logs: list[str] = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0

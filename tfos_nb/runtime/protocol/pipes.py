@@ -131,11 +131,13 @@ class FeedOpened(Frame):
 @dataclass(frozen=True)
 class Phase(Frame):
     """Where the child is (one of ``executor.phases.PHASES``) and when its main thread last moved
-    (``moved_at``, its ``time.time()``); ``stacks``: it dumps its stacks on the owner's signal."""
+    (``moved_at``, its ``time.time()``); ``where``: its main thread's place in the user's code, if it is there
+    (``executor.phases.where``); ``stacks``: it dumps its stacks on the owner's signal."""
 
     kind: ClassVar[str] = "phase"
     phase: str = ""
     moved_at: float = 0.0
+    where: str = ""
     stacks: bool = False
 
 

@@ -161,6 +161,7 @@ class NodeSnapshot(Body):
     reports: list[Report]
     history_count: int
     failed: float | None = None
+    where: str = ""  # its main thread's place in the user's code (executor.phases.where)
 
     NESTED: ClassVar[dict[str, type[Body]]] = {"reports": Report}
 
@@ -193,6 +194,8 @@ class ClusterSnapshot(Body):
     feed_errors: list[str]
     lost_feeds: int
     streams: dict[str, StreamCounts]
+    feeding: list[list[Any]] = dataclasses.field(default_factory=list)  # [feed, gen, partition, node, executor, age s]
+    feed_pending: list[int] = dataclasses.field(default_factory=list)  # partitions that reached no node yet
 
     NESTED: ClassVar[dict[str, type[Body]]] = {"nodes": NodeSnapshot, "streams": StreamCounts}
 

@@ -23,7 +23,7 @@ MAX_REPORTS = 1000  # reports per node per snapshot
 # the node's attributes a NodeSnapshot carries as they are (the rest: copies, or ages, or what is new)
 _NODE_FIELDS = ("state", "host", "port", "executor_id", "pid", "child_pid", "data_port", "step", "total_steps",
                 "total_epochs", "rows_fed", "feed_closed", "error", "exit_code", "tensorboard", "tensorboard_error",
-                "value", "working_dir", "phase")
+                "value", "working_dir", "phase", "where")
 
 
 class LogBook:
@@ -77,7 +77,9 @@ def take(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], history_
         return remote.ClusterSnapshot(
             state=state.state, error=state.error, feed_epoch=state.feed_epoch, epoch_done=state.epoch_done,
             stop_requested=state.stop_requested, kill_requested=state.kill_requested, nodes=nodes,
-            feed_errors=list(feed_errors), lost_feeds=lost_feeds, streams=dict(streams or {}))
+            feed_errors=list(feed_errors), lost_feeds=lost_feeds, streams=dict(streams or {}),
+            feeding=[[f, g, p, i, e, now - since] for (f, g, p), (i, e, since) in state.feeding.items()],
+            feed_pending=list(state.feed_pending))
 
 
 class Mirror:
@@ -117,6 +119,9 @@ class Mirror:
             self.feed_errors = list(snap.feed_errors)
             self.lost_feeds = snap.lost_feeds
             self.streams = dict(snap.streams)
+            st.feeding = {(str(f), int(g), int(p)): (int(i), str(e), now - float(age))
+                          for f, g, p, i, e, age in (row for row in snap.feeding if len(row) == 6)}
+            st.feed_pending = tuple(int(p) for p in snap.feed_pending)
             if not st.ended and snap.state:
                 st.state = snap.state
                 st.error = snap.error or st.error
