@@ -177,6 +177,8 @@ def main() -> int:
     coord = Coordinator(meta, dataclasses.replace(settings, bind=bind_address(settings.bind)))
     try:
         host, port = coord.server.start()
+        if isinstance(coord.controller, Controller):
+            coord.controller.address = (host, port)  # named when every node falls silent at once
     except OSError as exc:  # never every interface instead: the port would be open to every network
         error = (f"{exc.strerror}; the executor's address (SPARK_LOCAL_IP, else its host name) must be an address "
                  "of that machine")
