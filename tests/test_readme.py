@@ -9,8 +9,9 @@ Rules (they keep this test honest as the pages change):
   given to it (``sc``, ``args``, ``train_df``: see ``GIVEN``); anything else it uses it must define.
 * The README's links and images point inside the repository (a user's clone has nothing beside it) and exist
   (the docs' links are checked by ``mkdocs build --strict``: tests/test_docs.py).
-* The magics table (docs/notebooks.md) lists every option of every magic, and the settings tables every
-  configurable trait.
+* The magics table (docs/notebooks.md) lists every option of every magic; the configuration page
+  (docs/reference/configuration.md) every configurable trait with its default, and every ``TFOS_*`` environment
+  variable the package reads or sets.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
 PAGES = {"README.md": README} | {str(p.relative_to(REPO)): p.read_text(encoding="utf-8")
                                  for p in sorted((REPO / "docs").rglob("*.md"))}
-NOTEBOOKS_PAGE = PAGES["docs/notebooks.md"]  # the magics and settings tables
+NOTEBOOKS_PAGE = PAGES["docs/notebooks.md"]  # the magics table
+CONFIG_PAGE = PAGES["docs/reference/configuration.md"]  # the settings, with their defaults, and the environment
 FENCE = re.compile(r"(?:<!--\s*readme-test:\s*run;\s*given:(?P<given>[^>]*)-->\s*\n)?```(?P<lang>[\w-]*)\n(?P<code>.*?)\n```",
                    re.S)
 
@@ -109,11 +111,26 @@ def test_magics_table_lists_every_option_and_every_setting():
         missing = [opt for opt in sorted(_options(func)) if f"`{opt}" not in row]
         assert not missing, f"docs/notebooks.md's row for {magic} does not list {missing}"
     _table_row("%tfos_status")
-    for name in TFOSMagics.class_traits(config=True):
-        assert f"| `TFOSMagics.{name}` |" in NOTEBOOKS_PAGE, f"docs/notebooks.md's settings table has no TFOSMagics.{name}"
-    for name in TensorBoardProxy.class_traits(config=True):
-        assert f"| `c.TensorBoardProxy.{name}` |" in NOTEBOOKS_PAGE, (
-            f"docs/notebooks.md's server settings have no TensorBoardProxy.{name}")
+    for name, trait in TFOSMagics.class_traits(config=True).items():
+        row = f"| `TFOSMagics.{name}` | `{_shown(trait.default_value)}` |"
+        assert row in CONFIG_PAGE, f"the configuration page's settings table has no row starting {row}"
+    for name, trait in TensorBoardProxy.class_traits(config=True).items():
+        row = f"| `c.TensorBoardProxy.{name}` | `{_shown(trait.default_value)}` |"
+        assert row in CONFIG_PAGE, f"the configuration page's server settings have no row starting {row}"
+
+
+def _shown(value: object) -> str:
+    """A default as the tables write it: strings in double quotes, the rest as Python writes them."""
+    return f'"{value}"' if isinstance(value, str) else repr(value)
+
+
+def test_every_environment_variable_is_on_the_configuration_page():
+    names = set()
+    for path in (REPO / "tfos_nb").rglob("*.py"):
+        names |= set(re.findall(r"\bTFOS_[A-Z][A-Z_]*[A-Z]\b", path.read_text(encoding="utf-8")))
+    assert "TFOS_NB_LOG_LEVEL" in names  # the scan finds what it should
+    missing = sorted(n for n in names if f"`{n}`" not in CONFIG_PAGE)
+    assert not missing, f"docs/reference/configuration.md does not list {missing}"
 
 
 # -- running the runnable blocks --------------------------------------------------------------

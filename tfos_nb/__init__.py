@@ -11,6 +11,10 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
+
+from .runtime import logs as _logs  # stdlib only: the level set by TFOS_NB_LOG_LEVEL, if any
+
+_logs.from_env()
 __all__ = ["TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "doctor", "util", "__version__"]
 
 

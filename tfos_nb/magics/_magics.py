@@ -8,8 +8,9 @@ import os
 from typing import Any
 
 from IPython.core.magic import Magics, magics_class
-from traitlets import Bool, Enum, Float, Integer, Unicode, Union
+from traitlets import Bool, CaselessStrEnum, Enum, Float, Integer, Unicode, Union, observe
 
+from ..runtime import logs
 from ..runtime.driver import parallel as P
 from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import add_start_listener, remove_start_listener
@@ -76,6 +77,17 @@ class TFOSMagics(Magics):
         "as stalled, naming its phase and the nodes that have not reached it (%tfos_stack NAME shows where it "
         "waits). 0 or None: never.",
     ).tag(config=True)
+    log_level = CaselessStrEnum(
+        ["", *logs.LEVELS], default_value="",
+        help="Level of tfos_nb's loggers (the tfos_nb.* tree) in this kernel and in the nodes it starts: DEBUG, INFO, "
+        "WARNING or ERROR (any case); '' leaves Python's defaults (warnings and errors). The environment variable "
+        "TFOS_NB_LOG_LEVEL sets the same at import.",
+    ).tag(config=True)
+
+    @observe("log_level")
+    def _log_level_changed(self, change: Any) -> None:
+        logs.set_level(change["new"] or None)
+
     api_panels = Bool(
         True,
         help="Also show the panel (widget or HTML) for clusters a cell starts with plain Python calls "

@@ -118,6 +118,8 @@ class Controller:
             node.gpus = list(msg.gpus)
             node.spark_gpus = list(msg.spark_gpus)
             node.last_heartbeat = node.moved_at = self.clock()
+            log.info("%s registered: host %s, executor %s, supervisor pid %d", node.label, node.host,
+                     node.executor_id or "?", node.pid)
             if all(n.state == S.REGISTERED for n in st.nodes):
                 self._form_cluster()
         st.notify()
@@ -381,6 +383,7 @@ class Controller:
         """End the cluster ``state`` with ``error`` unless it ended (lock held); nodes are killed at their next beat."""
         st = self.state
         if not st.ended:
+            log.info("cluster %s %s: %s", st.name, state, error)
             st.state = state
             st.error = st.error or error
             st.kill_requested = True
@@ -498,6 +501,8 @@ class Controller:
                 self._shares.handed_out(msg.gen, msg.partition, node.index)
                 st.feed_pending = tuple(self._shares.pending(st.epoch_done))
             st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
+            log.debug("%s partition %d of epoch %d (executor %s) goes to %s", msg.mode, msg.partition, msg.gen,
+                      msg.executor_id or "?", node.label)
             return self._assigned_to(node)
 
     def _fed_nodes(self) -> list[S._Node]:
@@ -549,6 +554,10 @@ class Controller:
         with st.lock:
             node = self._node(msg.node)
             st.feeding.pop((msg.feed, msg.gen, msg.partition), None)
+            log.debug("partition %d of %s %d done at %s: %d rows%s", msg.partition,
+                      "epoch" if msg.feed == "input" else f"set {msg.feed!r} version", msg.gen,
+                      node.label if node is not None else f"node {msg.node}", msg.rows,
+                      f", error: {msg.error}" if msg.error else "")
             if msg.feed != "input":  # a named feed's partition: held by its node once every row is in
                 if node is not None and not msg.error and msg.rows > 0:
                     self._sets.held(msg.feed, msg.gen, msg.partition, node.index, msg.rows)

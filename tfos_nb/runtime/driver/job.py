@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import logs
 from ..protocol import messages as m
 from ..protocol.channel import ControlServer
 from ..protocol.remote import StreamCounts
@@ -157,7 +158,8 @@ class DriverJob:
         except Exception:  # noqa: BLE001
             default_fs = "file:///"
         return m.LaunchMeta(cluster_id=self.cluster_id, secret=self.secret.hex(), control=[address[0], address[1]],
-                            hb_interval=0.5, driver_timeout=max(heartbeat_timeout, 10.0), env=dict(env or {}),
+                            hb_interval=0.5, driver_timeout=max(heartbeat_timeout, 10.0),
+                            env={**logs.node_env(), **(env or {})},
                             keras=keras, default_fs=default_fs, driver_pid=os.getpid(), **kind)
 
     def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> SparkJob:

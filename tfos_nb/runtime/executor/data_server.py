@@ -121,6 +121,8 @@ class DataServer:
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Conn(sock, header)
+            log.debug("data connection: %s of partition %d (%s %d)", conn.mode, conn.partition,
+                      "epoch" if conn.feed == "input" else f"set {conn.feed!r} version", conn.gen)
             sink = self._sink(conn)
             if sink is None:  # answered, never dropped: no partition of anything was cut
                 conn.finish(f"no feed {conn.feed!r} here")
