@@ -125,6 +125,30 @@ def test_storage_not_writable_or_not_shared_fails_and_hdfs_needs_its_environment
         t.update(export_path="hdfs://nn/models", export_remote=True, classpath_set=False, libhdfs=None, java_home="/j")
     (fail,) = by_status(verdicts(SESSION, DRIVER, tasks, nodes=2, export_dir="hdfs://nn/models"), FAIL)
     assert "CLASSPATH" in fail.detail and "libhdfs.so" in fail.detail and "hadoop classpath --glob" in fail.fix
+    # TensorFlow >= 2.6 reads hdfs:// (and s3://) only through tensorflow-io: a Hadoop environment alone is not enough
+    for t in tasks:
+        t.update(classpath_set=True, libhdfs="/h/lib/native/libhdfs.so")
+    (fail,) = by_status(verdicts(SESSION, DRIVER, tasks, nodes=2, export_dir="hdfs://nn/models"), FAIL)
+    assert fail.detail == ("hdfs://nn/models: TensorFlow's HDFS support needs the tensorflow-io package in the "
+                           "executor's environment"), fail.detail
+    assert fail.fix.startswith("pip install tensorflow-io") and "import tensorflow_io" in fail.fix, fail.fix
+    for t in tasks:
+        t["tensorflow-io"] = "0.37.1"
+    assert by_status(verdicts(SESSION, DRIVER, tasks, nodes=2, export_dir="hdfs://nn/models"), FAIL) == []
+    for t in tasks:
+        t.update(export_path="s3://bucket/models", **{"tensorflow-io": None})
+    (fail,) = by_status(verdicts(SESSION, DRIVER, tasks, nodes=2, export_dir="s3://bucket/models"), FAIL)
+    assert "S3 support needs the tensorflow-io package" in fail.detail and "CLASSPATH" not in fail.fix
+
+
+def test_a_tf_keras_for_another_tensorflow_minor_fails():
+    """tf_keras X.Y works with TensorFlow X.Y only (pip can pair them wrongly when TensorFlow was there first)."""
+    tasks = healthy(2)
+    tasks[1].update(tf_keras="2.21.0", tensorflow="2.17.1", tf_module="2.17.1")
+    (fail,) = by_status(verdicts(SESSION, DRIVER, tasks, nodes=2), FAIL)
+    assert fail.area == "keras" and fail.detail == (
+        "tf_keras 2.21.0 with TensorFlow 2.17.1: each tf_keras release works with its own TensorFlow minor only")
+    assert fail.fix == "pip install 'tf-keras~=2.17.0' on the executors"
 
 
 def test_a_stage_that_could_not_run_fails_and_connect_says_what_it_allows():

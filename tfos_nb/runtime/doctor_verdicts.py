@@ -210,6 +210,11 @@ def _keras(driver: dict[str, Any], f: dict[str, Any], where: str, tf: str | None
         return [Check("keras", where, FAIL, f"TensorFlow {tf} without tf_keras: keras='tf_keras' (the default) needs it",
                       f"pip install tf_keras{'==' + driver['tf_keras'] if driver.get('tf_keras') else ''} on the "
                       "executors (or run with keras='keras3')")]
+    tk = f.get("tf_keras")
+    if legacy_needed and tk and tf and _major_minor(tk) != _major_minor(tf):
+        mm = _major_minor(tf)
+        return [Check("keras", where, FAIL, f"tf_keras {tk} with TensorFlow {tf}: each tf_keras release works with "
+                      "its own TensorFlow minor only", f"pip install 'tf-keras~={mm}.0' on the executors")]
     for dist in ("tf_keras", "keras"):
         if driver.get(dist) and f.get(dist) and _major_minor(driver[dist]) != _major_minor(f[dist]):
             return [Check("keras", where, WARN, f"{dist} {f[dist]}; the driver has {driver[dist]}",
@@ -291,16 +296,23 @@ def _storage(executors: list[dict[str, Any]], export_dir: str) -> list[Check]:
     for f in executors:
         path = f.get("export_path", export_dir)
         if f.get("export_remote"):
-            if str(path).startswith(("hdfs://", "viewfs://")):
-                missing = [what for what, ok in (("CLASSPATH with Hadoop's jars", f.get("classpath_set")),
-                                                 ("libhdfs.so", f.get("libhdfs")), ("JAVA_HOME", f.get("java_home")))
-                           if not ok]
-                if missing:
-                    out.append(Check("storage", _where(f), FAIL, f"{path}: TensorFlow's HDFS support needs "
-                                     f"{', '.join(missing)} in the executor's environment",
-                                     "set spark.executorEnv.CLASSPATH=$(hadoop classpath --glob), "
-                                     "HADOOP_HDFS_HOME (its lib/native has libhdfs.so) and JAVA_HOME"))
-                    continue
+            hdfs = str(path).startswith(("hdfs://", "viewfs://"))
+            # TensorFlow >= 2.6 reads hdfs:// and s3:// only through tensorflow-io's file systems
+            io_needed = (hdfs or str(path).startswith("s3://")) and not f.get("tensorflow-io") and \
+                _version_tuple(str(f.get("tf_module") or f.get("tensorflow") or "2.6")) >= (2, 6)
+            missing = [what for what, ok in (("CLASSPATH with Hadoop's jars", f.get("classpath_set")),
+                                             ("libhdfs.so", f.get("libhdfs")), ("JAVA_HOME", f.get("java_home")))
+                       if hdfs and not ok] + (["the tensorflow-io package"] if io_needed else [])
+            if missing:
+                fixes = (["set spark.executorEnv.CLASSPATH=$(hadoop classpath --glob), HADOOP_HDFS_HOME (its "
+                          "lib/native has libhdfs.so) and JAVA_HOME"] if len(missing) > io_needed else [])
+                fixes += (["pip install tensorflow-io (the release that matches the executors' TensorFlow) on the "
+                           "executors, and `import tensorflow_io` in the node function before the path is used"]
+                          if io_needed else [])
+                out.append(Check("storage", _where(f), FAIL, f"{path}: TensorFlow's {'HDFS' if hdfs else 'S3'} "
+                                 f"support needs {', '.join(missing)} in the executor's environment",
+                                 "; ".join(fixes)))
+                continue
             out.append(Check("storage", _where(f), OK, f"{path}: not written by the doctor (remote file system)"))
             continue
         if f.get("write_error"):

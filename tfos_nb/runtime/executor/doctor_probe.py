@@ -41,7 +41,7 @@ _VERSIONS = r"""
 import json, sys, time
 from importlib import metadata
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable}
-for dist in ("tensorflow", "tensorflow-cpu", "keras", "tf_keras", "pyspark"):
+for dist in ("tensorflow", "tensorflow-cpu", "keras", "tf_keras", "pyspark", "tensorflow-io"):
     try:
         out[dist] = metadata.version(dist)
     except Exception:
