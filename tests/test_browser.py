@@ -15,6 +15,7 @@ Chromium missing is a failure, not a skip: ``scripts/setup_env.sh`` installs it.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -182,7 +183,12 @@ SESSION_READY_JS = """async () => {
     if (!w || !w.sessionContext) return false;
     await w.sessionContext.ready;
     const k = w.sessionContext.session && w.sessionContext.session.kernel;
-    return !!k && k.connectionStatus === 'connected' && k.status === 'idle';
+    if (!k || k.connectionStatus !== 'connected' || k.status !== 'idle') return false;
+    // a round trip through the page's own connection: a request sent just after the socket connected can be lost
+    // (the cell then stays [*] with the kernel idle, seen in CI in both front-ends; jupyterlab#8490), so the page
+    // is ready once the kernel has answered it; an unanswered try is given 10 s, then the next poll asks again
+    const reply = await Promise.race([k.requestKernelInfo(), new Promise(r => setTimeout(() => r(null), 10000))]);
+    return !!reply && reply.content.status === 'ok';
 }"""
 # JupyterLab binds its keys once its shortcut settings are loaded (a request to the server, slow on a cold first run):
 # a Shift+Enter pressed before that runs nothing, and the cell's prompt stays empty (a CI run waited 300 s so)
@@ -196,6 +202,23 @@ PROMPT_JS = "() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText"
 ROWS_JS = """() => Array.from(document.querySelectorAll('.widget-html .tfos-panel table tbody tr'))
   .map(tr => Array.from(tr.cells).map(td => td.textContent.trim())).filter(c => c.length > 5)"""
 SNAPSHOT_JS = ROWS_JS.replace(".widget-html .tfos-panel", ".jp-RenderedHTMLCommon > .tfos-panel")
+
+
+def first_cell_ran(page, server: Lab, since: str) -> None:
+    """Wait until the first cell's prompt says [1] (the first import in a fresh venv compiles every module: 300 s);
+    a timeout says what the page and the server saw (the prompt; the kernel's state and last activity against
+    ``since``, when the cell was run, UTC)."""
+    try:
+        page.wait_for_function(f"() => ({PROMPT_JS})().includes('[1]')", timeout=300_000)
+    except Exception as exc:
+        kernels = [(k["execution_state"], k["last_activity"]) for k in server.api("api/kernels") or []]
+        prompt = page.evaluate(f"({PROMPT_JS})()")
+        raise AssertionError(f"the first cell did not run: prompt {prompt!r}; kernels (state, last activity) "
+                             f"{kernels}; run at {since}") from exc
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 def docs_screenshot(name: str, docs_name: str) -> None:
@@ -231,11 +254,11 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.wait_for_function(KEYS_READY_JS)
         # run both cells as a person would: into the first cell, Shift+Enter twice
         page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+        since = utc_now()
         page.keyboard.press("Shift+Enter")
         # the key was taken (the cell is queued or ran), then the cell ran: two failures told apart
         page.wait_for_function(f"() => /\\[[*1]\\]/.test(({PROMPT_JS})())", timeout=30_000)
-        page.wait_for_function(f"() => ({PROMPT_JS})().includes('[1]')",
-                               timeout=300_000)  # the first import in a fresh venv compiles every module
+        first_cell_ran(page, lab, since)
         page.keyboard.press("Shift+Enter")
         page.wait_for_selector(".jp-Cell:nth-child(2) .jp-InputPrompt:has-text('[*]')")
 
@@ -330,9 +353,9 @@ def test_panel_in_notebook7(notebook7: Lab, browser, tmp_path: Path) -> None:
         # then (the page error ignored above), and a keystroke then runs nothing; the button's command always does
         run = page.locator('.jp-NotebookPanel-toolbar [data-command="notebook:run-cell-and-select-next"]').first
         page.locator(".jp-Cell .jp-InputArea-editor").first.click()
+        since = utc_now()
         run.click()
-        page.wait_for_function("() => document.querySelector('.jp-Cell .jp-InputPrompt').innerText.includes('[1]')",
-                               timeout=300_000)
+        first_cell_ran(page, notebook7, since)
         run.click()
         page.wait_for_function(f"() => ({ROWS_JS})().filter(r => /^running\\b/.test(r[4]) && /^\\d+/.test(r[5])).length === 2",
                                timeout=240_000)  # fmt: skip

@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 
 from ..protocol import pipes
-from . import keras3_mwms, keras_epochs, phases
+from . import keras3_mwms, keras_epochs, keras_flavour, phases
 from .context import Reporter
 from .owner import LINGER_S
 
@@ -136,6 +136,11 @@ def main(role_cls: type[ChildRole]) -> int:
     watcher.start()
     role = role_cls(start.info, reporter)
     threading.Thread(target=_watch_owner, args=(0, role), name="tfos-owner", daemon=True).start()
+    flavour = keras_flavour.problem()  # before the function (or its unpickling) reaches tf.keras
+    if flavour is not None:
+        print(f"tfos_nb: {flavour}", file=sys.stderr, flush=True)
+        reporter.send(pipes.Failed(error=flavour))
+        return 1
     try:
         fn, args = cloudpickle.loads(blob)
     except Exception as exc:  # noqa: BLE001 - reported to the driver as the child's error

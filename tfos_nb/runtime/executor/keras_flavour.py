@@ -1,0 +1,41 @@
+"""Whether the Keras a node was asked for can load, said before the function runs (no TensorFlow import).
+
+``keras="tf_keras"`` (the default, TensorFlowOnSpark's Keras 2) sets ``TF_USE_LEGACY_KERAS=1``; TensorFlow then
+serves ``tf.keras`` from the ``tf_keras`` package, whose releases each pair with one TensorFlow minor. tfos_nb does
+not require tf-keras itself (pip would pick the newest, and upgrade an installed TensorFlow to match it), so a
+node without it, or with one for another TensorFlow, fails at once with the fix instead of inside ``tf.keras``.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def problem(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+    """Why ``tf.keras`` cannot load as asked here, with the fix; None when it can (or when it is not tf_keras's)."""
+    if env.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):
+        return None
+    tf = _version("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+    if tf is None or tuple(int(x) for x in _minor(tf).split(".") if x.isdigit()) < (2, 16):
+        return None  # before 2.16 tf.keras is TensorFlow's own Keras 2
+    tk = _version("tf_keras", "tf-keras")
+    fix = f"pip install 'tf-keras~={_minor(tf)}.0' where the nodes run, or start the job with keras='keras3'"
+    if tk is None:
+        return f"keras='tf_keras' (the default) needs the tf-keras package for TensorFlow {tf}: {fix}"
+    if _minor(tk) != _minor(tf):
+        return f"tf-keras {tk} is for TensorFlow {_minor(tk)}, and this node has TensorFlow {tf}: {fix}"
+    return None
