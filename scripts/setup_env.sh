@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtual environment in .venv and install tfos_nb with
-# everything the demo and the tests need. Idempotent: skips the install while the
-# requirement files are unchanged. Needs python3 (>= 3.10) and Java 17 on PATH.
+# Create (or reuse) the project's virtual environment in .venv and install tfos_nb with what the
+# quickstart needs (TFOS_NB_TEST_DEPS=1, as test.sh sets it: everything the tests need). Idempotent: skips
+# the install while the requirement files are unchanged. Needs python3 (>= 3.10) and Java 17 on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -24,19 +24,27 @@ if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] && ! command -v ip >/dev/null && [ "$(id -u
     || echo "tfos_nb: could not install iproute2; tests/test_multihost.py will skip" >&2
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# Two levels: the quickstart's (requirements-quickstart.txt: the runtime and a headless notebook runner) and the
+# test suite's (requirements-test.txt, a superset). The stamp says which is installed, for which requirement files.
+level=quickstart reqs=requirements-quickstart.txt
+if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ]; then level=test reqs=requirements-test.txt; fi
 stamp=.venv/.tfos_nb-stamp
-want=$(cat requirements.txt requirements-test.txt requirements-docs.txt setup.py scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+files=$(cat requirements.txt requirements-quickstart.txt requirements-test.txt requirements-docs.txt setup.py \
+  scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" != "test $files" ] && [ "$have" != "$level $files" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -r requirements-test.txt
+  .venv/bin/python -m pip install -q -r "$reqs"
   # (setuptools warns on every editable install that a folder named like the package may shadow it: that folder is
   # the package itself, so the warning is silenced here)
   PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q --no-deps -e .
-  # The install puts etc/jupyter/jupyter_server_config.d/tfos_nb.json into .venv, which enables the
-  # TensorBoard proxy for `.venv/bin/jupyter lab`; check it, and enable it by hand if an old setuptools did not.
-  listed=$(.venv/bin/python -m jupyter_server extension list 2>&1 || true)  # not piped into grep -q: pipefail
-  if ! grep -q "tfos_nb.tbproxy.*enabled" <<<"$listed"; then
-    .venv/bin/python -m jupyter_server extension enable --sys-prefix tfos_nb.tbproxy
+  if [ "$level" = test ]; then
+    # The install puts etc/jupyter/jupyter_server_config.d/tfos_nb.json into .venv, which enables the
+    # TensorBoard proxy for `.venv/bin/jupyter lab`; check it, and enable it by hand if an old setuptools did not.
+    listed=$(.venv/bin/python -m jupyter_server extension list 2>&1 || true)  # not piped into grep -q: pipefail
+    if ! grep -q "tfos_nb.tbproxy.*enabled" <<<"$listed"; then
+      .venv/bin/python -m jupyter_server extension enable --sys-prefix tfos_nb.tbproxy
+    fi
   fi
-  echo "$want" > "$stamp"
+  echo "$level $files" > "$stamp"
 fi

@@ -49,7 +49,7 @@ CELL = textwrap.dedent("""
             if ctx.job_name == "worker" and step == 5:
                 on_epoch_end()
 """)
-TIMEOUT_S = 90  # the cell's --timeout: the job is torn down then, and its message says where it was stuck
+TIMEOUT_S = 60  # the cell's --timeout: the job is torn down then, and its message says where it was stuck
 
 
 @pytest.fixture(scope="module")
