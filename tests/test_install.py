@@ -1,4 +1,5 @@
-"""How tfos_nb installs: the TensorBoard proxy server extension is enabled by every install.
+"""How tfos_nb installs: the TensorBoard proxy server extension is enabled by every install, and a wheel's
+install runs a training cell (the kernel and the nodes import the installed package, not the checkout).
 
 Each case installs the package (a wheel, or ``pip install -e``) with ``--no-deps`` into a
 fresh virtual environment of its own (its own ``sys.prefix``, so its own
@@ -11,6 +12,7 @@ install's own files can enable the extension.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,10 +93,49 @@ def test_wheel_install_enables_the_extension_and_uninstall_removes_it(sandbox):
     out = _extensions(sandbox)
     assert ENABLED.search(out) and VALIDATED.search(out), out  # enabled, and the module imports
 
+    # a training cell in a kernel of that environment: the kernel and both nodes run the wheel's tfos_nb
+    nb = sandbox["cwd"] / "notebooks" / "wheel.ipynb"
+    nb.parent.mkdir()
+    nb.write_text(json.dumps(_notebook(WHEEL_CELLS)))
+    out = _run([str(sandbox["python"]), str(REPO / "scripts" / "run_notebook.py"), str(nb)], sandbox["cwd"],
+               sandbox["env"])
+    assert out.startswith("executed notebook: "), out
+    ran = json.loads((sandbox["cwd"] / "build" / "wheel.ipynb").read_text())
+    texts = [o.get("text", "") for c in ran["cells"] for o in c.get("outputs", [])]
+    text = "".join("".join(t) if isinstance(t, list) else t for t in texts)  # nbformat keeps a stream as lines
+    site = str(sandbox["venv"])
+    assert re.search(rf"^kernel tfos_nb {re.escape(site)}/lib/python[\d.]+/site-packages/tfos_nb/__init__.py$", text,
+                     re.M), text
+    nodes = re.findall(rf"^\[(\w+:\d)\] node tfos_nb {re.escape(site)}/lib/python[\d.]+/site-packages/tfos_nb/", text,
+                       re.M)
+    assert sorted(nodes) == ["chief:0", "worker:0"], text
+    assert float(re.search(r"^\[chief:0\] accuracy: ([\d.]+)$", text, re.M).group(1)) > 0.5, text  # it trained
+
     _run([sys.executable, "-m", "pip", "--python", str(sandbox["python"]), "uninstall", "-y", "-q", "tfos_nb"],
          sandbox["cwd"], sandbox["env"])
     assert not config.exists()
     assert "tfos_nb" not in _extensions(sandbox)
+
+
+WHEEL_CELLS = [
+    "%load_ext tfos_nb\nimport tfos_nb\nprint('kernel tfos_nb', tfos_nb.__file__)",
+    "%%tfos_cluster --workers 2 --name wheel\nimport tfos_nb\nimport tensorflow as tf\n"
+    "from tfos_nb.examples.digits import build_model, load_digits_arrays\n"
+    "print('node tfos_nb', tfos_nb.__file__, flush=True)\n"
+    "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+    "with strategy.scope():\n    model = build_model(learning_rate=0.01)\n"
+    "x, y, x_test, y_test = load_digits_arrays()\n"
+    "model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=2, verbose=0)\n"
+    "accuracy = model.evaluate(x_test, y_test, verbose=0)[1]  # every worker: evaluate is a collective\n"
+    "if ctx.is_chief:\n    print('accuracy: %.3f' % accuracy)",
+]
+
+
+def _notebook(cells: list[str]) -> dict:
+    return {"cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": c}
+                      for c in cells],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+            "nbformat": 4, "nbformat_minor": 5}
 
 
 def test_editable_install_enables_the_extension(sandbox):
