@@ -92,8 +92,9 @@ def kernel_specs(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def _global_shell_forgets_its_clusters() -> Iterator[None]:
     """At each module's end, the process's one global IPython shell (``IPython.testing.globalipapp``, used by
-    several modules) forgets the clusters and parallel runs its magics hold: the next module's magics start with
-    none, whatever order the modules run in."""
+    several modules) forgets the clusters and parallel runs its magics hold, and its ``%config TFOSMagics.…``
+    settings go back to their defaults: the next module's magics start with none and with the defaults, whatever
+    order the modules run in (a module's ``stall_after = 3`` once reached a later module's cells)."""
     yield
     if "IPython" not in sys.modules:
         return
@@ -103,6 +104,9 @@ def _global_shell_forgets_its_clusters() -> Iterator[None]:
     magics = shell.magics_manager.registry.get("TFOSMagics") if shell is not None else None
     if magics is not None:
         magics.handles.clear()
+        for name, trait in magics.traits(config=True).items():
+            if getattr(magics, name) != trait.default_value:
+                setattr(magics, name, trait.default_value)
 
 
 def binary_frame(spark: Any, rows: int, width: int, informative: int, partitions: int) -> Any:
