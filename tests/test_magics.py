@@ -418,7 +418,8 @@ def test_background_wait_reraises_the_node_error(ip, magic_spark):
 def test_timeout_stops_the_cluster(ip, magic_spark):
     with pytest.raises(ClusterFailed) as info:
         ip.run_cell_magic("tfos_cluster", "--workers 1 --timeout 8 --name slow", "import time\ntime.sleep(300)")
-    assert str(info.value) == "cluster slow: TimeoutError: did not finish within 8 s and was torn down"
+    # the message may add where the job was stuck ("; stalled then: …", when the shell's stall_after is shorter)
+    assert str(info.value).startswith("cluster slow: TimeoutError: did not finish within 8 s and was torn down"), info.value
 
 
 @pytest.mark.slow
