@@ -109,6 +109,18 @@ def _global_shell_forgets_its_clusters() -> Iterator[None]:
                 setattr(magics, name, trait.default_value)
 
 
+def global_shell_with(spark: Any, name: str) -> Iterator[Any]:
+    """A module-scoped ``ip`` fixture's body: the global IPython shell with tfos_nb loaded and ``spark`` in its
+    namespace; at the end its clusters are stopped and forgotten, and the handle ``name`` leaves the namespace."""
+    shell = ipython_with_tfos_nb()
+    shell.user_ns["spark"] = spark
+    yield shell
+    magics = shell.magics_manager.registry["TFOSMagics"]
+    magics.shutdown_all()
+    magics.handles.clear()  # the shell is the process's one global shell: later modules start with no clusters
+    shell.user_ns.pop(name, None)
+
+
 def binary_frame(spark: Any, rows: int, width: int, informative: int, partitions: int) -> Any:
     """A seeded two-class DataFrame (``x array<float>``, ``y float``): the label is whether the sum of the first
     ``informative`` features is positive (a tutorial's separable set)."""

@@ -19,7 +19,7 @@ import time
 import cloudpickle
 import pytest
 
-from tests.conftest import ipython_with_tfos_nb, runtime_processes, spark_fixture, start_cluster, wait_until
+from tests.conftest import global_shell_with, runtime_processes, spark_fixture, start_cluster, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.magics import ClusterFailed
 from tfos_nb.runtime.driver.stalls import DEFAULT_STALL_AFTER
@@ -54,13 +54,7 @@ TIMEOUT_S = 60  # the cell's --timeout: the job is torn down then, and its messa
 
 @pytest.fixture(scope="module")
 def ip(spark):
-    shell = ipython_with_tfos_nb()
-    shell.user_ns["spark"] = spark
-    yield shell
-    magics = shell.magics_manager.registry["TFOSMagics"]
-    magics.shutdown_all()
-    magics.handles.clear()  # the shell is the process's one global shell: later modules start with no clusters
-    shell.user_ns.pop("stuck", None)
+    yield from global_shell_with(spark, "stuck")
 
 
 def test_a_node_that_stops_reading_is_named_with_its_callback_and_the_feeding_task_waiting_for_it(ip, spark, tmp_path,

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import spark_fixture, wait_until
+from tests.conftest import global_shell_with, spark_fixture, wait_until
 from tfos_nb.runtime.executor import phases as P
 
 pytestmark = pytest.mark.slow
@@ -43,18 +43,7 @@ CELL = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def ip(spark):
-    import IPython
-    from IPython.testing.globalipapp import start_ipython
-
-    start_ipython()
-    shell = IPython.get_ipython()
-    shell.run_line_magic("load_ext", "tfos_nb")
-    shell.user_ns["spark"] = spark
-    yield shell
-    magics = shell.magics_manager.registry["TFOSMagics"]
-    magics.shutdown_all()
-    magics.handles.clear()  # the shell is the process's one global shell: later modules start with no clusters
-    shell.user_ns.pop("stuck", None)
+    yield from global_shell_with(spark, "stuck")
 
 
 def in_order(seen: list[str], expected: list[str]) -> bool:
