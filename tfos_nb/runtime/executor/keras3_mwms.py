@@ -8,10 +8,12 @@ than one worker (keras-team/keras#20585, tensorflow/tensorflow#72388): ``ValueEr
 1. ``TensorFlowTrainer._maybe_symbolic_build`` pulls the first batch of the distributed dataset only to learn its
    shapes and calls ``strategy.reduce("MEAN", batch, axis=None)`` on the whole ``(x, y)`` structure; the
    multi-worker strategy's ``_reduce_to`` is not nest-aware and converts the tuple of ``PerReplica`` values to a
-   tensor (the error).  Even where it works the pulled batch is dropped (``epoch_iterator.reset()`` follows): a
-   one-pass stream such as a node's feed loses those rows.  Repaired: build from the dataset's ``element_spec``
-   (shapes and dtypes are all ``_symbolic_build`` uses), reading no data; where the spec has an unknown
-   non-batch dimension, Keras' own pull of one batch, taking this worker's value instead of the reduce.
+   tensor (the error).  Even where it works — under any strategy, one worker's included — the pulled batch is
+   dropped with the iterator's prefetched ones (``epoch_iterator.reset()`` follows): a one-pass stream such as a
+   node's feed loses those rows (a one-node cluster lost two batches of its first epoch; found by recovery's
+   row audit).  Repaired under every strategy: build from the dataset's ``element_spec`` (shapes and dtypes are
+   all ``_symbolic_build`` uses), reading no data; where the spec has an unknown non-batch dimension, Keras' own
+   pull of one batch, across workers taking this worker's value instead of the reduce.
 2. ``reduce_per_replica`` averages each step's logs with ``strategy.reduce("MEAN", v, axis=0)``, which fails on
    the scalar loss and metric values across workers; repaired with ``axis=None`` (the mean over replicas).
 3. ``get_metrics_result`` reads the metrics in replica context inside a step, so each worker's step logs are its
@@ -20,9 +22,10 @@ than one worker (keras-team/keras#20585, tensorflow/tensorflow#72388): ``ValueEr
 
 Each repair replaces one function and keeps the original on it (``import_patches.replace_once``); nothing changes unless Keras' major
 version is 3 and the three functions exist.  ``tests/test_keras3.py`` fails when upstream changes them (then this
-module is revisited: dropped once Keras fixes it).  Outside multi-worker training the repaired functions call the
-originals.  ``steps_per_execution > 1`` fails inside Keras under the strategy (a separate Keras 3 problem): refused
-before the first step with one sentence (:data:`STEPS_PER_EXECUTION`).
+module is revisited: dropped once Keras fixes it).  Outside multi-worker training repairs 2 and 3 call the
+originals, and repair 1 builds from the spec where Keras would pull a batch.  ``steps_per_execution > 1`` fails
+inside Keras under the strategy (a separate Keras 3 problem): refused before the first step with one sentence
+(:data:`STEPS_PER_EXECUTION`).
 """
 
 from __future__ import annotations
@@ -70,14 +73,17 @@ def _symbolic_build(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _maybe_symbolic_build(self: Any, iterator: Any = None, data_batch: Any = None) -> Any:
         strategy = self._distribute_strategy
-        if strategy is None or iterator is None or not _multi_worker(strategy, tf):
+        if strategy is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
-        if int(getattr(self, "steps_per_execution", 1) or 1) > 1:
+        multi = _multi_worker(strategy, tf)
+        if multi and int(getattr(self, "steps_per_execution", 1) or 1) > 1:
             raise ValueError(STEPS_PER_EXECUTION.format(n=self.steps_per_execution))
         spec = getattr(getattr(iterator, "_distributed_dataset", None), "element_spec", None)
         data_batch = _spec_batch(spec, tf) if spec is not None else None
-        if data_batch is None:  # Keras' own pull of a batch, minus the cross-worker reduce of the data
-            for _, _, it in iterator:
+        if data_batch is None:
+            if not multi:  # Keras' own pull of a batch (a one-worker strategy reduces it fine)
+                return original(self, iterator=iterator, data_batch=None)
+            for _, _, it in iterator:  # Keras' own pull of a batch, minus the cross-worker reduce of the data
                 data_batch = tf.nest.map_structure(
                     lambda v: strategy.experimental_local_results(v)[0]
                     if isinstance(v, tf.distribute.DistributedValues) else v, next(it))
