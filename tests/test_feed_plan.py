@@ -16,7 +16,7 @@ from tfos_nb.runtime.executor.data_server import DataServer
 from tfos_nb.runtime.executor.feed import DataFeed
 from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.executor.feed_plan import FeedOutOfStep, sample_row
-from tfos_nb.runtime.executor.feeder import _with_sample
+from tfos_nb.runtime.executor.partition_batches import with_sample
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_a_node_given_no_row_builds_its_dataset_from_the_feeders_sample(chief):
     hub, _ = chief
     schema = pa.schema([("x", pa.list_(pa.float32())), ("y", pa.float32()), ("tag", pa.string())])
     rows = pa.RecordBatch.from_pylist([{"x": [1.0] * 8, "y": 1.0, "tag": "a"}] * 3, schema=schema)
-    batches, sample = _with_sample([rows.slice(0, 0), rows])  # an empty first batch, as an empty partition's
+    batches, sample = with_sample([rows.slice(0, 0), rows])  # an empty first batch, as an empty partition's
     assert sum(b.num_rows for b in batches) == 3 and sample["shapes"] == [[8], [], []]
     zeros = sample_row(sample)
     assert zeros.to_pylist() == [{"x": [0.0] * 8, "y": 0.0, "tag": ""}]
@@ -101,11 +101,11 @@ def test_a_node_whose_partitions_were_all_empty_builds_from_the_sample_of_this_c
     hub, server = chief
     schema = pa.schema([("x", pa.list_(pa.float32())), ("y", pa.float32())])
     rows = pa.RecordBatch.from_pylist([{"x": [1.0] * 8, "y": 1.0}], schema=schema)
-    _, first = _with_sample([rows])
+    _, first = with_sample([rows])
     hub.set_plan(1, 1, first)
     hub.epoch_done = 1  # the first call's epoch, read and ended
     wide = pa.RecordBatch.from_pylist([{"x": [1.0] * 3, "y": 1.0}], schema=schema)
-    _, second = _with_sample([wide])
+    _, second = with_sample([wide])
     hub.set_plan(2, 2, {})  # a new call; its sample is not known yet
     assert hub.sample is None
     hub.set_plan(2, 2, second)
@@ -123,8 +123,8 @@ def test_a_share_known_before_its_calls_plan_waits_for_that_calls_sample(chief):
     must not stand in for the new data's; the read waits for the new call's."""
     hub, _ = chief
     schema = pa.schema([("x", pa.list_(pa.float32()))])
-    _, old = _with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 8}], schema=schema)])
-    _, new = _with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 3}], schema=schema)])
+    _, old = with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 8}], schema=schema)])
+    _, new = with_sample([pa.RecordBatch.from_pylist([{"x": [1.0] * 3}], schema=schema)])
     hub.set_plan(1, 1, old)
     hub.epoch_assigned(1, 0)
     assert hub.take(64, True, [0]) == []  # the node read the last call's epoch (its share: nothing)

@@ -510,6 +510,8 @@ def test_one_mlflow_run_per_job_from_a_notebook(mlflow_server, client, kernel_sp
         failures = run.data.tags["tfos_nb.failures"]  # the failed attempt, its node and its error
         assert failures.startswith("attempt 1: worker:1 failed") and "ValueError: flaky on attempt 1" in failures, failures
         assert "tfos_nb.error" not in run.data.tags  # it finished: the failure is history, not the outcome
+        # where the retry resumed from (no Keras in this job, so no backup: from the first step)
+        assert run.data.tags["tfos_nb.resumed"] == "attempt 2: from the first step (no backup yet)", run.data.tags
         assert [a.path for a in client.list_artifacts(run_id, "errors")] == ["errors/attempt1_worker_1.txt"]
         # the chief (worker 0: no chief node) under its own keys, the other node under worker_1/ (all_nodes)
         assert sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss")) == \
@@ -533,6 +535,7 @@ def test_one_mlflow_run_per_job_from_a_notebook(mlflow_server, client, kernel_sp
         assert run.data.tags["tfos_nb.attempts"] == "2", run.data.tags
         failures = run.data.tags["tfos_nb.failures"]
         assert failures.startswith("attempt 1: worker:0 failed") and "ValueError: bg fails on attempt 1" in failures, failures
+        assert run.data.tags["tfos_nb.resumed"] == "attempt 2: from the first step (no backup yet)", run.data.tags
         assert [a.path for a in client.list_artifacts(run.info.run_id, "errors")] == ["errors/attempt1_worker_0.txt"]
         assert client.get_metric_history(run.info.run_id, "loss")
 

@@ -180,7 +180,7 @@ def test_spool_keeps_each_partition_once(tmp_path):
 
     import pyarrow as pa
 
-    from tfos_nb.runtime.executor.feed_hub import Conn
+    from tfos_nb.runtime.executor.feed_conn import Conn
     from tfos_nb.runtime.executor.named_feeds import NamedFeeds, NamedReader
 
     feeds = NamedFeeds("worker:0", lambda: False, root=str(tmp_path))

@@ -78,6 +78,8 @@ class ClusterHandle(RunHandle):
         clock: Callable[[], float] = time.time,
         tracking: Any = None,
         stall_after: float | None = DEFAULT_STALL_AFTER,
+        min_workers: int | None = None,
+        shrink_after: float = retry.SHRINK_AFTER_S,
     ) -> None:
         super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
                          background=background, clock=clock, tracking=tracking)
@@ -110,15 +112,19 @@ class ClusterHandle(RunHandle):
         self._cstate: S.ClusterState | None = None
         self._starting: Any = None  # the start in progress (run()'s on_start), cancellable from any thread
         self._states: list[tuple[int, S.ClusterState]] = []  # (attempt, its cluster state), for history
+        self._recovery: retry.Recovery | None = None  # with --retries: the backups each attempt resumes from
+        self._shrink = (min_workers, shrink_after, workers)  # --min-workers: the retry's fewer nodes
+        self._nodes = self.num_nodes  # the running attempt's
 
     # -- the job: every call into the driver's cluster ------------------------------------
     def _start_job(self) -> TFCluster:
         kwargs = dict(self._run_kwargs)
-        kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt))
+        backup_env = self._recovery.env(self.attempt) if self._recovery is not None else {}
+        kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt), **backup_env)
         # every attempt logs into the job's one run; untracked, as the cell decided on its own thread (where an
         # active MLflow run is seen), not as this thread would
         kwargs["mlflow"] = self.tracking if self.tracking is not None else False
-        return self._run(self._sc, self._fn, self._args, self.num_nodes, log_callback=self._on_log,
+        return self._run(self._sc, self._fn, self._args, self._nodes, log_callback=self._on_log,
                          on_state=self._on_state, on_start=self._on_start, **kwargs)
 
     def _on_start(self, job: Any) -> None:
@@ -167,8 +173,13 @@ class ClusterHandle(RunHandle):
             self._timer.daemon = True
             self._timer.start()
         if self._stop_reason is None:  # the runtime's retry loop, with this handle's attempt, stop and log line
-            self._live, _ = retry.attempts(self._attempt, self.retries, failures=self.failures,
-                                           on_retry=self._on_retry, stopped=lambda: self._stop_reason is not None)
+            min_workers, shrink_after, _ = self._shrink
+            self._recovery = retry.Recovery(self._sc, self.retries, min_workers=min_workers, shrink_after=shrink_after)
+            try:
+                self._live, _ = retry.attempts(self._attempt, self.retries, failures=self.failures,
+                                               on_retry=self._on_retry, stopped=lambda: self._stop_reason is not None)
+            finally:
+                self._recovery.close()
 
     def _time_out(self) -> None:
         self._stalled_at_timeout = self.stalled_now()  # where the job was stuck, before the stop clears it
@@ -182,14 +193,25 @@ class ClusterHandle(RunHandle):
         with self._lock:
             self._cluster = None
             self.attempt = attempt
+        if self._recovery is not None:
+            self._nodes = self._recovery.nodes(attempt, self.num_nodes, self._shrink[2])
         cluster = self._start_job()
         with self._lock:
             self._cluster = cluster
             stopping = self._stop_reason is not None
+        recovery = self._recovery
+        if attempt > 1 and recovery is not None:
+            said = recovery.describe()
+            self._on_log("tfos", [f"attempt {attempt} resumes {said}"])
+            if self.tracking is not None:
+                self.tracking.resumed.append(f"attempt {attempt}: {said}")
         try:
             if not stopping:
                 if self._data is not None:
-                    cluster.train(self._data, self._epochs, feed_timeout=self.timeout or 600, validation=self._validation)
+                    epochs, skip = (recovery.epochs(self._epochs), recovery.skip_rows) if recovery else (self._epochs,
+                                                                                                           None)
+                    cluster.train(self._data, epochs, feed_timeout=self.timeout or 600, validation=self._validation,
+                                  skip_rows=skip)
                 cluster.shutdown(grace_secs=self._grace, timeout=self.timeout or 259200)
         except BaseException:
             self._close_cluster(cluster)

@@ -12,6 +12,7 @@ from traitlets import Bool, CaselessStrEnum, Enum, Float, Integer, Unicode, Unio
 
 from ..runtime import logs
 from ..runtime.driver import parallel as P
+from ..runtime.driver.retry import SHRINK_AFTER_S
 from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import add_start_listener, remove_start_listener
 from . import _cell_panel, _doctor, _render, _views
@@ -76,6 +77,11 @@ class TFOSMagics(Magics):
         help="Seconds a chief/worker may go without moving (no new phase, step or stack) before the panel flags it "
         "as stalled, naming its phase and the nodes that have not reached it (%tfos_stack NAME shows where it "
         "waits). 0 or None: never.",
+    ).tag(config=True)
+    shrink_after = Float(
+        SHRINK_AFTER_S,
+        help="With --retries and --min-workers: seconds a retry waits for the task slots of the failed attempt to "
+        "come back before it starts on fewer chief/worker nodes.",
     ).tag(config=True)
     log_level = CaselessStrEnum(
         ["", *logs.LEVELS], default_value="",
@@ -145,7 +151,11 @@ class TFOSMagics(Magics):
     @argument("--name", default="_tfos", help="notebook variable for the cluster's handle (default _tfos)")
     @argument("--background", action="store_true", help="return at once; the handle's wait() waits")
     @argument("--retries", type=int, default=0, metavar="N",
-              help="start the cluster again up to N times when a node fails (resume from your checkpoints)")
+              help="start the cluster again up to N times when a node fails; it resumes from the last backup "
+                   "ctx.progress_callback() keeps (or from your own checkpoints)")
+    @argument("--min-workers", type=int, default=None, metavar="K",
+              help="with --retries: start again on fewer chief/worker nodes (down to K) when the lost slots do not "
+                   "come back within TFOSMagics.shrink_after seconds")
     @argument("--timeout", type=float, default=None, metavar="SECONDS",
               help="stop the cluster if the run takes longer (default: TFOSMagics.timeout)")
     @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
@@ -198,6 +208,8 @@ class TFOSMagics(Magics):
             raise usage(f"--ps must be 0 or more, got {opts.ps}")
         if opts.retries < 0:
             raise usage(f"--retries must be 0 or more, got {opts.retries}")
+        if opts.min_workers is not None and not 1 <= opts.min_workers <= workers:
+            raise usage(f"--min-workers must be between 1 and --workers ({workers}), got {opts.min_workers}")
         timeout = self.timeout if opts.timeout is None else opts.timeout
         check_timeout(timeout)
         name = opts.name
@@ -237,7 +249,8 @@ class TFOSMagics(Magics):
                                evaluator=opts.evaluator, data=data, epochs=epochs, validation=validation,
                                tensorboard=opts.tensorboard,
                                log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
-                               retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after)
+                               retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after,
+                               min_workers=opts.min_workers, shrink_after=self.shrink_after)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
             from .. import tensorboard as tb
 

@@ -32,6 +32,7 @@ from ._params import (
     _CallablesWriter,
     _to_protocol,
 )
+from ._retries import HasRetries
 from ._validation import HasValidation, last_values, split
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class _TrainThenExport:
 
 class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSize, HasNumPS, HasInputMode, HasMasterNode,
                   HasProtocol, HasGraceSecs, HasTensorboard, HasModelDir, HasExportDir, HasTFRecordDir, HasBatchSize,
-                  HasEpochs, HasReaders, HasSteps, HasValidation, DefaultParamsReadable["TFEstimator"],
+                  HasEpochs, HasReaders, HasSteps, HasValidation, HasRetries, DefaultParamsReadable["TFEstimator"],
                   DefaultParamsWritable):
     """Train ``train_fn(args, ctx)`` on a tfos_nb cluster from a DataFrame; ``fit`` returns a :class:`TFModel`.
 
@@ -111,7 +112,9 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
     ``Protocol`` picks the collective implementation (``grpc`` = AUTO,
     ``ring``, ``nccl``) that ``train_fn`` passes to its strategy, e.g. with
     :func:`communication_options`; TensorFlow 2 has no RDMA verbs transport.
-    ``env`` adds environment variables to the nodes (e.g. thread counts).
+    ``env`` adds environment variables to the nodes (e.g. thread counts).  ``Retries`` (tfos_nb's own Param,
+    0 by default) starts the cluster again after a node failure, resuming from the last backup
+    ``ctx.progress_callback()`` keeps, as ``run_job(retries=…)`` does.
     ``mlflow`` tracks each ``fit`` as one MLflow run (``True``, an experiment name or a dict, as
     ``TFCluster.run(mlflow=…)``); ``None`` (the default) only inside an active MLflow run
     (``with mlflow.start_run(): est.fit(df)``), ``False`` never; ``ExportDir``'s SavedModel is the
@@ -126,7 +129,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
                  env: dict[str, str] | None = None, mlflow: Any = None, **params: Any) -> None:
         super().__init__()
         self._setDefault(clusterSize=1, numPS=0, driverPSNodes=False, readers=1, tensorboard=False, steps=1000,
-                         epochs=1, protocol="grpc", inputMode=1, masterNode="chief", graceSecs=0.0)
+                         epochs=1, protocol="grpc", inputMode=1, masterNode="chief", graceSecs=0.0, retries=0)
         self.args = Namespace(tf_args)  # TypeError for anything but a dict, a namespace or an argv list
         self.train_fn, self.tf_args, self.export_fn = train_fn, tf_args, export_fn
         self.model_fn, self.env, self.mlflow = model_fn, env, mlflow
@@ -203,8 +206,9 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
             args.tfrecord_dir = self._export_tfrecords(dataset)
         sc = dataset.sparkSession  # classic or Spark Connect: run() takes either
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
-        # the one start → train → shutdown the runtime has (no retries: a failed fit raises)
+        # start → train → shutdown, started again on a node failure up to Retries times (from the last backup)
         outcome = tfc.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
+                    retries=self.getOrDefault(self.retries),
                     data=source, validation=val_source, num_epochs=self.getOrDefault(self.epochs),
                     batch_rows=self.getBatchSize(),
                     grace_secs=self.getOrDefault(self.graceSecs),

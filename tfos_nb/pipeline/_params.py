@@ -286,7 +286,7 @@ ARG_NAMES = {
 
 #: tfos_nb's own Params (TensorFlowOnSpark has none of them): in ``args`` only when set, so that ``args`` has
 #: TensorFlowOnSpark's keys for a program that does not use them
-OWN_PARAMS = frozenset({"validation", "validationMetrics"})
+OWN_PARAMS = frozenset({"validation", "validationMetrics", "retries"})
 
 
 def arg_name(param: str) -> str:

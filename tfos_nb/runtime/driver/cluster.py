@@ -15,7 +15,7 @@ import logging
 import numbers
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..executor.feeder import (
@@ -111,7 +111,8 @@ class TFCluster(ClusterSets, ClusterStreams):
 
     # -- data ------------------------------------------------------------------
     def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input",  # noqa: N803 - TFoS name
-              *, batch_rows: int = 1024, validation: Any = None, feeds: dict[str, Any] | None = None) -> None:
+              *, batch_rows: int = 1024, validation: Any = None, feeds: dict[str, Any] | None = None,
+              skip_rows: Mapping[int, list[tuple[int, int]]] | None = None) -> None:
         """Feed an RDD or DataFrame to the chief/worker nodes, ``num_epochs`` times (0, the default: 10 times,
         as TensorFlowOnSpark does).
 
@@ -129,6 +130,8 @@ class TFCluster(ClusterSets, ClusterStreams):
         names (e.g. ``{"test": test_df}``).  ``qname`` other than ``"input"``
         (TensorFlowOnSpark's named queue) feeds ``dataRDD`` itself as that named
         set, read ``num_epochs`` times by ``next_batch`` (``last_sets`` counts each set).
+        ``skip_rows`` (partition -> ``[start, end)`` row ranges) leaves those rows out of the
+        first epoch: a retried job's resumed epoch, without the rows its backup had trained on.
         """
         refuse_dstream(dataRDD, "train")
         require_batch_rows(batch_rows)
@@ -203,7 +206,8 @@ class TFCluster(ClusterSets, ClusterStreams):
                 self._await(last, "feeding", tick=learn_shares,
                             until=lambda: self._controller.feeding_started(last_epoch) and last.tasks_launched())
             epoch = self._controller.open_epoch(remaining=epochs - 1 - i)
-            action = feeding_action(dataRDD, self._meta, epoch, feed_timeout, batch_rows)
+            action = feeding_action(dataRDD, self._meta, epoch, feed_timeout, batch_rows,
+                                    skip=skip_rows if i == 0 else None)
             inflight.append((epoch, self._job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",
                                                        action)))
         while inflight:

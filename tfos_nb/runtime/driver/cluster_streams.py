@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,16 +31,17 @@ __all__ = ["ClusterStreams", "feeding_action", "refuse_dstream", "require_batch_
 
 
 def feeding_action(data: Any, meta: dict[str, Any], epoch: int, feed_timeout: float,
-                   batch_rows: int, name: str = "input") -> Callable[[], list[dict[str, int]]]:
+                   batch_rows: int, name: str = "input",
+                   skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[], list[dict[str, int]]]:
     """The Spark action that feeds a DataFrame's (``mapInArrow``) or an RDD's partitions to the nodes as epoch
     ``epoch`` (a ``train()`` epoch or a stream's micro-batch), or as version ``epoch`` of the named feed ``name``;
-    it returns each partition's counts."""
+    it returns each partition's counts.  ``skip``: partition -> row ranges not fed (a resumed epoch's)."""
     from pyspark.sql import DataFrame
 
     if not isinstance(data, DataFrame):
-        rdd_fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows, name)
+        rdd_fn = make_rdd_feeder(meta, epoch, feed_timeout, batch_rows, name, skip)
         return lambda: [json.loads(s) for s in data.mapPartitionsWithIndex(rdd_fn).collect()]
-    fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows, name)
+    fn = make_arrow_feeder(meta, epoch, feed_timeout, batch_rows, name, skip)
     return lambda: [r.asDict() for r in data.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
 
 

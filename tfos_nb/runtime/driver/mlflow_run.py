@@ -156,6 +156,7 @@ class JobRun:
         self._lock = threading.Lock()
         self._finished = False
         self.attempts = 0
+        self.resumed: list[str] = []  # where each retry resumed from (and on how many nodes), oldest first
         self.failures: list[str] = []
         self.export_dir: str | None = None
         self.log_dir: str | None = None
@@ -248,8 +249,9 @@ class JobRun:
         try:
             tags = {"tfos_nb.outcome": status.lower() if status != "KILLED" else "stopped",
                     "tfos_nb.attempts": str(max(self.attempts, 1))}
-            if self.failures:
-                tags["tfos_nb.failures"] = "; ".join(self.failures)[:5000]
+            for key, said in (("tfos_nb.failures", self.failures), ("tfos_nb.resumed", self.resumed)):
+                if said:
+                    tags[key] = "; ".join(said)[:5000]
             if error is not None:
                 tags["tfos_nb.error"] = (str(error).splitlines() or [type(error).__name__])[0][:5000]
             self._set_tags(self.run_id, tags)

@@ -5,9 +5,13 @@ running cluster: a lost worker leaves the others blocked in collectives.  So the
 unit of recovery is the whole run.  With ``retries=N``, a node failure
 (:class:`~tfos_nb.runtime.driver.cluster.TFClusterError`: a node raised, was killed,
 lost its executor or its heartbeats) tears the cluster down and starts it
-again, up to N more times.  The node function resumes from its own checkpoints
-(Keras ``BackupAndRestore`` or a ``tf.train.CheckpointManager`` in a directory
-every attempt shares); nodes read the attempt number as ``ctx.attempt``.
+again, up to N more times; nodes read the attempt number as ``ctx.attempt``.
+
+The next attempt resumes from the last backup, with no code of the user's: ``ctx.progress_callback()`` keeps
+one for Keras in the job's backup folder (``ctx.checkpoint_dir``, :mod:`..recovery`), and a fed job's resumed
+epoch holds only the rows that backup had not trained on (:class:`Recovery`).  A program with its own
+checkpoints (Keras ``BackupAndRestore``, a ``tf.train.CheckpointManager`` in ``ctx.checkpoint_dir``) resumes
+from those, and is fed every epoch again.
 
 Not retried: errors that would fail the same way again (bad arguments, not
 enough executors, a reservation timeout) and ``KeyboardInterrupt``.
@@ -20,12 +24,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ..recovery.folder import JobBackups
 from . import state as S
 from .cluster import InputMode, TFCluster
 from .errors import TFClusterError
 from .start import run
 
 T = TypeVar("T")
+
+#: how long a retry waits for the task slots of a failed attempt to come back before it shrinks (``min_workers``)
+SHRINK_AFTER_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +44,68 @@ class RunOutcome:
     attempts: int
     failures: tuple[str, ...]  # one line per failed attempt, oldest first
     seconds: float
+    resumed: tuple[str, ...] = ()  # where each retry resumed from, oldest first
+
+
+class Recovery:
+    """What each attempt of one job with retries restores and feeds; the owner of the job's backup folder.
+
+    ``env(attempt)`` plans the attempt from the backups so far (the newest one training can resume from
+    exactly) and gives its nodes' environment; ``feed(num_epochs)`` is then what it feeds: the epochs from the
+    resumed one on, and the rows of that epoch its backup had not trained on.
+    """
+
+    def __init__(self, sc: Any, retries: int, backup_dir: str | None = None, min_workers: int | None = None,
+                 shrink_after: float = SHRINK_AFTER_S) -> None:
+        from .slots import session_master
+
+        master = session_master(sc)
+        self.backups = JobBackups.open(master, backup_dir) if retries else None
+        if min_workers is not None and (not isinstance(min_workers, int) or isinstance(min_workers, bool)
+                                        or min_workers < 1):
+            msg = f"min_workers must be a positive integer (chief and workers), got {min_workers!r}"
+            raise ValueError(msg)
+        self.sc, self.min_workers, self.shrink_after = sc, min_workers, float(shrink_after)
+        self.shrunk = ""  # "on 1 of 2 training nodes", while the running attempt runs on fewer
+
+    def nodes(self, attempt: int, num_nodes: int, trainers: int) -> int:
+        """How many nodes attempt ``attempt`` starts: all ``num_nodes``, unless the job may shrink
+        (``min_workers``) and the slots lost with the failed attempt did not come back within
+        ``shrink_after`` s — then as many fewer chief/worker nodes as slots are missing, down to ``min_workers``."""
+        self.shrunk = ""
+        if attempt == 1 or self.min_workers is None or not hasattr(self.sc, "_jsc"):
+            return num_nodes
+        from .slots import settled_slots
+
+        slots, _ = settled_slots(self.sc, num_nodes, self.shrink_after)
+        missing = num_nodes - slots
+        if missing <= 0 or trainers - missing < self.min_workers:
+            return num_nodes  # all came back, or too few would: the start waits for them, and fails naming them
+        self.shrunk = (f"on {trainers - missing} of {trainers} training nodes ({missing} task slot(s) did not "
+                       f"come back within {self.shrink_after:g} s)")
+        return num_nodes - missing
+
+    def env(self, attempt: int) -> dict[str, str]:
+        return dict(self.backups.attempt(attempt)) if self.backups is not None else {}
+
+    def epochs(self, num_epochs: int) -> int:
+        if self.backups is None:
+            return num_epochs
+        return self.backups.resume.epochs_to_feed(num_epochs)
+
+    @property
+    def skip_rows(self) -> Any:
+        return self.backups.resume.skip if self.backups is not None else None
+
+    def describe(self) -> str:
+        """Where the running attempt resumed from: ``"from the backup at epoch 2, step 14 (global step 74); …"``,
+        and on how many nodes when fewer."""
+        said = self.backups.describe() if self.backups is not None else "from the first step (no backup folder)"
+        return f"{said}, {self.shrunk}" if self.shrunk else said
+
+    def close(self) -> None:
+        if self.backups is not None:
+            self.backups.close()
 
 
 def run_once(
@@ -51,10 +121,11 @@ def run_once(
     grace_secs: float = 0,
     batch_rows: int = 1024,
     validation: Any = None,
+    skip_rows: Any = None,
     **run_kwargs: Any,
 ) -> TFCluster:
-    """One start → train (``data``, when given; ``validation``: its validation set, fed once) → shutdown; the
-    cluster is closed whatever happens.
+    """One start → train (``data``, when given; ``validation``: its validation set, fed once; ``skip_rows``: rows of
+    the first epoch not fed, see ``TFCluster.train``) → shutdown; the cluster is closed whatever happens.
 
     Returns the shut-down cluster (its ``status()`` is the final view); raises what start,
     train or shutdown raised.
@@ -62,7 +133,8 @@ def run_once(
     cluster = run(sc, map_fun, tf_args, num_executors, **run_kwargs)
     try:
         if data is not None:
-            cluster.train(data, num_epochs, feed_timeout=feed_timeout, batch_rows=batch_rows, validation=validation)
+            cluster.train(data, num_epochs, feed_timeout=feed_timeout, batch_rows=batch_rows, validation=validation,
+                          skip_rows=skip_rows)
         cluster.shutdown(grace_secs=grace_secs, timeout=shutdown_timeout)
         return cluster
     finally:
@@ -77,6 +149,9 @@ def run_job(
     *,
     retries: int = 0,
     on_retry: Callable[[int, TFClusterError], None] | None = None,
+    backup_dir: str | None = None,
+    min_workers: int | None = None,
+    shrink_after: float = SHRINK_AFTER_S,
     **kwargs: Any,
 ) -> RunOutcome:
     """Run ``map_fun`` on a cluster of ``num_executors`` nodes to the end, retrying node failures.
@@ -90,6 +165,13 @@ def run_job(
     training from its checkpoints.  ``on_retry(attempt,
     error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Raises the last
     attempt's error when every attempt failed.
+
+    With retries, each attempt resumes from the last backup (:class:`Recovery`): in a folder under
+    ``backup_dir`` (or ``$TFOS_NB_BACKUP_ROOT``; on a local master, the temporary directory), which
+    every node must reach, removed when the job ends.  ``min_workers`` lets a retry start on fewer
+    chief/worker nodes (not fewer than it) when the failed attempt's task slots did not come back within
+    ``shrink_after`` seconds: the global batch stays (``as_dataset``'s batch is the global one under
+    ``MultiWorkerMirroredStrategy``), each replica's grows, and every row is still trained once.
     """
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         msg = f"retries must be a non-negative integer, got {retries!r}"
@@ -97,13 +179,17 @@ def run_job(
     if kwargs.get("data") is not None:
         kwargs.setdefault("input_mode", InputMode.SPARK)
     tracking, owned = _tracking(kwargs.pop("mlflow", None), sc, tf_args, num_executors, retries, kwargs)
-    if not owned:
-        return _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, kwargs)
+    recovery = Recovery(sc, retries, backup_dir, min_workers, shrink_after)
     try:
-        outcome = _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, kwargs)
+        if not owned:
+            return _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, recovery, kwargs)
+        outcome = _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, recovery, kwargs)
     except BaseException as exc:
-        tracking.finish(S.C_STOPPED if isinstance(exc, KeyboardInterrupt) else S.C_FAILED, error=exc)
+        if owned:
+            tracking.finish(S.C_STOPPED if isinstance(exc, KeyboardInterrupt) else S.C_FAILED, error=exc)
         raise
+    finally:
+        recovery.close()
     tracking.finish(outcome.status.state)
     return outcome
 
@@ -122,19 +208,30 @@ def _tracking(setting: Any, sc: Any, tf_args: Any, num_executors: int, retries: 
 
 
 def _attempts(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors: int, retries: int,
-              on_retry: Callable[[int, TFClusterError], None] | None, tracking: Any,
+              on_retry: Callable[[int, TFClusterError], None] | None, tracking: Any, recovery: Recovery,
               kwargs: dict[str, Any]) -> RunOutcome:
     if tracking is not None:
         kwargs["mlflow"] = tracking  # every attempt logs into the one run
     base_env = dict(kwargs.pop("env", None) or {})
+    num_epochs = int(kwargs.pop("num_epochs", 1))
     started = time.monotonic()
     failures: list[str] = []
+    resumed: list[str] = []
+
+    trainers = num_executors - int(kwargs.get("num_ps", 0) or 0) - (1 if kwargs.get("eval_node") else 0)
 
     def once(attempt: int) -> TFCluster:
-        return run_once(sc, map_fun, tf_args, num_executors, env=dict(base_env, TFOS_ATTEMPT=str(attempt)), **kwargs)
+        nodes = recovery.nodes(attempt, num_executors, trainers)
+        env = dict(base_env, TFOS_ATTEMPT=str(attempt), **recovery.env(attempt))
+        if attempt > 1:
+            resumed.append(recovery.describe())
+            if tracking is not None:
+                tracking.resumed.append(f"attempt {attempt}: {resumed[-1]}")
+        return run_once(sc, map_fun, tf_args, nodes, env=env, num_epochs=recovery.epochs(num_epochs),
+                        skip_rows=recovery.skip_rows, **kwargs)
 
     cluster, attempt = attempts(once, retries, failures=failures, on_retry=on_retry)
-    return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started)
+    return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started, tuple(resumed))
 
 
 def attempts(attempt_once: Callable[[int], T], retries: int, *, failures: list[str] | None = None,

@@ -62,6 +62,12 @@ def connect_slots(spark: Any) -> tuple[int, int] | None:
     return None
 
 
+def session_master(spark: Any) -> str:
+    """The master URL of a SparkContext, or of a Spark Connect session as its configuration says ("" if hidden)."""
+    master = getattr(spark, "master", None)
+    return str(master) if isinstance(master, str) else (_conf(spark, "spark.master") or "")
+
+
 def master_slots(master: str) -> int | None:
     match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
     if match:

@@ -152,6 +152,9 @@ class NodeContext:
         self.cluster_id: str = info.get("cluster_id", "")
         #: 1 for a first run; 2, 3, … when ``run_job(retries=…)`` / ``--retries`` started the cluster again
         self.attempt: int = int(os.environ.get("TFOS_ATTEMPT", "1") or 1)
+        #: a job with retries: its backup folder, which every attempt's nodes reach (``progress_callback()`` keeps
+        #: Keras' backup there; a custom loop's ``tf.train.CheckpointManager`` may too); None without retries
+        self.checkpoint_dir: str | None = os.environ.get("TFOS_BACKUP_DIR") or None
         #: the job's MLflow run when it is tracked (a sweep's trial: its own run), else None; see executor.mlflow_node
         self.mlflow_run_id: str | None = None
         self.mgr = hub  # what TFNode.DataFeed(ctx.mgr, ...) takes

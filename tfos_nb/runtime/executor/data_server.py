@@ -17,7 +17,8 @@ import pyarrow as pa
 from .. import columns as C
 from .. import net
 from ..protocol import dataplane as dp
-from .feed_hub import Conn, FeedHub
+from .feed_conn import Conn
+from .feed_hub import FeedHub
 from .named_feeds import NAME, NamedFeeds
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ columns (``next_batch_arrays``), or as a ``tf.data.Dataset`` (``as_dataset``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -19,8 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from .. import columns as C
+from ..recovery import ledger
 from . import compat, mlflow_datasets
-from .feed_hub import Conn, FeedHub
+from .feed_conn import Conn
+from .feed_hub import FeedHub
 from .named_feeds import NamedFeeds, NamedReader
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,21 @@ def _named_feeds(hub: FeedHub, name: str) -> NamedFeeds:
         raise ValueError(f"DataFeed(qname_in={name!r}): this feed has no named sets (a node of a cluster fed by "
                          "train() has them)")
     return named  # type: ignore[no-any-return]
+
+
+_LOGS: dict[str, ledger.ElementLog] = {}
+
+
+def element_log(hub: Any) -> ledger.ElementLog | None:
+    """This process's element log (recovery's ledger), when the job has retries and ``hub`` is the training
+    stream's; one per process."""
+    folder = os.environ.get(ledger.ENV_DIR)
+    if not folder or not isinstance(hub, FeedHub):
+        return None
+    label = hub.label
+    if label not in _LOGS:
+        _LOGS[label] = ledger.ElementLog(folder, int(os.environ.get("TFOS_ATTEMPT", "1") or 1), label)
+    return _LOGS[label]
 
 
 def _concat_columns(pieces: Sequence[tuple[Any, pa.RecordBatch]]) -> list[np.ndarray]:
@@ -103,6 +121,7 @@ class DataFeed:
 
     # -- TensorFlowOnSpark's API ----------------------------------------------
     def next_batch(self, batch_size: int) -> Any:
+        self._unfollowed("next_batch")
         pieces = self._take(batch_size)
         if self.input_mapping:
             return self._mapped(pieces)
@@ -128,6 +147,7 @@ class DataFeed:
     # -- columnar API -----------------------------------------------------------
     def next_batch_arrays(self, batch_size: int) -> Any:
         """Up to ``batch_size`` rows as a tuple of numpy arrays, one per column."""
+        self._unfollowed("next_batch_arrays")
         pieces = self._take(batch_size)
         if self.input_mapping:
             return self._mapped(pieces)
@@ -194,16 +214,29 @@ class DataFeed:
             lambda a: tf.TensorSpec(shape=(None,) + tuple(a.shape[1:]), dtype=tf.as_dtype(a.dtype)), sample
         )
         feed = self
+        elements = element_log(self._hub)
+        if elements is not None and (cache or shuffle or not epochs_bounded):
+            elements.cannot_follow("as_dataset(cache=True)" if cache else
+                                   "as_dataset(shuffle=...)" if shuffle else "as_dataset(epochs_bounded=False)")
+            elements = None
 
         def gen() -> Iterator[Any]:
             refuse_jax_processes()  # initialize() after as_dataset(): refused at fit's first read
             epoch = [0]
+            index = 0
             while True:
-                pieces = feed._take(batch_size, epoch if epochs_bounded else None)
+                spans: list[tuple[Conn, int, int]] | None = [] if elements is not None else None
+                pieces = feed._take(batch_size, epoch if epochs_bounded else None, spans)
                 if not pieces:
+                    if elements is not None:
+                        elements.end(epoch[0], index)
                     if cache:  # later epochs replay the cache: nothing more to read
                         feed.terminate()
                     return
+                if elements is not None and spans is not None:  # logged before TensorFlow has the element
+                    elements.element(epoch[0], index, [(c.partition, a, b) for c, start, end in spans
+                                                       for a, b in ledger.original(c.skip, start, end)])
+                index += 1
                 yield feed._select(pieces, columns)
 
         ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
@@ -232,11 +265,23 @@ class DataFeed:
 
         return pick(columns)
 
-    def _take(self, n: int, epoch: list[int] | None = None) -> Sequence[tuple[Conn | None, pa.RecordBatch]]:
+    def _unfollowed(self, how: str) -> None:
+        """The training stream read row by row: recovery's ledger cannot tell which rows a step trained on."""
+        if self.qname_in == "input":
+            log_ = element_log(self._hub)
+            if log_ is not None:
+                log_.cannot_follow(how)
+
+    def _take(self, n: int, epoch: list[int] | None = None,
+              spans: list[tuple[Conn, int, int]] | None = None) -> Sequence[tuple[Conn | None, pa.RecordBatch]]:
         if n <= 0:
             msg = f"batch size must be positive, got {n}"
             raise ValueError(msg)
-        pieces: Sequence[tuple[Conn | None, pa.RecordBatch]] = self._hub.take(n, self.train_mode, epoch)
+        if spans is not None and isinstance(self._hub, FeedHub):
+            pieces: Sequence[tuple[Conn | None, pa.RecordBatch]] = self._hub.take(n, self.train_mode, epoch,
+                                                                                  spans=spans)
+        else:
+            pieces = self._hub.take(n, self.train_mode, epoch)
         if not pieces and self._hub.drained():
             self.done_feeding = True
         return pieces

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,52 +35,12 @@ from .. import columns as C
 from .. import results as R
 from ..protocol import dataplane as dp
 from . import feed_plan
+from .feed_conn import Conn
 from .feed_plan import FeedOutOfStep, out_of_step_message, sample_row
 
 log = logging.getLogger(__name__)
 
 _QUEUE_BATCHES = 16
-class Conn:
-    """One feeding task's connection, seen from the node."""
-
-    def __init__(self, sock: socket.socket, header: dict[str, Any]) -> None:
-        self.sock = sock
-        self.partition = int(header.get("partition", -1))
-        self.gen = int(header.get("gen", 0))
-        self.mode = str(header.get("mode", "train"))
-        self.feed = str(header.get("feed", "input"))  # a named feed's name (named_feeds.py), else "input"
-        self.received = self.consumed = self.answered = self.skipped = 0
-        self.ended = False  # the feeder sent E
-        self.closed = False
-        self._send_lock = threading.Lock()
-
-    def send(self, kind: dp.Kind, payload: Any) -> None:
-        with self._send_lock:
-            if self.closed:
-                return
-            if isinstance(payload, dict):
-                dp.send_json(self.sock, kind, payload)
-            else:
-                dp.send_frame(self.sock, kind, payload)
-
-    def finish(self, error: str | None = None, node_failed: bool = False) -> None:
-        with self._send_lock:
-            if self.closed:
-                return
-            try:
-                if error:
-                    dp.send_json(self.sock, dp.Kind.ERROR, {"error": error, "node_failed": node_failed})
-                else:
-                    dp.send_json(self.sock, dp.Kind.DONE, {"rows": self.consumed, "skipped": self.skipped})
-            except OSError:
-                pass
-            self.closed = True
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-
-
 class FeedHub:
     """The queue between connections and the consumer, plus the end-of-data signals."""
 
@@ -317,8 +276,10 @@ class FeedHub:
         gens = [g for g, q in self._queues.items() if q and (limit is None or g <= limit)]
         return min(gens) if gens else None
 
-    def take(self, n: int, train_mode: bool, epoch: list[int] | None = None) -> list[tuple[Conn, pa.RecordBatch]]:
-        """Up to ``n`` rows as (connection, batch slice) pieces.
+    def take(self, n: int, train_mode: bool, epoch: list[int] | None = None,
+             spans: list[tuple[Conn, int, int]] | None = None) -> list[tuple[Conn, pa.RecordBatch]]:
+        """Up to ``n`` rows as (connection, batch slice) pieces; ``spans`` gets each piece's connection and its
+        rows' positions in the connection's stream (recovery's ledger).
 
         Blocks until ``n`` rows are there, or the data ends: the cluster stops, in
         inference mode a partition ends, or with ``epoch=[g]`` this node's share of
@@ -362,6 +323,8 @@ class FeedHub:
                     self._sizes[gen] += 1
                     batch = batch.slice(0, k)
                 pieces.append((conn, batch))
+                if spans is not None:
+                    spans.append((conn, conn.consumed, conn.consumed + k))
                 conn.consumed += k
                 got += k
                 self._maybe_finish(conn)

@@ -19,7 +19,6 @@ served right away.
 
 from __future__ import annotations
 
-import itertools
 import json
 import socket
 import threading
@@ -34,6 +33,7 @@ from ..protocol import messages as m
 from ..protocol.channel import ControlClient
 from ..rowpack import rows_to_batches
 from .launch import executor_id
+from .partition_batches import count_rows, rechunk, with_sample, without
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 
@@ -65,8 +65,9 @@ def _recv_answer(sock: socket.socket) -> dict[str, Any]:
 
 class _Feeder:
     def __init__(self, meta: m.LaunchMeta, partition: int, gen: int, mode: str, timeout: float,
-                 feed: str = "input") -> None:
+                 feed: str = "input", skip: list[tuple[int, int]] | None = None) -> None:
         self.meta = meta
+        self.skip = skip or []
         self.feed = feed
         self.secret = bytes.fromhex(meta.secret)
         self.codec = m.Codec(self.secret, meta.cluster_id, f"feeder-p{partition}")
@@ -132,7 +133,9 @@ class _Feeder:
             self.client.close()
 
     def connect(self) -> Any:
-        header = {"partition": self.partition, "gen": self.gen, "mode": self.mode, "feed": self.feed}
+        header: dict[str, Any] = {"partition": self.partition, "gen": self.gen, "mode": self.mode, "feed": self.feed}
+        if self.skip:
+            header["skip"] = [list(r) for r in self.skip]
         return dp.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
 
     def verdict(self, exc: BaseException) -> tuple[str, str | None]:
@@ -181,40 +184,23 @@ class _Feeder:
         return RuntimeError(msg)
 
 
-def _count(batches: Iterator[Any]) -> int:
-    return sum(b.num_rows for b in batches)
-
-
-def _with_sample(batches: Iterable[Any]) -> tuple[Iterator[Any], dict[str, Any]]:
-    """``batches`` (unchanged) and the shape of their rows, from the first that has one: the Arrow schema (IPC,
-    hex) and each column's value shape (``columns.batch_to_columns`` of one row).  The driver passes the first it
-    hears of to every node: one given no row of an epoch builds its dataset from it.  Empty for no rows."""
-    it = iter(batches)
-    head: list[Any] = []
-    for batch in it:
-        head.append(batch)
-        if batch.num_rows:
-            try:
-                shapes = [list(col.shape[1:]) for col in C.batch_to_columns(batch.slice(0, 1))]
-            except C.FeedDataError:  # the feed itself reports it
-                return itertools.chain(head, it), {}
-            return itertools.chain(head, it), {"schema": bytes(batch.schema.serialize()).hex(), "shapes": shapes}
-    return iter(head), {}
-
-
 def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
-               feed: str = "input") -> dict[str, Any]:
+               feed: str = "input", skip: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them).
-    ``feed``: a named feed's name (``gen`` its version: the node keeps the rows as a set), else the training stream."""
-    feeder = _Feeder(meta, partition, gen, "train", timeout, feed)
-    batches, sample = _with_sample(batches)
+    ``feed``: a named feed's name (``gen`` its version: the node keeps the rows as a set), else the training stream.
+    ``skip``: row ranges of the partition not sent (a resumed epoch's rows its backup had trained on); the node
+    is told them, so its ledger names rows by their place in the partition."""
+    feeder = _Feeder(meta, partition, gen, "train", timeout, feed, skip)
+    if skip:
+        batches = without(batches, skip)
+    batches, sample = with_sample(batches)
     try:
         node = feeder.assign(sample)
     except BaseException:
         feeder.client.close()
         raise
     if node.skip:  # no node reads data any more
-        skipped = _count(batches)
+        skipped = count_rows(batches)
         feeder.release(0, skipped, None)
         return {"partition": partition, "rows": 0, "skipped": skipped}
     sent = 0
@@ -237,7 +223,7 @@ def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[A
         if verdict != "done":
             raise feeder.fail(exc, sent, verdict, error) from None
         # The node stopped reading: nothing of this partition is known to be taken.
-        skipped = sent + _count(batches)
+        skipped = sent + count_rows(batches)
         feeder.release(0, skipped, None)
         return {"partition": partition, "rows": 0, "skipped": skipped}
     except Exception as exc:  # the partition's own rows failed (a UDF upstream raised): the driver hears the cause
@@ -325,18 +311,15 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
         raise RuntimeError(msg)
 
 
-def _rechunk(batches: Iterable[Any], batch_rows: int) -> Iterator[Any]:
-    for b in batches:
-        for off in range(0, b.num_rows, batch_rows):
-            yield b.slice(off, batch_rows)
-
-
 def make_rdd_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
-                    batch_rows: int, name: str = "input") -> Callable[[int, Iterable[Any]], Iterator[str]]:
+                    batch_rows: int, name: str = "input",
+                    skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[int, Iterable[Any]], Iterator[str]]:
     launch_meta = m.LaunchMeta.parse(meta)
+    skip = dict(skip or {})
 
     def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
-        yield json.dumps(feed_train(launch_meta, partition, gen, rows_to_batches(rows, batch_rows), timeout, name))
+        yield json.dumps(feed_train(launch_meta, partition, gen, rows_to_batches(rows, batch_rows), timeout, name,
+                                    skip.get(partition)))
 
     return feed
 
@@ -351,13 +334,16 @@ def _partition_id() -> int:
 
 
 def make_arrow_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
-                      batch_rows: int, name: str = "input") -> Callable[[Iterable[Any]], Iterator[Any]]:
+                      batch_rows: int, name: str = "input",
+                      skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
     launch_meta = m.LaunchMeta.parse(meta)
+    skip = dict(skip or {})
 
     def feed(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
         partition = _partition_id()
-        stats = feed_train(launch_meta, partition, gen, _rechunk(batches, batch_rows), timeout, name)
+        stats = feed_train(launch_meta, partition, gen, rechunk(batches, batch_rows), timeout, name,
+                           skip.get(partition))
         yield pa.RecordBatch.from_pydict(
             {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
             schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64())]),
@@ -388,7 +374,7 @@ def make_arrow_inferer(meta: Mapping[str, Any] | m.LaunchMeta, timeout: float, b
 
         target = to_arrow_schema(schema)
         partition = _partition_id()
-        yield from feed_infer(launch_meta, partition, _rechunk(batches, batch_rows), timeout,
+        yield from feed_infer(launch_meta, partition, rechunk(batches, batch_rows), timeout,
                               lambda batch, node: R.to_schema(batch, target, node))
 
     return infer

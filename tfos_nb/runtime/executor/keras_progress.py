@@ -59,6 +59,8 @@ def replica_scale(model: Any, tf: Any) -> float:
 def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
     import tensorflow as tf
 
+    from . import keras_backup
+
     class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]  # tensorflow: no type information
         """Reports step, epoch and metrics to the driver through ``ctx.report``."""
 
@@ -70,6 +72,7 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
             self._pending: list[tuple[int, int, Any]] = []
             self._last = time.monotonic()
             self._scale = 1.0  # per-step logs -> the model's values (set at the start of training)
+            self._backup = keras_backup.for_node(ctx)  # the job has retries: back up, and restore on a retry
 
         def _flush(self) -> None:
             pending, self._pending = self._pending, []
@@ -79,6 +82,11 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
 
         def on_train_begin(self, logs: Any = None) -> None:
             self._scale = replica_scale(self.model, tf)
+            if self._backup is not None:
+                restored = self._backup.begin(self.model, keras_backup.caller_locals())
+                if restored is not None:  # the panel goes on from the backup's step, not from 0
+                    self.step = restored.global_step
+                    self.epoch = restored.epoch + 1 if restored.epoch_end else restored.epoch
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
             ctx.report(step=self.step, total_steps=total, total_epochs=epochs or None, epoch=self.epoch)
@@ -99,14 +107,20 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
                 self._pending.append((self.step, self.epoch + 1, logs))
                 if time.monotonic() - self._last >= FLUSH_S or len(self._pending) >= PENDING_MAX:
                     self._flush()
+            if self._backup is not None:
+                self._backup.batch_end(self.model, self.epoch, batch, self.step)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             if not self._implements_train_batch_hooks() and self.params.get("steps"):
                 self.step = (epoch + 1) * int(self.params["steps"])
             self._flush()
             ctx.report(step=self.step, epoch=epoch + 1, **_floats(logs))
+            if self._backup is not None:
+                self._backup.epoch_end(self.model, epoch, self.step)
 
         def on_train_end(self, logs: Any = None) -> None:
             self._flush()
+            if self._backup is not None:
+                self._backup.end(self.model)
 
     return ProgressCallback()

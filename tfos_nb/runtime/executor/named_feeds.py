@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import feed_plan
-from .feed_hub import Conn
+from .feed_conn import Conn
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
