@@ -438,7 +438,7 @@ class Bench:
         steps = -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs
         return {"wall s": wall, "fit s": wall, "steps": steps, "accuracy": float((pred == self.y_test).mean())}
 
-    def tfos_nb(self, breakdown=False, cache=False, keras3=False):
+    def tfos_nb(self, breakdown=False, cache=False, keras3=False, env=None):
         from tfos_nb import TFCluster
 
         export_dir = self._export_dir("nb")
@@ -449,7 +449,7 @@ class Bench:
                 "progress": os.environ.get("BENCH_PROGRESS", "1") == "1", "cache": cache, "keras3": keras3}
         t0, w0 = time.perf_counter(), time.time()
         cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
-                                input_mode=TFCluster.InputMode.SPARK, master_node="chief")
+                                input_mode=TFCluster.InputMode.SPARK, master_node="chief", env=env)
         t_run = time.perf_counter() - t0
         try:
             # with cache=True one epoch crosses Spark; the nodes replay it for the others
@@ -508,6 +508,16 @@ class Bench:
     def tfos_nb_cache(self):
         """tfos_nb with ``as_dataset(cache=True)``: one epoch fed, the nodes replay it for the later epochs."""
         return self.tfos_nb(cache=True)
+
+    def tfos_nb_backup(self):
+        """tfos_nb as in a job with retries: the chief's backups and each node's element log on (their cost)."""
+        from tfos_nb.runtime.recovery import ledger
+
+        folder = tempfile.mkdtemp(dir=self.tmp)
+        res = self.tfos_nb(env={ledger.ENV_DIR: folder})
+        done = ledger.backups(folder)
+        res["backups"] = done[0].seq if done else 0
+        return res
 
     def tfos_nb_serial(self):
         """tfos_nb as before epoch pipelining: the next epoch's job starts when this one ended."""
@@ -667,6 +677,7 @@ VARIANTS = {
     "tfos": "TensorFlowOnSpark 2.2.5, its example's idiom (from_generator over next_batch(1))",
     "tfos_batched": "TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
     "tfos_nb_serial": "tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)",
+    "tfos_nb_backup": "tfos_nb with retries' backups (the chief's, at most 2 % of the time) and the nodes' element logs",
 }
 
 
