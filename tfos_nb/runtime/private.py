@@ -17,6 +17,7 @@ import fcntl
 import os
 import shutil
 import stat
+import tempfile
 
 
 def make_dirs(path: str) -> None:
@@ -34,6 +35,22 @@ def make_dirs(path: str) -> None:
         except FileExistsError:  # made meanwhile (another node on this host): left as it is
             if not os.path.isdir(folder):
                 raise
+
+
+def write_atomic(path: str, text: str) -> None:
+    """``text`` as ``path``, whole or not at all: a new 0600 file beside it (``O_EXCL``: never one planted there),
+    synced, renamed into place; removed if anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def open_log(path: str) -> int:

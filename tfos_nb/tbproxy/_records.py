@@ -21,6 +21,7 @@ import secrets
 import stat
 from dataclasses import dataclass
 
+from ..runtime.private import write_atomic
 from ..runtime.procs import pid_alive as _pid_alive
 
 RECORD_VERSION = 1
@@ -136,16 +137,7 @@ def write_record(runtime_dir: str, endpoint: Endpoint) -> str:
     if st.st_mode & 0o077:
         os.chmod(directory, 0o700)
     final = record_path(runtime_dir, endpoint.cluster_id)
-    tmp = f"{final}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(endpoint.to_json())
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(final, endpoint.to_json())
     return final
 
 

@@ -30,9 +30,10 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+from ..private import write_atomic
 
 #: set by the driver on every node of a job with retries: its backup folder
 ENV_DIR = "TFOS_BACKUP_DIR"
@@ -124,18 +125,8 @@ def _state_path(folder: str, seq: int) -> str:
 
 
 def write_json(path: str, body: Mapping[str, Any]) -> None:
-    """``body`` as ``path``, whole or not at all (a temporary file renamed into place)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """``body`` as ``path``, whole or not at all (:func:`..private.write_atomic`)."""
+    write_atomic(path, json.dumps(body))
 
 
 def commit(folder: str, backup: Backup) -> None:
