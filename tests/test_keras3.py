@@ -85,17 +85,14 @@ print("steps", len(seen), "of", len(yielded))
 def test_a_one_worker_strategy_trains_every_batch_of_a_one_pass_stream():
     """Keras 3 under a one-worker strategy pulled a batch to build the model and dropped it with the iterator's
     prefetched ones: a one-node cluster lost the first batches of its feed (found by recovery's row audit, on a
-    retry that shrank to one node).  Keras' own behaviour is shown first: the repair is what changes it."""
+    retry that shrank to one node).  Keras alone (``ONE_PASS keras``) reads "steps 10 of 15": it pulled 5 batches
+    it never trained (a restartable generator hides the loss; a feed cannot restart)."""
     pytest.importorskip("keras")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    said = {}
-    for how in ("keras", "repaired"):
-        out = subprocess.run([sys.executable, "-c", ONE_PASS, how], capture_output=True, text=True, timeout=300,
-                             env=env)
-        assert out.returncode == 0, out.stderr[-3000:]
-        said[how] = out.stdout.strip().splitlines()[-1]
-    assert said["repaired"] == "steps 10 of 10", said
-    assert said["keras"] != said["repaired"], said  # Keras itself loses batches: this test sees the repair work
+    out = subprocess.run([sys.executable, "-c", ONE_PASS, "repaired"], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "steps 10 of 10", out.stdout
 
 
 SPE_WORKER = """

@@ -34,7 +34,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 # backups every half second at least (the default: 2 s), in the executors' environment so that cells get it too
 spark = spark_fixture(3, conf={"spark.task.maxFailures": "4", "spark.executorEnv.TFOS_NB_BACKUP_MIN_S": "0.5"})
 
-ROWS, PARTITIONS, BATCH, EPOCHS = 2400, 6, 32, 3
+ROWS, PARTITIONS, BATCH, EPOCHS = 2400, 6, 32, 3  # the audit's trials (benchmarks/recovery_audit.py)
+CI_EPOCHS = 2  # this module's own runs: a kill inside the second epoch of two still resumes mid-epoch
 # the workload's own step time (the embedding model steps in a few ms; a real one takes longer): an epoch of
 # ~38 steps a node lasts a few seconds, so a backup inside an epoch and a kill after it both happen
 PAUSE_S = 0.06
@@ -103,9 +104,9 @@ def audit_frame(spark, skew: bool):
     return df
 
 
-def counts(weights: np.ndarray, ids: list[int]) -> Counter:
+def counts(weights: np.ndarray, ids: list[int], epochs: int) -> Counter:
     """Times each of ``ids`` was trained, from its weight (one training adds the same amount, measured)."""
-    unit = float(np.median(weights[ids])) / EPOCHS
+    unit = float(np.median(weights[ids])) / epochs
     return Counter({i: int(round(float(weights[i]) / unit)) for i in ids})
 
 
@@ -167,46 +168,46 @@ class Killer:
         self._thread.join(10)
 
 
-def audit(out, ids: list[int], killer: Killer) -> dict:
+def audit(out, ids: list[int], killer: Killer, epochs: int) -> dict:
     """The audit of one job's end: each row's count from the chief's final weights; where attempt 2 began."""
-    seen = counts(np.load(out / "weights.npy"), ids)
+    seen = counts(np.load(out / "weights.npy"), ids, epochs)
     steps = [tuple(line.split()) for line in open(out / "steps-chief0.log")]
     first = min(int(s) for a, s, _ in steps if a == "2")
     return {"backup": killer.backup, "first_step": first,
             # steps the chief took after the backup it resumed from: computed again, their rows fed again
             "steps_repeated": max(int(s) for a, s, _ in steps if a == "1") - (first - 1),
             "kill_to_step_s": min(float(w) for a, _, w in steps if a == "2") - killer.killed_at,
-            "duplicates": sum(1 for n in seen.values() if n > EPOCHS),
-            "missing": sum(1 for n in seen.values() if n < EPOCHS), "rows": len(ids)}
+            "duplicates": sum(1 for n in seen.values() if n > epochs),
+            "missing": sum(1 for n in seen.values() if n < epochs), "rows": len(ids)}
 
 
-def draw(seed: int) -> tuple[int, str, int, bool]:
+def draw(seed: int, epochs: int) -> tuple[int, str, int, bool]:
     """A trial's kill epoch (0-based), node, steps past the backup, and whether its partitions are skewed."""
     rng = random.Random(seed)
-    return rng.randrange(EPOCHS), rng.choice(["chief0", "worker0"]), rng.randrange(0, 8), rng.random() < 0.5
+    return rng.randrange(epochs), rng.choice(["chief0", "worker0"]), rng.randrange(0, 8), rng.random() < 0.5
 
 
-def run_trial(spark, tmp_path, seed: int) -> dict:
+def run_trial(spark, tmp_path, seed: int, epochs: int = EPOCHS) -> dict:
     """One trial through ``run_job``: kill step, node and skew drawn from ``seed``; returns the audit's figures."""
-    epoch, target, extra, skew = draw(seed)
+    epoch, target, extra, skew = draw(seed, epochs)
     out, root = tmp_path / f"out-{seed}", tmp_path / f"backups-{seed}"
     out.mkdir()
     df = audit_frame(spark, skew)
     ids = [r.id for r in df.select("id").collect()]
     sc = spark.sparkContext
     killer = Killer(sc, str(root), str(out), epoch, target, extra)
-    args = {"dir": str(out), "rows": ROWS, "batch": BATCH, "epochs": EPOCHS, "pause": PAUSE_S}
-    outcome = TFCluster.run_job(sc, audit_fun, args, 2, master_node="chief", data=df, num_epochs=EPOCHS,
+    args = {"dir": str(out), "rows": ROWS, "batch": BATCH, "epochs": epochs, "pause": PAUSE_S}
+    outcome = TFCluster.run_job(sc, audit_fun, args, 2, master_node="chief", data=df, num_epochs=epochs,
                                 env=NODE_ENV, retries=1, backup_dir=str(root))
     killer.join()
     assert killer.error is None, killer.error
     assert outcome.attempts == 2, outcome
     return {"seed": seed, "epoch": epoch + 1, "node": target, "skew": skew, "resumed": outcome.resumed[0],
-            **audit(out, ids, killer), "folder_left": os.listdir(root)}
+            **audit(out, ids, killer, epochs), "folder_left": os.listdir(root)}
 
 
 def test_a_killed_executor_resumes_from_the_last_backup_and_trains_every_row_once(spark, tmp_path, no_leaks):
-    trial = run_trial(spark, tmp_path, seed=int(os.environ.get("TFOS_NB_RECOVERY_SEED", "3")))
+    trial = run_trial(spark, tmp_path, seed=int(os.environ.get("TFOS_NB_RECOVERY_SEED", "3")), epochs=CI_EPOCHS)
     b = trial["backup"]
     # resumed from the backup, not from epoch 0: the chief's first step of attempt 2 is the one after it
     assert trial["resumed"].startswith("from the backup at epoch "), trial
@@ -232,10 +233,10 @@ def test_a_retried_cell_resumes_from_the_last_backup_with_no_code_of_its_own(ip,
     df = audit_frame(spark, skew=True)
     ids = [r.id for r in df.select("id").collect()]
     ip.user_ns.update(audit_df=df, audit_fun=audit_fun, audit_args={"dir": str(out), "rows": ROWS, "batch": BATCH,
-                                                                    "epochs": EPOCHS, "pause": PAUSE_S,
+                                                                    "epochs": CI_EPOCHS, "pause": PAUSE_S,
                                                                     "flavour": "tf_keras"})
     killer = Killer(spark.sparkContext, str(root), str(out), 1, "worker0", 3)
-    ip.run_cell_magic("tfos_cluster", f"--workers 2 --data audit_df --epochs {EPOCHS} --args audit_args --retries 1 "
+    ip.run_cell_magic("tfos_cluster", f"--workers 2 --data audit_df --epochs {CI_EPOCHS} --args audit_args --retries 1 "
                                       "--name audited", "audit_fun(args, ctx)")
     killer.join()
     assert killer.error is None, killer.error
@@ -243,7 +244,7 @@ def test_a_retried_cell_resumes_from_the_last_backup_with_no_code_of_its_own(ip,
     assert handle.result["state"] == "finished" and handle.result["attempts"] == 2, handle.result
     said = [line for line in handle.output if "attempt 2 resumes" in line]
     assert len(said) == 1 and "resumes from the backup at epoch 2, step " in said[0], handle.output[-30:]
-    trial = audit(out, ids, killer)
+    trial = audit(out, ids, killer, CI_EPOCHS)
     assert trial["first_step"] >= killer.backup["global_step"] + 1 > 1, trial
     assert (trial["duplicates"], trial["missing"]) == (0, 0), trial
     assert os.listdir(root) == []
@@ -279,8 +280,8 @@ def test_a_retry_shrinks_to_the_nodes_left_when_a_slot_does_not_come_back(spark,
     df = audit_frame(spark, skew=False)
     ids = [r.id for r in df.select("id").collect()]
     killer = Killer(sc, str(root), str(out), 1, "worker0", 2, for_good=True)
-    args = {"dir": str(out), "rows": ROWS, "batch": BATCH, "epochs": EPOCHS, "pause": PAUSE_S}
-    outcome = TFCluster.run_job(sc, audit_fun, args, 2, master_node="chief", data=df, num_epochs=EPOCHS,
+    args = {"dir": str(out), "rows": ROWS, "batch": BATCH, "epochs": CI_EPOCHS, "pause": PAUSE_S}
+    outcome = TFCluster.run_job(sc, audit_fun, args, 2, master_node="chief", data=df, num_epochs=CI_EPOCHS,
                                 env=NODE_ENV, retries=1, backup_dir=str(root), min_workers=1, shrink_after=5)
     killer.join()
     assert killer.error is None, killer.error
@@ -288,6 +289,6 @@ def test_a_retry_shrinks_to_the_nodes_left_when_a_slot_does_not_come_back(spark,
     assert [n.label for n in outcome.status.nodes] == ["chief:0"], outcome.status.nodes
     assert outcome.resumed[0].startswith("from the backup at epoch 2, step "), outcome.resumed
     assert outcome.resumed[0].endswith(", on 1 of 2 training nodes (1 task slot(s) did not come back within 5 s)")
-    trial = audit(out, ids, killer)
+    trial = audit(out, ids, killer, CI_EPOCHS)
     assert trial["first_step"] >= killer.backup["global_step"] + 1 > 1, trial
     assert (trial["duplicates"], trial["missing"]) == (0, 0), trial

@@ -309,6 +309,8 @@ class TFParams(Params):
         merged = Namespace(self.args)
         for param in self.params:
             key = arg_name(param.name)
+            if param.name in OWN_PARAMS and not self.isSet(param):
+                continue  # tfos_nb's own, defaulted (Retries: 0): args keeps TensorFlowOnSpark's keys
             if self.isDefined(param):
                 merged[key] = self.getOrDefault(param)
             elif key not in merged and param.name not in OWN_PARAMS:
