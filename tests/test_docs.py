@@ -111,3 +111,31 @@ def test_the_keras3_benchmark_table_is_its_results_file():
         fastest = min(fits[new]) / min(fits[base])
         median = statistics.median(fits[new]) / statistics.median(fits[base])
         assert f"{fastest:.2f}×, {median:.2f}×" in row, (fastest, median, row)
+
+
+def test_the_recovery_figures_are_their_results_files():
+    """docs/reliability.md's recovery table: the audit's figures are recovery-audit.md's, and the backups' cost
+    ratios are recomputed here from b2-backup.md's runs (fit, fastest vs fastest and median vs median)."""
+    import statistics
+
+    doc = (REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
+    table = doc.split("### Resuming from the last backup", 1)[1].split("| figure | measured |", 1)[1].split("\n\n", 1)[0]
+    audit = (REPO / "benchmarks" / "results" / "recovery-audit.md").read_text(encoding="utf-8")
+    rows = {r.split(" | ")[0].strip("| "): r for r in table.splitlines() if r.startswith("| ") and "---" not in r}
+    trials = re.search(r"(\d+) of (\d+) trials ended as they must", audit)
+    assert trials and f"{trials.group(1)} of {trials.group(2)}" in rows["trials that resumed from a backup, not from "
+                                                                         "the start"]
+    assert f"resumed from a backup, not from the start: {trials.group(1)} of" in audit
+    assert "rows trained twice: 0; rows never trained: 0" in audit and "| 0 / 0 |" in \
+        rows["rows trained twice / never trained (every epoch, every trial)"]
+    kill = re.search(r"kill to the first step of attempt 2: (min [\d.]+ s, median [\d.]+ s, max [\d.]+ s)", audit)
+    assert kill and kill.group(1) in rows["time from the kill to attempt 2's first step"]
+    results = (REPO / "benchmarks" / "results" / "b2-backup.md").read_text(encoding="utf-8")
+    fits: dict[str, list[float]] = {}
+    for variant, fit in re.findall(r"^\| (\w+) \| run \d+ \| [\d.]+ \| ([\d.]+) \|", results, flags=re.M):
+        fits.setdefault(variant, []).append(float(fit))
+    cost = next(r for k, r in rows.items() if k.startswith("cost of the backups"))
+    base, new = fits["tfos_nb"], fits["tfos_nb_backup"]
+    assert f"{min(new)}–{max(new)} s with them against {min(base)}–{max(base)} s without" in cost, (cost, fits)
+    fastest, median = min(new) / min(base), statistics.median(new) / statistics.median(base)
+    assert f"{fastest:.2f}× fastest against fastest, {median:.2f}× median against median" in cost, (fastest, median)
