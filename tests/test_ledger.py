@@ -154,3 +154,22 @@ def test_no_folder_every_node_reaches_means_no_backups_said_once(caplog):
     assert "no backup folder every node reaches" in caplog.text
     with pytest.raises(ValueError, match="a URI is not supported"):
         JobBackups.open("yarn", "hdfs:///backups")
+
+
+def test_a_job_of_tensorflowonsparks_default_epochs_feeds_them_all_and_a_resumed_one_the_rest(tmp_path):
+    """``num_epochs=0`` is TensorFlowOnSpark's 10 epochs: with retries the first attempt feeds all 10, not 1."""
+    from types import SimpleNamespace
+
+    from tfos_nb.runtime.driver.retry import Recovery
+
+    recovery = Recovery(SimpleNamespace(master="local[2]"), retries=1, backup_dir=str(tmp_path))
+    try:
+        recovery.env(1)
+        assert (recovery.epochs(0), recovery.epochs(3), recovery.skip_rows) == (10, 3, {})
+        _backup(recovery.backups.folder, 1, 1, 3, 0, epoch_end=True)
+        recovery.env(2)
+        assert (recovery.epochs(0), recovery.epochs(5)) == (6, 1)
+        assert recovery.describe() == "from the backup at the start of epoch 5 (global step 10)"
+    finally:
+        recovery.close()
+    assert os.listdir(tmp_path) == []

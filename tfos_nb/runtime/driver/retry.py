@@ -89,9 +89,12 @@ class Recovery:
         return dict(self.backups.attempt(attempt)) if self.backups is not None else {}
 
     def epochs(self, num_epochs: int) -> int:
+        """Epochs the running attempt feeds of a job's ``num_epochs`` (0: TensorFlowOnSpark's 10, as ``train``)."""
         if self.backups is None:
             return num_epochs
-        return self.backups.resume.epochs_to_feed(num_epochs)
+        from .cluster import DEFAULT_EPOCHS
+
+        return self.backups.resume.epochs_to_feed(num_epochs or DEFAULT_EPOCHS)
 
     @property
     def skip_rows(self) -> Any:
