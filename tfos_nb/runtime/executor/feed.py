@@ -118,6 +118,8 @@ class DataFeed:
         self.numpy_rows = numpy_rows
         self.done_feeding = False
         self._names: list[str] | None = None
+        # recovery's element log, until a row-by-row read (next_batch) says once that the ledger cannot follow it
+        self._ledger = element_log(self._hub)
 
     # -- TensorFlowOnSpark's API ----------------------------------------------
     def next_batch(self, batch_size: int) -> Any:
@@ -214,7 +216,7 @@ class DataFeed:
             lambda a: tf.TensorSpec(shape=(None,) + tuple(a.shape[1:]), dtype=tf.as_dtype(a.dtype)), sample
         )
         feed = self
-        elements = element_log(self._hub)
+        elements = self._ledger
         if elements is not None and (cache or shuffle or not epochs_bounded):
             elements.cannot_follow("as_dataset(cache=True)" if cache else
                                    "as_dataset(shuffle=...)" if shuffle else "as_dataset(epochs_bounded=False)")
@@ -266,11 +268,11 @@ class DataFeed:
         return pick(columns)
 
     def _unfollowed(self, how: str) -> None:
-        """The training stream read row by row: recovery's ledger cannot tell which rows a step trained on."""
-        if self.qname_in == "input":
-            log_ = element_log(self._hub)
-            if log_ is not None:
-                log_.cannot_follow(how)
+        """The training stream read row by row: recovery's ledger cannot tell which rows a step trained on (said
+        once; later reads cost one attribute test)."""
+        if self._ledger is not None:
+            self._ledger.cannot_follow(how)
+            self._ledger = None
 
     def _take(self, n: int, epoch: list[int] | None = None,
               spans: list[tuple[Conn, int, int]] | None = None) -> Sequence[tuple[Conn | None, pa.RecordBatch]]:
