@@ -392,3 +392,4 @@ def test_empty_results_with_rows_pending_are_a_clear_error(node):
     feed.batch_results(x)
     t.join(10)
 
+

@@ -254,6 +254,74 @@ def test_a_retried_cell_resumes_from_the_last_backup_with_no_code_of_its_own(ip,
     assert handle.result["steps"]["chief:0"] == restored + taken, (handle.result, restored, taken)
 
 
+def regression_fun(args, ctx):
+    """A Keras 3 regression as a tutorial writes it (``Dense``, ``Dropout``, Adam, mean squared error) under MWMS,
+    fed by Spark: its final weights depend on which rows each step trained on, in which order, and on dropout's
+    draws — so they equal a clean run's only if none of that changed across the kill."""
+    import json as j
+    import os as o
+    import time as t
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    me = f"{ctx.job_name}{ctx.task_index}"
+    with open(o.path.join(args["dir"], f"a{ctx.attempt}-{me}.json"), "w") as f:
+        j.dump({"executor": ctx.spark_executor_id}, f)
+    ds = ctx.get_data_feed().as_dataset(batch_size=args["batch"], columns=(0, 1))
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(16, activation="tanh"),
+                                  keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+    steps_log = o.path.join(args["dir"], f"steps-{me}.log")
+
+    class Paced(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            with open(steps_log, "a") as f:
+                f.write(f"{ctx.attempt} {int(self.model.optimizer.iterations.numpy())} {t.time():.3f}\n")
+            t.sleep(args["pause"])
+
+    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[ctx.progress_callback(), Paced()])
+    if ctx.is_chief:
+        np.savez(o.path.join(args["dir"], "weights.npz"), *model.get_weights())
+
+
+def regression_frame(spark):
+    """Three features and a target from each row id, in skewed partitions (400, 150, 400, 60, 400, 400 rows)."""
+    return audit_frame(spark, skew=True).selectExpr(
+        "array(cast(sin(id) as float), cast(cos(id * 0.7) as float), cast((id % 13) / 13.0 as float)) as x",
+        "cast(sin(id * 0.3) + 0.1 * (id % 7) as float) as y")
+
+
+def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_weights(spark, tmp_path, no_leaks):
+    """``deterministic=True, seed=7``: a clean run, then the same job with the worker's executor JVM killed inside
+    epoch 2 (after a backup); the resumed job's final weights are the clean run's."""
+    sc, df = spark.sparkContext, regression_frame(spark)
+    weights = {}
+    for run in ("clean", "killed"):
+        out, root = tmp_path / f"out-{run}", tmp_path / f"backups-{run}"
+        out.mkdir()
+        killer = Killer(sc, str(root), str(out), 1, "worker0", 3) if run == "killed" else None
+        args = {"dir": str(out), "batch": BATCH, "epochs": CI_EPOCHS, "pause": PAUSE_S}
+        outcome = TFCluster.run_job(sc, regression_fun, args, 2, master_node="chief", data=df, num_epochs=CI_EPOCHS,
+                                    env=NODE_ENV, keras="keras3", retries=1, backup_dir=str(root),
+                                    deterministic=True, seed=7)
+        if killer is not None:
+            killer.join()
+            assert killer.error is None, killer.error
+            assert outcome.attempts == 2 and outcome.resumed[0].startswith("from the backup at epoch 2, step "), outcome
+        else:
+            assert outcome.attempts == 1, outcome
+        with np.load(out / "weights.npz") as saved:
+            weights[run] = [saved[k] for k in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(weights["clean"], weights["killed"], strict=True))
+    scale = max(float(np.max(np.abs(a))) for a in weights["clean"])
+    print(f"\ndeterministic: largest weight difference, killed run vs clean run: {gap:.3g} (weights up to {scale:.3g})")
+    assert gap <= 1e-6 * max(1.0, scale), gap
+
+
 def executor_ids(sc) -> list[str]:
     driver_url = f"@{sc.getConf().get('spark.driver.host')}:{sc.getConf().get('spark.driver.port')}"
     ids = []

@@ -80,6 +80,8 @@ class ClusterHandle(RunHandle):
         stall_after: float | None = DEFAULT_STALL_AFTER,
         min_workers: int | None = None,
         shrink_after: float = retry.SHRINK_AFTER_S,
+        seed: int | None = None,
+        deterministic: bool = False,
     ) -> None:
         super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
                          background=background, clock=clock, tracking=tracking)
@@ -98,6 +100,8 @@ class ClusterHandle(RunHandle):
             env=env,
             node_output=False,  # the handle shows the nodes' lines itself (the cell's stream, ``output``, ``logs()``)
             stall_after=stall_after,  # the panel flags a chief/worker that has not moved for this long
+            seed=seed,
+            deterministic=deterministic,  # --deterministic: op determinism and a fixed feed (runtime.determinism)
         )
         # after the chief/workers finished: the evaluator's time to evaluate the last checkpoint (shutdown's grace)
         self._grace = float(evaluator_grace) if evaluator else 0.0

@@ -156,6 +156,12 @@ class TFOSMagics(Magics):
     @argument("--min-workers", type=int, default=None, metavar="K",
               help="with --retries: start again on fewer chief/worker nodes (down to K) when the lost slots do not "
                    "come back within TFOSMagics.shrink_after seconds")
+    @argument("--seed", type=int, default=None, metavar="S",
+              help="seed Python, NumPy, TensorFlow and Keras with S on every node before the cell runs")
+    @argument("--deterministic", action="store_true",
+              help="the same weights at every run (with --seed, 0 if not given): TensorFlow's op determinism on the "
+                   "nodes and each epoch's partitions fed to the nodes in a fixed order; with --retries, a run that "
+                   "lost an executor ends with a clean run's weights")
     @argument("--timeout", type=float, default=None, metavar="SECONDS",
               help="stop the cluster if the run takes longer (default: TFOSMagics.timeout)")
     @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
@@ -210,6 +216,11 @@ class TFOSMagics(Magics):
             raise usage(f"--retries must be 0 or more, got {opts.retries}")
         if opts.min_workers is not None and not 1 <= opts.min_workers <= workers:
             raise usage(f"--min-workers must be between 1 and --workers ({workers}), got {opts.min_workers}")
+        if opts.deterministic and opts.min_workers is not None:
+            raise usage("--min-workers cannot go with --deterministic: a retry on fewer nodes would put other rows "
+                        "together in each step")
+        if opts.seed is not None and not 0 <= opts.seed < 2**32:
+            raise usage(f"--seed must be from 0 to 2**32 - 1, got {opts.seed}")
         timeout = self.timeout if opts.timeout is None else opts.timeout
         check_timeout(timeout)
         name = opts.name
@@ -244,13 +255,15 @@ class TFOSMagics(Magics):
         sc = spark_for_cell(ns, self.spark_master_local, nodes)
         run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "cluster", sc=sc, tf_args=args,
                        num_executors=nodes, num_ps=opts.ps, eval_node=opts.evaluator, name=name, log_dir=opts.logdir,
-                       input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries)
+                       input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries, seed=opts.seed,
+                       deterministic=opts.deterministic)
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps, tracking=run,
                                evaluator=opts.evaluator, data=data, epochs=epochs, validation=validation,
                                tensorboard=opts.tensorboard,
                                log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
                                retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after,
-                               min_workers=opts.min_workers, shrink_after=self.shrink_after)
+                               min_workers=opts.min_workers, shrink_after=self.shrink_after, seed=opts.seed,
+                               deterministic=opts.deterministic)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
             from .. import tensorboard as tb
 

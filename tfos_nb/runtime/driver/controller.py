@@ -41,15 +41,17 @@ REFED_GRACE_S = 2.0
 
 def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, num_gpus: int | None, *,
                 input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
-                heartbeat_timeout: float, stall_after: float | None = stalls.DEFAULT_STALL_AFTER) -> Controller:
-    """A new cluster's state (id, name, job group) and its controller; ``num_gpus`` defaults to ``tf_args.num_gpus`` or 1."""
+                heartbeat_timeout: float, stall_after: float | None = stalls.DEFAULT_STALL_AFTER,
+                ordered_feed: bool = False) -> Controller:
+    """A new cluster's state (id, name, job group) and its controller; ``num_gpus`` defaults to ``tf_args.num_gpus`` or 1;
+    ``ordered_feed``: deterministic mode's fixed feed (:meth:`Controller._ordered_assign`)."""
     cluster_id = uuid.uuid4().hex[:12]
     state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
     state.job_group, state.stall_after = f"tfos-{cluster_id}", stalls.check_stall_after(stall_after)
     if num_gpus is None:
         num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
     return Controller(state, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir,
-                      num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
+                      num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout, ordered_feed=ordered_feed)
 
 
 def refed_partition(partition: int, node: S._Node | None, rows: int | None = None) -> str:
@@ -67,8 +69,9 @@ def refed_partition(partition: int, node: S._Node | None, rows: int | None = Non
 
 class Controller:
     def __init__(self, state: S.ClusterState, *, input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
-                 num_gpus: int, heartbeat_timeout: float) -> None:
+                 num_gpus: int, heartbeat_timeout: float, ordered_feed: bool = False) -> None:
         self.state = state
+        self.ordered_feed = ordered_feed
         self.clock = state.clock
         self.input_mode_spark = input_mode_spark
         self.tensorboard = tensorboard
@@ -478,6 +481,8 @@ class Controller:
                         return m.Reply(ok=False, error=st.error)
                     return m.Reply(ok=False, body=m.Retry(0.2).to_dict())
             self._gens_feeding.add(msg.gen)
+            if self.ordered_feed and msg.mode == "train":
+                return self._ordered_assign(msg)
             feedable = self._fed_nodes()
             live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]
             if not live:
@@ -505,13 +510,40 @@ class Controller:
                       msg.executor_id or "?", node.label)
             return self._assigned_to(node)
 
+    def _ordered_assign(self, msg: m.FeedAssign) -> m.Reply:
+        """Deterministic mode's feed (lock held): partition ``p`` goes to the ``p mod n``-th chief/worker, told to
+        read it after partition ``p - n`` (``after``), so that each node reads its partitions whole and in ascending
+        order — the same stream at every run, whichever executor ran which task and whenever.  The node keeps a
+        partition that came early aside until the one before it is read (:class:`~.executor.feed_hub.FeedHub`), so a
+        waiting feeding task never holds a Spark slot its node's next partition needs."""
+        st = self.state
+        nodes = sorted((n for n in st.nodes if n.job_name in FEEDABLE), key=lambda n: n.index)
+        if not nodes or not all(n.data_port for n in nodes):
+            return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+        node = nodes[msg.partition % len(nodes)]
+        if node.state in S.TERMINAL or node.feed_closed:  # the node reads no more, as in any mode: skipped
+            self._shares.handed_out(msg.gen, msg.partition, None)
+            return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
+        if node.state != S.RUNNING:
+            return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+        self._active[node.index] = self._active.get(node.index, 0) + 1
+        self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
+        if msg.gen > st.epoch_done:
+            self._shares.handed_out(msg.gen, msg.partition, node.index)
+            st.feed_pending = tuple(self._shares.pending(st.epoch_done))
+        st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
+        log.debug("train partition %d of epoch %d (executor %s) goes to %s, after partition %d", msg.partition,
+                  msg.gen, msg.executor_id or "?", node.label, msg.partition - len(nodes))
+        return self._assigned_to(node, after=msg.partition - len(nodes))
+
     def _fed_nodes(self) -> list[S._Node]:
         """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
         return [n for n in self.state.nodes if n.job_name in FEEDABLE and n.data_port]
 
     @staticmethod
-    def _assigned_to(node: S._Node) -> m.Reply:
-        target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0))
+    def _assigned_to(node: S._Node, after: int = -1) -> m.Reply:
+        target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
+                                  after=max(after, -1))
         return m.Reply(ok=True, body=target.to_dict())
 
     def _set_assign(self, msg: m.FeedAssign) -> m.Reply:

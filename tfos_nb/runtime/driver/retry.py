@@ -175,6 +175,8 @@ def run_job(
     chief/worker nodes (not fewer than it) when the failed attempt's task slots did not come back within
     ``shrink_after`` seconds: the global batch stays (``as_dataset``'s batch is the global one under
     ``MultiWorkerMirroredStrategy``), each replica's grows, and every row is still trained once.
+    With ``deterministic=True`` (and ``seed``, see :func:`~tfos_nb.runtime.driver.start.run`) a job that
+    lost an executor ends with the weights of a clean run; it cannot shrink.
     """
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         msg = f"retries must be a non-negative integer, got {retries!r}"
@@ -182,6 +184,10 @@ def run_job(
     if kwargs.get("data") is not None:
         kwargs.setdefault("input_mode", InputMode.SPARK)
     tracking, owned = _tracking(kwargs.pop("mlflow", None), sc, tf_args, num_executors, retries, kwargs)
+    if kwargs.get("deterministic") and min_workers is not None:
+        msg = (f"min_workers={min_workers} cannot go with deterministic=True: a retry on fewer nodes would put other "
+               "rows together in each step, so the job could not end with a clean run's weights")
+        raise ValueError(msg)
     recovery = Recovery(sc, retries, backup_dir, min_workers, shrink_after)
     try:
         if not owned:

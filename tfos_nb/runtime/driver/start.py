@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .. import determinism
 from ..executor.launch import LAUNCH_SCHEMA, make_launcher, start_supervisor
 from ..procs import kill_tree
 from ..protocol import messages as m
@@ -60,6 +61,8 @@ def run(
     node_output: bool | None = None,
     preflight: bool | dict[str, Any] = False,
     stall_after: float | None = stalls.DEFAULT_STALL_AFTER,
+    seed: int | None = None,
+    deterministic: bool = False,
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
@@ -97,10 +100,16 @@ def run(
     ``preflight=True`` runs :func:`tfos_nb.doctor` for these nodes first (a few seconds, no
     TensorFlow cluster) and raises its FAILs as one ``DoctorFailed`` error before anything
     starts; a dict passes options to it (``{"export_dir": ..., "feeders": ...}``).
+
+    ``seed``: every node seeds Python, NumPy, TensorFlow and Keras with it before its function runs.
+    ``deterministic=True`` (``seed`` 0 when not given) also turns on TensorFlow's op determinism on the
+    nodes and feeds partition ``p`` of each epoch to the ``p mod n``-th chief/worker, each node's partitions
+    in order, so that two runs train the same rows in the same steps (see :mod:`~tfos_nb.runtime.determinism`).
     """
     import cloudpickle
 
     log_callback = with_stderr(log_callback, node_output)
+    env = {**(env or {}), **determinism.node_env(deterministic, seed)}
     sc = spark_context(sc)
     roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
     if preflight:
@@ -112,7 +121,7 @@ def run(
 
     controller = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
                              tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout,
-                             stall_after=stall_after)
+                             stall_after=stall_after, ordered_feed=deterministic)
     state = controller.state
     job = new_job(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
                   finished=trainers_finished)

@@ -19,7 +19,7 @@ same way as a classic one (through its mirror of the cluster's state).
 
 **What.**  Params: the job's ``args`` (flattened, ``a.b`` for nested dicts), its shape
 (``tfos_nb.workers``, ``.ps``, ``.evaluator``, ``.input_mode``, ``.num_epochs``, ``.batch_rows``,
-``.retries``: prefixed, so that autologging's own params, e.g. Keras ``fit``'s ``workers``, never
+``.retries``, ``.seed``, ``.deterministic``: prefixed, so that autologging's own params, e.g. Keras ``fit``'s ``workers``, never
 clash) and the versions of tfos_nb, TensorFlow, Keras and Spark (``tensorflow_version``…).
 Metrics: every report of the chief (worker 0 without a chief) with its step
 (``all_nodes=True``: every other node's too, under ``<role>_<index>/``), and each node's last
@@ -167,8 +167,8 @@ def job_run(wanted: Request | JobRun, kind: str, a: Mapping[str, Any]) -> tuple[
     if kind == "parallel":
         return JobRun(wanted, name, kind, {**versions(a["sc"])}, trials=_trials(a)), True
     params = _cluster_params(a)
-    for key in ("num_epochs", "batch_rows", "retries"):
-        if a.get(key) is not None:
+    for key in ("num_epochs", "batch_rows", "retries", "seed", "deterministic"):
+        if a.get(key) is not None and a.get(key) is not False:
             params[f"tfos_nb.{key}"] = a[key]
     run = JobRun(wanted, name, kind, params)
     run.export_dir = _get(a["tf_args"], "export_dir")

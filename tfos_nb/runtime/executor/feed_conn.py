@@ -3,6 +3,7 @@ its one answer to the feeder (done, or why not)."""
 
 from __future__ import annotations
 
+import collections
 import socket
 import threading
 from typing import Any
@@ -19,6 +20,8 @@ class Conn:
         self.gen = int(header.get("gen", 0))
         self.mode = str(header.get("mode", "train"))
         self.feed = str(header.get("feed", "input"))  # a named feed's name (named_feeds.py), else "input"
+        self.after = int(header.get("after", -1))  # deterministic mode: read once that partition (same gen) is
+        self.held: collections.deque[tuple[str, Conn, Any]] | None = None  # its items until then (FeedHub)
         # row ranges of the partition its feeder did not send (recovery: already trained), merged
         self.skip: list[tuple[int, int]] = [(int(a), int(b)) for a, b in header.get("skip") or ()]
         self.received = self.consumed = self.answered = self.skipped = 0
@@ -35,7 +38,8 @@ class Conn:
             else:
                 dp.send_frame(self.sock, kind, payload)
 
-    def finish(self, error: str | None = None, node_failed: bool = False) -> None:
+    def finish(self, error: str | None = None, node_failed: bool = False, rows: int | None = None) -> None:
+        """The one answer: done with ``rows`` taken (the rows consumed unless said), or ``error``."""
         with self._send_lock:
             if self.closed:
                 return
@@ -43,7 +47,8 @@ class Conn:
                 if error:
                     dp.send_json(self.sock, dp.Kind.ERROR, {"error": error, "node_failed": node_failed})
                 else:
-                    dp.send_json(self.sock, dp.Kind.DONE, {"rows": self.consumed, "skipped": self.skipped})
+                    dp.send_json(self.sock, dp.Kind.DONE, {"rows": self.consumed if rows is None else rows,
+                                                           "skipped": self.skipped})
             except OSError:
                 pass
             self.closed = True

@@ -15,6 +15,8 @@ rows the other nodes can only read by stepping with it.  The next epoch's data w
 queue.  The bound is per generation: one bound for all, filled by the next epoch's feeders,
 would block this epoch's feeders while the reader waits for them.
 
+Deterministic mode: a node reads its partitions whole, in the driver's order (:mod:`.feed_turns`).
+
 Out of step: the driver tells the nodes which epochs the running ``train()`` feeds (``plan``); a bounded read
 past them while the last is not all read elsewhere (a dataset iterated once more than the job's epochs) would
 deadlock a synchronous strategy, so after :data:`.feed_plan.AHEAD_S` it raises :class:`FeedOutOfStep`, naming
@@ -34,7 +36,7 @@ import pyarrow as pa
 from .. import columns as C
 from .. import results as R
 from ..protocol import dataplane as dp
-from . import feed_plan
+from . import feed_plan, feed_turns
 from .feed_conn import Conn
 from .feed_plan import FeedOutOfStep, out_of_step_message, sample_row
 
@@ -70,17 +72,32 @@ class FeedHub:
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
         self._last_take = 0
+        self._turns = feed_turns.Turns()  # deterministic mode: partitions read in the driver's order
+
+    def _partition_taken(self, conn: Conn) -> None:
+        """``conn``'s partition is all taken (or gone): the connections whose turn it makes join the queue; lock
+        held."""
+        for nxt in self._turns.taken(conn):
+            items, nxt.held = nxt.held or collections.deque(), None
+            self._queues.setdefault(nxt.gen, collections.deque()).extend(items)
+            self._sizes[nxt.gen] = self._sizes.get(nxt.gen, 0) + sum(1 for kind, _, _ in items if kind == "data")
+            self._cond.notify_all()
+            self._maybe_finish(nxt)  # an empty partition is all taken at once
 
     # -- producers (reader threads, control thread) --------------------------
     def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
         with self._cond:
             self._conns.add(conn)
-            while self._sizes.get(gen, 0) >= self._max and not self.closed:
+            held = self._turns.held(conn)
+            while held is None and self._sizes.get(gen, 0) >= self._max and not self.closed:
                 self._cond.wait(0.5)
             conn.received += batch.num_rows
             if self.closed:
                 conn.skipped += batch.num_rows
                 self.skipped += batch.num_rows
+                return
+            if held is not None:
+                held.append(("data", conn, batch))
                 return
             self._queues.setdefault(gen, collections.deque()).append(("data", conn, batch))
             self._sizes[gen] = self._sizes.get(gen, 0) + 1
@@ -125,12 +142,15 @@ class FeedHub:
 
     def _has_rows(self, gen: int) -> bool:
         """Whether rows of ``gen`` are queued here; lock held."""
-        return any(kind == "data" for kind, _, _ in self._queues.get(gen, ()))
+        return any(kind == "data" for kind, _, _ in self._queues.get(gen, ())) or self._turns.rows().get(gen, 0) > 0
 
     def queued_rows(self) -> dict[int, int]:
         """Rows waiting to be read, by generation."""
         with self._cond:
-            return {g: sum(b.num_rows for kind, _, b in q if kind == "data") for g, q in self._queues.items() if q}
+            rows = {g: sum(b.num_rows for kind, _, b in q if kind == "data") for g, q in self._queues.items() if q}
+            for g, n in self._turns.rows().items():
+                rows[g] = rows.get(g, 0) + n
+            return rows
 
     def end_conn(self, conn: Conn) -> None:
         with self._cond:
@@ -140,6 +160,12 @@ class FeedHub:
                 self._finish_closed(conn)
                 return
             self._conns.add(conn)
+            held = self._turns.held(conn)
+            if held is not None:  # all its rows are in this node's keeping: its feeding task ends, freeing its slot
+                held.append(("eoc", conn, None))
+                conn.finish(rows=conn.received)
+                self._cond.notify_all()
+                return
             self._maybe_finish(conn)
             # marks the partition's end for inference batches
             self._queues.setdefault(conn.gen, collections.deque()).append(("eoc", conn, None))
@@ -147,9 +173,10 @@ class FeedHub:
 
     def _maybe_finish(self, conn: Conn) -> None:
         """Ack a feeder as soon as all its rows are taken (train) or answered (inference); lock held."""
-        if conn.ended and (conn.consumed if conn.mode == "train" else conn.answered) >= conn.received:
+        if conn.held is None and conn.ended and (conn.consumed if conn.mode == "train" else conn.answered) >= conn.received:
             self._conns.discard(conn)
             conn.finish()
+            self._partition_taken(conn)
 
     def drop(self, conn: Conn, error: str) -> None:
         """A connection broke (the feeder went away): forget it; a training one cut short is told (``on_drop``)."""
@@ -159,6 +186,8 @@ class FeedHub:
             if not conn.ended:
                 self._ended[conn.gen] = self._ended.get(conn.gen, 0) + 1
                 self._cond.notify_all()
+            self._turns.drop(conn)  # held rows go with it (a training partition cut short: the cluster fails)
+            self._partition_taken(conn)
         conn.finish(error)
         if cut_short and self._on_drop is not None:
             self._on_drop(conn)
@@ -172,6 +201,7 @@ class FeedHub:
                     for g in [g for g in table if g <= epoch]:
                         del table[g]
                 self._read = {g for g in self._read if g > epoch}
+                self._turns.forget_through(epoch)
                 self._cond.notify_all()
 
     def epoch_assigned(self, epoch: int, partitions: int) -> None:
@@ -210,7 +240,8 @@ class FeedHub:
 
     def _share_read(self, gen: int) -> bool:
         """Whether this node's share of ``gen`` is all read (or the driver ended ``gen``); lock held."""
-        return self.epoch_done >= gen or (self._share_in(gen) and not self._queues.get(gen))
+        return self.epoch_done >= gen or (self._share_in(gen) and not self._queues.get(gen)
+                                          and not self._turns.in_gen(gen))
 
     def stop(self) -> None:
         with self._cond:
@@ -242,6 +273,7 @@ class FeedHub:
             self.closed = True
             self.error = error
             items = [item for q in self._queues.values() for item in q]
+            items += self._turns.clear()
             self._queues.clear()
             self._sizes.clear()
             for kind, conn, batch in items:
@@ -263,7 +295,7 @@ class FeedHub:
     # -- the consumer ---------------------------------------------------------
     def drained(self) -> bool:
         with self._cond:
-            return (self.stopped or self.closed) and not any(self._queues.values())
+            return (self.stopped or self.closed) and not any(self._queues.values()) and not self._turns.waiting
 
     def _next_gen(self, epoch: list[int] | None) -> int | None:
         """The oldest generation with queued items that this read may take from; lock held.

@@ -134,6 +134,8 @@ class _Feeder:
 
     def connect(self) -> Any:
         header: dict[str, Any] = {"partition": self.partition, "gen": self.gen, "mode": self.mode, "feed": self.feed}
+        if self.node.after >= 0:  # deterministic mode: the node reads this partition after that one
+            header["after"] = self.node.after
         if self.skip:
             header["skip"] = [list(r) for r in self.skip]
         return dp.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)

@@ -66,8 +66,11 @@ def steps_per_element(model: Any) -> int:
 
 
 def _variables(model: Any) -> tuple[list[Any], list[Any]]:
+    """The model's variables — ``model.variables``: its weights and, in Keras 3, the state of its layers' seed
+    generators (dropout's, the random layers'), without which a resumed run would draw other masks — and its
+    optimizer's."""
     optimizer = getattr(model, "optimizer", None)
-    return list(model.weights), list(getattr(optimizer, "variables", ()) or ())
+    return list(model.variables), list(getattr(optimizer, "variables", ()) or ())
 
 
 class KerasBackup:

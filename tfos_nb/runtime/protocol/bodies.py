@@ -109,13 +109,15 @@ class BeatCommand(Body):
 
 @dataclasses.dataclass(frozen=True)
 class FeedAssignment(Body):
-    """FeedAssign's answer: the node that takes the partition, or ``skip`` (no node reads data any more)."""
+    """FeedAssign's answer: the node that takes the partition, or ``skip`` (no node reads data any more);
+    ``after``: in deterministic mode, the partition the node reads before this one (-1: none)."""
 
     node: int = -1
     label: str = ""
     host: str = ""
     port: int = 0
     skip: bool = False
+    after: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +155,7 @@ class CoordinatorMeta(Body):
     kernel_timeout: float
     bind: str | None = None
     kind: str = "cluster"
+    ordered_feed: bool = False  # deterministic mode's fixed feed
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,7 +62,7 @@ class Coordinator:
         self.finished = all_finished if self.runs else trainers_finished
         self.controller = (RunController if self.runs else Controller)(
             self.state, input_mode_spark=c.input_mode_spark, tensorboard=c.tensorboard, log_dir=c.log_dir,
-            num_gpus=c.num_gpus, heartbeat_timeout=c.heartbeat_timeout)
+            num_gpus=c.num_gpus, heartbeat_timeout=c.heartbeat_timeout, ordered_feed=c.ordered_feed)
         self.kernel_timeout = c.kernel_timeout
         self.logbook = snapshot.LogBook(len(roles))
         self.state.add_log_listener(self._log)

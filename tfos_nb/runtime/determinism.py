@@ -1,0 +1,64 @@
+"""A job's seed and deterministic mode: what the driver checks and tells the nodes, and what each node does with it.
+
+``seed=N`` seeds every node before its function runs — Python's ``random``, NumPy, TensorFlow, and Keras 3's
+global seed (``keras.utils.set_random_seed``, which also does the first three) — so that a model's initial
+weights, dropout and shuffles are the same at every run.  ``deterministic=True`` (with ``seed``, 0 when not
+given) adds what a synchronous job needs for a run to end with the same weights as another:
+
+- TensorFlow's op determinism (``tf.config.experimental.enable_op_determinism()``) on every node;
+- a fixed feed (:meth:`~.driver.controller.Controller`'s ordered assignment): partition ``p`` of every epoch
+  goes to the ``p mod n``-th chief/worker node, and a node takes its partitions in ascending order, one after
+  the other (the next one's feeding task waits until the last one's rows were all taken).  A node's stream,
+  and so each step's global batch, is then the same at every run, whichever executor Spark ran a task on.
+
+Together with recovery's backups (``retries``), a job that lost an executor resumes on exactly the rows that
+the clean run trained after the backup's step, in the same batches, and ends with the clean run's weights.
+What it costs: partitions reach a node one at a time (no overlap between the end of one and the start of the
+next), and a retry cannot shrink to fewer nodes (``min_workers``): fewer nodes would put other rows together.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+ENV_SEED = "TFOS_SEED"  # the nodes' seed
+ENV_DETERMINISTIC = "TFOS_DETERMINISTIC"  # "1": op determinism on the nodes
+
+
+def node_env(deterministic: Any = False, seed: Any = None) -> dict[str, str]:
+    """The nodes' environment for ``deterministic`` and ``seed`` (validated here, on the driver)."""
+    if not isinstance(deterministic, bool):
+        msg = f"deterministic must be True or False, got {deterministic!r}"
+        raise ValueError(msg)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32):
+        msg = f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}"
+        raise ValueError(msg)
+    env: dict[str, str] = {}
+    if seed is not None or deterministic:
+        env[ENV_SEED] = str(0 if seed is None else seed)
+    if deterministic:
+        env[ENV_DETERMINISTIC] = "1"
+    return env
+
+
+def apply(env: Mapping[str, str] = os.environ) -> None:
+    """On a node, before the function: seed everything and turn on op determinism as ``env`` says."""
+    if ENV_SEED not in env:
+        return
+    seed = int(env[ENV_SEED])
+    import random
+
+    import numpy as np
+    import tensorflow as tf
+
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    if env.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):  # Keras 3 keeps a global seed of its own
+        import keras
+
+        keras.utils.set_random_seed(seed)
+    if env.get(ENV_DETERMINISTIC) == "1":
+        tf.config.experimental.enable_op_determinism()
