@@ -32,6 +32,10 @@ LONG_BECAUSE: dict[str, str] = {
                                        "the widgets import from this module only (their layering rule)",
     "tfos_nb/runtime/driver/controller.py": "the one writer of a cluster's state: a handler per control message "
                                             "and every transition the driver asks for, each a few lines",
+    "tfos_nb/runtime/executor/feed_hub.py": "one queue under one condition: the feeders' puts, deterministic mode's "
+                                            "read-back of spilled partitions, the reader's take/peek and the "
+                                            "end-of-data rules all wait on it (what needs no lock is in feed_plan "
+                                            "and feed_turns)",
 }
 
 #: the same threshold for the tests (``tests/``, helper modules and conftest files included): a module past it is

@@ -291,7 +291,8 @@ def regression_frame(spark):
 
 def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_weights(spark, tmp_path, no_leaks):
     """``deterministic=True, seed=7``: a clean run, then the same job with the worker's executor JVM killed inside
-    epoch 2 (after a backup); the resumed job's final weights are the clean run's."""
+    epoch 2 (after a backup); the resumed job's final weights are the clean run's.  No memory for early partitions
+    (``TFOS_NB_FEED_HOLD_MB=0``): every one that comes before its turn goes through the node's disk."""
     sc, df = spark.sparkContext, regression_frame(spark)
     weights = {}
     for run in ("clean", "killed"):
@@ -300,8 +301,8 @@ def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_w
         killer = Killer(sc, str(root), str(out), 1, "worker0", 3) if run == "killed" else None
         args = {"dir": str(out), "batch": BATCH, "epochs": CI_EPOCHS, "pause": PAUSE_S}
         outcome = TFCluster.run_job(sc, regression_fun, args, 2, master_node="chief", data=df, num_epochs=CI_EPOCHS,
-                                    env=NODE_ENV, keras="keras3", retries=1, backup_dir=str(root),
-                                    deterministic=True, seed=7)
+                                    env={**NODE_ENV, "TFOS_NB_FEED_HOLD_MB": "0"}, keras="keras3", retries=1,
+                                    backup_dir=str(root), deterministic=True, seed=7)
         if killer is not None:
             killer.join()
             assert killer.error is None, killer.error

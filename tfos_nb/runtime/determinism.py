@@ -6,15 +6,14 @@ weights, dropout and shuffles are the same at every run.  ``deterministic=True``
 given) adds what a synchronous job needs for a run to end with the same weights as another:
 
 - TensorFlow's op determinism (``tf.config.experimental.enable_op_determinism()``) on every node;
-- a fixed feed (:meth:`~.driver.controller.Controller`'s ordered assignment): partition ``p`` of every epoch
-  goes to the ``p mod n``-th chief/worker node, and a node takes its partitions in ascending order, one after
-  the other (the next one's feeding task waits until the last one's rows were all taken).  A node's stream,
-  and so each step's global batch, is then the same at every run, whichever executor Spark ran a task on.
+- a fixed feed (``Controller._ordered_assign`` and :mod:`.executor.feed_turns`): partition ``p`` of every epoch
+  goes to the ``p mod n``-th chief/worker, and a node reads its partitions whole, in ascending order (one that
+  arrives early waits on the node, in memory and then on disk, its feeding task done).  A node's stream, and so
+  each step's global batch, is then the same at every run, whichever executor Spark ran a task on.
 
 Together with recovery's backups (``retries``), a job that lost an executor resumes on exactly the rows that
 the clean run trained after the backup's step, in the same batches, and ends with the clean run's weights.
-What it costs: partitions reach a node one at a time (no overlap between the end of one and the start of the
-next), and a retry cannot shrink to fewer nodes (``min_workers``): fewer nodes would put other rows together.
+A retry cannot shrink to fewer nodes (``min_workers``): fewer nodes would put other rows together.
 """
 
 from __future__ import annotations

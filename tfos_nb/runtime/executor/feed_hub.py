@@ -47,7 +47,8 @@ class FeedHub:
     """The queue between connections and the consumer, plus the end-of-data signals."""
 
     def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None,
-                 label: str = "this node", on_drop: Callable[[Conn], None] | None = None) -> None:
+                 label: str = "this node", on_drop: Callable[[Conn], None] | None = None,
+                 hold_bytes: int | None = None) -> None:
         self.label = label  # role:index, for the out-of-step error
         self._cond = threading.Condition()
         self._on_close, self._on_drop = on_close, on_drop  # to the driver: "reads no more", "a partition cut short"
@@ -72,17 +73,51 @@ class FeedHub:
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
         self._last_take = 0
-        self._turns = feed_turns.Turns()  # deterministic mode: partitions read in the driver's order
+        # deterministic mode: partitions read in the driver's order (``hold_bytes``: kept in memory before spilling)
+        self._turns = feed_turns.Turns(hold_bytes)
 
     def _partition_taken(self, conn: Conn) -> None:
         """``conn``'s partition is all taken (or gone): the connections whose turn it makes join the queue; lock
         held."""
         for nxt in self._turns.taken(conn):
-            items, nxt.held = nxt.held or collections.deque(), None
-            self._queues.setdefault(nxt.gen, collections.deque()).extend(items)
-            self._sizes[nxt.gen] = self._sizes.get(nxt.gen, 0) + sum(1 for kind, _, _ in items if kind == "data")
+            self._release(nxt)
+
+    def _release(self, conn: Conn) -> None:
+        """A held connection's turn: its items join the queue — what it spilled through a thread that reads the file
+        back as a feeder would send it (bounded by the queue); lock held."""
+        items, spill = self._turns.release(conn)
+        self._queues.setdefault(conn.gen, collections.deque()).extend(items)
+        self._sizes[conn.gen] = self._sizes.get(conn.gen, 0) + sum(1 for kind, _, _ in items if kind == "data")
+        self._cond.notify_all()
+        if spill is None:
+            self._maybe_finish(conn)  # an empty partition is all taken at once
+        else:
+            threading.Thread(target=self._replay, args=(conn, spill), name="tfos-feed-replay", daemon=True).start()
+
+    def _replay(self, conn: Conn, spill: feed_turns.Spill) -> None:
+        replayed = 0
+        try:
+            for batch in spill.batches():
+                with self._cond:
+                    while self._sizes.get(conn.gen, 0) >= self._max and not self.closed:
+                        self._cond.wait(0.5)
+                    if self.closed:
+                        break
+                    self._queues.setdefault(conn.gen, collections.deque()).append(("data", conn, batch))
+                    self._sizes[conn.gen] = self._sizes.get(conn.gen, 0) + 1
+                    replayed += batch.num_rows
+                    self._cond.notify_all()
+        except (OSError, pa.ArrowException) as exc:  # the node's own temporary file: its rows are lost, say so
+            log.warning("partition %d of epoch %d: its rows kept on disk could not be read back: %s", conn.partition,
+                        conn.gen, exc)
+        with self._cond:
+            self._turns.replayed(conn, spill)
+            if replayed < spill.rows:  # closed meanwhile (or the file failed): the rest is not read
+                conn.skipped += spill.rows - replayed
+                self.skipped += spill.rows - replayed
+            if not self.closed:
+                self._queues.setdefault(conn.gen, collections.deque()).append(("eoc", conn, None))
             self._cond.notify_all()
-            self._maybe_finish(nxt)  # an empty partition is all taken at once
 
     # -- producers (reader threads, control thread) --------------------------
     def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
@@ -97,7 +132,7 @@ class FeedHub:
                 self.skipped += batch.num_rows
                 return
             if held is not None:
-                held.append(("data", conn, batch))
+                self._turns.keep(conn, batch)
                 return
             self._queues.setdefault(gen, collections.deque()).append(("data", conn, batch))
             self._sizes[gen] = self._sizes.get(gen, 0) + 1
@@ -142,7 +177,8 @@ class FeedHub:
 
     def _has_rows(self, gen: int) -> bool:
         """Whether rows of ``gen`` are queued here; lock held."""
-        return any(kind == "data" for kind, _, _ in self._queues.get(gen, ())) or self._turns.rows().get(gen, 0) > 0
+        return any(kind == "data" for kind, _, _ in self._queues.get(gen, ())) or self._turns.rows().get(gen, 0) > 0 \
+            or any(c.gen == gen for c in self._turns.replaying)
 
     def queued_rows(self) -> dict[int, int]:
         """Rows waiting to be read, by generation."""
@@ -164,6 +200,8 @@ class FeedHub:
             if held is not None:  # all its rows are in this node's keeping: its feeding task ends, freeing its slot
                 held.append(("eoc", conn, None))
                 conn.finish(rows=conn.received)
+                if self._turns.ready(conn):  # its turn came while it was spilling: all of it is in now
+                    self._release(conn)
                 self._cond.notify_all()
                 return
             self._maybe_finish(conn)
@@ -280,6 +318,9 @@ class FeedHub:
                 if kind == "data":
                     conn.skipped += batch.num_rows
                     self.skipped += batch.num_rows
+                elif kind == "spilled":  # a held partition's rows on disk (``batch``: how many)
+                    conn.skipped += batch
+                    self.skipped += batch
             ended = [c for c in self._conns if c.ended]
             pending = [c for c, _ in self._pending]
             self._pending.clear()
@@ -295,7 +336,8 @@ class FeedHub:
     # -- the consumer ---------------------------------------------------------
     def drained(self) -> bool:
         with self._cond:
-            return (self.stopped or self.closed) and not any(self._queues.values()) and not self._turns.waiting
+            return (self.stopped or self.closed) and not any(self._queues.values()) and not self._turns.waiting \
+                and not self._turns.replaying
 
     def _next_gen(self, epoch: list[int] | None) -> int | None:
         """The oldest generation with queued items that this read may take from; lock held.
