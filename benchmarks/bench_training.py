@@ -386,7 +386,11 @@ class Bench:
         b = (SparkSession.builder.master(o.master).appName("tfos_nb-bench-training")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.files.maxPartitionBytes", str(1 << 40))  # one partition per file
+             # --file-partitions: one Spark partition per file (--partitions of them); else Spark packs the files
+             # into one partition per core
+             .config("spark.sql.files.maxPartitionBytes", str(max(os.path.getsize(os.path.join(parts, f))
+                                                                  for f in os.listdir(parts))
+                                                              if o.file_partitions else 1 << 40))
              .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]))
         for k, v in {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
                      "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}.items():
@@ -438,7 +442,7 @@ class Bench:
         steps = -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs
         return {"wall s": wall, "fit s": wall, "steps": steps, "accuracy": float((pred == self.y_test).mean())}
 
-    def tfos_nb(self, breakdown=False, cache=False, keras3=False, env=None):
+    def tfos_nb(self, breakdown=False, cache=False, keras3=False, env=None, **run_kwargs):
         from tfos_nb import TFCluster
 
         export_dir = self._export_dir("nb")
@@ -449,7 +453,7 @@ class Bench:
                 "progress": os.environ.get("BENCH_PROGRESS", "1") == "1", "cache": cache, "keras3": keras3}
         t0, w0 = time.perf_counter(), time.time()
         cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
-                                input_mode=TFCluster.InputMode.SPARK, master_node="chief", env=env)
+                                input_mode=TFCluster.InputMode.SPARK, master_node="chief", env=env, **run_kwargs)
         t_run = time.perf_counter() - t0
         try:
             # with cache=True one epoch crosses Spark; the nodes replay it for the others
@@ -518,6 +522,10 @@ class Bench:
         done = ledger.backups(folder)
         res["backups"] = done[0].seq if done else 0
         return res
+
+    def tfos_nb_deterministic(self):
+        """tfos_nb in deterministic mode: op determinism, partitions fed in a fixed order (early ones kept aside)."""
+        return self.tfos_nb(deterministic=True, seed=self.opts.seed)
 
     def tfos_nb_serial(self):
         """tfos_nb as before epoch pipelining: the next epoch's job starts when this one ended."""
@@ -678,6 +686,7 @@ VARIANTS = {
     "tfos_batched": "TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
     "tfos_nb_serial": "tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)",
     "tfos_nb_backup": "tfos_nb with retries' backups (the chief's, at most 2 % of the time) and the nodes' element logs",
+    "tfos_nb_deterministic": "tfos_nb in deterministic mode (op determinism, a fixed feed)",
 }
 
 
@@ -741,6 +750,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--file-partitions", action="store_true",
+                   help="feed one Spark partition per file (--partitions of them) instead of one per core")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--separation", type=float, default=0.105, help="class-centre scale: 0.105 gives ≈0.84 single-process accuracy")
     p.add_argument("--master", default="local-cluster[2,1,3072]")

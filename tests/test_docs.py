@@ -115,7 +115,8 @@ def test_the_keras3_benchmark_table_is_its_results_file():
 
 def test_the_recovery_figures_are_their_results_files():
     """docs/reliability.md's recovery table: the audit's figures are recovery-audit.md's, and the backups' cost
-    ratios are recomputed here from b2-backup.md's runs (fit, fastest vs fastest and median vs median)."""
+    ratios are recomputed here from b2-backup.md's runs (fit, fastest vs fastest and median vs median), deterministic
+    mode's from b2-deterministic.md's and b2-deterministic-8.md's."""
     import statistics
 
     doc = (REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
@@ -130,12 +131,18 @@ def test_the_recovery_figures_are_their_results_files():
         rows["rows trained twice / never trained (every epoch, every trial)"]
     kill = re.search(r"kill to the first step of attempt 2: (min [\d.]+ s, median [\d.]+ s, max [\d.]+ s)", audit)
     assert kill and kill.group(1) in rows["time from the kill to attempt 2's first step"]
-    results = (REPO / "benchmarks" / "results" / "b2-backup.md").read_text(encoding="utf-8")
-    fits: dict[str, list[float]] = {}
-    for variant, fit in re.findall(r"^\| (\w+) \| run \d+ \| [\d.]+ \| ([\d.]+) \|", results, flags=re.M):
-        fits.setdefault(variant, []).append(float(fit))
-    cost = next(r for k, r in rows.items() if k.startswith("cost of the backups"))
-    base, new = fits["tfos_nb"], fits["tfos_nb_backup"]
-    assert f"{min(new)}–{max(new)} s with them against {min(base)}–{max(base)} s without" in cost, (cost, fits)
-    fastest, median = min(new) / min(base), statistics.median(new) / statistics.median(base)
-    assert f"{fastest:.2f}× fastest against fastest, {median:.2f}× median against median" in cost, (fastest, median)
+    for row, results, variant, them in (("cost of the backups", "b2-backup.md", "tfos_nb_backup", "them"),
+                                        ("cost of deterministic mode (", "b2-deterministic.md",
+                                         "tfos_nb_deterministic", "it"),
+                                        ("cost of deterministic mode, 8", "b2-deterministic-8.md",
+                                         "tfos_nb_deterministic", "it")):
+        fits: dict[str, list[float]] = {}
+        text = (REPO / "benchmarks" / "results" / results).read_text(encoding="utf-8")
+        for name, fit in re.findall(r"^\| (\w+) \| run \d+ \| [\d.]+ \| ([\d.]+) \|", text, flags=re.M):
+            fits.setdefault(name, []).append(float(fit))
+        cost = next(r for k, r in rows.items() if k.startswith(row))
+        base, new = fits["tfos_nb"], fits[variant]
+        assert f"{min(new)}–{max(new)} s with {them} against {min(base)}–{max(base)} s without" in cost, (cost, fits)
+        fastest, median = min(new) / min(base), statistics.median(new) / statistics.median(base)
+        assert f"{fastest:.2f}× fastest against fastest, {median:.2f}× median against median" in cost, (fastest,
+                                                                                                        median)

@@ -18,13 +18,17 @@ from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.protocol import dataplane as dp
 
 
-@pytest.fixture
-def node():
-    hub = FeedHub()
+def serve(hub: FeedHub):
+    """A node's data plane for ``hub``: (hub, its DataServer on loopback), closed after."""
     server = DataServer(hub, SECRET, "127.0.0.1").start()
     yield hub, server
     hub.close()
     server.stop()
+
+
+@pytest.fixture
+def node():
+    yield from serve(FeedHub())
 
 
 def send(port, rows, gen=1, mode="train", chunk=100, partition=0):

@@ -2,31 +2,19 @@
 feeder connections that name the partition their node reads before theirs."""
 
 import os
-import threading
 
 import pytest
 
 from tests.server_abuse import SECRET
+from tests.test_feed import serve, take_in_thread
 from tfos_nb.runtime import columns as C
-from tfos_nb.runtime.executor.data_server import DataServer
 from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.protocol import dataplane as dp
 
 
 @pytest.fixture
 def node():
-    hub = FeedHub()
-    server = DataServer(hub, SECRET, "127.0.0.1").start()
-    yield hub, server
-    hub.close()
-    server.stop()
-
-
-def take_in_thread(hub, n, epoch):
-    out = {}
-    t = threading.Thread(target=lambda: out.update(pieces=hub.take(n, True, epoch)))
-    t.start()
-    return t, out
+    yield from serve(FeedHub())
 
 
 def send_after(port, rows, partition, after, gen=1):
@@ -78,11 +66,7 @@ def test_deterministic_mode_an_empty_partition_passes_its_turn_on(node):
 @pytest.fixture
 def small_node():
     """A node that keeps at most ~2 KB of early partitions in memory: the rest goes to disk."""
-    hub = FeedHub(hold_bytes=2048)
-    server = DataServer(hub, SECRET, "127.0.0.1").start()
-    yield hub, server
-    hub.close()
-    server.stop()
+    yield from serve(FeedHub(hold_bytes=2048))
 
 
 def test_early_partitions_past_the_memory_budget_are_kept_on_disk_and_read_back_in_order(small_node):

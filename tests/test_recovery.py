@@ -46,12 +46,37 @@ CI_EPOCHS = 2  # this module's own runs: a kill inside the second epoch of two s
 PAUSE_S = 0.06
 
 
+def node_start(args, ctx) -> str:
+    """On a node: says which executor it runs on (the killer's target) in ``a<attempt>-<role><index>.json``."""
+    import json as j
+    import os as o
+
+    me = f"{ctx.job_name}{ctx.task_index}"
+    with open(o.path.join(args["dir"], f"a{ctx.attempt}-{me}.json"), "w") as f:
+        j.dump({"executor": ctx.spark_executor_id, "checkpoint_dir": ctx.checkpoint_dir}, f)
+    return me
+
+
+def paced(keras, args, ctx, me: str):
+    """On a node: a callback that logs each step (attempt, global step, time) and takes ``args["pause"]`` s."""
+    import os as o
+    import time as t
+
+    steps_log = o.path.join(args["dir"], f"steps-{me}.log")
+
+    class Paced(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            with open(steps_log, "a") as f:
+                f.write(f"{ctx.attempt} {int(self.model.optimizer.iterations.numpy())} {t.time():.3f}\n")
+            t.sleep(args["pause"])
+
+    return Paced()
+
+
 def audit_fun(args, ctx):
     """Keras 3 (or tf_keras: ``args["flavour"]``) under MWMS, fed by Spark; one weight per row id counts the times
     the row was trained."""
-    import json as j
     import os as o
-    import time as t
 
     import numpy as np
     import tensorflow as tf
@@ -62,9 +87,7 @@ def audit_fun(args, ctx):
         import keras
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    me = f"{ctx.job_name}{ctx.task_index}"
-    with open(o.path.join(args["dir"], f"a{ctx.attempt}-{me}.json"), "w") as f:
-        j.dump({"executor": ctx.spark_executor_id, "checkpoint_dir": ctx.checkpoint_dir}, f)
+    me = node_start(args, ctx)
     ds = ctx.get_data_feed().as_dataset(batch_size=args["batch"], columns=(0, 1))
 
     class MinusWeight(keras.losses.Loss):
@@ -79,15 +102,7 @@ def audit_fun(args, ctx):
                                   keras.layers.Embedding(args["rows"], 1, embeddings_initializer="zeros")])
         model.compile(keras.optimizers.SGD(learning_rate=float(strategy.num_replicas_in_sync)), MinusWeight())
 
-    steps_log = o.path.join(args["dir"], f"steps-{me}.log")
-
-    class Paced(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            with open(steps_log, "a") as f:
-                f.write(f"{ctx.attempt} {int(self.model.optimizer.iterations.numpy())} {t.time():.3f}\n")
-            t.sleep(args["pause"])
-
-    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[ctx.progress_callback(), Paced()])
+    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[ctx.progress_callback(), paced(keras, args, ctx, me)])
     if ctx.is_chief:
         np.save(o.path.join(args["dir"], "weights.npy"), model.layers[0].get_weights()[0][:, 0])
 
@@ -252,32 +267,20 @@ def regression_fun(args, ctx):
     """A Keras 3 regression as a tutorial writes it (``Dense``, ``Dropout``, Adam, mean squared error) under MWMS,
     fed by Spark: its final weights depend on which rows each step trained on, in which order, and on dropout's
     draws — so they equal a clean run's only if none of that changed across the kill."""
-    import json as j
     import os as o
-    import time as t
 
     import keras
     import numpy as np
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    me = f"{ctx.job_name}{ctx.task_index}"
-    with open(o.path.join(args["dir"], f"a{ctx.attempt}-{me}.json"), "w") as f:
-        j.dump({"executor": ctx.spark_executor_id}, f)
+    me = node_start(args, ctx)
     ds = ctx.get_data_feed().as_dataset(batch_size=args["batch"], columns=(0, 1))
     with strategy.scope():
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(16, activation="tanh"),
                                   keras.layers.Dropout(0.2), keras.layers.Dense(1)])
         model.compile(keras.optimizers.Adam(0.01), "mse")
-    steps_log = o.path.join(args["dir"], f"steps-{me}.log")
-
-    class Paced(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            with open(steps_log, "a") as f:
-                f.write(f"{ctx.attempt} {int(self.model.optimizer.iterations.numpy())} {t.time():.3f}\n")
-            t.sleep(args["pause"])
-
-    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[ctx.progress_callback(), Paced()])
+    model.fit(ds, epochs=args["epochs"], verbose=0, callbacks=[ctx.progress_callback(), paced(keras, args, ctx, me)])
     if ctx.is_chief:
         np.savez(o.path.join(args["dir"], "weights.npz"), *model.get_weights())
 
