@@ -296,12 +296,16 @@ def test_train_digits_with_the_magic(ip, magic_spark, capsys, tmp_path):
         compat.export_saved_model(model, export_dir, ctx.is_chief)
         print(f"done {ctx.job_name} lr-check {args.batch_size}")
         print("val_accuracy", repr(hist.history["val_accuracy"]))
+        import os
+        print("seeded", os.environ["TFOS_SEED"], os.environ["TFOS_DETERMINISTIC"])
         """
     )
+    # deterministic mode through the magic: 4 partitions to 2 nodes, each node's second one read after its first
     ip.run_cell_magic("tfos_cluster", "--workers 2 --data train_df --validation-data val_df --epochs 2 "
-                      "--args \"{'batch_size': 32}\" --name mnist_like", cell)
+                      "--args \"{'batch_size': 32}\" --name mnist_like --seed 3 --deterministic", cell)
     out = capsys.readouterr().out
     assert "[chief:0] done chief lr-check 32" in out and "[worker:0] done worker lr-check 32" in out
+    assert "[chief:0] seeded 3 1" in out and "[worker:0] seeded 3 1" in out
     handle = ip.user_ns["mnist_like"]
     assert isinstance(handle, ClusterHandle)
     result = handle.result
