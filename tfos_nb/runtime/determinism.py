@@ -55,7 +55,9 @@ def apply(env: Mapping[str, str] = os.environ) -> None:
     random.seed(seed)
     np.random.seed(seed)
     tf.random.set_seed(seed)
-    if env.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):  # Keras 3 keeps a global seed of its own
+    from .executor.keras_flavour import legacy
+
+    if not legacy(env):  # Keras 3 keeps a global seed of its own
         import keras
 
         keras.utils.set_random_seed(seed)

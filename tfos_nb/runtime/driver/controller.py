@@ -488,8 +488,7 @@ class Controller:
             if not live:
                 if feedable and all(n.state in S.TERMINAL or n.feed_closed for n in feedable):
                     if msg.mode == "train" and msg.gen > st.epoch_done:
-                        self._shares.handed_out(msg.gen, msg.partition, None)
-                        return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
+                        return self._skipped(msg)
                     return m.Reply(ok=False, error="no node is reading data any more (all finished)")
                 return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
             # The least busy node takes the partition (a node serves several inference feeders at once, each
@@ -499,42 +498,41 @@ class Controller:
                 local = n.executor_id == msg.executor_id if msg.executor_id else False
                 return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
 
-            node = min(live, key=key)
-            self._active[node.index] = self._active.get(node.index, 0) + 1
-            self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
-            if msg.mode == "train" and msg.gen > st.epoch_done:
-                self._shares.handed_out(msg.gen, msg.partition, node.index)
-                st.feed_pending = tuple(self._shares.pending(st.epoch_done))
-            st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
-            log.debug("%s partition %d of epoch %d (executor %s) goes to %s", msg.mode, msg.partition, msg.gen,
-                      msg.executor_id or "?", node.label)
-            return self._assigned_to(node)
+            return self._hand_to(msg, min(live, key=key))
 
     def _ordered_assign(self, msg: m.FeedAssign) -> m.Reply:
         """Deterministic mode's feed (lock held): partition ``p`` goes to the ``p mod n``-th chief/worker, told to
         read it after partition ``p - n`` (``after``), so that each node reads its partitions whole and in ascending
         order — the same stream at every run, whichever executor ran which task and whenever.  The node keeps a
-        partition that came early aside until the one before it is read (:class:`~.executor.feed_hub.FeedHub`), so a
+        partition that came early aside until the one before it is read (:mod:`~.executor.feed_turns`), so a
         waiting feeding task never holds a Spark slot its node's next partition needs."""
-        st = self.state
-        nodes = sorted((n for n in st.nodes if n.job_name in FEEDABLE), key=lambda n: n.index)
+        nodes = sorted((n for n in self.state.nodes if n.job_name in FEEDABLE), key=lambda n: n.index)
         if not nodes or not all(n.data_port for n in nodes):
             return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
         node = nodes[msg.partition % len(nodes)]
         if node.state in S.TERMINAL or node.feed_closed:  # the node reads no more, as in any mode: skipped
-            self._shares.handed_out(msg.gen, msg.partition, None)
-            return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
+            return self._skipped(msg)
         if node.state != S.RUNNING:
             return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+        return self._hand_to(msg, node, after=msg.partition - len(nodes))
+
+    def _skipped(self, msg: m.FeedAssign) -> m.Reply:
+        """A training partition no node will read (lock held): its feeder skips it."""
+        self._shares.handed_out(msg.gen, msg.partition, None)
+        return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
+
+    def _hand_to(self, msg: m.FeedAssign, node: S._Node, after: int = -1) -> m.Reply:
+        """``msg``'s partition goes to ``node`` (``after``: deterministic mode's partition before it); lock held."""
+        st = self.state
         self._active[node.index] = self._active.get(node.index, 0) + 1
         self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
-        if msg.gen > st.epoch_done:
+        if msg.mode == "train" and msg.gen > st.epoch_done:
             self._shares.handed_out(msg.gen, msg.partition, node.index)
             st.feed_pending = tuple(self._shares.pending(st.epoch_done))
         st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
-        log.debug("train partition %d of epoch %d (executor %s) goes to %s, after partition %d", msg.partition,
-                  msg.gen, msg.executor_id or "?", node.label, msg.partition - len(nodes))
-        return self._assigned_to(node, after=msg.partition - len(nodes))
+        log.debug("%s partition %d of epoch %d (executor %s) goes to %s%s", msg.mode, msg.partition, msg.gen,
+                  msg.executor_id or "?", node.label, f", after partition {after}" if after >= 0 else "")
+        return self._assigned_to(node, after)
 
     def _fed_nodes(self) -> list[S._Node]:
         """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
@@ -543,7 +541,7 @@ class Controller:
     @staticmethod
     def _assigned_to(node: S._Node, after: int = -1) -> m.Reply:
         target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
-                                  after=max(after, -1))
+                                  after=max(after, -1))  # p - n < 0: the node's first partition
         return m.Reply(ok=True, body=target.to_dict())
 
     def _set_assign(self, msg: m.FeedAssign) -> m.Reply:

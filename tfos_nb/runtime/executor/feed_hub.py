@@ -86,9 +86,7 @@ class FeedHub:
         """A held connection's turn: its items join the queue — what it spilled through a thread that reads the file
         back as a feeder would send it (bounded by the queue); lock held."""
         items, spill = self._turns.release(conn)
-        self._queues.setdefault(conn.gen, collections.deque()).extend(items)
-        self._sizes[conn.gen] = self._sizes.get(conn.gen, 0) + sum(1 for kind, _, _ in items if kind == "data")
-        self._cond.notify_all()
+        self._enqueue(conn.gen, items)
         if spill is None:
             self._maybe_finish(conn)  # an empty partition is all taken at once
         else:
@@ -99,14 +97,11 @@ class FeedHub:
         try:
             for batch in spill.batches():
                 with self._cond:
-                    while self._sizes.get(conn.gen, 0) >= self._max and not self.closed:
-                        self._cond.wait(0.5)
+                    self._wait_for_room(conn.gen)
                     if self.closed:
                         break
-                    self._queues.setdefault(conn.gen, collections.deque()).append(("data", conn, batch))
-                    self._sizes[conn.gen] = self._sizes.get(conn.gen, 0) + 1
+                    self._enqueue(conn.gen, [("data", conn, batch)])
                     replayed += batch.num_rows
-                    self._cond.notify_all()
         except (OSError, pa.ArrowException) as exc:  # the node's own temporary file: its rows are lost, say so
             log.warning("partition %d of epoch %d: its rows kept on disk could not be read back: %s", conn.partition,
                         conn.gen, exc)
@@ -116,16 +111,26 @@ class FeedHub:
                 conn.skipped += spill.rows - replayed
                 self.skipped += spill.rows - replayed
             if not self.closed:
-                self._queues.setdefault(conn.gen, collections.deque()).append(("eoc", conn, None))
-            self._cond.notify_all()
+                self._enqueue(conn.gen, [("eoc", conn, None)])
+
+    def _wait_for_room(self, gen: int) -> None:
+        """Back-pressure: wait while ``gen``'s queue holds its bound of batches (or until the hub closes); lock held."""
+        while self._sizes.get(gen, 0) >= self._max and not self.closed:
+            self._cond.wait(0.5)
+
+    def _enqueue(self, gen: int, items: list[feed_turns.Item]) -> None:
+        """``items`` to the end of ``gen``'s queue, its data counted against the bound; lock held."""
+        self._queues.setdefault(gen, collections.deque()).extend(items)
+        self._sizes[gen] = self._sizes.get(gen, 0) + sum(1 for kind, _, _ in items if kind == "data")
+        self._cond.notify_all()
 
     # -- producers (reader threads, control thread) --------------------------
     def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
         with self._cond:
             self._conns.add(conn)
             held = self._turns.held(conn)
-            while held is None and self._sizes.get(gen, 0) >= self._max and not self.closed:
-                self._cond.wait(0.5)
+            if held is None:
+                self._wait_for_room(gen)
             conn.received += batch.num_rows
             if self.closed:
                 conn.skipped += batch.num_rows
@@ -134,9 +139,7 @@ class FeedHub:
             if held is not None:
                 self._turns.keep(conn, batch)
                 return
-            self._queues.setdefault(gen, collections.deque()).append(("data", conn, batch))
-            self._sizes[gen] = self._sizes.get(gen, 0) + 1
-            self._cond.notify_all()
+            self._enqueue(gen, [("data", conn, batch)])
 
     def peek(self) -> pa.RecordBatch | None:
         """The oldest queued batch, left in place (``as_dataset`` builds its signature from it); blocks until one

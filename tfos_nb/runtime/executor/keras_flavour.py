@@ -9,6 +9,7 @@ node without it, or with one for another TensorFlow, fails at once with the fix 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from importlib import metadata
 
 
@@ -25,9 +26,14 @@ def _minor(version: str) -> str:
     return ".".join(version.split(".")[:2])
 
 
-def problem(env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+def legacy(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether this node's ``tf.keras`` is tf_keras (``TF_USE_LEGACY_KERAS``, as TensorFlow reads it)."""
+    return env.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")
+
+
+def problem(env: Mapping[str, str] = os.environ) -> str | None:
     """Why ``tf.keras`` cannot load as asked here, with the fix; None when it can (or when it is not tf_keras's)."""
-    if env.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):
+    if not legacy(env):
         return None
     tf = _version("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
     if tf is None or tuple(int(x) for x in _minor(tf).split(".") if x.isdigit()) < (2, 16):
