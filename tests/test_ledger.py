@@ -160,9 +160,10 @@ def test_a_job_of_tensorflowonsparks_default_epochs_feeds_them_all_and_a_resumed
     """``num_epochs=0`` is TensorFlowOnSpark's 10 epochs: with retries the first attempt feeds all 10, not 1."""
     from types import SimpleNamespace
 
+    from tfos_nb.runtime.driver.options import RetryPolicy
     from tfos_nb.runtime.driver.retry import Recovery
 
-    recovery = Recovery(SimpleNamespace(master="local[2]"), retries=1, backup_dir=str(tmp_path))
+    recovery = Recovery(SimpleNamespace(master="local[2]"), RetryPolicy(retries=1, backup_dir=str(tmp_path)))
     try:
         recovery.env(1)
         assert (recovery.epochs(0), recovery.epochs(3), recovery.skip_rows) == (10, 3, {})

@@ -17,6 +17,7 @@ from tfos_nb.runtime.driver import stacks
 from tfos_nb.runtime.driver import state as S
 from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.controller import new_cluster
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.executor import phases as P
 from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.protocol import messages as m
@@ -233,8 +234,8 @@ class Clock:
 
 def started_cluster(roles, stall_after=3.0):
     """A controller whose nodes registered and got their spec (real messages, a clock the test moves)."""
-    ctl = new_cluster(roles, "stuck", {}, 0, input_mode_spark=False, tensorboard=False, log_dir=None,
-                      heartbeat_timeout=60, stall_after=stall_after)
+    ctl = new_cluster(roles, {}, JobOptions(name="stuck", num_gpus=0, heartbeat_timeout=60, stall_after=stall_after),
+                      input_mode_spark=False, tensorboard=False, log_dir=None)
     clock = Clock()
     ctl.state.clock = ctl.clock = clock
     ctl.state._t0 = clock.t
@@ -278,8 +279,9 @@ def test_stall_names_the_phase_and_the_node_that_has_not_reached_it():
 
 def fed_cluster(stall_after=3.0):
     """A fed (InputMode.SPARK) chief and worker, both serving their feed."""
-    ctl = new_cluster([("chief", 0), ("worker", 0)], "fed", {}, 0, input_mode_spark=True, tensorboard=False,
-                      log_dir=None, heartbeat_timeout=60, stall_after=stall_after)
+    ctl = new_cluster([("chief", 0), ("worker", 0)], {},
+                      JobOptions(name="fed", num_gpus=0, heartbeat_timeout=60, stall_after=stall_after),
+                      input_mode_spark=True, tensorboard=False, log_dir=None)
     clock = Clock()
     ctl.state.clock = ctl.clock = clock
     ctl.state._t0 = clock.t
@@ -337,8 +339,9 @@ def test_stall_says_which_feeding_task_waits_for_which_node():
 
 
 def test_phases_the_driver_knows_before_the_node_process_runs():
-    ctl = new_cluster([("chief", 0), ("worker", 0)], "forming", {}, 0, input_mode_spark=False, tensorboard=False,
-                      log_dir=None, heartbeat_timeout=60, stall_after=2)
+    ctl = new_cluster([("chief", 0), ("worker", 0)], {},
+                      JobOptions(name="forming", num_gpus=0, heartbeat_timeout=60, stall_after=2),
+                      input_mode_spark=False, tensorboard=False, log_dir=None)
     clock = Clock()
     ctl.state.clock = ctl.clock = clock
     ctl.state._t0 = clock.t
@@ -355,8 +358,7 @@ def test_phases_the_driver_knows_before_the_node_process_runs():
 @pytest.mark.parametrize("bad", [-1, "2", True])
 def test_stall_after_is_checked(bad):
     with pytest.raises(ValueError, match="stall_after must be a number of seconds"):
-        new_cluster([("chief", 0)], None, {}, 0, input_mode_spark=False, tensorboard=False, log_dir=None,
-                    heartbeat_timeout=60, stall_after=bad)
+        JobOptions(stall_after=bad)
 
 
 def test_no_stall_flag_when_off_or_ended():
@@ -388,8 +390,8 @@ def test_stacks_are_asked_with_a_beat_reply_and_come_back_with_the_next_beat():
 
 
 def test_stacks_of_nodes_without_a_process_say_why():
-    ctl = new_cluster([("chief", 0)], None, {}, 0, input_mode_spark=False, tensorboard=False, log_dir=None,
-                      heartbeat_timeout=60)
+    ctl = new_cluster([("chief", 0)], {}, JobOptions(num_gpus=0, heartbeat_timeout=60), input_mode_spark=False,
+                      tensorboard=False, log_dir=None)
     assert stacks.collect(ctl.state, ctl) == {"chief:0": "(chief:0 has no process yet: registering)"}
 
 
@@ -457,9 +459,10 @@ def test_tfos_stack_refuses_a_bad_node_and_a_cluster_not_running(ip):
     from IPython.core.error import UsageError
 
     from tfos_nb.magics import ClusterHandle
+    from tfos_nb.runtime.driver.options import ClusterShape
 
     magics = ip.magics_manager.registry["TFOSMagics"]
-    handle = ClusterHandle("idle", sc=None, fn=lambda a, c: None, args={}, workers=1)
+    handle = ClusterHandle("idle", sc=None, fn=lambda a, c: None, args={}, shape=ClusterShape(1, chief="chief"))
     magics.handles["idle"] = handle
     try:
         with pytest.raises(UsageError, match="--node takes ROLE:INDEX, e.g. worker:1; got 'worker'"):
@@ -570,14 +573,15 @@ def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
     from tfos_nb.magics import ClusterHandle
     from tfos_nb.runtime.driver.cluster import InputMode, TFCluster
     from tfos_nb.runtime.driver.job import DriverJob
+    from tfos_nb.runtime.driver.options import ClusterShape
 
     ctl, _ = started_cluster([("chief", 0)])
     beat(ctl, 0, P.STRATEGY)
     up = threading.Event()
 
-    def start(sc, fn, args, num_nodes, *, log_callback, on_state, on_start, **kwargs):
+    def start(sc, fn, args, shape, options, **kwargs):
         job = DriverJob(None, ctl.state, ctl, nodes_outlive_jobs=True, linger_s=1.0, join_s=1.0)
-        job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
+        job.announce(log_callback=options.log_callback, on_state=options.on_state, on_start=options.on_start)
         assert up.wait(30)  # run() returns once the nodes run: until then the handle has only the job
         return TFCluster(job, {}, InputMode.TENSORFLOW, 1)
 
@@ -590,7 +594,8 @@ def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
         asker.join(10)
         return got
 
-    handle = ClusterHandle("live", sc=None, fn=None, args=None, workers=1, start_cluster=start, background=True)
+    handle = ClusterHandle("live", sc=None, fn=None, args=None, shape=ClusterShape(1, chief="chief"),
+                           start_cluster=start, background=True)
     handle.start()
     try:
         wait_until(lambda: handle._starting is not None, 10, 0.01, what="the start")

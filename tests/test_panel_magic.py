@@ -135,6 +135,7 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
 
     from tfos_nb.magics import ClusterHandle
     from tfos_nb.runtime.driver.controller import Controller
+    from tfos_nb.runtime.driver.options import ClusterShape
     from tfos_nb.runtime.driver.state import ClusterState
 
     pub = CapturingDisplayPublisher()
@@ -142,7 +143,8 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     magics = ip.magics_manager.registry["TFOSMagics"]
     ip.run_line_magic("config", 'TFOSMagics.renderer = "widget"')
     try:
-        handle = ClusterHandle("bgpanel", sc=None, fn=None, args=None, workers=1, background=True)
+        handle = ClusterHandle("bgpanel", sc=None, fn=None, args=None, shape=ClusterShape(1, chief="chief"),
+                               background=True)
         magics._panel_in_background(handle)
         # the panel's output exists before the run starts, made by the cell's own thread; later pushes only update it
         assert len(pub.outputs) == 1 and not pub.outputs[0]["update"]

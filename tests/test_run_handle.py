@@ -14,6 +14,7 @@ import pytest
 from tfos_nb.magics import ClusterFailed, ClusterHandle, ParallelFailed, ParallelHandle, RunFailed, RunHandle
 from tfos_nb.runtime.driver import state as S
 from tfos_nb.runtime.driver.cluster import TFClusterError
+from tfos_nb.runtime.driver.options import ClusterShape, RetryPolicy
 from tfos_nb.runtime.driver.parallel import ParallelView, RunResult, TFParallelError
 
 WAIT_S = 10.0  # generous deadline for events that come within milliseconds
@@ -79,14 +80,14 @@ class FakeStart:
         self.cluster: FakeCluster | None = None
         self.calls: list[dict] = []
 
-    def __call__(self, sc, fn, args, num_nodes, *, log_callback, on_state, on_start, **kwargs) -> FakeCluster:
-        self.calls.append(dict(kwargs, num_nodes=num_nodes))
-        st = S.ClusterState("c1", kwargs["name"], [("chief", 0), ("worker", 0)][:num_nodes])
-        st.add_listener(on_state)
+    def __call__(self, sc, fn, args, shape, options, **kwargs) -> FakeCluster:
+        self.calls.append(dict(kwargs, num_nodes=shape.num_nodes, env=options.env))
+        st = S.ClusterState("c1", options.name, shape.roles())
+        st.add_listener(options.on_state)
         self.job = FakeJob(st)
-        on_start(self.job)
+        options.on_start(self.job)
         set_state(st, S.C_RESERVING)
-        log_callback("chief:0", ["hello"])
+        options.log_callback("chief:0", ["hello"])
         if self.hold_start:
             with st.lock:
                 ended = st.changed.wait_for(lambda: st.state in (S.C_FAILED, S.C_STOPPED), WAIT_S)
@@ -106,8 +107,9 @@ class Clock:
         return self.t
 
 
-def _cluster(start: FakeStart, **kwargs) -> ClusterHandle:
-    return ClusterHandle("t", sc=None, fn=None, args=None, workers=2, start_cluster=start, clock=Clock(), **kwargs)
+def _cluster(start: FakeStart, retries: int = 0, **kwargs) -> ClusterHandle:
+    return ClusterHandle("t", sc=None, fn=None, args=None, shape=ClusterShape(2, chief="chief"),
+                         policy=RetryPolicy(retries), start_cluster=start, clock=Clock(), **kwargs)
 
 
 def _node_error() -> TFClusterError:
@@ -311,7 +313,7 @@ class FakeRuns:
 
 
 def _parallel(runs: FakeRuns) -> ParallelHandle:
-    return ParallelHandle("sweep", sc=None, fn=None, runs_args=[{}] * runs.n, params=None, env={}, metric="acc",
+    return ParallelHandle("sweep", sc=None, fn=None, runs_args=[{}] * runs.n, params=None, metric="acc",
                           mode="max", start_runs=lambda *a, **kw: runs, clock=Clock())
 
 

@@ -1,25 +1,24 @@
 """The handle a ``%%tfos_cluster`` cell leaves in the notebook (a :class:`~._run_handle.RunHandle`).
 
 Its thread starts the cluster, feeds the data and waits for the end, in the
-runtime's retry loop (``retry.attempts``), which starts the cluster again after
-a node failure (``--retries``).  Every call that
-starts, cancels, stops or closes the driver's cluster is in ``_start_job``,
-``_cancel_start``, ``_stop_job`` and ``_close_cluster`` (the seams to the
-driver's job API).  Nothing here imports IPython.
+runtime's retry loop (``retry.attempts``, each attempt one ``retry.Attempts.once``, as
+``run_job``'s), which starts the cluster again after a node failure (``--retries``).  Every call that
+cancels, stops or closes the driver's cluster is in ``_on_start``, ``_cancel_start``, ``_stop_job`` and
+``_close_cluster`` (the seams to the driver's job API).  Nothing here imports IPython.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime.driver import retry, stacks
+from ..runtime.driver import retry, stacks, start
 from ..runtime.driver import state as S
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
-from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
-from ..runtime.driver.start import run
+from ..runtime.driver.options import ClusterShape, JobOptions, RetryPolicy
 from ._run_handle import RunFailed, RunHandle, first_line
 
 __all__ = ["ClusterFailed", "ClusterHandle"]
@@ -61,53 +60,44 @@ class ClusterHandle(RunHandle):
         sc: Any,
         fn: Any,
         args: Any,
-        workers: int,
-        ps: int = 0,
-        evaluator: bool = False,
-        evaluator_grace: float = 30.0,
+        shape: ClusterShape,
+        options: JobOptions | None = None,
+        policy: RetryPolicy | None = None,
         data: Any = None,
         epochs: int = 1,
         validation: Any = None,
         tensorboard: bool = False,
         log_dir: str | None = None,
-        env: dict[str, str] | None = None,
+        evaluator_grace: float = 30.0,
         timeout: float | None = None,
         background: bool = False,
-        retries: int = 0,
-        start_cluster: Callable[..., TFCluster] = run,
+        start_cluster: Callable[..., TFCluster] = start.start_cluster,
         clock: Callable[[], float] = time.time,
         tracking: Any = None,
-        stall_after: float | None = DEFAULT_STALL_AFTER,
-        min_workers: int | None = None,
-        shrink_after: float = retry.SHRINK_AFTER_S,
-        seed: int | None = None,
-        deterministic: bool = False,
     ) -> None:
-        super().__init__(name, sc=sc, num_nodes=workers + ps + (1 if evaluator else 0), timeout=timeout,
-                         background=background, clock=clock, tracking=tracking)
-        self.retries = retries
+        super().__init__(name, sc=sc, num_nodes=shape.num_nodes, timeout=timeout, background=background, clock=clock,
+                         tracking=tracking)
+        self.policy = policy if policy is not None else RetryPolicy()
+        self.retries = self.policy.retries
         self.attempt = 1  # 2, 3, … after a node failure started the cluster again (--retries)
         self.failures: list[str] = []  # first line of each failed attempt's error
-        self._run_kwargs: dict[str, Any] = dict(
-            num_ps=ps,
+        self._shape = shape
+        # the handle shows the nodes' lines itself (the cell's stream, ``output``, ``logs()``): no node_output
+        self._options = JobOptions.of(options, name=name, node_output=False, log_callback=self._on_log,
+                                      on_state=self._on_state, on_start=self._on_start)
+        self._start_args: dict[str, Any] = dict(
             tensorboard=tensorboard,
             input_mode=InputMode.SPARK if data is not None else InputMode.TENSORFLOW,
             log_dir=log_dir,
-            master_node="chief",
-            eval_node=evaluator,
             reservation_timeout=min(timeout, 600) if timeout else 600,
-            name=name,
-            env=env,
-            node_output=False,  # the handle shows the nodes' lines itself (the cell's stream, ``output``, ``logs()``)
-            stall_after=stall_after,  # the panel flags a chief/worker that has not moved for this long
-            seed=seed,
-            deterministic=deterministic,  # --deterministic: op determinism and a fixed feed (runtime.determinism)
         )
         # after the chief/workers finished: the evaluator's time to evaluate the last checkpoint (shutdown's grace)
-        self._grace = float(evaluator_grace) if evaluator else 0.0
-        self._run = start_cluster  # tfos_nb.runtime.driver.start.run, or a test's fake
-        self._fn, self._args, self._data, self._epochs = fn, args, data, epochs
-        self._validation = validation  # fed once as the named feed "validation" (--validation-data)
+        self._training = retry.Training(data=data, num_epochs=epochs, feed_timeout=timeout or 600,
+                                        validation=validation,  # fed once as the named feed "validation"
+                                        grace_secs=float(evaluator_grace) if shape.evaluator else 0.0,
+                                        shutdown_timeout=timeout or 259200)
+        self._start = start_cluster  # tfos_nb.runtime.driver.start.start_cluster, or a test's fake
+        self._fn, self._args = fn, args
         self._timer: threading.Timer | None = None
         self._stalled_at_timeout = ""  # the stall flags when the timeout stopped the job (its message says them)
         self._stopper: threading.Thread | None = None
@@ -116,21 +106,8 @@ class ClusterHandle(RunHandle):
         self._cstate: S.ClusterState | None = None
         self._starting: Any = None  # the start in progress (run()'s on_start), cancellable from any thread
         self._states: list[tuple[int, S.ClusterState]] = []  # (attempt, its cluster state), for history
-        self._recovery: retry.Recovery | None = None  # with --retries: the backups each attempt resumes from
-        self._shrink = (min_workers, shrink_after, workers)  # --min-workers: the retry's fewer nodes
-        self._nodes = self.num_nodes  # the running attempt's
 
     # -- the job: every call into the driver's cluster ------------------------------------
-    def _start_job(self) -> TFCluster:
-        kwargs = dict(self._run_kwargs)
-        backup_env = self._recovery.env(self.attempt) if self._recovery is not None else {}
-        kwargs["env"] = dict(kwargs.get("env") or {}, TFOS_ATTEMPT=str(self.attempt), **backup_env)
-        # every attempt logs into the job's one run; untracked, as the cell decided on its own thread (where an
-        # active MLflow run is seen), not as this thread would
-        kwargs["mlflow"] = self.tracking if self.tracking is not None else False
-        return self._run(self._sc, self._fn, self._args, self._nodes, log_callback=self._on_log,
-                         on_state=self._on_state, on_start=self._on_start, **kwargs)
-
     def _on_start(self, job: Any) -> None:
         """run()'s start hook: the start in progress, which ``job.cancel(reason)`` stops from any thread."""
         with self._lock:
@@ -177,13 +154,16 @@ class ClusterHandle(RunHandle):
             self._timer.daemon = True
             self._timer.start()
         if self._stop_reason is None:  # the runtime's retry loop, with this handle's attempt, stop and log line
-            min_workers, shrink_after, _ = self._shrink
-            self._recovery = retry.Recovery(self._sc, self.retries, min_workers=min_workers, shrink_after=shrink_after)
+            # every attempt logs into the job's one run; untracked, as the cell decided on its own thread (where an
+            # active MLflow run is seen), not as this thread would
+            job = retry.Attempts(self._sc, self._fn, self._args, self._shape, self._options, self._training,
+                                 self.policy, start=self._start, tracking=self.tracking, start_args=self._start_args)
             try:
-                self._live, _ = retry.attempts(self._attempt, self.retries, failures=self.failures,
-                                               on_retry=self._on_retry, stopped=lambda: self._stop_reason is not None)
+                self._live, _ = retry.attempts(functools.partial(self._attempt, job), self.retries,
+                                               failures=self.failures, on_retry=self._on_retry,
+                                               stopped=lambda: self._stop_reason is not None)
             finally:
-                self._recovery.close()
+                job.close()
 
     def _time_out(self) -> None:
         self._stalled_at_timeout = self.stalled_now()  # where the job was stuck, before the stop clears it
@@ -192,35 +172,22 @@ class ClusterHandle(RunHandle):
     def _on_retry(self, attempt: int, exc: TFClusterError) -> None:
         self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {attempt} of {self.retries + 1})"])
 
-    def _attempt(self, attempt: int) -> TFCluster:
-        """One start → train → shutdown; the cluster is kept in ``_cluster`` for stop()."""
+    def _attempt(self, job: retry.Attempts, attempt: int) -> TFCluster:
+        """One start → train → shutdown (:meth:`retry.Attempts.once`); the cluster is kept in ``_cluster`` for
+        stop()."""
         with self._lock:
             self._cluster = None
             self.attempt = attempt
-        if self._recovery is not None:
-            self._nodes = self._recovery.nodes(attempt, self.num_nodes, self._shrink[2])
-        cluster = self._start_job()
+        return job.once(attempt, on_cluster=self._hold, on_resume=self._resumed)
+
+    def _hold(self, cluster: TFCluster) -> bool:
+        """The attempt's cluster runs: keep it for stop(); False when the handle was stopped meanwhile."""
         with self._lock:
             self._cluster = cluster
-            stopping = self._stop_reason is not None
-        recovery = self._recovery
-        if attempt > 1 and recovery is not None:
-            said = recovery.describe()
-            self._on_log("tfos", [f"attempt {attempt} resumes {said}"])
-            if self.tracking is not None:
-                self.tracking.resumed.append(f"attempt {attempt}: {said}")
-        try:
-            if not stopping:
-                if self._data is not None:
-                    epochs, skip = (recovery.epochs(self._epochs), recovery.skip_rows) if recovery else (self._epochs,
-                                                                                                           None)
-                    cluster.train(self._data, epochs, feed_timeout=self.timeout or 600, validation=self._validation,
-                                  skip_rows=skip)
-                cluster.shutdown(grace_secs=self._grace, timeout=self.timeout or 259200)
-        except BaseException:
-            self._close_cluster(cluster)
-            raise
-        return cluster
+            return self._stop_reason is None
+
+    def _resumed(self, attempt: int, said: str) -> None:
+        self._on_log("tfos", [f"attempt {attempt} resumes {said}"])
 
     def _finished(self) -> None:
         if self._stop_reason == "timeout":

@@ -12,7 +12,7 @@ from traitlets import Bool, CaselessStrEnum, Enum, Float, Integer, Unicode, Unio
 
 from ..runtime import logs
 from ..runtime.driver import parallel as P
-from ..runtime.driver.retry import SHRINK_AFTER_S
+from ..runtime.driver.options import SHRINK_AFTER_S, ClusterShape, JobOptions, RetryPolicy
 from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import add_start_listener, remove_start_listener
 from . import _cell_panel, _doctor, _render, _views
@@ -245,7 +245,14 @@ class TFOSMagics(Magics):
         epochs = args.epochs
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise usage(f"--epochs must be at least 1, got {epochs!r}")
-        nodes = workers + opts.ps + (1 if opts.evaluator else 0)
+        try:
+            shape = ClusterShape(workers, opts.ps, opts.evaluator, chief="chief")
+            options = JobOptions(env=node_env(self.tf_threads), stall_after=self.stall_after, seed=opts.seed,
+                                 deterministic=opts.deterministic)
+            policy = RetryPolicy(opts.retries, min_workers=opts.min_workers, shrink_after=self.shrink_after)
+        except ValueError as exc:
+            raise usage(str(exc)) from None
+        nodes = shape.num_nodes
         try:
             fn, _ = build(cell, ns, name)
         except CellError as exc:
@@ -257,13 +264,10 @@ class TFOSMagics(Magics):
                        num_executors=nodes, num_ps=opts.ps, eval_node=opts.evaluator, name=name, log_dir=opts.logdir,
                        input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries, seed=opts.seed,
                        deterministic=opts.deterministic)
-        handle = ClusterHandle(name, sc=sc, fn=fn, args=args, workers=workers, ps=opts.ps, tracking=run,
-                               evaluator=opts.evaluator, data=data, epochs=epochs, validation=validation,
-                               tensorboard=opts.tensorboard,
-                               log_dir=opts.logdir, env=node_env(self.tf_threads), timeout=timeout, background=opts.background,
-                               retries=opts.retries, evaluator_grace=self.evaluator_grace, stall_after=self.stall_after,
-                               min_workers=opts.min_workers, shrink_after=self.shrink_after, seed=opts.seed,
-                               deterministic=opts.deterministic)
+        handle = ClusterHandle(name, sc=sc, fn=fn, args=args, shape=shape, options=options, policy=policy,
+                               tracking=run, data=data, epochs=epochs, validation=validation,
+                               tensorboard=opts.tensorboard, log_dir=opts.logdir, evaluator_grace=self.evaluator_grace,
+                               timeout=timeout, background=opts.background)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
             from .. import tensorboard as tb
 
@@ -354,8 +358,8 @@ class TFOSMagics(Magics):
         sc = spark_for_cell(ns, self.spark_master_local, 0, embedded_slots=max(1, min(n, os.cpu_count() or 1)))
         run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "parallel", sc=sc, tf_args=runs_args,
                        num_executors=n, per_run=True, params=params, name=name)
-        handle = ParallelHandle(name, sc=sc, fn=fn, runs_args=runs_args, params=params, env=node_env(self.tf_threads),
-                                tracking=run,
+        handle = ParallelHandle(name, sc=sc, fn=fn, runs_args=runs_args, params=params,
+                                options=JobOptions(env=node_env(self.tf_threads)), tracking=run,
                                 metric=opts.metric, mode=opts.mode, use_barrier=False if opts.no_barrier else None,
                                 timeout=opts.timeout, background=opts.background)
         if self._launch(handle, f"({n} runs); {name}.wait() waits for them, %tfos_status shows them, "

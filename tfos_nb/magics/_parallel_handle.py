@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime.driver import parallel as P
+from ..runtime.driver.options import JobOptions
 from ._run_handle import RunFailed, RunHandle
 
 __all__ = ["ParallelFailed", "ParallelHandle"]
@@ -48,7 +49,8 @@ class ParallelHandle(RunHandle):
     tensorboard_url = None
 
     def __init__(self, name: str, *, sc: Any, fn: Any, runs_args: list[Any], params: list[dict[str, Any]] | None,
-                 env: dict[str, str], metric: str | None, mode: str | None, use_barrier: bool | None = None,
+                 metric: str | None, mode: str | None, options: JobOptions | None = None,
+                 use_barrier: bool | None = None,
                  timeout: float | None = None, background: bool = False,
                  start_runs: Callable[..., P.ParallelRuns] = P.start, clock: Callable[[], float] = time.time,
                  tracking: Any = None) -> None:
@@ -58,15 +60,15 @@ class ParallelHandle(RunHandle):
         self.metric = metric
         self.mode = mode
         self._start = start_runs  # tfos_nb.runtime.driver.parallel.start, or a test's fake
-        self._fn, self._runs_args, self._env, self._use_barrier = fn, runs_args, env, use_barrier
+        self._fn, self._runs_args, self._use_barrier = fn, runs_args, use_barrier
+        self._options = JobOptions.of(options, name=name, log_callback=self._on_log, on_state=self._on_state,
+                                      mlflow=tracking if tracking is not None else False)
         self._runs: P.ParallelRuns | None = None
 
     # -- the job: every call into the driver's ParallelRuns ---------------------------------
     def _start_job(self) -> P.ParallelRuns:
         return self._start(self._sc, self._fn, self._runs_args, len(self._runs_args), self._use_barrier,
-                           name=self.name, env=self._env, log_callback=self._on_log, on_state=self._on_state,
-                           per_run=True, params=self.params, metric=self.metric, mode=self.mode,
-                           mlflow=self.tracking if self.tracking is not None else False)
+                           per_run=True, params=self.params, metric=self.metric, mode=self.mode, options=self._options)
 
     def _stop_job(self, reason: str) -> None:
         runs = self._runs

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..gpus import assign as assign_gpus
 from ..net import hostport
@@ -33,25 +33,28 @@ from .roles import FEEDABLE
 from .shares import EpochShares
 from .tensorboard_news import tensorboard_news
 
+if TYPE_CHECKING:
+    from .options import JobOptions
+
 log = logging.getLogger(__name__)
 # A training partition's feeding task started again by Spark is refused this long after it first asks: a lost
 # executor's node fails meanwhile (its supervisor sees the JVM gone within a heartbeat), and that error comes first.
 REFED_GRACE_S = 2.0
 
 
-def new_cluster(roles: list[tuple[str, int]], name: str | None, tf_args: Any, num_gpus: int | None, *,
-                input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
-                heartbeat_timeout: float, stall_after: float | None = stalls.DEFAULT_STALL_AFTER,
-                ordered_feed: bool = False) -> Controller:
-    """A new cluster's state (id, name, job group) and its controller; ``num_gpus`` defaults to ``tf_args.num_gpus`` or 1;
-    ``ordered_feed``: deterministic mode's fixed feed (:meth:`Controller._ordered_assign`)."""
+def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions, *, input_mode_spark: bool,
+                tensorboard: bool, log_dir: str | None) -> Controller:
+    """A new cluster's state (id, name, job group) and its controller; ``options.num_gpus`` defaults to
+    ``tf_args.num_gpus`` or 1; ``options.deterministic``: the fixed feed (:meth:`Controller._ordered_assign`)."""
     cluster_id = uuid.uuid4().hex[:12]
-    state = S.ClusterState(cluster_id, name or f"tfos-{cluster_id}", roles)
-    state.job_group, state.stall_after = f"tfos-{cluster_id}", stalls.check_stall_after(stall_after)
+    state = S.ClusterState(cluster_id, options.name or f"tfos-{cluster_id}", roles)
+    state.job_group, state.stall_after = f"tfos-{cluster_id}", options.stall_after
+    num_gpus = options.num_gpus
     if num_gpus is None:
         num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
     return Controller(state, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir,
-                      num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout, ordered_feed=ordered_feed)
+                      num_gpus=num_gpus, heartbeat_timeout=options.heartbeat_timeout,
+                      ordered_feed=options.deterministic)
 
 
 def refed_partition(partition: int, node: S._Node | None, rows: int | None = None) -> str:

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import logs
 from ..protocol import messages as m
@@ -28,6 +28,9 @@ from .controller import Controller
 from .roles import all_finished
 from .slots import driver_host, wait_for_slots
 from .sparkjob import SparkJob
+
+if TYPE_CHECKING:
+    from .options import JobOptions
 
 LIVE = (S.REGISTERED, S.STARTING, S.RUNNING)
 
@@ -151,16 +154,17 @@ class DriverJob:
     #: what a reservation timeout asks besides free slots (the executors must reach this process)
     reach_hint = ", and can executors reach the driver"
 
-    def launch_meta(self, address: tuple[str, int], *, heartbeat_timeout: float, env: dict[str, str] | None,
-                    keras: str, **kind: Any) -> m.LaunchMeta:
+    def launch_meta(self, address: tuple[str, int], options: JobOptions, **kind: Any) -> m.LaunchMeta:
+        """What every node's launch is told: this job's control address and secret, ``options``' heartbeat timeout,
+        node environment and Keras, and ``kind`` (``roles``, ``reservation_timeout``…)."""
         try:
             default_fs = self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
         except Exception:  # noqa: BLE001
             default_fs = "file:///"
         return m.LaunchMeta(cluster_id=self.cluster_id, secret=self.secret.hex(), control=[address[0], address[1]],
-                            hb_interval=0.5, driver_timeout=max(heartbeat_timeout, 10.0),
-                            env={**logs.node_env(), **(env or {})},
-                            keras=keras, default_fs=default_fs, driver_pid=os.getpid(), **kind)
+                            hb_interval=0.5, driver_timeout=max(options.heartbeat_timeout, 10.0),
+                            env={**logs.node_env(), **options.node_env()},
+                            keras=options.keras, default_fs=default_fs, driver_pid=os.getpid(), **kind)
 
     def spark_job(self, suffix: str, description: str, action: Callable[[], Any]) -> SparkJob:
         """Start ``action`` as a Spark job of this job's group; teardown cancels it."""

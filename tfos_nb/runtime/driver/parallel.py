@@ -37,10 +37,10 @@ from typing import Any
 from ..executor.run_task import RESULT_SCHEMA, make_run_task
 from . import state as S
 from .backends import new_job
-from .connect.job import KERNEL_TIMEOUT_S
 from .connect.parallel import ConnectRunsJob
 from .errors import TFClusterError, failure_message, first_failure, python_error_line
 from .job import DriverJob
+from .options import JobOptions
 from .parallel_control import RunController, barrier_refusal, classic_gang, connect_gang, runs_args
 from .parallel_results import (
     ParallelView,
@@ -53,9 +53,9 @@ from .parallel_results import (
     runs_view,
     scalars,
 )
-from .slots import require_keras, spark_context, spark_session
+from .slots import spark_context, spark_session
 from .sparkjob import SparkJob
-from .tracking import tracked
+from .tracking import tracked_start
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ class ParallelRuns:
     """
 
     def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], args: list[Any], params: list[dict[str, Any]] | None,
-                 *, name: str | None, env: dict[str, str] | None, keras: str, num_gpus: int,
-                 use_barrier: bool | None, heartbeat_timeout: float, metric: str | None = None,
+                 options: JobOptions, *, use_barrier: bool | None, metric: str | None = None,
                  mode: str | None = None) -> None:
         import cloudpickle
 
@@ -101,19 +100,21 @@ class ParallelRuns:
         self.use_barrier = use_barrier
         self.barrier = False
         self.cluster_id = uuid.uuid4().hex[:12]
-        self.name = name or f"tfos-parallel-{self.cluster_id}"
+        self.name = options.name or f"tfos-parallel-{self.cluster_id}"
         self.state = RunsState(self.cluster_id, self.name, self.num_runs, params, metric, mode)
         self.state.job_group = f"tfos-{self.cluster_id}"
+        num_gpus = 1 if options.num_gpus is None else options.num_gpus
         self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
-                                         num_gpus=num_gpus, heartbeat_timeout=heartbeat_timeout)
+                                         num_gpus=num_gpus, heartbeat_timeout=options.heartbeat_timeout)
         # The one backend choice: on Spark Connect the runs' control server is a coordinator on an executor
         # (connect/parallel.py), and a barrier stage's fit is read from the session's configuration.
         self.job: DriverJob = new_job(sc, self.state, self._controller, runs=True, linger_s=STOP_WAIT_S, join_s=10.0)
         self._coordinated = self.job if isinstance(self.job, ConnectRunsJob) else None
         self._gang = connect_gang if self._coordinated is not None else classic_gang
         self._blob = cloudpickle.dumps((map_fun, args))
-        self._launch: dict[str, Any] = dict(heartbeat_timeout=heartbeat_timeout, env=env, keras=keras, num_runs=self.num_runs,
-                            num_gpus=num_gpus, roles=[("run", i) for i in range(self.num_runs)])
+        self._options = options
+        self._launch: dict[str, Any] = dict(num_runs=self.num_runs, num_gpus=num_gpus,
+                                            roles=[("run", i) for i in range(self.num_runs)])
         self._spark_job: SparkJob | None = None
         self._stop_reason: str | None = None
         self._results: list[RunResult] | None = None
@@ -125,8 +126,9 @@ class ParallelRuns:
         if self._spark_job is not None:
             return self
         try:
-            meta = self.job.launch_meta(self.job.open_control(), **self._launch,
-                                        coordinator=self.job.coordinator_section("parallel", KERNEL_TIMEOUT_S)).to_dict()
+            meta = self.job.launch_meta(self.job.open_control(), self._options, **self._launch,
+                                        coordinator=self.job.coordinator_section(
+                                            "parallel", self._options.notebook_timeout)).to_dict()
             self.barrier = self._choose_barrier()
             self.job.check_cancelled()
             if self._coordinated is not None:  # Spark Connect: the runs register with a coordinator, started first
@@ -294,7 +296,6 @@ class ParallelRuns:
         return f"<tfos_nb parallel runs {self.name!r}: {self.state.snapshot().state}, {self.num_runs} run(s)>"
 
 
-@tracked("parallel")
 def start(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -302,43 +303,43 @@ def start(
     num_executors: int | None = None,
     use_barrier: bool | None = True,
     *,
-    name: str | None = None,
-    env: dict[str, str] | None = None,
-    keras: str = "tf_keras",
-    num_gpus: int = 1,
-    heartbeat_timeout: float = 10.0,
-    log_callback: Callable[[str, list[str]], None] | None = None,
-    on_state: Callable[[S.ClusterState], None] | None = None,
-    on_start: Callable[[DriverJob], None] | None = None,
     per_run: bool = False,
     params: Sequence[Mapping[str, Any]] | None = None,
     metric: str | None = None,
     mode: str | None = None,
+    options: JobOptions | None = None,
+    **kwargs: Any,
 ) -> ParallelRuns:
     """Start the runs and return their :class:`ParallelRuns` at once (see :func:`run`).
 
     ``per_run=True``: ``tf_args`` is a list with one entry per run, of any type
     (a list of dicts always is).  ``params``: what the panel shows as each run's
     parameters (default: the run's dict of a grid).  ``metric``/``mode``: how the
-    best run is picked (default: :func:`default_metric`, :func:`default_mode`).  ``mlflow=``:
-    experiment tracking, a parent MLflow run and one child run per run (see
-    :mod:`~tfos_nb.runtime.driver.tracking`; the values as for ``TFCluster.run``).
+    best run is picked (default: :func:`default_metric`, :func:`default_mode`).  Other keywords (or
+    ``options=``): :class:`~tfos_nb.runtime.driver.options.JobOptions`' fields, as for ``TFCluster.run``
+    (``num_gpus`` defaults to 1; ``stall_after``, ``node_output`` and ``preflight`` do not apply);
+    ``mlflow``: a parent MLflow run and one child run per run (see :mod:`~tfos_nb.runtime.driver.tracking`).
     """
+    options = JobOptions.of(options, **kwargs)
+    options.refuse("parallel runs", "stall_after", "node_output", "preflight")
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"
         raise ValueError(msg)
     sc = spark_context(sc)
-    require_keras(keras)
     args, grid = runs_args(tf_args, num_executors, per_run)
     if params is not None:
         if len(params) != len(args):
             msg = f"params has {len(params)} entries for {len(args)} runs"
             raise ValueError(msg)
         grid = [dict(p) for p in params]
-    runs = ParallelRuns(sc, map_fun, args, grid, name=name, env=env, keras=keras, num_gpus=num_gpus,
-                        use_barrier=use_barrier, heartbeat_timeout=heartbeat_timeout, metric=metric, mode=mode)
-    runs.job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
-    return runs.start()
+    facts = {"sc": sc, "tf_args": tf_args, "num_executors": num_executors, "per_run": per_run, "params": params}
+
+    def start_runs(opts: JobOptions) -> ParallelRuns:
+        runs = ParallelRuns(sc, map_fun, args, grid, opts, use_barrier=use_barrier, metric=metric, mode=mode)
+        runs.job.announce(log_callback=opts.log_callback, on_state=opts.on_state, on_start=opts.on_start)
+        return runs.start()
+
+    return tracked_start("parallel", facts, options, start_runs)
 
 
 def run(
@@ -364,12 +365,9 @@ def run(
     ``RuntimeError`` at once; ``use_barrier=False`` runs them in waves as slots
     free up; ``use_barrier=None`` picks: a barrier stage when it fits, else waves.  A run that
     raises stops the others and raises :class:`TFParallelError` (run, args,
-    host, last output lines).  Keyword options: ``name``, ``env`` (environment
-    of every run, e.g. TensorFlow's thread counts), ``keras`` (``"tf_keras"``,
-    the default, or ``"keras3"``), ``num_gpus``, ``timeout``,
-    ``heartbeat_timeout``, ``log_callback(label, lines)``, ``on_state(state)``,
-    ``per_run`` (``tf_args`` lists one entry per run, of any type), ``params``,
-    ``metric``/``mode`` (how the panel picks the best run).
+    host, last output lines).  Keyword options: ``timeout``, and those of :func:`start` (``per_run``,
+    ``params``, ``metric``/``mode``, and :class:`~tfos_nb.runtime.driver.options.JobOptions`' fields:
+    ``name``, ``env``, ``keras``, ``num_gpus``, ``heartbeat_timeout``, ``seed``, ``log_callback``…).
     """
     runs = start(sc, map_fun, tf_args, num_executors, use_barrier, **kwargs)
     try:

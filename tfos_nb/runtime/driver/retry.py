@@ -28,12 +28,10 @@ from ..recovery.folder import JobBackups
 from . import state as S
 from .cluster import InputMode, TFCluster
 from .errors import TFClusterError
-from .start import run
+from .options import ClusterShape, JobOptions, RetryPolicy
+from .start import start_cluster
 
 T = TypeVar("T")
-
-#: how long a retry waits for the task slots of a failed attempt to come back before it shrinks (``min_workers``)
-SHRINK_AFTER_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,35 +53,29 @@ class Recovery:
     resumed one on, and the rows of that epoch its backup had not trained on.
     """
 
-    def __init__(self, sc: Any, retries: int, backup_dir: str | None = None, min_workers: int | None = None,
-                 shrink_after: float = SHRINK_AFTER_S) -> None:
+    def __init__(self, sc: Any, policy: RetryPolicy) -> None:
         from .slots import session_master
 
-        master = session_master(sc)
-        self.backups = JobBackups.open(master, backup_dir) if retries else None
-        if min_workers is not None and (not isinstance(min_workers, int) or isinstance(min_workers, bool)
-                                        or min_workers < 1):
-            msg = f"min_workers must be a positive integer (chief and workers), got {min_workers!r}"
-            raise ValueError(msg)
-        self.sc, self.min_workers, self.shrink_after = sc, min_workers, float(shrink_after)
+        self.backups = JobBackups.open(session_master(sc), policy.backup_dir) if policy.retries else None
+        self.sc, self.min_workers, self.shrink_after = sc, policy.min_workers, float(policy.shrink_after)
         self.shrunk = ""  # "on 1 of 2 training nodes", while the running attempt runs on fewer
 
-    def nodes(self, attempt: int, num_nodes: int, trainers: int) -> int:
-        """How many nodes attempt ``attempt`` starts: all ``num_nodes``, unless the job may shrink
-        (``min_workers``) and the slots lost with the failed attempt did not come back within
-        ``shrink_after`` s — then as many fewer chief/worker nodes as slots are missing, down to ``min_workers``."""
+    def shape(self, attempt: int, shape: ClusterShape) -> ClusterShape:
+        """The cluster attempt ``attempt`` starts: ``shape``, unless the job may shrink (``min_workers``) and the
+        slots lost with the failed attempt did not come back within ``shrink_after`` s — then as many fewer
+        chief/worker nodes as slots are missing, down to ``min_workers``."""
         self.shrunk = ""
         if attempt == 1 or self.min_workers is None or not hasattr(self.sc, "_jsc"):
-            return num_nodes
+            return shape
         from .slots import settled_slots
 
-        slots, _ = settled_slots(self.sc, num_nodes, self.shrink_after)
-        missing = num_nodes - slots
+        slots, _ = settled_slots(self.sc, shape.num_nodes, self.shrink_after)
+        missing, trainers = shape.num_nodes - slots, shape.trainers
         if missing <= 0 or trainers - missing < self.min_workers:
-            return num_nodes  # all came back, or too few would: the start waits for them, and fails naming them
+            return shape  # all came back, or too few would: the start waits for them, and fails naming them
         self.shrunk = (f"on {trainers - missing} of {trainers} training nodes ({missing} task slot(s) did not "
                        f"come back within {self.shrink_after:g} s)")
-        return num_nodes - missing
+        return shape.with_trainers(trainers - missing)
 
     def env(self, attempt: int) -> dict[str, str]:
         return dict(self.backups.attempt(attempt)) if self.backups is not None else {}
@@ -111,37 +103,83 @@ class Recovery:
             self.backups.close()
 
 
-def run_once(
-    sc: Any,
-    map_fun: Callable[[Any, Any], Any],
-    tf_args: Any,
-    num_executors: int,
-    *,
-    data: Any = None,
-    num_epochs: int = 1,
-    feed_timeout: float = 600,
-    shutdown_timeout: float = 259200,
-    grace_secs: float = 0,
-    batch_rows: int = 1024,
-    validation: Any = None,
-    skip_rows: Any = None,
-    **run_kwargs: Any,
-) -> TFCluster:
-    """One start → train (``data``, when given; ``validation``: its validation set, fed once; ``skip_rows``: rows of
-    the first epoch not fed, see ``TFCluster.train``) → shutdown; the cluster is closed whatever happens.
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """What every attempt does once its nodes run: feed ``data`` (an RDD or DataFrame; None: the nodes read their
+    own) for ``num_epochs`` epochs (``feed_timeout``, ``batch_rows``, ``validation`` fed once as the named set
+    "validation"; see ``TFCluster.train``), then ``shutdown(grace_secs, shutdown_timeout)``."""
 
-    Returns the shut-down cluster (its ``status()`` is the final view); raises what start,
-    train or shutdown raised.
+    data: Any = None
+    num_epochs: int = 1
+    feed_timeout: float = 600
+    batch_rows: int = 1024
+    validation: Any = None
+    grace_secs: float = 0
+    shutdown_timeout: float = 259200
+
+
+class Attempts:
+    """One job's attempts, each start → train → shutdown; :func:`run_job` and ``%%tfos_cluster`` both drive one.
+
+    ``once(n)`` runs attempt ``n``: the cluster of ``shape`` (fewer chief/workers when the policy lets a retry
+    shrink), the nodes' environment saying the attempt and its backups, the epochs and rows its backup had not
+    trained; a failure closes the cluster and raises.  ``start``: ``start.start_cluster`` (or a test's fake),
+    called with ``start_args`` (``tensorboard``, ``log_dir``, ``input_mode``, ``reservation_timeout``…).
     """
-    cluster = run(sc, map_fun, tf_args, num_executors, **run_kwargs)
-    try:
-        if data is not None:
-            cluster.train(data, num_epochs, feed_timeout=feed_timeout, batch_rows=batch_rows, validation=validation,
-                          skip_rows=skip_rows)
-        cluster.shutdown(grace_secs=grace_secs, timeout=shutdown_timeout)
+
+    def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape,
+                 options: JobOptions, training: Training, policy: RetryPolicy, *,
+                 start: Callable[..., TFCluster] = start_cluster, tracking: Any = None,
+                 start_args: dict[str, Any] | None = None) -> None:
+        policy.check(options)
+        self.sc, self.map_fun, self.tf_args, self.shape = sc, map_fun, tf_args, shape
+        self.options, self.training, self.policy, self.tracking = options, training, policy, tracking
+        self._start, self._start_args = start, dict(start_args or {})
+        if training.data is not None:
+            self._start_args.setdefault("input_mode", InputMode.SPARK)
+        self.recovery = Recovery(sc, policy)
+        self.resumed: list[str] = []  # where each retry resumed from, oldest first
+
+    def shape_of(self, attempt: int) -> ClusterShape:
+        """The cluster attempt ``attempt`` starts (asked before it starts: the retry may wait for slots here)."""
+        return self.recovery.shape(attempt, self.shape)
+
+    def once(self, attempt: int, shape: ClusterShape | None = None,
+             on_cluster: Callable[[TFCluster], bool] | None = None,
+             on_resume: Callable[[int, str], None] | None = None) -> TFCluster:
+        """Attempt ``attempt`` on ``shape`` (default :meth:`shape_of`); ``on_cluster(cluster)`` once its nodes run
+        (False: stopped meanwhile, shut down without training); ``on_resume(attempt, where)`` for a retry."""
+        shape = self.shape_of(attempt) if shape is None else shape
+        env = {"TFOS_ATTEMPT": str(attempt), **self.recovery.env(attempt)}
+        options = self.options.with_env(env).replace(mlflow=self.tracking if self.tracking is not None else False)
+        cluster = self._start(self.sc, self.map_fun, self.tf_args, shape, options, **self._start_args)
+        try:
+            if attempt > 1:
+                said = self.recovery.describe()
+                self.resumed.append(said)
+                if self.tracking is not None:
+                    self.tracking.resumed.append(f"attempt {attempt}: {said}")
+                if on_resume is not None:
+                    on_resume(attempt, said)
+            if on_cluster is None or on_cluster(cluster):
+                t = self.training
+                if t.data is not None:
+                    cluster.train(t.data, self.recovery.epochs(t.num_epochs), feed_timeout=t.feed_timeout,
+                                  batch_rows=t.batch_rows, validation=t.validation, skip_rows=self.recovery.skip_rows)
+                cluster.shutdown(grace_secs=t.grace_secs, timeout=t.shutdown_timeout)
+        except BaseException:
+            cluster.close()
+            raise
         return cluster
-    finally:
-        cluster.close()
+
+    def close(self) -> None:
+        self.recovery.close()
+
+
+_TRAINING = {f.name for f in dataclasses.fields(Training)}
+_POLICY = {f.name for f in dataclasses.fields(RetryPolicy)}
+_START = {"num_ps", "tensorboard", "input_mode", "log_dir", "driver_ps_nodes", "master_node", "reservation_timeout",
+          "eval_node", "release_port"}
 
 
 def run_job(
@@ -150,20 +188,18 @@ def run_job(
     tf_args: Any,
     num_executors: int,
     *,
-    retries: int = 0,
     on_retry: Callable[[int, TFClusterError], None] | None = None,
-    backup_dir: str | None = None,
-    min_workers: int | None = None,
-    shrink_after: float = SHRINK_AFTER_S,
+    options: JobOptions | None = None,
     **kwargs: Any,
 ) -> RunOutcome:
     """Run ``map_fun`` on a cluster of ``num_executors`` nodes to the end, retrying node failures.
 
-    Each attempt is one :func:`run_once`: ``data`` (an RDD or DataFrame) is fed for
-    ``num_epochs`` epochs with ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``);
-    without it the nodes read their own data; then ``shutdown(grace_secs, shutdown_timeout)``.
-    Other keyword arguments go to :func:`~tfos_nb.runtime.driver.start.run`; ``mlflow=`` (as
-    there) tracks the whole job as one MLflow run: every attempt logs into it (tags
+    Each attempt starts the cluster, feeds ``data`` (an RDD or DataFrame) for ``num_epochs`` epochs with
+    ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``, ``validation``; :class:`Training`) — without it the
+    nodes read their own data — then ``shutdown(grace_secs, shutdown_timeout)``.  ``retries``, ``backup_dir``,
+    ``min_workers``, ``shrink_after``: what a node failure does (:class:`~.options.RetryPolicy`).  Other keyword
+    arguments are :func:`~tfos_nb.runtime.driver.start.run`'s (``num_ps``, ``tensorboard``, … and its options);
+    ``mlflow=`` (as there) tracks the whole job as one MLflow run: every attempt logs into it (tags
     ``tfos_nb.attempts``, ``tfos_nb.failures``), not into nested runs — a retry resumes the same
     training from its checkpoints.  ``on_retry(attempt,
     error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Raises the last
@@ -178,69 +214,48 @@ def run_job(
     With ``deterministic=True`` (and ``seed``, see :func:`~tfos_nb.runtime.driver.start.run`) a job that
     lost an executor ends with the weights of a clean run; it cannot shrink.
     """
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        msg = f"retries must be a non-negative integer, got {retries!r}"
-        raise ValueError(msg)
-    if kwargs.get("data") is not None:
-        kwargs.setdefault("input_mode", InputMode.SPARK)
-    tracking, owned = _tracking(kwargs.pop("mlflow", None), sc, tf_args, num_executors, retries, kwargs)
-    if kwargs.get("deterministic") and min_workers is not None:
-        msg = (f"min_workers={min_workers} cannot go with deterministic=True: a retry on fewer nodes would put other "
-               "rows together in each step, so the job could not end with a clean run's weights")
-        raise ValueError(msg)
-    recovery = Recovery(sc, retries, backup_dir, min_workers, shrink_after)
+    given = set(kwargs)
+    training = Training(**{k: kwargs.pop(k) for k in _TRAINING & kwargs.keys()})
+    policy = RetryPolicy(**{k: kwargs.pop(k) for k in _POLICY & kwargs.keys()})
+    start_args = {k: kwargs.pop(k) for k in _START & kwargs.keys()}
+    options = JobOptions.of(options, **kwargs)
+    shape = ClusterShape.of_tfos(num_executors, start_args.pop("num_ps", 0), start_args.pop("master_node", None),
+                                 start_args.pop("eval_node", False))
+    policy.check(options)
+    facts = {"sc": sc, "tf_args": tf_args, "num_executors": num_executors, "num_ps": shape.ps,
+             "eval_node": shape.evaluator, "input_mode": InputMode.SPARK if training.data is not None
+             else start_args.get("input_mode"), "log_dir": start_args.get("log_dir"), "name": options.name,
+             "num_epochs": training.num_epochs if "num_epochs" in given else None,
+             "batch_rows": training.batch_rows if "batch_rows" in given else None, "retries": policy.retries,
+             "seed": options.seed, "deterministic": options.deterministic}
+    tracking, owned = _tracking(options.mlflow, facts)
+    job = Attempts(sc, map_fun, tf_args, shape, options, training, policy, tracking=tracking, start_args=start_args)
+    started = time.monotonic()
+    failures: list[str] = []
     try:
-        if not owned:
-            return _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, recovery, kwargs)
-        outcome = _attempts(sc, map_fun, tf_args, num_executors, retries, on_retry, tracking, recovery, kwargs)
+        cluster, attempt = attempts(job.once, policy.retries, failures=failures, on_retry=on_retry)
+        cluster.close()
+        outcome = RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started,
+                             tuple(job.resumed))
     except BaseException as exc:
         if owned:
             tracking.finish(S.C_STOPPED if isinstance(exc, KeyboardInterrupt) else S.C_FAILED, error=exc)
         raise
     finally:
-        recovery.close()
-    tracking.finish(outcome.status.state)
+        job.close()
+    if owned:
+        tracking.finish(outcome.status.state)
     return outcome
 
 
-def _tracking(setting: Any, sc: Any, tf_args: Any, num_executors: int, retries: int,
-              kwargs: dict[str, Any]) -> tuple[Any, bool]:
+def _tracking(setting: Any, facts: dict[str, Any]) -> tuple[Any, bool]:
     """The job's one MLflow run (resolved here, on the caller's thread), and whether run_job ends it."""
     from . import tracking as T
 
     wanted = T.request(setting)
     if wanted is None:
         return None, False
-    run, owned = T.job_run(wanted, "cluster", {**kwargs, "sc": sc, "tf_args": tf_args,
-                                               "num_executors": num_executors, "retries": retries})
-    return run, owned
-
-
-def _attempts(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors: int, retries: int,
-              on_retry: Callable[[int, TFClusterError], None] | None, tracking: Any, recovery: Recovery,
-              kwargs: dict[str, Any]) -> RunOutcome:
-    if tracking is not None:
-        kwargs["mlflow"] = tracking  # every attempt logs into the one run
-    base_env = dict(kwargs.pop("env", None) or {})
-    num_epochs = int(kwargs.pop("num_epochs", 1))
-    started = time.monotonic()
-    failures: list[str] = []
-    resumed: list[str] = []
-
-    trainers = num_executors - int(kwargs.get("num_ps", 0) or 0) - (1 if kwargs.get("eval_node") else 0)
-
-    def once(attempt: int) -> TFCluster:
-        nodes = recovery.nodes(attempt, num_executors, trainers)
-        env = dict(base_env, TFOS_ATTEMPT=str(attempt), **recovery.env(attempt))
-        if attempt > 1:
-            resumed.append(recovery.describe())
-            if tracking is not None:
-                tracking.resumed.append(f"attempt {attempt}: {resumed[-1]}")
-        return run_once(sc, map_fun, tf_args, nodes, env=env, num_epochs=recovery.epochs(num_epochs),
-                        skip_rows=recovery.skip_rows, **kwargs)
-
-    cluster, attempt = attempts(once, retries, failures=failures, on_retry=on_retry)
-    return RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started, tuple(resumed))
+    return T.job_run(wanted, "cluster", facts)
 
 
 def attempts(attempt_once: Callable[[int], T], retries: int, *, failures: list[str] | None = None,

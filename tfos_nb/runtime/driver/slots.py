@@ -163,12 +163,6 @@ def require_classic(sc: Any, needs: str) -> None:
         raise TypeError(msg)
 
 
-def require_keras(keras: str) -> None:
-    if keras not in ("tf_keras", "keras3"):
-        msg = f"keras must be 'tf_keras' or 'keras3', got {keras!r}"
-        raise ValueError(msg)
-
-
 def spark_session(sc: Any) -> Any:
     """The SparkSession of ``sc`` (a Spark Connect session is one already), for the DataFrame stages both
     backends run alike (a barrier ``mapInArrow``)."""

@@ -9,30 +9,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import determinism
 from ..executor.launch import LAUNCH_SCHEMA, make_launcher, start_supervisor
 from ..procs import kill_tree
 from ..protocol import messages as m
 from ..sessions import is_connect
-from . import stalls
-from . import state as S
 from .awaiting import await_running
 from .backends import new_job
 from .cluster import InputMode, TFCluster
 from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
 from .node_output import with_stderr
+from .options import ClusterShape, JobOptions
 from .roles import trainers_finished
-from .slots import available_slots, expected_slots, require_keras, spark_context, spark_session
-from .tracking import tracked
+from .slots import available_slots, expected_slots, spark_context, spark_session
+from .tracking import tracked_start
 
-__all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run"]
+__all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run", "start_cluster"]
 
 
-@tracked("cluster")
 def run(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -49,27 +46,19 @@ def run(
     eval_node: bool = False,
     release_port: bool = True,
     *,
-    name: str | None = None,
-    env: dict[str, str] | None = None,
-    num_gpus: int | None = None,
-    keras: str = "tf_keras",
-    heartbeat_timeout: float = 10.0,
-    notebook_timeout: float = 120.0,
-    log_callback: Callable[[str, list[str]], None] | None = None,
-    on_state: Callable[[S.ClusterState], None] | None = None,
-    on_start: Callable[[DriverJob], None] | None = None,
-    node_output: bool | None = None,
-    preflight: bool | dict[str, Any] = False,
-    stall_after: float | None = stalls.DEFAULT_STALL_AFTER,
-    seed: int | None = None,
-    deterministic: bool = False,
+    options: JobOptions | None = None,
+    **kwargs: Any,
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
-    ``sc``: the SparkContext, as in TensorFlowOnSpark, or a SparkSession.
-
-    Roles are assigned in order ps → chief (``master_node``) → workers →
+    ``sc``: the SparkContext, as in TensorFlowOnSpark, or a SparkSession.  The positional parameters are
+    TensorFlowOnSpark's.  Roles are assigned in order ps → chief (``master_node``) → workers →
     evaluator (``eval_node``).  Returns once every node runs its function.
+
+    Keyword options are :class:`~tfos_nb.runtime.driver.options.JobOptions`' fields (``name``, ``env``,
+    ``num_gpus``, ``keras``, ``heartbeat_timeout``, ``notebook_timeout``, ``node_output``, ``stall_after``,
+    ``seed``, ``deterministic``, ``preflight``, ``mlflow``, ``log_callback``, ``on_state``, ``on_start``), or
+    ``options=`` a whole ``JobOptions`` (keywords given beside it win).  Among them:
     ``keras="tf_keras"`` (the default) sets ``TF_USE_LEGACY_KERAS=1`` on the
     nodes, so ``tf.keras`` is Keras 2, which works with MultiWorkerMirroredStrategy
     across processes; ``keras="keras3"`` leaves Keras 3.  ``on_start(job)`` is called
@@ -91,7 +80,7 @@ def run(
     many seconds is flagged in ``status().stalls`` and the panel, naming its phase and the nodes
     that have not reached it (None or 0: never); ``cluster.stacks()`` then shows where it waits.
 
-    ``mlflow=`` (keyword): experiment tracking, one MLflow run for the cluster, logged from here
+    ``mlflow``: experiment tracking, one MLflow run for the cluster, logged from here
     and ended when the cluster is shut down or closed (see :mod:`~tfos_nb.runtime.driver.tracking`):
     ``True`` (MLflow's current experiment), an experiment name, or a dict (``experiment``,
     ``all_nodes``, ``run_name``); ``None`` (the default) tracks only inside an active MLflow run
@@ -106,32 +95,51 @@ def run(
     nodes and feeds partition ``p`` of each epoch to the ``p mod n``-th chief/worker, each node's partitions
     in order, so that two runs train the same rows in the same steps (see :mod:`~tfos_nb.runtime.determinism`).
     """
+    return start_cluster(sc, map_fun, tf_args, ClusterShape.of_tfos(num_executors, num_ps, master_node, eval_node),
+                         JobOptions.of(options, **kwargs), tensorboard=tensorboard, input_mode=input_mode,
+                         log_dir=log_dir, driver_ps_nodes=driver_ps_nodes, reservation_timeout=reservation_timeout,
+                         release_port=release_port)
+
+
+def start_cluster(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape, options: JobOptions,
+                  *, tensorboard: bool = False, input_mode: int = InputMode.TENSORFLOW, log_dir: str | None = None,
+                  driver_ps_nodes: bool = False, reservation_timeout: float = 600,
+                  release_port: bool = True) -> TFCluster:
+    """:func:`run` for a cluster of ``shape`` with ``options`` (tracked as ``options.mlflow`` asks)."""
+    facts = {"sc": sc, "tf_args": tf_args, "num_executors": shape.num_nodes, "num_ps": shape.ps,
+             "eval_node": shape.evaluator, "input_mode": input_mode, "log_dir": log_dir}
+    return tracked_start("cluster", facts, options, lambda opts: _start(
+        sc, map_fun, tf_args, shape, opts, tensorboard=tensorboard, input_mode=input_mode, log_dir=log_dir,
+        driver_ps_nodes=driver_ps_nodes, reservation_timeout=reservation_timeout, release_port=release_port))
+
+
+def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape, options: JobOptions, *,
+           tensorboard: bool, input_mode: int, log_dir: str | None, driver_ps_nodes: bool, reservation_timeout: float,
+           release_port: bool) -> TFCluster:
     import cloudpickle
 
-    log_callback = with_stderr(log_callback, node_output)
-    env = {**(env or {}), **determinism.node_env(deterministic, seed)}
+    log_callback = with_stderr(options.log_callback, options.node_output)
     sc = spark_context(sc)
-    roles = plan_roles(num_executors, num_ps, master_node, eval_node, keras)
-    if preflight:
-        _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), num_gpus, preflight)
+    roles = shape.roles()
+    num_ps = shape.ps
+    if options.preflight:
+        _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), options.num_gpus, options.preflight)
     if driver_ps_nodes and is_connect(sc):
         msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
         raise ValueError(msg)
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
 
-    controller = new_cluster(roles, name, tf_args, num_gpus, input_mode_spark=input_mode == InputMode.SPARK,
-                             tensorboard=tensorboard, log_dir=log_dir, heartbeat_timeout=heartbeat_timeout,
-                             stall_after=stall_after, ordered_feed=deterministic)
+    controller = new_cluster(roles, tf_args, options, input_mode_spark=input_mode == InputMode.SPARK,
+                             tensorboard=tensorboard, log_dir=log_dir)
     state = controller.state
     job = new_job(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
                   finished=trainers_finished)
-    job.announce(log_callback=log_callback, on_state=on_state, on_start=on_start)
+    job.announce(log_callback=log_callback, on_state=options.on_state, on_start=options.on_start)
     try:
-        meta = job.launch_meta(job.open_control(), heartbeat_timeout=heartbeat_timeout, env=env, keras=keras,
-                               roles=roles, reservation_timeout=float(reservation_timeout),
+        meta = job.launch_meta(job.open_control(), options, roles=roles, reservation_timeout=float(reservation_timeout),
                                first_node=num_ps if driver_ps_nodes else 0, release_port=bool(release_port),
-                               coordinator=job.coordinator_section("cluster", notebook_timeout)).to_dict()
-        cluster = TFCluster(job, meta, input_mode, num_executors)
+                               coordinator=job.coordinator_section("cluster", options.notebook_timeout)).to_dict()
+        cluster = TFCluster(job, meta, input_mode, shape.num_nodes)
         blob = cloudpickle.dumps((map_fun, tf_args))
         job.wait_for_slots(on_executors, min(reservation_timeout, 120))
         if driver_ps_nodes:
@@ -175,41 +183,12 @@ def _start_driver_ps_nodes(job: DriverJob, meta: dict[str, Any], blob: bytes, nu
             raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
 
 
-def _preflight(sc: Any, nodes: int, num_gpus: int | None, options: bool | dict[str, Any]) -> None:
+def _preflight(sc: Any, nodes: int, num_gpus: int | None, options: bool | Mapping[str, Any]) -> None:
     from ..doctor import doctor
 
-    opts = dict(options) if isinstance(options, dict) else {}
+    opts = dict(options) if isinstance(options, Mapping) else {}
     opts.setdefault("num_gpus", num_gpus)
     doctor(sc, max(1, nodes), **opts).raise_for_failures()
-
-
-def plan_roles(num_executors: int, num_ps: int, master_node: str | None, eval_node: bool,
-               keras: str) -> list[tuple[str, int]]:
-    """Check the cluster's shape; its roles in order ps → chief (``master_node``) → workers → evaluator."""
-    for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            msg = f"{label} must be a non-negative integer, got {value!r}"
-            raise ValueError(msg)
-    if master_node not in (None, "chief", "master"):
-        msg = f"master_node must be None, 'chief' or 'master', got {master_node!r}"
-        raise ValueError(msg)
-    require_keras(keras)
-    n_train = num_executors - num_ps - (1 if eval_node else 0)
-    if n_train < 1:
-        msg = (
-            f"num_executors={num_executors} leaves no chief/worker node "
-            f"(num_ps={num_ps}, eval_node={eval_node})"
-        )
-        raise ValueError(msg)
-
-    roles: list[tuple[str, int]] = [("ps", i) for i in range(num_ps)]
-    if master_node:
-        roles.append((master_node, 0))
-        n_train -= 1
-    roles += [("worker", i) for i in range(n_train)]
-    if eval_node:
-        roles.append(("evaluator", 0))
-    return roles
 
 
 def driver_log_path(cluster_id: str, i: int) -> str:

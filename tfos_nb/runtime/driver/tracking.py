@@ -57,8 +57,6 @@ MLflow is optional (``pip install 'tfos_nb[mlflow]'``); asking for tracking with
 
 from __future__ import annotations
 
-import functools
-import inspect
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -66,7 +64,7 @@ from typing import Any, TypeVar
 from . import state as S
 from .mlflow_run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
 
-__all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "tracked"]
+__all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "tracked_start"]
 
 _R = TypeVar("_R")
 _OPTIONS = ("experiment", "all_nodes", "run_name")
@@ -176,51 +174,35 @@ def job_run(wanted: Request | JobRun, kind: str, a: Mapping[str, Any]) -> tuple[
     return run, True
 
 
-def tracked(kind: str) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
-    """Give a start function (``start.run``, ``parallel.start``) the ``mlflow=`` keyword.
+def tracked_start(kind: str, facts: Mapping[str, Any], options: Any, start: Callable[[Any], _R]) -> _R:
+    """Start a job (``start(options)``: a cluster or parallel runs) tracked as ``options.mlflow`` asks.
 
     The hook into the one job lifecycle: the run starts here (on the caller's thread), the nodes
     get its id through ``env``, and the job is attached through ``on_start`` as it is announced
     (before anything launches; classic and Spark Connect alike).  A run started here ends with
-    the job; a :class:`JobRun` passed in (a retrying owner's) is only attached.
+    the job; a :class:`JobRun` passed in (a retrying owner's) is only attached.  ``facts``: what the
+    run's parameters are made of (``sc``, ``tf_args``, ``num_executors``…; the options' ``name``,
+    ``seed`` and ``deterministic`` are added).
     """
+    wanted = request(options.mlflow)
+    if wanted is None:
+        return start(options)
+    run, owned = job_run(wanted, kind, {**facts, "name": options.name, "seed": options.seed,
+                                        "deterministic": options.deterministic})
+    user_on_start = options.on_start
 
-    def decorate(fn: Callable[..., _R]) -> Callable[..., _R]:
-        signature = inspect.signature(fn)
+    def on_start(job: Any) -> None:
+        run.attach(job, finish_with_job=owned)
+        if user_on_start is not None:
+            user_on_start(job)
 
-        @functools.wraps(fn)
-        def start(*args: Any, mlflow: Any = None, **kwargs: Any) -> _R:
-            wanted = request(mlflow)
-            if wanted is None:
-                return fn(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            a = bound.arguments
-            run, owned = job_run(wanted, kind, a)
-            a["env"] = {**(a.get("env") or {}), **run.node_env()}
-            user_on_start = a.get("on_start")
-
-            def on_start(job: Any) -> None:
-                run.attach(job, finish_with_job=owned)
-                if user_on_start is not None:
-                    user_on_start(job)
-
-            a["on_start"] = on_start
-            before = run.attempts
-            try:
-                out = fn(*bound.args, **bound.kwargs)
-            except BaseException as exc:
-                if owned and run.attempts == before:  # failed before there was a job to end the run with
-                    run.finish(S.C_FAILED, error=exc)
-                raise
-            if hasattr(out, "tracking"):
-                out.tracking = run
-            return out
-
-        params = list(signature.parameters.values())
-        params.insert(next((i for i, p in enumerate(params) if p.kind == p.VAR_KEYWORD), len(params)),
-                      inspect.Parameter("mlflow", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="Any"))
-        start.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        return start
-
-    return decorate
+    before = run.attempts
+    try:
+        out = start(options.with_env(run.node_env()).replace(on_start=on_start, mlflow=False))
+    except BaseException as exc:
+        if owned and run.attempts == before:  # failed before there was a job to end the run with
+            run.finish(S.C_FAILED, error=exc)
+        raise
+    if hasattr(out, "tracking"):
+        out.tracking = run
+    return out

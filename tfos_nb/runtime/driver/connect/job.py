@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...protocol import messages as m
 from ...protocol import remote
@@ -27,6 +27,9 @@ from ..job import DriverJob
 from ..slots import connect_slots, not_enough_executors
 from .snapshot import Mirror
 from .spark_jobs import ConnectSparkJob, CoordinatorError, ask
+
+if TYPE_CHECKING:
+    from ..options import JobOptions
 
 KERNEL_TIMEOUT_S = 120.0  # default: the coordinator stops the job when the notebook was not heard of for this long
 POLL_S = 0.2  # pause between two snapshot jobs
@@ -172,8 +175,8 @@ class ConnectDriverJob(DriverJob):
         except Exception:  # noqa: BLE001
             return "file:///"
 
-    def launch_meta(self, address: tuple[str, int], **kw: Any) -> m.LaunchMeta:
-        meta = super().launch_meta(address, **kw)
+    def launch_meta(self, address: tuple[str, int], options: JobOptions, **kw: Any) -> m.LaunchMeta:
+        meta = super().launch_meta(address, options, **kw)
         return meta.__class__(**{**meta.to_dict(), "default_fs": self.default_fs()})
 
     def coordinator_meta(self, kind: str, kernel_timeout: float) -> m.CoordinatorMeta:

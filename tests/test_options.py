@@ -1,0 +1,101 @@
+"""A job's options, shape and retry policy, each declared once (``runtime/driver/options.py``), fast tier: what
+each refuses, how keyword options reach them, and that the configuration page lists every option with its default."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from tfos_nb import TFCluster, TFParallel
+from tfos_nb.runtime.driver.options import ClusterShape, JobOptions, RetryPolicy
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_an_unknown_option_names_the_closest_one_before_anything_starts():
+    # sc=None: the error comes before any Spark call
+    with pytest.raises(TypeError, match="unknown option 'heartbeat_timout'; did you mean 'heartbeat_timeout'"):
+        TFCluster.run(None, lambda args, ctx: None, {}, 2, heartbeat_timout=5)
+    with pytest.raises(TypeError, match="unknown option 'sed'; did you mean 'seed'"):
+        TFCluster.run_job(None, lambda args, ctx: None, {}, 2, sed=1)
+    with pytest.raises(TypeError, match="unknown option 'bogus'; the options: deterministic, env"):
+        TFParallel.run(None, lambda args, ctx: None, {}, 2, bogus=1)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"keras": "keras2"}, "keras must be 'tf_keras' or 'keras3', got 'keras2'"),
+    ({"heartbeat_timeout": 0}, "heartbeat_timeout must be a positive number of seconds, got 0"),
+    ({"heartbeat_timeout": True}, "heartbeat_timeout must be a positive number of seconds, got True"),
+    ({"notebook_timeout": -1}, "notebook_timeout must be a positive number of seconds, got -1"),
+    ({"stall_after": -1}, "stall_after must be a number of seconds"),
+    ({"num_gpus": 1.5}, "num_gpus must be a non-negative integer, got 1.5"),
+    ({"seed": -1}, "seed"),
+    ({"env": ["A=1"]}, "env must be a mapping"),
+])
+def test_options_refuse_bad_values_with_the_fix(given, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        JobOptions(**given)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TFCluster.run(None, lambda args, ctx: None, {}, 2, **given)
+
+
+def test_options_given_whole_and_as_keywords_merge_keywords_last():
+    base = JobOptions(name="a", env={"X": 1}, seed=3)
+    merged = JobOptions.of(base, name="b")
+    assert (merged.name, merged.env, merged.seed) == ("b", {"X": "1"}, 3)
+    assert JobOptions.of(base) is base
+    assert merged.with_env({"Y": "2"}).env == {"X": "1", "Y": "2"}
+    assert JobOptions(stall_after=0).stall_after is None  # 0: never flag
+    assert JobOptions(seed=7, deterministic=True).node_env() == {"TFOS_SEED": "7", "TFOS_DETERMINISTIC": "1"}
+    with pytest.raises(TypeError, match="options must be a JobOptions, got dict"):
+        JobOptions.of({"name": "x"})  # type: ignore[arg-type]
+
+
+def test_parallel_runs_refuse_the_options_that_do_not_apply():
+    with pytest.raises(ValueError, match="stall_after= does not apply to parallel runs"):
+        TFParallel.run(None, lambda args, ctx: None, {}, 2, stall_after=5)
+    JobOptions(stall_after=20.0).refuse("parallel runs", "stall_after")  # the default is no request
+
+
+def test_the_cluster_shape_orders_roles_as_tensorflowonspark():
+    shape = ClusterShape.of_tfos(5, num_ps=1, master_node="chief", eval_node=True)
+    assert shape == ClusterShape(3, 1, True, "chief") and shape.num_nodes == 5
+    assert shape.roles() == [("ps", 0), ("chief", 0), ("worker", 0), ("worker", 1), ("evaluator", 0)]
+    assert ClusterShape.of_tfos(2).roles() == [("worker", 0), ("worker", 1)]
+    assert shape.with_trainers(2).roles() == [("ps", 0), ("chief", 0), ("worker", 0), ("evaluator", 0)]
+    with pytest.raises(ValueError, match=r"num_executors=2 leaves no chief/worker node \(num_ps=1, eval_node=True\)"):
+        ClusterShape.of_tfos(2, 1, eval_node=True)
+    with pytest.raises(ValueError, match="num_ps must be a non-negative integer, got -1"):
+        ClusterShape.of_tfos(2, -1)
+    with pytest.raises(ValueError, match="master_node must be None, 'chief' or 'master', got 'boss'"):
+        ClusterShape(1, chief="boss")
+
+
+def test_the_retry_policy_refuses_what_it_cannot_keep():
+    with pytest.raises(ValueError, match="retries must be a non-negative integer, got -1"):
+        RetryPolicy(-1)
+    with pytest.raises(ValueError, match="min_workers must be a positive integer"):
+        RetryPolicy(1, min_workers=0)
+    with pytest.raises(ValueError, match="min_workers=1 cannot go with deterministic=True"):
+        RetryPolicy(1, min_workers=1).check(JobOptions(deterministic=True))
+    with pytest.raises(ValueError, match="min_workers=1 cannot go with deterministic=True"):
+        TFCluster.run_job(None, lambda args, ctx: None, {}, 2, retries=1, min_workers=1, deterministic=True)
+
+
+def _documented_options() -> dict[str, str]:
+    text = (DOCS / "reference" / "configuration.md").read_text()
+    section = text.split("## Job options", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| `([^`]*)` \|", section, re.M)}
+
+
+def test_the_configuration_page_lists_every_job_option_with_its_default():
+    documented = _documented_options()
+    fields = {f.name: f for f in dataclasses.fields(JobOptions)}
+    assert list(documented) == list(fields)
+    for name, shown in documented.items():
+        f = fields[name]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        assert shown == repr(default), name

@@ -1,0 +1,199 @@
+"""A job's settings and shape, each declared once: :class:`JobOptions`, :class:`ClusterShape`, :class:`RetryPolicy`.
+
+``TFCluster.run``, ``TFParallel.run``, :func:`~tfos_nb.runtime.driver.retry.run_job` and the cell magics build
+them (from keyword arguments, cell options and ``%config``) and pass them down whole: adding an option touches its
+field here, the place that uses it, and the docs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import determinism
+from .stalls import DEFAULT_STALL_AFTER, check_stall_after
+
+__all__ = ["ClusterShape", "JobOptions", "RetryPolicy"]
+
+#: how long a retry waits for the task slots of a failed attempt to come back before it shrinks (``min_workers``)
+SHRINK_AFTER_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    """The keyword options of a cluster (``TFCluster.run``) or of parallel runs (``TFParallel.run``).
+
+    Given as keyword arguments (``TFCluster.run(sc, fn, args, 2, heartbeat_timeout=20)``) or whole
+    (``options=JobOptions(...)``, with keywords overriding its fields); an unknown name is a ``TypeError``
+    naming the closest option.
+    """
+
+    name: str | None = None
+    """the job's name (the panel, the Spark UI's job group, MLflow's run name); default ``tfos-<id>``"""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """environment variables of every node (e.g. TensorFlow's thread counts)"""
+    num_gpus: int | None = None
+    """GPUs per node; default: ``tf_args.num_gpus`` or 1 for a cluster, 1 for a parallel run"""
+    keras: str = "tf_keras"
+    """``"tf_keras"`` (``TF_USE_LEGACY_KERAS=1`` on the nodes: ``tf.keras`` is Keras 2) or ``"keras3"``"""
+    heartbeat_timeout: float = 10.0
+    """seconds without a node's heartbeat before it counts as lost (and a node without the driver's, as orphaned)"""
+    notebook_timeout: float = 120.0
+    """Spark Connect only: the in-cluster coordinator stops the job when the notebook was not heard of this long"""
+    node_output: bool | None = None
+    """write every node's output to stderr as ``[role:index] line``; None: on outside a notebook kernel
+    (``TFOS_NB_NODE_OUTPUT=0``/``1`` decides instead when set)
+    """
+    stall_after: float | None = DEFAULT_STALL_AFTER
+    """a chief/worker that has not moved for this many seconds is flagged as stalled (None or 0: never)"""
+    seed: int | None = None
+    """every node seeds Python, NumPy, TensorFlow and Keras with it before its function runs"""
+    deterministic: bool = False
+    """op determinism on the nodes and a fixed feed (partition ``p`` to the ``p mod n``-th chief/worker)"""
+    preflight: bool | Mapping[str, Any] = False
+    """run the doctor for these nodes first and raise its FAILs (a dict: the doctor's options)"""
+    mlflow: Any = None
+    """MLflow tracking: True, an experiment name, a dict, a running job's run; None: inside an active run only"""
+    log_callback: Callable[[str, list[str]], None] | None = None
+    """``log_callback(label, lines)``: every node's output lines as they arrive"""
+    on_state: Callable[[Any], None] | None = None
+    """``on_state(state)``: the job's live state, once it exists"""
+    on_start: Callable[[Any], None] | None = None
+    """``on_start(job)``: the start in progress, before anything launches (``job.cancel(reason)`` stops it)"""
+
+    def __post_init__(self) -> None:
+        determinism.node_env(self.deterministic, self.seed)  # checks both
+        _check(self.keras in ("tf_keras", "keras3"), f"keras must be 'tf_keras' or 'keras3', got {self.keras!r}")
+        _check(_number(self.heartbeat_timeout) and self.heartbeat_timeout > 0,
+               f"heartbeat_timeout must be a positive number of seconds, got {self.heartbeat_timeout!r}")
+        _check(_number(self.notebook_timeout) and self.notebook_timeout > 0,
+               f"notebook_timeout must be a positive number of seconds, got {self.notebook_timeout!r}")
+        object.__setattr__(self, "stall_after", check_stall_after(self.stall_after))
+        _check(self.num_gpus is None or (_integer(self.num_gpus) and self.num_gpus >= 0),
+               f"num_gpus must be a non-negative integer, got {self.num_gpus!r}")
+        _check(isinstance(self.env, Mapping), f"env must be a mapping of names to values, got {self.env!r}")
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in self.env.items()})
+
+    @classmethod
+    def of(cls, options: JobOptions | None = None, /, **given: Any) -> JobOptions:
+        """``options`` (or the defaults) with the keyword options ``given`` over it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in given:
+            if key not in names:
+                near = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else f"; the options: {', '.join(sorted(names))}"
+                msg = f"unknown option {key!r}{hint}"
+                raise TypeError(msg)
+        base = options if options is not None else cls()
+        if not isinstance(base, cls):
+            msg = f"options must be a JobOptions, got {type(base).__name__}"
+            raise TypeError(msg)
+        return dataclasses.replace(base, **given) if given else base
+
+    def replace(self, **changes: Any) -> JobOptions:
+        return dataclasses.replace(self, **changes)
+
+    def with_env(self, extra: Mapping[str, str]) -> JobOptions:
+        """These options, ``extra`` added to the nodes' environment."""
+        return dataclasses.replace(self, env={**self.env, **extra}) if extra else self
+
+    def node_env(self) -> dict[str, str]:
+        """Every node's environment: ``env`` and what ``seed``/``deterministic`` tell the nodes."""
+        return {**self.env, **determinism.node_env(self.deterministic, self.seed)}
+
+    def refuse(self, what: str, *names: str) -> None:
+        """A ``ValueError`` when one of ``names`` is set to other than its default: it does not apply to ``what``."""
+        defaults = JobOptions()
+        for name in names:
+            if getattr(self, name) != getattr(defaults, name):
+                msg = f"{name}= does not apply to {what}"
+                raise ValueError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterShape:
+    """A cluster's roles and counts: ``ps`` parameter servers, ``trainers`` chief/worker nodes (the first one
+    named ``chief``, TensorFlowOnSpark's ``master_node``, when given), and an ``evaluator`` or not."""
+
+    trainers: int
+    ps: int = 0
+    evaluator: bool = False
+    chief: str | None = None  # None: every trainer is a "worker"; "chief" or "master": the first one's role
+
+    def __post_init__(self) -> None:
+        for label, value, least in (("chief/worker nodes", self.trainers, 1), ("num_ps", self.ps, 0)):
+            _check(_integer(value) and value >= least,
+                   f"{label} must be an integer of at least {least}, got {value!r}")
+        _check(self.chief in (None, "chief", "master"), f"master_node must be None, 'chief' or 'master', "
+                                                         f"got {self.chief!r}")
+
+    @classmethod
+    def of_tfos(cls, num_executors: int, num_ps: int = 0, master_node: str | None = None,
+                eval_node: bool = False) -> ClusterShape:
+        """TensorFlowOnSpark's way of saying it: nodes in all, of which ``num_ps`` ps and one evaluator."""
+        for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
+            _check(_integer(value) and value >= 0, f"{label} must be a non-negative integer, got {value!r}")
+        trainers = num_executors - num_ps - (1 if eval_node else 0)
+        _check(trainers >= 1, f"num_executors={num_executors} leaves no chief/worker node "
+                              f"(num_ps={num_ps}, eval_node={eval_node})")
+        return cls(trainers, num_ps, bool(eval_node), master_node)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.ps + self.trainers + (1 if self.evaluator else 0)
+
+    def roles(self) -> list[tuple[str, int]]:
+        """Every node's ``(role, index)``, in order ps → chief → workers → evaluator."""
+        roles = [("ps", i) for i in range(self.ps)]
+        if self.chief:
+            roles.append((self.chief, 0))
+        roles += [("worker", i) for i in range(self.trainers - (1 if self.chief else 0))]
+        if self.evaluator:
+            roles.append(("evaluator", 0))
+        return roles
+
+    def with_trainers(self, trainers: int) -> ClusterShape:
+        return dataclasses.replace(self, trainers=trainers)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """What a job does when a node fails: start again up to ``retries`` more times, each attempt resuming from
+    the last backup (kept under ``backup_dir``, default ``$TFOS_NB_BACKUP_ROOT`` or the temporary directory), on
+    fewer chief/worker nodes (not fewer than ``min_workers``) when the lost task slots did not come back within
+    ``shrink_after`` seconds."""
+
+    retries: int = 0
+    backup_dir: str | None = None
+    min_workers: int | None = None
+    shrink_after: float = SHRINK_AFTER_S
+
+    def __post_init__(self) -> None:
+        _check(_integer(self.retries) and self.retries >= 0,
+               f"retries must be a non-negative integer, got {self.retries!r}")
+        _check(self.min_workers is None or (_integer(self.min_workers) and self.min_workers >= 1),
+               f"min_workers must be a positive integer (chief and workers), got {self.min_workers!r}")
+        _check(_number(self.shrink_after) and self.shrink_after >= 0,
+               f"shrink_after must be a non-negative number of seconds, got {self.shrink_after!r}")
+
+    def check(self, options: JobOptions) -> None:
+        """Refuse a policy the options cannot keep."""
+        if options.deterministic and self.min_workers is not None:
+            msg = (f"min_workers={self.min_workers} cannot go with deterministic=True: a retry on fewer nodes would "
+                   "put other rows together in each step, so the job could not end with a clean run's weights")
+            raise ValueError(msg)
+
+
+def _check(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ValueError(msg)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
