@@ -47,6 +47,7 @@ def test_options_given_whole_and_as_keywords_merge_keywords_last():
     merged = JobOptions.of(base, name="b")
     assert (merged.name, merged.env, merged.seed) == ("b", {"X": "1"}, 3)
     assert JobOptions.of(base) is base
+    assert JobOptions(env=None).env == {}  # TFEstimator's env Param unset
     assert merged.with_env({"Y": "2"}).env == {"X": "1", "Y": "2"}
     assert JobOptions(stall_after=0).stall_after is None  # 0: never flag
     assert JobOptions(seed=7, deterministic=True).node_env() == {"TFOS_SEED": "7", "TFOS_DETERMINISTIC": "1"}

@@ -73,8 +73,9 @@ class JobOptions:
         object.__setattr__(self, "stall_after", check_stall_after(self.stall_after))
         _check(self.num_gpus is None or (_integer(self.num_gpus) and self.num_gpus >= 0),
                f"num_gpus must be a non-negative integer, got {self.num_gpus!r}")
-        _check(isinstance(self.env, Mapping), f"env must be a mapping of names to values, got {self.env!r}")
-        object.__setattr__(self, "env", {str(k): str(v) for k, v in self.env.items()})
+        env = {} if self.env is None else self.env  # None: none, as TensorFlowOnSpark's callers pass it
+        _check(isinstance(env, Mapping), f"env must be a mapping of names to values, got {env!r}")
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in env.items()})
 
     @classmethod
     def of(cls, options: JobOptions | None = None, /, **given: Any) -> JobOptions:
