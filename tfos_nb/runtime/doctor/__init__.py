@@ -1,10 +1,12 @@
 """The pre-flight doctor: ``doctor(spark, nodes=N)`` checks a Spark application before a cluster starts.
 
-One short barrier stage (``driver/doctor_job.py``; the probe in ``executor/doctor_probe.py``)
-collects each slot's facts; the verdicts — OK, WARN or FAIL, the executor or host they
-concern, and the fix — are computed from plain dicts (:func:`~.doctor_verdicts.verdicts`), so they are
-testable without Spark.  :class:`Report` is the outcome; ``text()`` renders it outside a
-notebook, the magics layer renders it as a table in one.  No TensorFlow cluster starts.
+One package, a module a side: ``job.py`` (the driver's) reads the session's facts and runs one
+short barrier stage of ``probe.py`` (the executor's, shipped by value), which collects each slot's
+facts; the verdicts — OK, WARN or FAIL, the executor or host they concern, and the fix — are
+computed from plain dicts (:func:`~.verdicts.verdicts`), so they are testable without Spark.
+:class:`Report` is the outcome; ``text()`` renders it outside a notebook, the magics layer renders
+it as a table in one.  No TensorFlow cluster starts, and the doctor knows nothing of starting one:
+``driver/start.py`` calls :func:`doctor`, never the reverse.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .doctor_verdicts import FAIL, OK, WARN, Check, verdicts
+from .verdicts import FAIL, OK, WARN, Check, verdicts
 
 __all__ = ["FAIL", "OK", "WARN", "Check", "DoctorFailed", "Report", "doctor", "verdicts"]
 
@@ -82,7 +84,7 @@ def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | No
     will write (export, checkpoints, logs), checked writable on every executor and shared by
     all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.
     """
-    from .driver.doctor_job import driver_facts, probe_executors, session_facts
+    from .job import driver_facts, probe_executors, session_facts
 
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         msg = f"nodes must be a positive integer, got {nodes!r}"
