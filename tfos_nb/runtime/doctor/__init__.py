@@ -1,23 +1,24 @@
-"""The pre-flight doctor: ``doctor(spark, nodes=N)`` checks a Spark application before a cluster starts.
+"""The pre-flight doctor: ``doctor(spark, nodes=N)`` (``tfos_nb.doctor``) checks a Spark application before a
+cluster starts.
 
-One package, a module a side: ``job.py`` (the driver's) reads the session's facts and runs one
-short barrier stage of ``probe.py`` (the executor's, shipped by value), which collects each slot's
-facts; the verdicts — OK, WARN or FAIL, the executor or host they concern, and the fix — are
+One package, a module a side: ``job.py`` (the driver's, with :func:`~.job.doctor`) reads the session's
+facts and runs one short barrier stage of ``probe.py`` (the executor's, shipped by value), which
+collects each slot's facts; the verdicts — OK, WARN or FAIL, the executor or host they concern, and the fix — are
 computed from plain dicts (:func:`~.verdicts.verdicts`), so they are testable without Spark.
 :class:`Report` is the outcome; ``text()`` renders it outside a notebook, the magics layer renders
 it as a table in one.  No TensorFlow cluster starts, and the doctor knows nothing of starting one:
-``driver/start.py`` calls :func:`doctor`, never the reverse.
+``driver/start.py`` calls :func:`~.job.doctor`, never the reverse.  What this module holds
+(the report) and ``verdicts.py`` are shared by both sides.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .verdicts import FAIL, OK, WARN, Check, verdicts
 
-__all__ = ["FAIL", "OK", "WARN", "Check", "DoctorFailed", "Report", "doctor", "verdicts"]
+__all__ = ["FAIL", "OK", "WARN", "Check", "DoctorFailed", "Report", "verdicts"]
 
 
 @dataclass(frozen=True)
@@ -71,31 +72,3 @@ class DoctorFailed(RuntimeError):
         lines = [f"{c.where}: {c.detail} — fix: {c.fix}" if c.fix else f"{c.where}: {c.detail}" for c in report.failures]
         super().__init__(f"the pre-flight doctor found {len(lines)} problem(s); no cluster was started:\n"
                          + "\n".join(lines))
-
-
-def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | None = None,
-           num_gpus: int | None = None, timeout: float = 120.0, import_timeout: float = 60.0) -> Report:
-    """Check ``spark`` (a SparkSession, SparkContext or Spark Connect session) for a cluster of ``nodes`` nodes.
-
-    Runs one barrier stage of ``nodes`` tasks (fewer when there are fewer slots) that starts
-    no TensorFlow cluster, and returns a :class:`Report` (``print(report)``; ``report.ok``;
-    ``report.raise_for_failures()``).  ``feeders``: the feeding tasks of an epoch
-    (InputMode.SPARK), checked against the slots.  ``export_dir``: a directory the nodes
-    will write (export, checkpoints, logs), checked writable on every executor and shared by
-    all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.
-    """
-    from .job import driver_facts, probe_executors, session_facts
-
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        msg = f"nodes must be a positive integer, got {nodes!r}"
-        raise ValueError(msg)
-    t0 = time.monotonic()
-    session = session_facts(spark, nodes)
-    slots = session.get("slots")
-    tasks = nodes if slots is None else max(1, min(nodes, int(slots)))
-    executors, stage_error = probe_executors(spark, tasks, export_dir=export_dir, default_fs=session["default_fs"],
-                                             timeout=timeout, import_timeout=import_timeout)
-    checks = verdicts(session, driver_facts(), executors, nodes=nodes, feeders=feeders, export_dir=export_dir,
-                      num_gpus=num_gpus, stage_error=stage_error)
-    return Report(nodes, tuple(checks), session["backend"], str(session["conf"].get("spark.master") or ""),
-                  time.monotonic() - t0, tuple(executors))

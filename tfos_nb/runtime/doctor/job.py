@@ -1,6 +1,6 @@
 """The doctor's Spark side: the session's facts, and one barrier stage of probes (``doctor/probe.py``).
 
-Returns plain dicts; ``doctor/verdicts.py`` turns them into verdicts.  The stage is
+:func:`doctor`, the entry (``tfos_nb.doctor``), collects plain dicts; ``verdicts.py`` turns them into verdicts.  The stage is
 a barrier ``mapPartitions`` on a classic session and a barrier ``mapInArrow`` on Spark
 Connect; it runs under a job group (tag) of its own and is cancelled at its deadline.
 """
@@ -14,11 +14,14 @@ import select
 import socket
 import sys
 import threading
+import time
 from importlib import metadata
 from typing import Any
 
 from ..driver.slots import connect_slots, driver_host, expected_slots, settled_slots, spark_context
 from ..sessions import is_connect
+from . import Report
+from .verdicts import verdicts
 
 SLOTS_WAIT_S = 30.0  # executors still registering: wait at most this long for them (slots.settled_slots)
 
@@ -181,3 +184,29 @@ def _run(job: Any, timeout: float, tasks: int) -> tuple[list[dict[str, Any]], st
 
         return [], f"the doctor's barrier stage failed: {python_error_line(job.error)}"
     return sorted((json.loads(s) for s in job.result()), key=lambda f: int(f["task"])), None
+
+
+def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | None = None,
+           num_gpus: int | None = None, timeout: float = 120.0, import_timeout: float = 60.0) -> Report:
+    """Check ``spark`` (a SparkSession, SparkContext or Spark Connect session) for a cluster of ``nodes`` nodes.
+
+    Runs one barrier stage of ``nodes`` tasks (fewer when there are fewer slots) that starts
+    no TensorFlow cluster, and returns a :class:`Report` (``print(report)``; ``report.ok``;
+    ``report.raise_for_failures()``).  ``feeders``: the feeding tasks of an epoch
+    (InputMode.SPARK), checked against the slots.  ``export_dir``: a directory the nodes
+    will write (export, checkpoints, logs), checked writable on every executor and shared by
+    all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.
+    """
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        msg = f"nodes must be a positive integer, got {nodes!r}"
+        raise ValueError(msg)
+    t0 = time.monotonic()
+    session = session_facts(spark, nodes)
+    slots = session.get("slots")
+    tasks = nodes if slots is None else max(1, min(nodes, int(slots)))
+    executors, stage_error = probe_executors(spark, tasks, export_dir=export_dir, default_fs=session["default_fs"],
+                                             timeout=timeout, import_timeout=import_timeout)
+    checks = verdicts(session, driver_facts(), executors, nodes=nodes, feeders=feeders, export_dir=export_dir,
+                      num_gpus=num_gpus, stage_error=stage_error)
+    return Report(nodes, tuple(checks), session["backend"], str(session["conf"].get("spark.master") or ""),
+                  time.monotonic() - t0, tuple(executors))
