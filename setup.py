@@ -26,8 +26,7 @@ class _Distribution(Distribution):
         return bool(self.has_data_files())
 
 
-# psutil: %tfos_tensorboard --logdir finds the port its TensorBoard listens on from that process's own sockets
-NOTEBOOK = ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9", "psutil>=5.9"]
+NOTEBOOK = ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"]
 EXAMPLES = ["scikit-learn>=1.2"]  # tfos_nb.examples: the digits data set ships inside scikit-learn
 MLFLOW = ["mlflow-skinny>=2.16"]  # experiment tracking: the MLflow client only (the notebook logs; nodes need nothing)
 

@@ -1,4 +1,4 @@
-"""The chief's TensorBoard (``runtime/executor/tensorboard.py``) and who may name its URL (the controller).
+"""The chief's TensorBoard (``runtime/tensorboard/chief.py``) and who may name its URL (the controller).
 
 Issue 27, finding 2: the URL reaches the proxy only once the chief's own TensorBoard process
 listens and answers there, never from another node or for another host, and a TensorBoard

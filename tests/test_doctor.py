@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
 from tfos_nb.runtime.doctor import FAIL, OK, WARN, DoctorFailed, Report, verdicts
-from tfos_nb.runtime.executor import doctor_probe
+from tfos_nb.runtime.doctor import probe as doctor_probe
 
 DRIVER = {"python": "3.11.7", "tfos_nb": "0.1.0", "tensorflow": "2.21.0", "tensorflow-cpu": None, "keras": "3.15.1",
           "tf_keras": "2.21.0", "pyspark": "4.3.0", "executable": "/venv/bin/python", "pyspark_python_env": None}
@@ -260,3 +262,18 @@ def test_a_token_read_follows_no_symlink_and_takes_no_other_users_file(open_dir:
     as_nobody_wait(plant)
     why = doctor_probe._read_token(str(open_dir), ".tfos_doctor-c0ffee-2", TOKEN)
     assert why is not None and "owned by uid" in why and "not the peer's token" in why, why
+
+
+def test_the_probe_travels_by_value_where_tfos_nb_cannot_be_imported() -> None:
+    """What the doctor ships (``job.ship_probe_by_value``) runs, executor id included, in a Python that has no
+    tfos_nb (or another version of it): nothing in the task is pickled by reference to a tfos_nb module."""
+    import cloudpickle
+
+    from tfos_nb.runtime.doctor import job
+
+    payload = cloudpickle.dumps(job.ship_probe_by_value().classic_task({"run": "r"}))
+    code = ("import pickle, sys; sys.modules['tfos_nb'] = None\n"
+            "task = pickle.loads(sys.stdin.buffer.read())\n"
+            "print(task.__code__.co_freevars, task.__globals__['probe'].__globals__['executor_id']())")
+    done = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=60, cwd="/")
+    assert done.returncode == 0 and done.stdout.decode().split()[-1] == "driver", done

@@ -6,7 +6,7 @@ lazy imports inside functions are seen (a layer rule holds for them too), and th
 exceptions sit next to the rules with the reason they are there.
 
 Each rule is checked on the *direct* imports of every module (module level and inside
-functions).  Packages that must load in a process without Spark or TensorFlow (``tbproxy`` in
+functions).  Packages that must load in a process without Spark or TensorFlow (TensorBoard's proxy in
 the Jupyter server, ``widgets`` in the kernel) are also checked on everything their
 module-level imports pull in, through other tfos_nb modules; the runtime's own processes
 (``python -m tfos_nb.runtime ROLE``) on everything they may import, inside functions too.
@@ -218,6 +218,9 @@ DRIVER = "tfos_nb.runtime.driver"
 EXECUTOR = "tfos_nb.runtime.executor"
 PROTOCOL = "tfos_nb.runtime.protocol"
 SHARED = tuple(f"tfos_nb.runtime.{m}" for m in ("args", "columns", "gpus", "net", "procs", "results", "util"))
+NOTEBOOK_TB = "tfos_nb.tensorboard"  # TensorBoard's kernel side, HTML and Jupyter server proxy
+PROXY = ("tfos_nb.tensorboard.proxy", "tfos_nb.tbproxy")  # the extension, and the name users enable it by
+
 
 
 # -- the scanner itself -------------------------------------------------------------------------
@@ -258,7 +261,7 @@ def test_scanner_sees_the_package():
 
 def test_runtime_imports_no_notebook_layer():
     """The runtime runs in Spark tasks and plain Python: no IPython, magics, widgets or Jupyter server side."""
-    assert violations(IMPORTS, (RUNTIME,), ("tfos_nb.magics", "tfos_nb.widgets", "tfos_nb.tbproxy", "IPython",
+    assert violations(IMPORTS, (RUNTIME,), ("tfos_nb.magics", "tfos_nb.widgets", NOTEBOOK_TB, *PROXY, "IPython",
                                             "ipywidgets", "ipykernel", "jupyter_server")) == []
 
 
@@ -282,10 +285,12 @@ def test_shared_runtime_modules_import_neither_side():
 
 
 def test_tbproxy_loads_neither_spark_nor_tensorflow():
-    """The proxy runs inside the Jupyter server: it must import neither, directly or through tfos_nb modules."""
+    """The proxy runs inside the Jupyter server (and the rest of the notebook's TensorBoard package, which it
+    shares, in the kernel): none imports either, directly or through tfos_nb modules."""
     heavy = ("pyspark", "tensorflow", "py4j", "tf_keras", "keras")
-    assert violations(IMPORTS, ("tfos_nb.tbproxy",), heavy) == []
-    for mod in sorted({i.source for i in IMPORTS if _under(i.source, ("tfos_nb.tbproxy",))}):
+    assert violations(IMPORTS, (NOTEBOOK_TB, *PROXY), heavy) == []
+    assert {f"{PROXY[0]}._handlers", PROXY[1]} <= {i.source for i in IMPORTS}
+    for mod in sorted({i.source for i in IMPORTS if _under(i.source, (NOTEBOOK_TB, *PROXY))}):
         loaded = reachable(IMPORTS, mod)
         assert [path for name, path in loaded.items() if _under(name, heavy)] == [], mod
 
@@ -319,7 +324,7 @@ def test_subprocess_entry_points_load_no_notebook_layer_nor_tensorflow():
     executors: nothing they import, even inside functions, loads IPython, Jupyter or tfos_nb's notebook layer.
     The supervisor and the coordinator never load TensorFlow; a node and a run load it only when they run the
     user's code (TensorFlow fixes its devices and threads at its first import: the process sets them first)."""
-    notebook = ("tfos_nb.magics", "tfos_nb.widgets", "tfos_nb.tbproxy", "IPython", "ipywidgets", "ipykernel",
+    notebook = ("tfos_nb.magics", "tfos_nb.widgets", NOTEBOOK_TB, *PROXY, "IPython", "ipywidgets", "ipykernel",
                 "jupyter_server", "jupyter_client", "jupyter_core")
     tensorflow = ("tensorflow", "tf_keras", "keras")
     roles = _entry_points()

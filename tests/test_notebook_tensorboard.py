@@ -237,7 +237,7 @@ def test_html_fallback_links_tensorboard_and_drops_the_link_at_the_end():
 
 def test_cluster_route_registers_while_tensorboard_runs(tmp_path, monkeypatch):
     from tfos_nb import tensorboard as tb
-    from tfos_nb.tbproxy import _records
+    from tfos_nb.tensorboard import _records
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     route = tb.ClusterRoute()

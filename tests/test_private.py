@@ -92,7 +92,7 @@ def test_a_node_on_the_driver_logs_in_a_fresh_private_directory() -> None:
 
 def test_the_chiefs_new_tensorboard_log_folder_is_private(tmp_path: Path) -> None:
     """The folder the chief's TensorBoard reads (and Keras' callback writes) is made 0700, not 0755."""
-    from tfos_nb.runtime.executor.tensorboard import ChiefTensorBoard
+    from tfos_nb.runtime.tensorboard.chief import ChiefTensorBoard
 
     old = os.umask(0o022)  # the usual umask, which left new folders readable by every user
     logdir = tmp_path / "runs" / "tensorboard_0"
@@ -113,7 +113,7 @@ def test_the_chiefs_tensorboard_keeps_its_info_file_out_of_a_shared_tmpdir(tmp_p
     following a link planted there).  With the node's ``TMPDIR`` a folder every user may write (no sticky
     bit), uid ``nobody`` plants ``.tensorboard-info`` as a link to a folder of theirs: the chief's TensorBoard
     writes nothing there, its info file is in a TMPDIR of its own (0700), removed when it stops."""
-    from tfos_nb.runtime.executor.tensorboard import ChiefTensorBoard
+    from tfos_nb.runtime.tensorboard.chief import ChiefTensorBoard
 
     as_nobody()
     theirs = tmp_path / "nobodys"

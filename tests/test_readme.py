@@ -99,7 +99,7 @@ def _table_row(magic: str) -> str:
 
 def test_magics_table_lists_every_option_and_every_setting():
     from tfos_nb.magics._magics import TFOSMagics
-    from tfos_nb.tbproxy._handlers import TensorBoardProxy
+    from tfos_nb.tensorboard.proxy._handlers import TensorBoardProxy
 
     magics = {
         "%%tfos_cluster": TFOSMagics.tfos_cluster, "%%tfos_parallel": TFOSMagics.tfos_parallel, "%tfos_logs": TFOSMagics.tfos_logs,

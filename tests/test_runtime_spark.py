@@ -531,7 +531,8 @@ def test_the_doctor_waits_for_executors_still_registering_on_a_master_that_does_
     settle at, not the 0 of the first instant (a healthy two-host cluster was once reported as "0 slots")."""
     from types import SimpleNamespace
 
-    from tfos_nb.runtime.driver import doctor_job, slots
+    from tfos_nb.runtime.doctor import job as doctor_job
+    from tfos_nb.runtime.driver import slots
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))

@@ -20,7 +20,7 @@ __all__ = ["TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "doctor", "u
 
 def __getattr__(name: str) -> Any:
     if name == "doctor":  # the pre-flight checks: tfos_nb.doctor(spark, nodes=N)
-        from .runtime.doctor import doctor
+        from .runtime.doctor.job import doctor
 
         return doctor
     if name in ("TFCluster", "TFNode", "TFParallel", "compat", "dfutil", "util"):

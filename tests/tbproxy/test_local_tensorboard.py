@@ -20,7 +20,7 @@ from tests.jupyter_server import wait_for
 from tests.server_abuse import as_nobody, as_nobody_wait, fork_as_nobody, nobody_http_server
 from tests.tbproxy.conftest import Server, tb_path
 from tfos_nb import tensorboard as tb
-from tfos_nb.tbproxy import _records
+from tfos_nb.tensorboard import _records
 
 slow = pytest.mark.slow
 

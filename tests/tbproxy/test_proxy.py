@@ -24,7 +24,8 @@ import pytest
 from tests.jupyter_server import CONFIG_JSON, child_env, config_with_extension
 from tests.tbproxy.conftest import Server, _ws, tb_path, upstream_log
 from tfos_nb import tensorboard as tb
-from tfos_nb.tbproxy import _records, _urls
+from tfos_nb.tensorboard import _records
+from tfos_nb.tensorboard.proxy import _urls
 
 slow = pytest.mark.slow
 
@@ -72,10 +73,12 @@ def test_iframe_src_built_in_browser() -> None:
 
 def test_layers_import_one_way() -> None:
     code = (
-        "import sys, tfos_nb.tensorboard, tfos_nb.tbproxy._handlers\n"
+        "import sys, tfos_nb.tensorboard, tfos_nb.tensorboard.proxy._handlers\n"
         "bad = [m for m in ('tensorflow', 'pyspark', 'IPython') if m in sys.modules]\n"
         "assert not bad, bad\n"
-        "import tfos_nb.tbproxy; del sys.modules['tfos_nb.tbproxy._handlers']\n"
+        "import tfos_nb.tbproxy; del sys.modules['tfos_nb.tensorboard.proxy._handlers']\n"
+        # the name users enable is the extension itself
+        "assert tfos_nb.tbproxy._load_jupyter_server_extension is tfos_nb.tensorboard.proxy._load_jupyter_server_extension\n"
     )
     subprocess.run([sys.executable, "-c", code], env=child_env(), check=True, timeout=120)
     # The kernel side does not need jupyter_server at all.

@@ -20,7 +20,8 @@ from tests.conftest import wait_until
 from tests.server_abuse import nobody_http_server
 from tests.tbproxy.conftest import Server, _ws, tb_path, upstream_log
 from tfos_nb import tensorboard as tb
-from tfos_nb.tbproxy import _records, _urls
+from tfos_nb.tensorboard import _records
+from tfos_nb.tensorboard.proxy import _urls
 
 slow = pytest.mark.slow
 

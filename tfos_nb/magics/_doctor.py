@@ -65,7 +65,7 @@ def tfos_doctor(self: Any, line: str = "") -> None:
     from IPython.core.error import UsageError
     from IPython.display import display
 
-    from ..runtime.doctor import doctor
+    from ..runtime.doctor.job import doctor
     from ._spark import find_spark_context
 
     args = parse_argstring(tfos_doctor, line)

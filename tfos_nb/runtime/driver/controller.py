@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from ..gpus import assign as assign_gpus
 from ..net import hostport
 from ..protocol import messages as m
+from ..tensorboard.news import tensorboard_news
 from . import stalls
 from . import state as S
 from .feed_sets import FeedSets
 from .roles import FEEDABLE
 from .shares import EpochShares
-from .tensorboard_news import tensorboard_news
 
 if TYPE_CHECKING:
     from .options import JobOptions

@@ -184,7 +184,7 @@ def _start_driver_ps_nodes(job: DriverJob, meta: dict[str, Any], blob: bytes, nu
 
 
 def _preflight(sc: Any, nodes: int, num_gpus: int | None, options: bool | Mapping[str, Any]) -> None:
-    from ..doctor import doctor
+    from ..doctor.job import doctor
 
     opts = dict(options) if isinstance(options, Mapping) else {}
     opts.setdefault("num_gpus", num_gpus)

@@ -32,7 +32,7 @@ from ..protocol import dataplane as dp
 from ..protocol import messages as m
 from ..protocol.channel import ControlClient
 from ..rowpack import rows_to_batches
-from .launch import executor_id
+from .identity import executor_id
 from .partition_batches import count_rows, rechunk, with_sample, without
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node

@@ -22,23 +22,10 @@ from .. import private
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.fields import ProtocolError
+from .identity import executor_id
 from .threads import task_cpus
 
 LAUNCH_WAIT_S = 120
-
-
-def executor_id() -> str:
-    """This executor's id, from what Spark tells its Python workers (or "" if unknown)."""
-    for var in ("SPARK_LOG_URL_STDERR", "SPARK_LOG_URL_STDOUT"):
-        match = re.search(r"executorId=([^&]+)", os.environ.get(var, ""))
-        if match:
-            return match.group(1)
-    base = os.path.basename(os.getcwd())
-    if base.isdigit():
-        return base
-    if os.environ.get("CONTAINER_ID"):  # YARN
-        return os.environ["CONTAINER_ID"].rsplit("_", 1)[-1]
-    return "driver" if os.environ.get("SPARK_PYTHON_RUNTIME") is None else ""
 
 
 def _bundled_copy(path: str, dirs: set[str]) -> bool:

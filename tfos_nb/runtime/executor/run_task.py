@@ -47,7 +47,8 @@ from ..protocol import pipes
 from ..protocol.channel import ControlClient
 from . import child_main
 from .context import NodeContext, Reporter
-from .launch import child_env, executor_id
+from .identity import executor_id
+from .launch import child_env
 from .owner import ChildOwner, tf_env
 from .threads import task_cpus
 

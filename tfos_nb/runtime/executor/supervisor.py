@@ -30,9 +30,9 @@ from .. import net, procs
 from ..protocol import messages as m
 from ..protocol import pipes
 from ..protocol.channel import ControlClient
+from ..tensorboard.chief import ChiefTensorBoard
 from . import mlflow_node
 from .owner import REPORT_BYTES_PER_BEAT, ChildOwner, tf_env
-from .tensorboard import ChiefTensorBoard
 
 
 def keras_distribution_env(cluster_spec: Mapping[str, list[str]], job_name: str, task_index: int) -> dict[str, str]:

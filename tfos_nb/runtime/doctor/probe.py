@@ -2,10 +2,11 @@
 
 Shipped *by value* (``cloudpickle.register_pickle_by_value``) and written against the
 standard library and pyspark only, so that it runs — and says what is wrong — on an
-executor whose Python has neither TensorFlow nor tfos_nb.  Versions and the TensorFlow
+executor whose Python has neither TensorFlow nor tfos_nb (the executor id comes from
+``executor/identity.py``, which travels by value with it).  Versions and the TensorFlow
 import come from a child Python (the executor's own interpreter) with a deadline, so a
 broken TensorFlow cannot hang the task.  Nothing here decides OK or FAIL: the driver does
-(``tfos_nb.runtime.doctor``).
+(``doctor/verdicts.py``).
 
 One task per requested node, in one barrier stage:
 
@@ -32,6 +33,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from ..executor.identity import executor_id
 
 CONNECT_TIMEOUT_S = 3.0
 
@@ -97,21 +100,6 @@ def _versions(timeout: float) -> dict[str, Any]:
     if "python" not in facts:
         facts["versions_error"] = f"the executor's Python failed ({proc.returncode}): {err.strip()[-500:]}"
     return facts
-
-
-def _executor_id() -> str:
-    import re
-
-    for var in ("SPARK_LOG_URL_STDERR", "SPARK_LOG_URL_STDOUT"):
-        match = re.search(r"executorId=([^&]+)", os.environ.get(var, ""))
-        if match:
-            return match.group(1)
-    base = os.path.basename(os.getcwd())
-    if base.isdigit():
-        return base
-    if os.environ.get("CONTAINER_ID"):  # YARN
-        return os.environ["CONTAINER_ID"].rsplit("_", 1)[-1]
-    return "driver" if os.environ.get("SPARK_PYTHON_RUNTIME") is None else "?"
 
 
 def _host(towards: str | None) -> str:
@@ -266,7 +254,7 @@ def probe(plan: dict[str, Any], tctx: Any) -> dict[str, Any]:
     task = tctx.partitionId()
     driver = plan.get("driver")  # [host, port] of the doctor's listener on a classic driver
     facts: dict[str, Any] = {
-        "task": task, "executor": _executor_id(), "pid": os.getpid(), "hostname": socket.gethostname(),
+        "task": task, "executor": executor_id() or "?", "pid": os.getpid(), "hostname": socket.gethostname(),
         "host": _host(driver[0] if driver else plan.get("towards")), "cwd": os.getcwd(),
         "pyspark_python_env": os.environ.get("PYSPARK_PYTHON"), "python_executable": sys.executable,
         "task_cpus": _task_cpus(tctx),

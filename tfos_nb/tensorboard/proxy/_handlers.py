@@ -33,9 +33,9 @@ from tornado import httpclient, web, websocket
 from traitlets import Float, Int
 from traitlets.config import Configurable
 
-from ..runtime.listeners import is_local_address, listener_uids
-from ..runtime.net import resolve
-from ._records import CLUSTER_ID_RE, Endpoint, read_record
+from ...runtime.net import resolve
+from ...runtime.tensorboard.ports import is_local_address, listener_uids
+from .._records import CLUSTER_ID_RE, Endpoint, read_record
 from ._urls import BadPath, upstream_url
 
 if TYPE_CHECKING:
@@ -347,7 +347,7 @@ class StatusHandler(JupyterHandler):
 
     @web.authenticated
     def get(self) -> None:
-        from .. import __version__
+        from ... import __version__
 
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"tfos_nb": __version__}))

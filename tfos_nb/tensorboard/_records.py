@@ -1,7 +1,7 @@
 """Endpoint records: how a kernel tells the Jupyter server where a TensorBoard listens.
 
 A record is one JSON file ``<runtime_dir>/tfos_nb/<cluster_id>.json``, written by the
-kernel (:mod:`tfos_nb.tensorboard`) and read by the proxy on every request, so a
+kernel (:mod:`tfos_nb.tensorboard`) and read by the proxy (:mod:`tfos_nb.tensorboard.proxy`) on every request, so a
 withdrawn record stops the route at once.  Both sides share this module; it imports
 neither jupyter_server nor tensorflow.
 
@@ -13,7 +13,6 @@ proxy anywhere.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -23,13 +22,11 @@ from dataclasses import dataclass
 
 from ..runtime.private import write_atomic
 from ..runtime.procs import pid_alive as _pid_alive
+from ..runtime.tensorboard.urls import check_host
 
 RECORD_VERSION = 1
 RECORD_SUBDIR = "tfos_nb"
 CLUSTER_ID_RE = re.compile(r"^[0-9a-f]{8,32}$")
-_HOSTNAME_RE = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-)
 _MAX_RECORD_BYTES = 4096
 
 
@@ -93,21 +90,6 @@ def check_cluster_id(cluster_id: object) -> str:
         msg = f"cluster id must be 8 to 32 lowercase hex digits, got {cluster_id!r}"
         raise ValueError(msg)
     return cluster_id
-
-
-def check_host(host: object) -> str:
-    if not isinstance(host, str):
-        msg = f"host must be a string, got {host!r}"
-        raise ValueError(msg)
-    try:
-        ipaddress.ip_address(host)
-        return host
-    except ValueError:
-        pass
-    if not _HOSTNAME_RE.match(host):
-        msg = f"host must be an IP address or a DNS name, got {host!r}"
-        raise ValueError(msg)
-    return host
 
 
 def new_secret() -> str:

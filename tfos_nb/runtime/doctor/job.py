@@ -1,6 +1,6 @@
-"""The doctor's Spark side: the session's facts, and one barrier stage of probes (``executor/doctor_probe.py``).
+"""The doctor's Spark side: the session's facts, and one barrier stage of probes (``doctor/probe.py``).
 
-Returns plain dicts; ``tfos_nb.runtime.doctor`` turns them into verdicts.  The stage is
+:func:`doctor`, the entry (``tfos_nb.doctor``), collects plain dicts; ``verdicts.py`` turns them into verdicts.  The stage is
 a barrier ``mapPartitions`` on a classic session and a barrier ``mapInArrow`` on Spark
 Connect; it runs under a job group (tag) of its own and is cancelled at its deadline.
 """
@@ -14,11 +14,14 @@ import select
 import socket
 import sys
 import threading
+import time
 from importlib import metadata
 from typing import Any
 
+from ..driver.slots import connect_slots, driver_host, expected_slots, settled_slots, spark_context
 from ..sessions import is_connect
-from .slots import connect_slots, driver_host, expected_slots, settled_slots, spark_context
+from . import Report
+from .verdicts import verdicts
 
 SLOTS_WAIT_S = 30.0  # executors still registering: wait at most this long for them (slots.settled_slots)
 
@@ -115,26 +118,36 @@ class DriverListener:
         self.stop()
 
 
-def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_fs: str, timeout: float,
-                    import_timeout: float) -> tuple[list[dict[str, Any]], str | None]:
-    """Run ``tasks`` probes in one barrier stage: (their facts, None) or ([], why the stage did not run)."""
+def ship_probe_by_value() -> Any:
+    """The probe module, registered with cloudpickle (and pyspark's copy) to travel by value, with the one module
+    it takes from tfos_nb (the executor's id): it runs where tfos_nb is missing, or is another version."""
     import cloudpickle
 
-    from ..executor import doctor_probe
+    from ..executor import identity
+    from . import probe
 
-    cloudpickle.register_pickle_by_value(doctor_probe)  # runs where tfos_nb is missing too
+    for module in (probe, identity):
+        cloudpickle.register_pickle_by_value(module)
     try:
         from pyspark import cloudpickle as spark_cloudpickle
 
-        spark_cloudpickle.register_pickle_by_value(doctor_probe)
+        for module in (probe, identity):
+            spark_cloudpickle.register_pickle_by_value(module)
     except (ImportError, AttributeError):
         pass
+    return probe
+
+
+def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_fs: str, timeout: float,
+                    import_timeout: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Run ``tasks`` probes in one barrier stage: (their facts, None) or ([], why the stage did not run)."""
+    doctor_probe = ship_probe_by_value()
     sc = spark_context(spark)
     plan: dict[str, Any] = {"run": secrets.token_hex(4), "export_dir": export_dir, "default_fs": default_fs,
                             "import_timeout": import_timeout}
     group = f"tfos_nb-doctor-{plan['run']}"
     if is_connect(sc):
-        from .connect.spark_jobs import ConnectSparkJob
+        from ..driver.connect.spark_jobs import ConnectSparkJob
 
         plan["towards"] = _conf(sc, "spark.driver.host")  # Spark's driver, beside the server: executors reach it
         task = doctor_probe.connect_task(plan)
@@ -144,7 +157,7 @@ def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_f
             return [r["s"] for r in rows]
 
         return _run(ConnectSparkJob(sc, group, "tfos_nb doctor", action), timeout, tasks)
-    from .sparkjob import SparkJob
+    from ..driver.sparkjob import SparkJob
 
     with DriverListener(driver_host(sc)) as listener:
         plan["driver"] = list(listener.address)
@@ -167,7 +180,33 @@ def _run(job: Any, timeout: float, tasks: int) -> tuple[list[dict[str, Any]], st
         job.cancel()
         raise
     if job.error is not None:
-        from .errors import python_error_line
+        from ..driver.errors import python_error_line
 
         return [], f"the doctor's barrier stage failed: {python_error_line(job.error)}"
     return sorted((json.loads(s) for s in job.result()), key=lambda f: int(f["task"])), None
+
+
+def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | None = None,
+           num_gpus: int | None = None, timeout: float = 120.0, import_timeout: float = 60.0) -> Report:
+    """Check ``spark`` (a SparkSession, SparkContext or Spark Connect session) for a cluster of ``nodes`` nodes.
+
+    Runs one barrier stage of ``nodes`` tasks (fewer when there are fewer slots) that starts
+    no TensorFlow cluster, and returns a :class:`Report` (``print(report)``; ``report.ok``;
+    ``report.raise_for_failures()``).  ``feeders``: the feeding tasks of an epoch
+    (InputMode.SPARK), checked against the slots.  ``export_dir``: a directory the nodes
+    will write (export, checkpoints, logs), checked writable on every executor and shared by
+    all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.
+    """
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        msg = f"nodes must be a positive integer, got {nodes!r}"
+        raise ValueError(msg)
+    t0 = time.monotonic()
+    session = session_facts(spark, nodes)
+    slots = session.get("slots")
+    tasks = nodes if slots is None else max(1, min(nodes, int(slots)))
+    executors, stage_error = probe_executors(spark, tasks, export_dir=export_dir, default_fs=session["default_fs"],
+                                             timeout=timeout, import_timeout=import_timeout)
+    checks = verdicts(session, driver_facts(), executors, nodes=nodes, feeders=feeders, export_dir=export_dir,
+                      num_gpus=num_gpus, stage_error=stage_error)
+    return Report(nodes, tuple(checks), session["backend"], str(session["conf"].get("spark.master") or ""),
+                  time.monotonic() - t0, tuple(executors))

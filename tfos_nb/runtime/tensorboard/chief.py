@@ -31,8 +31,8 @@ import urllib.request
 from typing import Any
 
 from .. import net, procs
-from ..listeners import listening_addresses, same_address
 from ..private import make_dirs
+from .ports import listening_port
 
 # TensorBoard imports TensorFlow when it is installed: 17 s to listen was seen on a loaded machine.
 LISTEN_TIMEOUT_S = 300.0
@@ -156,10 +156,7 @@ class ChiefTensorBoard:
 
     def _own_port(self) -> int | None:
         assert self.proc is not None
-        for address, port in listening_addresses(self.proc.pid):
-            if same_address(address, self.host):
-                return port
-        return None
+        return listening_port(self.proc.pid, self.host)
 
     def _fail(self, reason: str) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from .tbproxy._records import new_secret
+from ._records import new_secret
 
 # Resolves one element's src/href against the page's base URL: JupyterLab / Notebook 7's
 # <script id="jupyter-config-data"> (PageConfig baseUrl), classic Notebook's <body data-base-url>,

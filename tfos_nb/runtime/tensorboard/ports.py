@@ -1,7 +1,8 @@
-"""Who listens on a TCP port of this machine: Linux's socket tables (``/proc/net/tcp{,6}``).
+"""The one port finder: who listens on a TCP port of this machine, from Linux's socket tables (``/proc/net/tcp{,6}``).
 
-One reader for both sides of TensorBoard's route: the chief finds its own TensorBoard's port
-among the sockets of that process (:func:`listening_addresses`), and the Jupyter server's proxy
+One reader for every side of TensorBoard's route: the chief, and the kernel for a TensorBoard of its
+own (``%tfos_tensorboard --logdir``), find their TensorBoard's port among the sockets of that process
+(:func:`listening_port`), and the Jupyter server's proxy
 asks, before each request, whose socket a connection to a registered loopback port would reach
 (:func:`listener_uids`) — a port TensorBoard freed is anyone's to take.  By hand rather than with
 psutil: the Jupyter server's environment need not have psutil, and psutil's per-process scan
@@ -67,6 +68,13 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
     except OSError:
         return []
     return [(s.address, s.port) for s in listeners(pid) if s.inode in inodes]
+
+
+def listening_port(pid: int, host: str) -> int | None:
+    """The port process ``pid`` listens on at address ``host`` (the lowest, if several), read from its own
+    descriptors; None while it listens nowhere there (or they cannot be read)."""
+    ports = [port for address, port in listening_addresses(pid) if same_address(address, host)]
+    return min(ports) if ports else None
 
 
 def _ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

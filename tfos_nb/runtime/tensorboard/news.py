@@ -4,19 +4,18 @@ The URL goes to the Jupyter server's proxy, so it is taken only from the node th
 asked to run TensorBoard (the chief) and only when it names that node's own registered
 host: no node can point the proxy at another node or machine.  The chief's supervisor
 reports a URL only once its own TensorBoard process listens and answers there
-(``executor/tensorboard.py``), and an error, with TensorBoard's last lines, when it exits
+(``chief.py``), and an error, with TensorBoard's last lines, when it exits
 or never listens; the error withdraws the URL.
 """
 
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
 
-from ..listeners import same_address
+from ..driver import state as S
 from ..net import hostport
 from ..protocol import messages as m
-from . import state as S
+from .urls import check_url
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +49,7 @@ def tensorboard_news(node: S._Node, runs_tensorboard: bool, msg: m.Heartbeat) ->
 def checked_url(url: str, host: str) -> str | None:
     """``http://<host>:<port>`` when ``url`` is TensorBoard's root on ``host`` and nothing else; else None."""
     try:
-        parts = urlsplit(url)
-        port = parts.port
+        _, port = check_url(url, host)
     except ValueError:
-        return None
-    if parts.scheme != "http" or not parts.hostname or port is None or not 0 < port < 65536:
-        return None
-    if parts.username or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment:
-        return None
-    if not host or not same_address(parts.hostname, host):
         return None
     return f"http://{hostport(host, port)}"

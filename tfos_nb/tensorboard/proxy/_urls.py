@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from ._records import Endpoint
+from .._records import Endpoint
 
 # RFC 3986 path characters without ':' and '@' (no TensorBoard route uses them; they
 # are what authority-looking paths are made of).

@@ -27,9 +27,11 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from ._tb_html import (  # the HTML half, re-exported: tensorboard.iframe_html(...) etc.
+from ..runtime import private, procs
+from ..runtime.tensorboard.ports import listening_port
+from ..runtime.tensorboard.urls import check_url
+from ._html import (  # the HTML half, re-exported: tensorboard.iframe_html(...) etc.
     ANSWER_DEADLINE_S,
     embed_html,
     frontend,
@@ -40,11 +42,10 @@ from ._tb_html import (  # the HTML half, re-exported: tensorboard.iframe_html(.
     missing_messages,
     proxy_url_from_env,
 )
-from .runtime import private, procs
-from .tbproxy._records import Endpoint, check_cluster_id, check_host, new_secret, remove_record, write_record
+from ._records import Endpoint, check_cluster_id, new_secret, remove_record, write_record
 
 __all__ = ["ANSWER_DEADLINE_S", "ClusterRoute", "LocalStartFailed", "LocalTensorBoard", "embed_html", "frontend",
-           "frontend_output", "hosted_message",
+           "frontend_output", "hosted_message", "local_cluster_id",
            "iframe_html", "link_html", "missing_messages",
            "proxy_path", "proxy_url_from_env", "register", "start_local", "stop_local", "withdraw"]
 
@@ -71,15 +72,9 @@ def register(cluster_id: str, url: str) -> str:
     0700) and returns the proxy path, relative to the server's base URL.  Registering
     again replaces the record.
     """
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.username or parts.password:
-        msg = f"url must look like http://host:port, got {url!r}"
-        raise ValueError(msg)
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        msg = f"url must be TensorBoard's root, http://host:port, got {url!r}"
-        raise ValueError(msg)
+    host, port = check_url(url)
     endpoint = Endpoint(
-        cluster_id=check_cluster_id(cluster_id), host=check_host(parts.hostname), port=parts.port, secret=new_secret(), pid=os.getpid()
+        cluster_id=check_cluster_id(cluster_id), host=host, port=port, secret=new_secret(), pid=os.getpid()
     )
     global _atexit_registered
     with _lock:
@@ -294,17 +289,10 @@ def _spawn(logdir: str, cluster_id: str) -> tuple[subprocess.Popen[bytes], str]:
 
 def _await_port(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
     """The loopback port our child listens on, from its own sockets; None if it exits or the time is up."""
-    import psutil
-
     deadline = time.monotonic() + timeout
-    child = psutil.Process(proc.pid)
     while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            ports = {c.laddr.port for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-        except psutil.Error:
-            ports = set()
-        if ports:
-            port: int = min(ports)
+        port = listening_port(proc.pid, "127.0.0.1")
+        if port is not None:
             return port
         time.sleep(0.1)
     return None

@@ -1,7 +1,7 @@
 """The doctor's verdicts: OK / WARN / FAIL, where, and the fix, from the facts the doctor collected.
 
 Pure functions of plain dicts (the session's facts, the driver's versions, and one dict per
-probe task, as ``executor/doctor_probe.py`` returns them): testable without Spark.
+probe task, as ``probe.py`` returns them): testable without Spark.
 """
 
 from __future__ import annotations
