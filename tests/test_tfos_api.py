@@ -367,6 +367,20 @@ def test_tfcluster_members_are_what_a_user_calls():
     assert {n for n in dir(TFCluster) if not n.startswith("_")} == tensorflowonspark | extras
 
 
+def test_tfcluster_is_one_class_whose_feeding_and_streams_are_collaborators():
+    """No mixins: the Spark jobs that feed the nodes are a BatchFeed's, the streaming feeds a ClusterStreams' (the
+    owner each StreamingFeed reports to); both are built from the cluster's job, not from the cluster."""
+    import inspect
+
+    from tfos_nb.runtime.driver.batch_feed import BatchFeed
+    from tfos_nb.runtime.driver.cluster import TFCluster
+    from tfos_nb.runtime.driver.cluster_streams import ClusterStreams
+
+    assert TFCluster.__bases__ == (object,)
+    assert list(inspect.signature(BatchFeed).parameters) == ["job", "meta"]
+    assert list(inspect.signature(ClusterStreams).parameters) == ["job", "feed"]
+
+
 def test_named_queues_read_sets_and_results_have_one_queue():
     """TensorFlowOnSpark's ``DataFeed(mgr, qname_in=...)`` (issue 50) reads a named set the node holds; a hub with no
     sets (outside a fed node) says so; results go back on one queue, 'output', so another is refused."""

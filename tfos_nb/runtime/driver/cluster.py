@@ -10,35 +10,23 @@ RPC per row, and a teardown that leaves no process behind.
 
 from __future__ import annotations
 
-import collections
 import logging
 import numbers
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..executor.feeder import (
-    feed_totals,
-    make_arrow_inferer,
-    make_rdd_inferer,
-)
+from ..executor.feeder import make_arrow_inferer, make_rdd_inferer
 from . import stacks
 from . import state as S
-from .cluster_sets import ClusterSets, named_sets
-from .cluster_streams import (
-    ClusterStreams,
-    feeding_action,
-    refuse_dstream,
-    require_batch_rows,
-    require_default_queue,
-)
+from .batch_feed import BatchFeed, refuse_dstream, require_batch_rows, require_default_queue
+from .cluster_sets import feed_set, named_sets, warn_unread_sets
+from .cluster_streams import ClusterStreams, require_sink
 from .control_plane import ControlPlane
-from .errors import TAIL_IN_ERRORS, TFClusterError, error_for, python_error_line
+from .errors import TAIL_IN_ERRORS, TFClusterError, error_for
 from .job import DriverJob
-from .mlflow_inputs import log_train_input
 from .roles import awaited
-from .streaming import StreamingFeed, is_streaming
+from .streaming import StreamingFeed, is_streaming, require_stream
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +42,12 @@ class InputMode:
     SPARK = 1  #: the driver feeds RDD/DataFrame partitions with ``train()`` / ``inference()``
 
 
-class TFCluster(ClusterSets, ClusterStreams):
-    """A running TensorFlow cluster on Spark executors (made by :func:`run`)."""
+class TFCluster:
+    """A running TensorFlow cluster on Spark executors (made by :func:`run`).
+
+    Its Spark jobs that feed the nodes are a :class:`~.batch_feed.BatchFeed`'s; its streaming feeds are
+    held by a :class:`~.cluster_streams.ClusterStreams`; both reach the cluster through its job only.
+    """
 
     def __init__(self, job: DriverJob, meta: dict[str, Any], input_mode: int, num_executors: int) -> None:
         self._job = job
@@ -67,7 +59,8 @@ class TFCluster(ClusterSets, ClusterStreams):
         self.num_executors = num_executors
         self.cluster_id = job.cluster_id
         self.name = job.name
-        self._streams: list[StreamingFeed] = []  # active Structured Streaming feeds
+        self._feed = BatchFeed(job, meta)
+        self._streams = ClusterStreams(job, self._feed)
         self.last_feed: dict[str, int] = {}
         self.last_sets: dict[str, dict[str, int]] = {}  # named sets (validation=, feeds=): rows fed per set
         self.tracking: Any = None  # the job's MLflow run (mlflow_run.JobRun), when tracked
@@ -140,10 +133,10 @@ class TFCluster(ClusterSets, ClusterStreams):
             raise ValueError(msg)
         sets = named_sets(dataRDD, qname, validation, feeds)
         self._require_spark_mode("train")
-        self._require_alive()
+        self._feed.require_alive()
         for name, data in sets.items():
-            self._feed_set(name, data, (int(num_epochs) or DEFAULT_EPOCHS) if qname != "input" else 1, feed_timeout,
-                           batch_rows)
+            passes = (int(num_epochs) or DEFAULT_EPOCHS) if qname != "input" else 1
+            self.last_sets[name] = feed_set(self._feed, name, data, passes, feed_timeout, batch_rows, self.tracking)
         if qname != "input":  # TensorFlowOnSpark's named queue: the data was this set
             return
         if is_streaming(dataRDD):  # one unbounded epoch, until the query or the nodes end
@@ -157,61 +150,9 @@ class TFCluster(ClusterSets, ClusterStreams):
                 feed.stop()
                 self.last_feed = feed.stats
             return
-        self._require_no_training_stream()
-        from pyspark.sql import DataFrame
-
-        is_df = isinstance(dataRDD, DataFrame)
-        if not is_df:
-            self._refuse_rdd_on_connect("train")
-        total = {"rows": 0, "skipped": 0, "partitions": 0}
-        # Two epochs' jobs in flight: the next one is submitted once this one's feeding stage runs and all its
-        # tasks started (so the next one's tasks cannot take a slot this one still needs); its rows wait in their
-        # own queue on the nodes. Not on Spark Connect, where end_epoch is itself a Spark job that would queue
-        # behind the next epoch's tasks.
-        pipelined = self._controller.pipelines_epochs and os.environ.get("TFOS_FEED_PIPELINE", "1") != "0"
-        inflight: collections.deque[tuple[int, Any]] = collections.deque()
-
-        told: set[int] = set()
-        told_tracking: list[int] = []  # the epoch whose rows went to MLflow with the DataFrame (the first)
-
-        def learn_shares() -> None:
-            """Tell the controller each running epoch's number of feeding tasks, so that once all of them went to
-            nodes each node can end its read at its share's end (nodes with unequal shares under
-            MultiWorkerMirroredStrategy step together: waiting for the whole epoch's end would deadlock)."""
-            for epoch, job in inflight:
-                if epoch not in told and not job.done and self._controller.feeding_started(epoch):
-                    tasks = job.feeding_tasks()
-                    if tasks is not None:
-                        self._controller.set_feed_tasks(epoch, tasks)
-                        told.add(epoch)
-
-        def finish_oldest() -> None:
-            epoch, job = inflight[0]
-            stats = feed_totals(self._await(job, "feeding", tick=learn_shares))
-            inflight.popleft()
-            if is_df and self.tracking is not None and not told_tracking:  # the first epoch: its exact rows
-                told_tracking.append(epoch)
-                log_train_input(self.tracking, dataRDD, stats["rows"] + stats["skipped"])
-            for key, n in stats.items():
-                total[key] += n
-            self._controller.end_epoch(epoch)
-
-        self._controller.reset_feed_errors()
-        epochs = int(num_epochs) or DEFAULT_EPOCHS
-        for i in range(epochs):
-            while len(inflight) >= (2 if pipelined else 1):
-                finish_oldest()
-            if inflight:  # feeding_started: a DataFrame's job may first run its shuffle as a job of its own
-                last_epoch, last = inflight[-1]
-                self._await(last, "feeding", tick=learn_shares,
-                            until=lambda: self._controller.feeding_started(last_epoch) and last.tasks_launched())
-            epoch = self._controller.open_epoch(remaining=epochs - 1 - i)
-            action = feeding_action(dataRDD, self._meta, epoch, feed_timeout, batch_rows,
-                                    skip=skip_rows if i == 0 else None)
-            inflight.append((epoch, self._job.spark_job(f"feed-{epoch}", f"tfos_nb {self.name}: feed epoch {epoch}",
-                                                       action)))
-        while inflight:
-            finish_oldest()
+        self._streams.require_no_training()
+        total = self._feed.feed_epochs(dataRDD, int(num_epochs) or DEFAULT_EPOCHS, feed_timeout, batch_rows,
+                                       skip_rows, self.tracking)
         self.last_feed = total
         if total["skipped"]:
             log.warning("tfos_nb: %d row(s) were not read: the nodes' functions returned first", total["skipped"])
@@ -227,11 +168,11 @@ class TFCluster(ClusterSets, ClusterStreams):
         require_default_queue(qname, "inference")
         require_batch_rows(batch_rows)
         self._require_spark_mode("inference")
-        self._require_alive()
+        self._feed.require_alive()
         from pyspark.sql import DataFrame
 
         if not isinstance(dataRDD, DataFrame) or schema is None:
-            self._refuse_rdd_on_connect("inference")
+            self._feed.refuse_rdd_on_connect("inference")
         if isinstance(dataRDD, DataFrame):
             if schema is not None:
                 from pyspark.sql.types import StructType
@@ -241,6 +182,73 @@ class TFCluster(ClusterSets, ClusterStreams):
                 return dataRDD.mapInArrow(make_arrow_inferer(self._meta, feed_timeout, batch_rows, schema), schema)
             dataRDD = dataRDD.rdd  # noqa: N806 - the TFoS argument, as an RDD
         return dataRDD.mapPartitionsWithIndex(make_rdd_inferer(self._meta, feed_timeout, batch_rows))
+
+    # -- streams -----------------------------------------------------------------
+    def train_stream(self, stream_df: Any, *, feed_timeout: float = 600, batch_rows: int = 1024,
+                     checkpoint_location: str | None = None, query_name: str | None = None,
+                     trigger: dict[str, Any] | None = None) -> StreamingFeed:
+        """Feed a streaming DataFrame to the chief/worker nodes until the query is stopped; returns at once.
+
+        Each micro-batch is fed like one ``train()`` epoch's partitions (through
+        ``writeStream.foreachBatch``); the whole stream is one epoch, so nodes read
+        with ``next_batch``/``should_stop`` (or one ``as_dataset()`` iteration).
+        The returned :class:`StreamingFeed` owns the query: ``process_all_available()``,
+        ``stop()``, ``wait()``, ``rows``.  ``shutdown()`` stops it first.
+        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g.
+        ``{"availableNow": True}``); without ``checkpoint_location`` a temporary one
+        is used and removed at stop.  On Spark Connect the micro-batches are fed
+        from the Connect server (its ``foreachBatch`` process), with the feeder
+        ``train(df)`` uses.
+        """
+        require_batch_rows(batch_rows)
+        self._require_spark_mode("train_stream")
+        self._feed.require_alive()
+        require_stream(stream_df, "train_stream")
+        return self._streams.train(stream_df, feed_timeout=feed_timeout, batch_rows=batch_rows,
+                                   checkpoint_location=checkpoint_location, query_name=query_name, trigger=trigger)
+
+    def inference_stream(self, stream_df: Any, schema: Any, sink: str | Callable[[Any, int], None] = "memory", *,
+                         path: str | None = None, query_name: str | None = None,
+                         options: dict[str, Any] | None = None, output_mode: str = "append",
+                         checkpoint_location: str | None = None, trigger: dict[str, Any] | None = None,
+                         feed_timeout: float = 600, batch_rows: int = 1024) -> StreamingFeed:
+        """Run a streaming DataFrame through the nodes' ``batch_results`` and write the results to ``sink``.
+
+        ``schema`` (DDL string or StructType) names the result columns, as in
+        ``inference(df, schema=...)``; ``sink`` is a streaming format (``"memory"``
+        with ``query_name``, ``"parquet"``/``"json"`` with ``path``, ``"kafka"`` with
+        ``options``…) or a function ``(predictions_df, batch_id)`` for
+        ``foreachBatch``.  Returns the query's :class:`StreamingFeed` at once;
+        ``shutdown()`` stops it first.
+        """
+        require_batch_rows(batch_rows)
+        self._require_spark_mode("inference_stream")
+        self._feed.require_alive()
+        require_stream(stream_df, "inference_stream")
+        require_sink(schema, sink, path=path, query_name=query_name, options=options)
+        preds = self.inference(stream_df, feed_timeout, schema=schema, batch_rows=batch_rows)
+        return self._streams.inference(preds, sink, path=path, query_name=query_name, options=options,
+                                       output_mode=output_mode, checkpoint_location=checkpoint_location,
+                                       trigger=trigger, feed_timeout=feed_timeout, batch_rows=batch_rows)
+
+    @property
+    def streams(self) -> tuple[StreamingFeed, ...]:
+        """The streaming feeds still running on this cluster."""
+        return self._streams.running
+
+    def stop_streams(self) -> None:
+        """Stop every streaming feed of this cluster (the micro-batches in flight are fed first), from any thread.
+
+        A training stream's epoch ends with it: nodes iterating ``as_dataset()`` see
+        the end of their data, their ``model.fit`` returns, a blocked ``train(stream_df)``
+        returns, and ``shutdown()`` or a ``%%tfos_cluster --data STREAM`` cell goes on to
+        wait for the nodes.
+        """
+        self._streams.stop_feeds()
+
+    #: The same method under TensorFlowOnSpark's name (``reservation.Client(...).request_stop()``),
+    #: for programs ported from it (docs/migrating.md).
+    request_stop = stop_streams
 
     # -- lifecycle ----------------------------------------------------------------
     def shutdown(self, ssc: Any = None, grace_secs: float = 0, timeout: float = 259200) -> None:
@@ -263,7 +271,7 @@ class TFCluster(ClusterSets, ClusterStreams):
         serve until the end and are stopped; without an evaluator ``grace_secs`` waits
         for nothing (the chief/workers returned already).
         """
-        self._stop_feeds(ssc)
+        self._streams.stop_feeds(ssc)
         if self.closed:
             return
         try:
@@ -273,7 +281,7 @@ class TFCluster(ClusterSets, ClusterStreams):
                 view = self.state.snapshot()
                 if view.state == S.C_FAILED:
                     raise error_for(view)
-                trainers = [n for n in view.nodes if self._waits_for(n)]
+                trainers = [n for n in view.nodes if awaited(self.state.nodes, n)]
                 if all(n.state in S.TERMINAL for n in trainers):
                     break
                 if deadline is not None and time.monotonic() > deadline:
@@ -293,7 +301,7 @@ class TFCluster(ClusterSets, ClusterStreams):
             view = self.state.snapshot()
             if view.state == S.C_FAILED:
                 raise error_for(view)
-            self._warn_unread_sets()
+            warn_unread_sets(self._controller)
         finally:
             self.close()
 
@@ -307,76 +315,7 @@ class TFCluster(ClusterSets, ClusterStreams):
             self.close()
 
     # -- internals ----------------------------------------------------------------
-    def _waits_for(self, node: Any) -> bool:
-        """Whether shutdown waits for ``node``'s function to return (see :func:`awaited`)."""
-        return awaited(self.state.nodes, node)
-
     def _require_spark_mode(self, what: str) -> None:
         if self.input_mode != InputMode.SPARK:
             msg = f"{what}() needs a cluster started with input_mode=InputMode.SPARK"
             raise ValueError(msg)
-
-    def _refuse_rdd_on_connect(self, what: str) -> None:
-        if not self._job.rdds_available:
-            msg = (f"{what}() on Spark Connect takes a DataFrame"
-                   + (" and the result schema (inference(df, schema='...'))" if what == "inference" else "")
-                   + ": a Spark Connect session has no RDDs")
-            raise ValueError(msg)
-
-    def _require_alive(self) -> None:
-        view = self.state.snapshot()
-        if view.state == S.C_FAILED:
-            self.close()
-            raise error_for(view)
-        if self.closed or view.state in (S.C_STOPPED, S.C_FINISHED):
-            msg = f"cluster {self.name} is shut down"
-            raise RuntimeError(msg)
-
-    def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any:
-        """Run ``action`` as a Spark job while watching the nodes; tear down on any failure."""
-        self._controller.reset_feed_errors()
-        return self._await(self._job.spark_job(suffix, description, action), what)
-
-    def _await(self, job: Any, what: str, until: Callable[[], bool] | None = None,
-               tick: Callable[[], None] | None = None) -> Any:
-        """Wait for ``job`` to end (or for ``until()``, leaving it running) while watching the nodes and the
-        feeding tasks, calling ``tick()`` every slice; tear down on any failure."""
-        ctl = self._controller
-        try:
-            while not job.wait(0.2):
-                if tick is not None:
-                    tick()
-                if until is not None and until():
-                    return None
-                if self.state.snapshot().state == S.C_FAILED or ctl.feed_errors:
-                    job.cancel(join_timeout=0)  # a node or a feeding task failed: retries would not help
-                    break
-            view = self.state.snapshot()
-            if view.state != S.C_FAILED and ctl.lost_feeds:
-                # A feeding task lost its node before the node's supervisor said why: wait for its report (a dead
-                # node process is reported at once, a dead supervisor after the heartbeat timeout), so the error
-                # names the node and its cause rather than a broken connection.
-                deadline = time.monotonic() + ctl.heartbeat_timeout + 2
-                while view.state != S.C_FAILED and time.monotonic() < deadline:
-                    with self.state.changed:
-                        self.state.changed.wait(0.2)
-                    view = self.state.snapshot()
-            if view.state == S.C_FAILED:
-                self.close()
-                raise error_for(view)
-            if job.error is not None or ctl.feed_errors:
-                errors = ctl.feed_errors
-                cause = errors[0] if errors else python_error_line(job.error)
-                self.close()
-                view = self.state.snapshot()
-                if view.state == S.C_FAILED and view.nodes and any(n.state == S.FAILED for n in view.nodes):
-                    raise error_for(view) from None
-                msg = f"{what} failed: {cause}"
-                raise RuntimeError(msg) from None
-            return job.result()
-        except KeyboardInterrupt:
-            job.cancel()
-            self.close()
-            raise
-        finally:
-            self._job.forget(job)

@@ -1,26 +1,24 @@
 """The named sets of :class:`~tfos_nb.runtime.driver.cluster.TFCluster`: validation and test sets fed once.
 
 ``train(df, validation=val_df)``, ``train(df, feeds={"test": test_df})`` and TensorFlowOnSpark's
-``train(rdd, qname="validation")`` feed each set in one Spark job before the training epochs; the nodes keep
-their shares (``executor/named_feeds.py``) and read them with ``ctx.get_data_feed(qname_in=NAME)``; the
-driver's record of who holds what is ``feed_sets.py``.  What is given is checked here first, before any job.
+``train(rdd, qname="validation")`` feed each set in one Spark job before the training epochs (:func:`feed_set`,
+through the cluster's :class:`~.batch_feed.BatchFeed`); the nodes keep their shares
+(``executor/named_feeds.py``) and read them with ``ctx.get_data_feed(qname_in=NAME)``; the driver's record of
+who holds what is ``feed_sets.py``.  What is given is checked here first, before any job (:func:`named_sets`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..executor.feeder import feed_totals
-from .cluster_streams import feeding_action, refuse_dstream
+from .batch_feed import BatchFeed, refuse_dstream
+from .control_plane import ControlPlane
 from .mlflow_inputs import log_train_input
 from .streaming import is_streaming
 
-if TYPE_CHECKING:
-    from .control_plane import ControlPlane
-
-__all__ = ["ClusterSets", "named_sets"]
+__all__ = ["feed_set", "named_sets", "warn_unread_sets"]
 log = logging.getLogger(__name__)
 
 
@@ -81,37 +79,30 @@ def _is_spark_data(value: Any) -> bool:
     return isinstance(value, (DataFrame, RDD))
 
 
-class ClusterSets:
-    """Mixed into TFCluster: feeding its named sets."""
+def feed_set(feed: BatchFeed, name: str, data: Any, passes: int, feed_timeout: float, batch_rows: int,
+             tracking: Any) -> dict[str, int]:
+    """Feed ``data`` once as the named set ``name`` (one Spark job; see :mod:`.feed_sets`); the rows the nodes
+    took and skipped, and the partitions fed.  ``tracking`` (the job's MLflow run, or None) learns a DataFrame's
+    rows."""
+    from pyspark.sql import DataFrame
 
-    name: str
-    tracking: Any
-    last_sets: dict[str, dict[str, int]]
-    _meta: dict[str, Any]
-    _controller: ControlPlane
+    if not isinstance(data, DataFrame):
+        feed.refuse_rdd_on_connect("train")
+    controller = feed.controller
+    version = controller.open_set(name, passes)
+    action = feed.action(data, version, feed_timeout, batch_rows, name)
+    stats = feed_totals(feed.watch(f"set-{name}", f"tfos_nb {feed.cluster_name}: feed {name}", action,
+                                   f"feeding {name}"))
+    controller.end_set(name, version)
+    if isinstance(data, DataFrame) and tracking is not None:
+        log_train_input(tracking, data, stats["rows"] + stats["skipped"], context=name)
+    return stats
 
-    if TYPE_CHECKING:  # provided by TFCluster
-        def _refuse_rdd_on_connect(self, what: str) -> None: ...
-        def _watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any: ...
 
-    def _feed_set(self, name: str, data: Any, passes: int, feed_timeout: float, batch_rows: int) -> None:
-        """Feed ``data`` once as the named set ``name`` (one Spark job; see :mod:`.feed_sets`)."""
-        from pyspark.sql import DataFrame
-
-        if not isinstance(data, DataFrame):
-            self._refuse_rdd_on_connect("train")
-        version = self._controller.open_set(name, passes)
-        action = feeding_action(data, self._meta, version, feed_timeout, batch_rows, name)
-        stats = feed_totals(self._watch(f"set-{name}", f"tfos_nb {self.name}: feed {name}", action, f"feeding {name}"))
-        self._controller.end_set(name, version)
-        self.last_sets[name] = stats
-        if isinstance(data, DataFrame) and self.tracking is not None:
-            log_train_input(self.tracking, data, stats["rows"] + stats["skipped"], context=name)
-
-    def _warn_unread_sets(self) -> None:
-        """A set fed with rows that no node's function read (a ``validation`` passed, ``validation_data`` not):
-        said once the job ended, as the unread training rows are."""
-        for name, rows in self._controller.unread_sets().items():
-            log.warning("tfos_nb: the set %r (%d rows) was fed to the nodes and no node's function read it: read it "
-                        "with ctx.get_data_feed(qname_in=%r) (for Keras: model.fit(..., validation_data="
-                        "ctx.get_data_feed(qname_in=%r).as_dataset(batch_size)))", name, rows, name, name)
+def warn_unread_sets(controller: ControlPlane) -> None:
+    """A set fed with rows that no node's function read (a ``validation`` passed, ``validation_data`` not):
+    said once the job ended, as the unread training rows are."""
+    for name, rows in controller.unread_sets().items():
+        log.warning("tfos_nb: the set %r (%d rows) was fed to the nodes and no node's function read it: read it "
+                    "with ctx.get_data_feed(qname_in=%r) (for Keras: model.fit(..., validation_data="
+                    "ctx.get_data_feed(qname_in=%r).as_dataset(batch_size)))", name, rows, name, name)

@@ -50,7 +50,8 @@ _WORKER_START_FAILED = "Python worker failed to connect back"
 
 
 class FeedOwner(Protocol):
-    """What a StreamingFeed needs of its cluster (a port TFCluster gives it; a protocol so this module does not import it)."""
+    """What a StreamingFeed needs of its cluster: its owner, the cluster's :class:`~.cluster_streams.ClusterStreams`
+    (a protocol, so that this module does not import it)."""
 
     state: S.ClusterState
     controller: ControlPlane
