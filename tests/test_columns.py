@@ -2,8 +2,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos_nb.runtime import columns as C
-from tfos_nb.runtime import rowpack as RP
+from tfos_nb.runtime.batches import columns as C
+from tfos_nb.runtime.batches import rowpack as RP
 
 
 def roundtrip(rows):
@@ -215,7 +215,7 @@ def test_feeding_and_reading_numbers_do_not_import_pandas():
     code = """if True:
         import sys
         import numpy as np
-        from tfos_nb.runtime import columns as C, rowpack as RP
+        from tfos_nb.runtime.batches import columns as C, rowpack as RP
         rows = [([0.5 * i] * 6, i, float(i)) for i in range(50)] + [(np.ones(6), 1, 2.0)]
         batches = [C.decode_ipc(C.encode_ipc(b)) for b in RP.rows_to_batches(rows, 16)]
         cols = [C.batch_to_columns(b) for b in batches]

@@ -10,8 +10,8 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.server_abuse import SECRET
-from tfos_nb.runtime import columns as C
-from tfos_nb.runtime import results as R
+from tfos_nb.runtime.batches import columns as C
+from tfos_nb.runtime.batches import results as R
 from tfos_nb.runtime.executor.data_server import DataServer
 from tfos_nb.runtime.executor.feed import DataFeed
 from tfos_nb.runtime.executor.feed_hub import FeedHub

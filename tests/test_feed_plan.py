@@ -196,7 +196,7 @@ def test_a_training_partition_cut_short_is_told_once_its_rows_are_in_and_one_tha
 
     from tests.conftest import wait_until
     from tests.test_feed import send
-    from tfos_nb.runtime import columns as C
+    from tfos_nb.runtime.batches import columns as C
     from tfos_nb.runtime.protocol import dataplane as dp
 
     told: list[tuple[int, int, int]] = []

@@ -7,7 +7,7 @@ import pytest
 
 from tests.server_abuse import SECRET
 from tests.test_feed import serve, take_in_thread
-from tfos_nb.runtime import columns as C
+from tfos_nb.runtime.batches import columns as C
 from tfos_nb.runtime.executor.feed_hub import FeedHub
 from tfos_nb.runtime.protocol import dataplane as dp
 

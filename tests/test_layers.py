@@ -251,7 +251,7 @@ def test_scanner_resolves_relative_imports_and_skips_type_checking(tmp_path):
 
 def test_scanner_sees_the_package():
     edges = {(i.source, i.target) for i in IMPORTS}
-    assert ("tfos_nb.runtime.results", "tfos_nb.runtime.columns") in edges
+    assert ("tfos_nb.runtime.batches.results", "tfos_nb.runtime.batches.columns") in edges
     assert ("tfos_nb.runtime.protocol.channel", "tfos_nb.runtime.protocol.messages") in edges
     assert len({i.source for i in IMPORTS}) > 50
 

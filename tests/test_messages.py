@@ -166,9 +166,9 @@ def test_server_survives_random_input(server, data):
 # The pipeline API persists the user's own functions (train_fn, model_fn) with the estimator or
 # model, in the directory the user saves to and loads from (the trust of loading a SavedModel).
 # child_main.py: the function blob from the owner's stdin pipe (it came in Spark's task closure);
-# parallel.py: a run's return value inside a Spark task result, the channel PySpark's own collect() unpickles;
+# parallel/runs.py: a run's return value inside a Spark task result, the channel PySpark's own collect() unpickles;
 # _cellfn / pipeline: notebook cells and saved pipeline stages (trusted directories). Never our sockets.
-ALLOWED_UNPICKLING = {"runtime/executor/child_main.py", "runtime/driver/parallel.py", "magics/_cellfn.py",
+ALLOWED_UNPICKLING = {"runtime/executor/child_main.py", "runtime/driver/parallel/runs.py", "magics/_cellfn.py",
                       "pipeline/_params.py", "pipeline/_model_runners.py"}
 
 

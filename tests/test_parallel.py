@@ -24,7 +24,7 @@ from IPython.core.error import UsageError
 from tests.conftest import NODE_ENV, ipython_with_tfos_nb, run_notebook, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
-from tfos_nb.runtime.driver.parallel import ParallelView, best_index, default_metric, default_mode
+from tfos_nb.runtime.driver.parallel.runs import ParallelView, best_index, default_metric, default_mode
 from tfos_nb.runtime.driver.state import NodeView
 from tfos_nb.widgets import panel_html, panel_model, text_line
 

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos_nb.runtime import columns as C
-from tfos_nb.runtime import results as R
+from tfos_nb.runtime.batches import columns as C
+from tfos_nb.runtime.batches import results as R
 
 
 def wire(results):

@@ -15,7 +15,7 @@ from tfos_nb.magics import ClusterFailed, ClusterHandle, ParallelFailed, Paralle
 from tfos_nb.runtime.driver import state as S
 from tfos_nb.runtime.driver.cluster import TFClusterError
 from tfos_nb.runtime.driver.options import ClusterShape, RetryPolicy
-from tfos_nb.runtime.driver.parallel import ParallelView, RunResult, TFParallelError
+from tfos_nb.runtime.driver.parallel.runs import ParallelView, RunResult, TFParallelError
 
 WAIT_S = 10.0  # generous deadline for events that come within milliseconds
 

@@ -143,7 +143,7 @@ def test_credentials_are_stripped_from_a_url_and_from_a_message():
         assert without_credentials(plain) == plain
     message = f"API request to https://alice:{PASSWORD}@h/api/2.0/mlflow/runs/update failed with exception boom"
     assert scrub_credentials(message) == "API request to https://h/api/2.0/mlflow/runs/update failed with exception boom"
-    from tfos_nb.runtime.driver.mlflow_run import Request
+    from tfos_nb.runtime.driver.tracking.run import Request
 
     assert PASSWORD not in repr(Request(tracking_uri=f"https://alice:{PASSWORD}@h/", experiment_id="1"))
 
@@ -187,7 +187,7 @@ def test_only_the_node_that_logs_gets_the_tracking_uri(roles, node, logs):
 def test_the_panel_never_shows_the_tracking_uris_password():
     import_or_skip("mlflow")
     from tfos_nb.runtime.driver import state as S
-    from tfos_nb.runtime.driver.mlflow_run import run_url
+    from tfos_nb.runtime.driver.tracking.run import run_url
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
     # the link as JobRun makes it (MLflow's own rule, from a REST store's host) for a URI with credentials
@@ -610,7 +610,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
     and named in one warning; the regular files are uploaded."""
     as_nobody()
     from tfos_nb.runtime.driver import state as S
-    from tfos_nb.runtime.driver.mlflow_run import JobRun, Request
+    from tfos_nb.runtime.driver.tracking.run import JobRun, Request
 
     secret = tmp_path / "id_rsa"  # this user's, outside the folders (/etc/shadow as root alike)
     secret.write_text("SECRET KEY\n")
@@ -636,7 +636,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
     experiment = client.create_experiment("tfos-links")
     run = JobRun(Request(tracking_uri=mlflow_server, experiment_id=experiment), "links", "cluster", {})
     run.export_dir, run.log_dir = str(export), str(logs)
-    with caplog.at_level(logging.WARNING, logger="tfos_nb.runtime.driver.mlflow_run"):
+    with caplog.at_level(logging.WARNING, logger="tfos_nb.runtime.driver.tracking.run"):
         run.finish(S.C_FINISHED)
     assert client.get_run(run.run_id).info.status == "FINISHED"
     uploaded = _artifacts(client, run.run_id)
@@ -654,7 +654,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
 def test_a_tracking_uri_with_a_password_is_logged_to_and_never_shown(mlflow_server, client):
     """MLflow gets the whole URI (the server takes basic auth from it); the link the panel shows has none of it."""
     from tfos_nb.runtime.driver import state as S
-    from tfos_nb.runtime.driver.mlflow_run import JobRun, Request
+    from tfos_nb.runtime.driver.tracking.run import JobRun, Request
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
     uri = mlflow_server.replace("http://", f"http://alice:{PASSWORD}@")

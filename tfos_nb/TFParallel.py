@@ -10,7 +10,7 @@ dicts, one per run; ``sc`` may also be a Spark Connect session (``spark``).  ``s
 :class:`ParallelRuns` at once (``wait()``, ``stop()``, ``status()``).
 """
 
-from .runtime.driver.parallel import (
+from .runtime.driver.parallel.runs import (
     ParallelRuns,
     ParallelView,
     RunResult,

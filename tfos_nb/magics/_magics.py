@@ -11,8 +11,8 @@ from IPython.core.magic import Magics, magics_class
 from traitlets import Bool, CaselessStrEnum, Enum, Float, Integer, Unicode, Union, observe
 
 from ..runtime import logs
-from ..runtime.driver import parallel as P
 from ..runtime.driver.options import SHRINK_AFTER_S, ClusterShape, JobOptions, RetryPolicy
+from ..runtime.driver.parallel import runs as parallel
 from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import add_start_listener, remove_start_listener
 from . import _cell_panel, _doctor, _render, _views
@@ -368,8 +368,8 @@ class TFOSMagics(Magics):
         handle.wait()
         best = handle.best
         if best is not None:
-            metric = handle.metric or P.default_metric([r.metrics for r in handle.results])
-            given = P.describe_args(params[best.index]) if params else ""
+            metric = handle.metric or parallel.default_metric([r.metrics for r in handle.results])
+            given = parallel.describe_args(params[best.index]) if params else ""
             print(f"tfos_nb: best of {n} runs: {best.label}" + (f" ({given})" if given else "")
                   + f": {metric} {best.metrics.get(metric) if metric else None}; {name}.best, {name}.table()")
         else:

@@ -24,7 +24,7 @@ from ..executor.feeder import feed_totals, make_arrow_feeder, make_rdd_feeder
 from . import state as S
 from .errors import error_for, python_error_line
 from .job import DriverJob
-from .mlflow_inputs import log_train_input
+from .tracking.inputs import log_train_input
 
 __all__ = ["BatchFeed", "refuse_dstream", "require_batch_rows", "require_default_queue"]
 log = logging.getLogger(__name__)

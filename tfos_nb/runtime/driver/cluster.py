@@ -63,7 +63,7 @@ class TFCluster:
         self._streams = ClusterStreams(job, self._feed)
         self.last_feed: dict[str, int] = {}
         self.last_sets: dict[str, dict[str, int]] = {}  # named sets (validation=, feeds=): rows fed per set
-        self.tracking: Any = None  # the job's MLflow run (mlflow_run.JobRun), when tracked
+        self.tracking: Any = None  # the job's MLflow run (tracking.run.JobRun), when tracked
         self.cluster_meta = {"id": self.cluster_id, "num_executors": num_executors}
 
     @property

@@ -15,8 +15,8 @@ from typing import Any
 from ..executor.feeder import feed_totals
 from .batch_feed import BatchFeed, refuse_dstream
 from .control_plane import ControlPlane
-from .mlflow_inputs import log_train_input
 from .streaming import is_streaming
+from .tracking.inputs import log_train_input
 
 __all__ = ["feed_set", "named_sets", "warn_unread_sets"]
 log = logging.getLogger(__name__)

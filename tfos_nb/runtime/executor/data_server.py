@@ -14,8 +14,8 @@ import time
 
 import pyarrow as pa
 
-from .. import columns as C
 from .. import net
+from ..batches import columns as C
 from ..protocol import dataplane as dp
 from .feed_conn import Conn
 from .feed_hub import FeedHub

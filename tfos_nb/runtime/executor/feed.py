@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .. import columns as C
+from ..batches import columns as C
 from ..recovery import ledger
 from . import compat, mlflow_datasets
 from .feed_conn import Conn

@@ -33,8 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import columns as C
-from .. import results as R
+from ..batches import columns as C
+from ..batches import results as R
 from ..protocol import dataplane as dp
 from . import feed_plan, feed_turns
 from .feed_conn import Conn

@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .. import columns as C
-from .. import results as R
+from ..batches import columns as C
+from ..batches import results as R
+from ..batches.rowpack import rows_to_batches
 from ..protocol import dataplane as dp
 from ..protocol import messages as m
 from ..protocol.channel import ControlClient
-from ..rowpack import rows_to_batches
 from .identity import executor_id
 from .partition_batches import count_rows, rechunk, with_sample, without
 

@@ -8,7 +8,7 @@ for rows the job never feeds.  So on the node that logs (the chief), once MLflow
 imported:
 
 - autologging's dataset step skips a stream-fed dataset (the notebook logs the DataFrame itself as
-  the run's ``train`` input: its schema, row count and Spark's digest, :func:`..driver.mlflow_inputs.log_train_input`);
+  the run's ``train`` input: its schema, row count and Spark's digest, :func:`..driver.tracking.inputs.log_train_input`);
 - ``mlflow.data.from_tensorflow`` refuses one with a sentence saying why (a user's own call).
 
 Other datasets (numpy arrays, ``from_tensor_slices``, files the node reads) are left to MLflow.

@@ -27,7 +27,7 @@ class NodeRole(child_main.ChildRole):
     what = "the node function"
 
     def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
-        from .. import columns as C
+        from ..batches import columns as C
         from .data_server import DataServer
         from .feed_hub import FeedHub
         from .named_feeds import NamedFeeds

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .. import columns as C
+from ..batches import columns as C
 from ..recovery import ledger
 
 

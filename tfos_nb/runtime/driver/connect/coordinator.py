@@ -41,7 +41,7 @@ from ...protocol import remote
 from ...protocol.channel import ControlServer
 from .. import state as S
 from ..controller import Controller
-from ..parallel_control import RunController
+from ..parallel.control import RunController
 from ..roles import all_finished, trainers_finished
 from . import snapshot
 

@@ -1,7 +1,7 @@
 """What parallel runs produce and show: each run's result, the runs' view, the best run.
 
 Plain data and pure functions (plus the state subclass whose snapshots carry
-the runs' parameters), shared by :mod:`.parallel` and the notebook layer.
+the runs' parameters), shared by :mod:`.runs` and the notebook layer.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import state as S
+from .. import state as S
 
 __all__ = ["ParallelView", "RunResult", "RunsState", "best_index", "default_metric", "default_mode", "describe_args",
            "runs_view", "scalars"]
@@ -48,7 +48,7 @@ class RunResult:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelView(S.ClusterView):
-    """A :class:`~.state.ClusterView` of parallel runs, plus each run's parameters and the best run so far."""
+    """A :class:`~..state.ClusterView` of parallel runs, plus each run's parameters and the best run so far."""
 
     params: tuple[Mapping[str, Any], ...] = ()  # one dict per run (the grid), or () when every run got the same args
     best: int | None = None  # index of the best finished run by ``metric``

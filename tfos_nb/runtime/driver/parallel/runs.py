@@ -1,18 +1,18 @@
 """Independent parallel runs: TensorFlowOnSpark's ``TFParallel`` — N single-node TensorFlow runs.
 
 No cluster is formed between the runs: each is ``map_fun(args, ctx)`` in a
-fresh process on an executor (see :mod:`..executor.run_task` for why a process),
+fresh process on an executor (see :mod:`...executor.run_task` for why a process),
 for hyper-parameter sweeps and embarrassingly parallel inference.  All runs
 are one Spark job, one task per run, on either backend the same ``mapInArrow``
-stage over ``range(n)`` (:func:`~..executor.run_task.make_run_task`): a barrier
+stage over ``range(n)`` (:func:`~...executor.run_task.make_run_task`): a barrier
 stage when asked for and the application has a slot per run (the runs start
 together), else a plain stage whose tasks run in waves as slots free up.  Each
 run's outcome comes back as one row of that stage (index, status, pickled value)
 through Spark's own ``collect()``.
 
 The driver side reuses the cluster's pieces: the signed control server, the
-heartbeat handling of :class:`~.controller.Controller` (output lines,
-``ctx.report`` progress, lost runs) and the observable :class:`~.state.ClusterState`
+heartbeat handling of :class:`~..controller.Controller` (output lines,
+``ctx.report`` progress, lost runs) and the observable :class:`~..state.ClusterState`
 (one node ``run:i`` per run), so ``%tfos_status``, ``%tfos_logs`` and the
 notebook panel show runs like nodes.  A run that raises stops the others and
 ends :meth:`ParallelRuns.wait` with one :class:`TFParallelError` naming the run,
@@ -34,15 +34,18 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..executor.run_task import RESULT_SCHEMA, make_run_task
-from . import state as S
-from .backends import new_job
-from .connect.parallel import ConnectRunsJob
-from .errors import TFClusterError, failure_message, first_failure, python_error_line
-from .job import DriverJob
-from .options import JobOptions
-from .parallel_control import RunController, barrier_refusal, classic_gang, connect_gang, runs_args
-from .parallel_results import (
+from ...executor.run_task import RESULT_SCHEMA, make_run_task
+from .. import state as S
+from ..backends import new_job
+from ..connect.parallel import ConnectRunsJob
+from ..errors import TFClusterError, failure_message, first_failure, python_error_line
+from ..job import DriverJob
+from ..options import JobOptions
+from ..slots import spark_context, spark_session
+from ..sparkjob import SparkJob
+from ..tracking import tracked_start
+from .control import RunController, barrier_refusal, classic_gang, connect_gang, runs_args
+from .results import (
     ParallelView,
     RunResult,
     RunsState,
@@ -53,9 +56,6 @@ from .parallel_results import (
     runs_view,
     scalars,
 )
-from .slots import spark_context, spark_session
-from .sparkjob import SparkJob
-from .tracking import tracked_start
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""The MLflow run of one tfos_nb job: what is logged, and how (the when and the hooks: :mod:`.tracking`).
+"""The MLflow run of one tfos_nb job: what is logged, and how (the when and the hooks: :mod:`tfos_nb.runtime.driver.tracking`).
 
 A :class:`JobRun` is made on the caller's thread when tracking is asked for, fed by the job's
-lifecycle (each attempt's :class:`~.job.DriverJob` is attached and logged when it ends) and
+lifecycle (each attempt's :class:`~..job.DriverJob` is attached and logged when it ends) and
 finished once with the job's outcome.  Everything goes through ``MlflowClient`` against the
 notebook's tracking URI; nothing here imports IPython, and mlflow only inside functions.
 """
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import net, private
-from ..executor.mlflow_node import URI_ENV, chief_index
-from . import state as S
+from ... import net, private
+from ...executor.mlflow_node import URI_ENV, chief_index
+from .. import state as S
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class JobRun:
     """The MLflow run of one job (and a sweep's child runs), fed by the job's lifecycle.
 
     The hooks: :meth:`node_env` (what the nodes get), :meth:`attach` (each attempt's
-    :class:`~.job.DriverJob`: its metrics are logged when it ends), :meth:`log_returned`
+    :class:`~..job.DriverJob`: its metrics are logged when it ends), :meth:`log_returned`
     (a sweep's returned values) and :meth:`finish` (status, tags, artifacts; idempotent).
     Logging errors are warnings: tracking never fails a job once it runs.
     """
@@ -212,7 +212,7 @@ class JobRun:
                 self._log_history(state, view, attempt)
             self._log_failures(view, attempt)
             if view.state == S.C_FAILED:  # the failing node and its error, as the job's error's first line says it
-                from .errors import failure_message
+                from ..errors import failure_message
 
                 what = f"cluster {view.name}" if self.kind == "cluster" else f"parallel runs {view.name}"
                 line = failure_message(view, what).splitlines()[0]
@@ -222,7 +222,7 @@ class JobRun:
 
     def log_returned(self, results: Sequence[Any], state: S.ClusterState) -> None:
         """A sweep's returned values: each result's scalars as its trial's metrics, at the trial's last step."""
-        from .parallel_results import scalars
+        from ..parallel.results import scalars
 
         try:
             last: dict[int, int] = {}

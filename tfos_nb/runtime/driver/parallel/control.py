@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..protocol import messages as m
-from . import state as S
-from .controller import Controller
-from .slots import available_slots, connect_slots, fixed_slots, wait_for_slots
+from ...protocol import messages as m
+from .. import state as S
+from ..controller import Controller
+from ..slots import available_slots, connect_slots, fixed_slots, wait_for_slots
 
 
 class RunController(Controller):

@@ -1,7 +1,7 @@
 """The DataFrame a job trained on, as its MLflow run's ``train`` input: recorded where the data is.
 
 MLflow's autologging would record ``fit``'s dataset on the chief by iterating it for a digest; a
-stream-fed dataset cannot be iterated twice (:mod:`..executor.mlflow_datasets` stops that).  The
+stream-fed dataset cannot be iterated twice (:mod:`...executor.mlflow_datasets` stops that).  The
 notebook holds the DataFrame itself, so it logs the record instead, once its first epoch was fed:
 MLflow's own Spark dataset (``mlflow.data.from_spark``: the schema, and a digest of the DataFrame's
 plan from Spark's ``semanticHash``, so the same data logs the same digest) with the exact row count
@@ -36,11 +36,11 @@ def log_dataframe(client: Any, run_id: str, df: Any, num_rows: int, context: str
 
 
 def log_train_input(run: Any, df: Any, num_rows: int, context: str = "train") -> None:
-    """``df`` as an input of ``run`` (a :class:`~.mlflow_run.JobRun`): ``train``, or a named set's name (a
+    """``df`` as an input of ``run`` (a :class:`~.run.JobRun`): ``train``, or a named set's name (a
     validation set: ``validation``); a failure is a warning, never the job's."""
     import logging
 
-    from .. import net
+    from ... import net
 
     try:
         log_dataframe(run.client, run.run_id, df, num_rows, context)

@@ -47,7 +47,7 @@ scalars it returned as metrics at its last step.
 ``MLFLOW_RUN_ID`` and ``MLFLOW_TRACKING_URI``, so ``mlflow.start_run()`` and autologging there
 log into the job's run; the URI, which may carry credentials, reaches no other node's environment.
 On every other node MLflow's ``autolog`` functions (``mlflow.autolog``, ``mlflow.<flavour>.autolog``)
-do nothing (see :mod:`..executor.mlflow_node`): a Keras job with
+do nothing (see :mod:`...executor.mlflow_node`): a Keras job with
 ``mlflow.tensorflow.autolog()`` in its function stays one run, not one per worker.  What other
 nodes log by hand is their own business: log from ``ctx.is_chief``.
 
@@ -61,8 +61,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from . import state as S
-from .mlflow_run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
+from .. import state as S
+from .run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
 
 __all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "tracked_start"]
 
@@ -136,7 +136,7 @@ def _get(args: Any, key: str) -> Any:
 
 
 def _cluster_params(a: Mapping[str, Any]) -> dict[str, Any]:
-    from .cluster import InputMode
+    from ..cluster import InputMode
 
     # tfos_nb's own under "tfos_nb.": a name of the user's (args) or of autologging (Keras' fit has `workers`)
     # logged with another value would make MLflow refuse the whole batch
