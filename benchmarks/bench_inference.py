@@ -24,31 +24,16 @@ import argparse
 import datetime as _dt
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
 
+import data
+import harness
+from harness import Spread
+
 FEATURES = 784
 BATCH = 1024
-
-
-def _gen(seed):
-    def gen(it):
-        import numpy as np
-        import pyarrow as pa
-
-        for b in it:
-            ids = b.column(0).to_numpy()
-            n = len(ids)
-            if n == 0:
-                continue
-            rng = np.random.default_rng([seed, int(ids[0])])
-            x = rng.random((n, FEATURES), dtype=np.float32)
-            offsets = pa.array(np.arange(0, (n + 1) * FEATURES, FEATURES, dtype=np.int32))
-            yield pa.RecordBatch.from_arrays([pa.array(ids), pa.ListArray.from_arrays(offsets, pa.array(x.ravel()))],
-                                             names=["id", "features"])
-    return gen
 
 
 def make_model(path):
@@ -61,23 +46,8 @@ def make_model(path):
 
 
 def start_spark(opts):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    b = (SparkSession.builder.master(opts.master).appName("tfos_nb-bench-B3")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.executor.memory", opts.executor_memory))
-    for k in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
-        b = b.config(f"spark.executorEnv.{k}", "1")
-    b = b.config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    from pyspark import StorageLevel
-
-    df = spark.range(opts.rows, numPartitions=opts.partitions).mapInArrow(_gen(opts.seed), "id long, features array<float>")
-    df = df.persist(StorageLevel.MEMORY_AND_DISK)
-    df.count()
-    return spark, df
+    spark = harness.spark_session(opts.master, "tfos_nb-bench-B3", conf={"spark.executor.memory": opts.executor_memory})
+    return spark, data.uniform_frame(spark, opts.rows, opts.partitions, opts.seed, ids=True, label=False)
 
 
 def score_tfos_nb(df, export):
@@ -127,18 +97,18 @@ def timed(fn, *a):
 TFOS = "TFoS 2.2.5 TFModel.transform"
 
 
-def _ratio(times, ref_times, rows, kind):
+def _ratio(times, ref_times, kind):
     if not times or not ref_times:
         return "—"
-    med, ref = statistics.median(times), statistics.median(ref_times)
-    return f"{ref / med:.2f}× rows/s" if kind == "warm" else f"{med / ref:.2f}× time"
+    t, ref = Spread(times), Spread(ref_times)
+    return f"{ref.ratio(t).median:.2f}× rows/s" if kind == "warm" else f"{t.ratio(ref).median:.2f}× time"
 
 
 def row(name, times, rows, res, kind):
-    med = statistics.median(times)
-    vs_ref = "1.00× (reference)" if name == REF else _ratio(times, res.get(REF), rows, kind)
-    vs_tfos = "1.00× (reference)" if name == TFOS else _ratio(times, res.get(TFOS), rows, kind)
-    return (f"| {kind} | {name} | {med:.2f} | {min(times):.2f}–{max(times):.2f} | {rows / med:,.0f} | {len(times)} | "
+    t = Spread(times)
+    vs_ref = "1.00× (reference)" if name == REF else _ratio(times, res.get(REF), kind)
+    vs_tfos = "1.00× (reference)" if name == TFOS else _ratio(times, res.get(TFOS), kind)
+    return (f"| {kind} | {name} | {t.median:.2f} | {t.min:.2f}–{t.max:.2f} | {rows / t.median:,.0f} | {t.n} | "
             f"{vs_ref} | {vs_tfos} |")
 
 
@@ -153,7 +123,8 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--only", default="", help="comma-separated name prefixes of the variants to run")
     opts = p.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, harness.ROOT)
+    harness.ship_by_value(data)  # the rows' generator
 
     export = os.path.join(tempfile.mkdtemp(prefix="tfos_nb_b3_"), "mlp")
     make_model(export)

@@ -33,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench_training import _free_ports, build_model  # this directory is on the path: benchmarks are scripts
+from model import build_model  # this directory is on the path: benchmarks are scripts
+from native import free_ports, tf_config
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "b5-mwms-native.md"
@@ -97,14 +98,13 @@ def worker(dataset: str, steps: int) -> None:
 
 
 def measure(dataset: str, steps: int, workers: int) -> list[dict]:
-    ports = _free_ports(workers)
+    ports = free_ports(workers)
     procs = []
     for i in range(workers):
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         if workers > 1:
-            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in ports]},
-                                           "task": {"type": "worker", "index": i}})
+            env["TF_CONFIG"] = tf_config(ports, i, chief=False, host="localhost")
         procs.append(subprocess.Popen([sys.executable, __file__, "--worker", dataset, str(steps)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
     out = []

@@ -31,17 +31,10 @@ holds the feed and, for ``fit``, the first step's tracing.
 Memory: each measurement is a process of its own with its own Spark application (``local-cluster[2,1,3072]``),
 so that every process's peak belongs to that measurement alone (a JVM's heap and a reused Python worker keep
 their high-water mark for their lifetime; PySpark keeps its driver JVM, the py4j gateway, for the life of the
-Python process, so one process per measurement is what gives each its own driver JVM).  A sampler thread in
-the driver walks the driver's process tree every 0.2 s with psutil and classifies processes by command line: the driver (this
-Python), the driver JVM (it also hosts local-cluster's master and worker), each executor JVM, each
-Python worker forked by ``pyspark.daemon`` (the feeding tasks run there), each node's supervisor and
-each node process (``python -m tfos_nb.runtime node``).  A process, once seen, is followed until it
-exits even if it is re-parented.  Peak = the largest sampled RSS; the kernel's own high-water mark
-(``VmHWM`` in /proc/PID/status, which catches peaks between samples) is shown beside it.  The
-driver's high-water mark is reset (``/proc/self/clear_refs``) when the measurement starts.
-
-The JVMs log every collection (``-Xlog:gc``): each one's heap after a collection (what is still live) and
-its committed heap, so that a JVM's RSS growth can be told apart from data it keeps.
+Python process, so one process per measurement is what gives each its own driver JVM).  ``memory.Sampler``
+samples every process of the application every 0.2 s, by kind (the largest sampled RSS, the kernel's VmHWM
+beside it); the driver's high-water mark is reset when the measurement starts.  The JVMs log every collection
+(``-Xlog:gc``, ``memory.gc_by_kind``), so that a JVM's RSS growth can be told apart from data it keeps.
 
 Run: ``bash benchmarks/run.sh b5`` or
 ``.venv-bench/bin/python benchmarks/bench_scale.py --rows 100000,1000000 --modes spark,numpy,fit --runs 1``.
@@ -50,86 +43,32 @@ Writes ``benchmarks/results/b5-latest.md``.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import logging
 import os
 import platform
-import re
-import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import data
+import harness
+import model
+from harness import median as med
+from memory import MIB, Sampler, gc_by_kind, gc_log_option, heap_rows, kind_key, peak_rows, peaks_by_kind, reset_hwm
+from model import build_model
+
 FEATURES = 784
-CLASSES = 10
 BATCH = 128
 NODES = 2
-ROW_GROUP = 5_000
-MIB = 1 << 20
 
-log = logging.getLogger("bench_scale")
+log = logging.getLogger("bench")
 
 
-# --------------------------------------------------------------------------------------
-# Data: written once, in a child process, one file at a time
-# --------------------------------------------------------------------------------------
-
-def data_dir(opts) -> str:
-    return os.path.join(opts.cache_dir, "b5-seed%d-sep%g-%dx%d" % (opts.seed, opts.separation, opts.rows_per_file, FEATURES))
-
-
-def write_data(path: str, files: int, rows_per_file: int, seed: int, separation: float) -> None:
-    """``files`` Parquet files of ``rows_per_file`` rows: features list<float32>[784], label int32."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    os.makedirs(path, exist_ok=True)
-    centres = np.random.default_rng(seed).normal(0.0, 1.0, (CLASSES, FEATURES)).astype(np.float32) * separation
-    schema = pa.schema([("features", pa.list_(pa.float32())), ("label", pa.int32())])
-    offsets = pa.array(np.arange(0, (ROW_GROUP + 1) * FEATURES, FEATURES, dtype=np.int32))
-    for i in range(files):
-        final = os.path.join(path, "part-%05d.parquet" % i)
-        if os.path.exists(final):
-            continue
-        rng = np.random.default_rng([seed, i])
-        tmp = final + ".tmp"
-        with pq.ParquetWriter(tmp, schema, use_dictionary=["label"], compression="snappy") as w:
-            for _ in range(0, rows_per_file, ROW_GROUP):
-                y = rng.integers(0, CLASSES, ROW_GROUP).astype(np.int32)
-                x = rng.standard_normal((ROW_GROUP, FEATURES), dtype=np.float32)
-                x += centres[y]
-                feats = pa.ListArray.from_arrays(offsets, pa.array(x.ravel()))
-                w.write_table(pa.Table.from_arrays([feats, pa.array(y)], schema=schema), row_group_size=ROW_GROUP)
-        os.replace(tmp, final)
-        log.info("wrote %s", final)
-
-
-def ensure_data(opts) -> list[str]:
-    """The Parquet files for the largest setting (written by a child process when missing)."""
-    need = max(opts.rows) // opts.rows_per_file
-    path = data_dir(opts)
-    files = [os.path.join(path, "part-%05d.parquet" % i) for i in range(need)]
-    if not all(os.path.exists(f) for f in files):
-        t0 = time.perf_counter()
-        log.info("writing %d rows to %s (once; reused by later runs)", need * opts.rows_per_file, path)
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--write-data", path, "--files", str(need),
-                        "--rows-per-file", str(opts.rows_per_file), "--seed", str(opts.seed),
-                        "--separation", str(opts.separation)], check=True)
-        log.info("data written in %.0f s", time.perf_counter() - t0)
-    return files
-
-
-# --------------------------------------------------------------------------------------
-# Node functions (shipped by cloudpickle; self-contained)
-# --------------------------------------------------------------------------------------
+# Node functions (shipped by cloudpickle; self-contained but for the model module, shipped by value)
 
 def _vm(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -182,11 +121,7 @@ def fit_main(args, ctx):
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Input(shape=(784,)),
-                                     tf.keras.layers.Dense(128, activation="relu"),
-                                     tf.keras.layers.Dense(10, activation="softmax")])
-        model.compile(optimizer=tf.keras.optimizers.Adam(learning_rate=1e-3),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model = args["build_model"]("mlp")
     feed = ctx.get_data_feed()
     ready = {"rss": args["vm"]("VmRSS")}
     with open(os.path.join(args["out_dir"], "ready-%d.json" % ctx.worker_num), "w") as f:
@@ -214,120 +149,7 @@ def fit_main(args, ctx):
         json.dump(out, f)
 
 
-# --------------------------------------------------------------------------------------
-# Process-tree RSS sampler
-# --------------------------------------------------------------------------------------
-
-def _hwm(pid: int) -> int:
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def classify(proc, root_pid: int) -> str | None:
-    """The kind of one process of the Spark application, from its command line (None: not one we report)."""
-    import psutil
-
-    if proc.pid == root_pid:
-        return "driver (Python)"
-    try:
-        cmd = proc.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-    line = " ".join(cmd)
-    if "CoarseGrainedExecutorBackend" in line:
-        eid = cmd[cmd.index("--executor-id") + 1] if "--executor-id" in cmd else "?"
-        return "executor JVM %s" % eid
-    if "SparkSubmit" in line:  # the JVM itself, not spark-submit's bash nor its launcher.Main
-        return "driver JVM" if os.path.basename(cmd[0]) == "java" and "launcher.Main" not in line else None
-    if "tfos_nb.runtime" in line:
-        role = cmd[cmd.index("tfos_nb.runtime") + 1] if "tfos_nb.runtime" in cmd[:-1] else "?"
-        return {"node": "node process", "supervisor": "node supervisor"}.get(role, "tfos_nb " + role)
-    if "pyspark.daemon" in line:
-        try:
-            parent = " ".join(proc.parent().cmdline())
-        except Exception:
-            parent = ""
-        return "Python worker" if "pyspark.daemon" in parent else "pyspark.daemon"
-    return "other: " + os.path.basename(cmd[0]) if cmd else None
-
-
-class Sampler(threading.Thread):
-    """Every ``interval`` s: the driver's descendants, classified; each one's largest RSS and last VmHWM."""
-
-    def __init__(self, interval: float = 0.2):
-        super().__init__(name="rss-sampler", daemon=True)
-        import psutil
-
-        self.interval = interval
-        self.root = psutil.Process(os.getpid())
-        self.procs: dict[int, dict] = {}
-        self.stop_event = threading.Event()
-        self.samples = 0
-
-    def _walk(self):
-        import psutil
-
-        try:
-            kids = self.root.children(recursive=True)
-        except psutil.Error:
-            kids = []
-        for p in [self.root, *kids]:
-            if p.pid not in self.procs:
-                kind = classify(p, self.root.pid)
-                if kind is None:
-                    continue
-                self.procs[p.pid] = {"kind": kind, "proc": p, "peak": 0, "hwm": 0, "first": time.time(),
-                                     "exec": self._executor_of(p)}
-        for pid, info in self.procs.items():
-            if info.get("gone"):
-                continue
-            try:
-                rss = info["proc"].memory_info().rss
-            except psutil.Error:
-                info["gone"] = True
-                continue
-            info["peak"] = max(info["peak"], rss)
-            info["hwm"] = max(info["hwm"], _hwm(pid))
-            info["last"] = time.time()
-
-    def _executor_of(self, p) -> str:
-        """The executor JVM a process descends from (its ``--executor-id``), '' for the driver side."""
-        try:
-            for a in p.parents():
-                cmd = a.cmdline()
-                if "--executor-id" in cmd:
-                    return cmd[cmd.index("--executor-id") + 1]
-        except Exception:
-            pass
-        return ""
-
-    def run(self):
-        while not self.stop_event.is_set():
-            self._walk()
-            self.samples += 1
-            self.stop_event.wait(self.interval)
-
-    def stop(self):
-        if self.stop_event.is_set():
-            return
-        self.stop_event.set()
-        self.join(timeout=10)
-        self._walk()
-
-    def report(self) -> list[dict]:
-        return [{"kind": i["kind"], "exec": i["exec"], "pid": pid, "peak": i["peak"], "hwm": i["hwm"]}
-                for pid, i in sorted(self.procs.items())]
-
-
-# --------------------------------------------------------------------------------------
 # One measurement = one Spark application
-# --------------------------------------------------------------------------------------
 
 def measure(opts, files: list[str], rows: int, mode: str) -> dict:
     tmp = tempfile.mkdtemp(prefix="tfos-b5-")
@@ -338,36 +160,22 @@ def measure(opts, files: list[str], rows: int, mode: str) -> dict:
 
 
 def _measure(opts, paths: list[str], rows: int, mode: str, tmp: str) -> dict:
-    from pyspark.sql import SparkSession
-
     file_bytes = max(os.path.getsize(p) for p in paths)
     gc_dir = os.path.join(tmp, "gc")
     os.makedirs(gc_dir)
-    gc_opt = "-Xlog:gc:file=%s/gc-%%p.log" % gc_dir
+    harness.ship_by_value(model)  # fit_main's build_model
     sampler = Sampler(opts.interval)
-    try:
-        with open("/proc/self/clear_refs", "w") as f:  # the driver's VmHWM from here on
-            f.write("5")
-    except OSError:
-        pass
+    reset_hwm()  # the driver's VmHWM from here on
     sampler.start()
     spark = None
     try:
-        b = (SparkSession.builder.master(opts.master).appName("tfos_nb-bench-scale")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             # one partition per file: no split (files < maxPartitionBytes), no packing (two files > it)
-             .config("spark.sql.files.maxPartitionBytes", str(int(file_bytes * 1.5)))
-             .config("spark.driver.extraJavaOptions", gc_opt)
-             .config("spark.executor.extraJavaOptions", gc_opt)
-             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]))
-        for k, v in {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
-                     "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1",
-                     **dict(kv.split("=", 1) for kv in opts.executor_env)}.items():
-            b = b.config("spark.executorEnv." + k, v)
-        spark = b.getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = harness.spark_session(opts.master, "tfos_nb-bench-scale", conf={
+            # one partition per file: no split (files < maxPartitionBytes), no packing (two files > it)
+            "spark.sql.files.maxPartitionBytes": str(int(file_bytes * 1.5)),
+            "spark.driver.extraJavaOptions": gc_log_option(gc_dir),
+            "spark.executor.extraJavaOptions": gc_log_option(gc_dir)},
+            executor_env={**harness.NODE_ENV, "TF_USE_LEGACY_KERAS": "1",
+                          **dict(kv.split("=", 1) for kv in opts.executor_env)})
         df = spark.read.parquet(*paths)  # not cached: read from Parquet by the feeding tasks
         parts = df.rdd.getNumPartitions()
         if parts != len(paths):
@@ -393,7 +201,7 @@ def feed_nodes(spark, df, rows: int, mode: str, tmp: str) -> dict:
 
     out_dir = os.path.join(tmp, "out")
     os.makedirs(out_dir)
-    args = {"batch": BATCH, "out_dir": out_dir, "vm": _vm}
+    args = {"batch": BATCH, "out_dir": out_dir, "vm": _vm, "build_model": build_model}
     fn = numpy_main if mode == "numpy" else fit_main
     t_run = time.perf_counter()
     cluster = TFCluster.run(spark.sparkContext, fn, args, NODES, num_ps=0,
@@ -471,71 +279,6 @@ def spark_alone(spark, df, rows: int) -> dict:
     return {"wall": walls[0], "rows/s": rows / walls[0], "warm wall": walls[1], "warm rows/s": rows / walls[1]}
 
 
-_GC_LINE = re.compile(r"GC\(\d+\) Pause .*? (\d+)M->(\d+)M\((\d+)M\)")
-
-
-def gc_by_kind(gc_dir: str, procs: list[dict]) -> dict[str, dict]:
-    """Each JVM's collections from its ``-Xlog:gc`` file, by kind: the largest heap left after a collection (an upper
-    bound of what it keeps live), the largest committed heap, and the number of pauses."""
-    kinds = {p["pid"]: p["kind"] for p in procs}
-    out: dict[str, dict] = {}
-    for name in os.listdir(gc_dir):
-        m = re.match(r"gc-(\d+)\.log", name)
-        kind = kinds.get(int(m.group(1))) if m else None
-        if kind is None:
-            log.info("GC log %s: not a JVM the sampler saw", name)
-            continue
-        after, committed, pauses = 0, 0, 0
-        with open(os.path.join(gc_dir, name)) as f:
-            for line in f:
-                g = _GC_LINE.search(line)
-                if g:
-                    pauses += 1
-                    after, committed = max(after, int(g.group(2))), max(committed, int(g.group(3)))
-        d = out.setdefault(kind, {"after": 0, "committed": 0, "pauses": 0})
-        d["after"], d["committed"] = max(d["after"], after), max(d["committed"], committed)
-        d["pauses"] += pauses
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------------------
-
-KIND_ORDER = ["node process", "node supervisor", "Python worker", "pyspark.daemon", "executor JVM",
-              "driver JVM", "driver (Python)"]
-
-
-def kind_key(kind: str) -> tuple:
-    base = kind.rsplit(" ", 1)[0] if kind.startswith("executor JVM") else kind
-    return (KIND_ORDER.index(base) if base in KIND_ORDER else len(KIND_ORDER), kind)
-
-
-def peaks_by_kind(res: dict) -> dict[str, dict]:
-    """kind -> {count, peak (largest sampled RSS of the kind's processes), hwm}, executor JVMs and nodes one by one."""
-    out: dict[str, dict] = {}
-    by_node = {}
-    for p in res["procs"]:
-        kind = p["kind"]
-        if kind == "node process":
-            by_node.setdefault(p["exec"], []).append(p)
-        if kind.startswith("other"):
-            continue
-        d = out.setdefault(kind if kind != "node process" else "node process", {"count": 0, "peak": 0, "hwm": 0})
-        d["count"] += 1
-        d["peak"] = max(d["peak"], p["peak"])
-        d["hwm"] = max(d["hwm"], p["hwm"])
-    for eid, ps in by_node.items():  # each node apart too (on executor eid)
-        out["node process (executor %s)" % eid] = {"count": len(ps), "peak": max(p["peak"] for p in ps),
-                                                   "hwm": max(p["hwm"] for p in ps)}
-    return out
-
-
-def med(vals):
-    vals = [v for v in vals if v is not None]
-    return statistics.median(vals) if vals else None
-
-
 PROGRAMS = {"spark": "Spark alone: `mapInArrow` → numpy, no nodes", "numpy": "drain into numpy (`next_batch_arrays(128)`)",
             "fit": "`model.fit` MLP 784-128-10, MWMS"}
 
@@ -577,20 +320,8 @@ def tables(results: dict, opts) -> str:
             lines.append("| %s | %s | %s | %s | %s |" % (
                 PROGRAMS[mode], f"{rows:,}", " | ".join(rate_cells(rows, mode, "rows/s", "wall")),
                 " | ".join(rate_cells(rows, mode, "warm rows/s", "warm wall")), "; ".join(other)))
-    gc_rows = []
-    for mode in opts.modes:
-        per_rows = {rows: [r.get("gc", {}) for r in results.get((rows, mode), [])] for rows in (small, big)}
-        kinds = sorted({k for gs in per_rows.values() for g in gs for k in g}, key=kind_key)
-        for k in kinds:
-            def gcell(rows, field, k=k):
-                return med([g[k][field] for g in per_rows[rows] if k in g])
-            cells = []
-            for field in ("after", "committed"):
-                a, b = gcell(small, field), gcell(big, field)
-                cells.append("%s → %s%s" % ("%.0f" % a if a is not None else "–", "%.0f" % b if b is not None else "–",
-                                            " (%.2f×)" % (b / a) if a and b else ""))
-            gc_rows.append("| %s | %s | %s | %s |" % (mode, k, " | ".join(cells), " → ".join(
-                "%.0f" % v for v in (gcell(small, "pauses"), gcell(big, "pauses")) if v is not None)))
+    gc_rows = [row for mode in opts.modes for row in heap_rows(
+        mode, *([r.get("gc", {}) for r in results.get((rows, mode), [])] for rows in (small, big)))]
     if gc_rows:
         lines += ["", "### JVM heaps (MiB, from `-Xlog:gc`, %s → %s rows): the largest heap left after a collection "
                   "(an upper bound of what the JVM keeps live) and the largest committed heap (what its RSS follows)"
@@ -601,17 +332,7 @@ def tables(results: dict, opts) -> str:
         lines += ["", "### Peak RSS (MiB), node program `%s`: largest sampled RSS (kernel high-water mark VmHWM); "
                   "median over runs of the largest process of each kind" % mode, "",
                   "| process | count | %s rows | %s rows | ratio |" % (f"{small:,}", f"{big:,}"), "|---|---|---|---|---|"]
-        per_rows = {rows: [peaks_by_kind(r) for r in results.get((rows, mode), [])] for rows in (small, big)}
-        kinds = sorted({k for rs in per_rows.values() for r in rs for k in r}, key=kind_key)
-        for k in kinds:
-            def cell(rows, field, k=k):
-                return med([r[k][field] for r in per_rows[rows] if k in r])
-            a, b = cell(small, "peak"), cell(big, "peak")
-            ah, bh = cell(small, "hwm"), cell(big, "hwm")
-            cnt = "/".join(str(int(c)) for c in (cell(small, "count"), cell(big, "count")) if c is not None)
-            lines.append("| %s | %s | %s | %s | %s |" % (
-                k, cnt, "%.0f (%.0f)" % (a / MIB, ah / MIB) if a else "–", "%.0f (%.0f)" % (b / MIB, bh / MIB) if b else "–",
-                "%.2f×" % (b / a) if a and b else ""))
+        lines += peak_rows(*(results.get((rows, mode), []) for rows in (small, big)))
         nodes = [(rows, n) for rows in (small, big) for r in results.get((rows, mode), []) for n in r.get("nodes", [])]
         if nodes:
             lines += ["", "node processes (own /proc figures): RSS when ready to read → VmHWM at the end: " + "; ".join(
@@ -655,29 +376,20 @@ def main(argv=None):
     p.add_argument("--separation", type=float, default=0.105)
     p.add_argument("--master", default="local-cluster[2,1,3072]")
     p.add_argument("--interval", type=float, default=0.2, help="RSS sampling interval (s)")
-    p.add_argument("--out", default=os.path.join(HERE, "results", "b5-latest.md"))
+    p.add_argument("--out", default=os.path.join(harness.HERE, "results", "b5-latest.md"))
     p.add_argument("--executor-env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable for the executors and the nodes they start (repeatable)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # ROWS:MODE -- one measurement, in this (child) process
     p.add_argument("--result", help=argparse.SUPPRESS)
-    p.add_argument("--write-data", help=argparse.SUPPRESS)
-    p.add_argument("--files", type=int, help=argparse.SUPPRESS)
     opts = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    if opts.write_data:
-        write_data(opts.write_data, opts.files, opts.rows_per_file, opts.seed, opts.separation)
-        return 0
+    harness.setup_logging()
     opts.rows = [int(r) for r in opts.rows.split(",") if r]
     opts.modes = [m for m in opts.modes.split(",") if m]
     if any(r % opts.rows_per_file for r in opts.rows) or set(opts.modes) - {"spark", "numpy", "fit"}:
         p.error("--rows must be multiples of --rows-per-file; --modes among spark,numpy,fit")
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    pp = os.environ.get("PYTHONPATH", "")
-    if ROOT not in pp.split(os.pathsep):
-        os.environ["PYTHONPATH"] = ROOT + (os.pathsep + pp if pp else "")
-    files = ensure_data(opts)
+    harness.prepare_env(legacy_keras=True)
+    files = data.class_files(opts.cache_dir, max(opts.rows) // opts.rows_per_file, opts.rows_per_file, opts.seed,
+                             opts.separation)
     if opts.one:
         rows, mode = opts.one.split(":")
         res = measure(opts, files, int(rows), mode)
@@ -704,20 +416,14 @@ def main(argv=None):
             "(%d rows a file and a partition, %.0f MiB a file, snappy), not cached; %d nodes, batch %d, "
             "cluster.train's batch_rows 1024; %s, spark.ui off, executors' TF/OMP threads 1; "
             "one process and Spark application per measurement; %d run(s); total %.0f s") % (
-        _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), os.cpu_count(), platform.machine(),
-        _mem_gib(), FEATURES, opts.rows_per_file, max([r["file MiB"] for rs in results.values() for r in rs] or [0]),
+        harness.now_utc(), os.cpu_count(), platform.machine(),
+        harness.memory_gib(), FEATURES, opts.rows_per_file, max([r["file MiB"] for rs in results.values() for r in rs] or [0]),
         NODES, BATCH, opts.master, opts.runs, total)
-    cmd = "command: `" + " ".join(shlex.quote(a) for a in [os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)]
-                                  + (argv if argv is not None else sys.argv[1:])) + "`"
     parts = [head, tables(results, opts), per_batch_memory(results, opts)]
     if failures:
         parts.append("FAILED: " + "; ".join(failures))
-    parts.append(cmd)
-    text = "\n\n".join(parts) + "\n"
-    print(text)
-    os.makedirs(os.path.dirname(opts.out), exist_ok=True)
-    with open(opts.out, "w") as f:
-        f.write(text)
+    parts.append("command: `%s`" % harness.command(argv))
+    harness.write_report("\n\n".join(parts) + "\n", opts.out)
     with open(os.path.splitext(opts.out)[0] + ".json", "w") as f:
         json.dump([{k: v for k, v in r.items()} for rs in results.values() for r in rs], f, indent=1, default=str)
     return 1 if failures else 0
@@ -738,12 +444,6 @@ def measure_in_child(argv: list[str] | None, rows: int, mode: str) -> dict:
             return json.load(f)
     finally:
         os.unlink(path)
-
-
-def _mem_gib() -> float:
-    import psutil
-
-    return psutil.virtual_memory().total / (1 << 30)
 
 
 if __name__ == "__main__":

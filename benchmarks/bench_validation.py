@@ -18,14 +18,12 @@ Run: ``.venv/bin/python benchmarks/bench_validation.py [--rows N] [--val-rows N]
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+import harness
+
+sys.path.insert(0, harness.ROOT)
 
 FEATURES = 784
 
@@ -69,14 +67,10 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     opts = p.parse_args()
-    from pyspark.sql import SparkSession
-
     from tfos_nb import TFCluster
 
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # the executors' Python: this one (pyarrow, tfos_nb)
-    spark = (SparkSession.builder.master("local-cluster[2,1,2048]").appName("bench-validation")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executorEnv.PYTHONPATH", ROOT).getOrCreate())
+    # the executors' Python: this one (pyarrow, tfos_nb); the nodes' threads are set below (env)
+    spark = harness.spark_session("local-cluster[2,1,2048]", "bench-validation", executor_env={})
     train_df, val_df = frame(spark, opts.rows, 8, 1), frame(spark, opts.val_rows, 4, 1000)
     train_df.count(), val_df.count()
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1"}
@@ -100,17 +94,11 @@ def main() -> int:
         return wall, max(reads) if reads else None
 
     variants = ["train", "train+validation", "validation per epoch"]
-    for v in variants:  # warm-up
-        one(v)
-    walls: dict[str, list[float]] = {v: [] for v in variants}
-    reads: list[float] = []
-    for _ in range(opts.runs):
-        for v in variants:
-            wall, read = one(v)
-            walls[v].append(wall)
-            if read is not None:
-                reads.append(read)
+    rounds = harness.Rounds(opts.runs)  # a warm-up of each, then the variants alternate
+    rounds.run(variants, lambda v, _label: dict(zip(("wall", "read"), one(v))))
     spark.stop()
+    walls = {v: rounds.spread(v, "wall") for v in variants}
+    reads = [r for v in variants for r in rounds.results.get(v, {}).get("read", []) if r is not None]
     base = walls["train"]
     print(f"\n{opts.rows} training rows x {opts.epochs} epochs, {opts.val_rows} validation rows, 2 nodes, "
           f"{opts.runs} runs (seconds from train() to its return)\n")
@@ -118,13 +106,17 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for v in variants:
         w = walls[v]
-        extra = "" if v == "train" else (f"{statistics.median(w) - statistics.median(base):+.2f} s / "
-                                         f"{min(w) - min(base):+.2f} s")
-        print(f"| {v} | {', '.join(f'{x:.2f}' for x in w)} | {statistics.median(w):.2f} | {min(w):.2f}-{max(w):.2f} "
+        if w is None:
+            print(f"| {v} | FAILED: {rounds.failures.get(v, '')} | | | |")
+            continue
+        extra = "" if v == "train" or base is None else (f"{w.median - base.median:+.2f} s / "
+                                                          f"{w.fastest - base.fastest:+.2f} s")
+        print(f"| {v} | {', '.join(f'{x:.2f}' for x in w.values)} | {w.median:.2f} | {w.min:.2f}-{w.max:.2f} "
               f"| {extra} |")
     if reads:
-        print(f"\nA node's read of its share of the set at an epoch's end: median {statistics.median(reads):.3f} s "
-              f"(min {min(reads):.3f}, max {max(reads):.3f}, {len(reads)} epoch-ends)")
+        r = harness.Spread(reads)
+        print(f"\nA node's read of its share of the set at an epoch's end: median {r.median:.3f} s "
+              f"(min {r.min:.3f}, max {r.max:.3f}, {r.n} epoch-ends)")
     return 0
 
 

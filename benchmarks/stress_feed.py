@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import cloudpickle
+import harness
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -299,16 +300,9 @@ def main() -> int:
     p.add_argument("--out", default="benchmarks/results/stress-feed.md")
     p.add_argument("--only", default="", help="comma-separated trial ids: run only the groups holding them")
     args = p.parse_args()
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    builder = (SparkSession.builder.master("local-cluster[3,1,1024]").appName("tfos_nb-stress-feed")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.task.maxFailures", "1"))
-    for key, value in NODE_ENV.items():
-        builder = builder.config(f"spark.executorEnv.{key}", value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark = harness.spark_session("local-cluster[3,1,1024]", "tfos_nb-stress-feed",
+                                  conf={"spark.task.maxFailures": "1"}, executor_env=NODE_ENV)
     trials = make_trials(args.trials, args.seed)
     only = {int(i) for i in args.only.split(",") if i}
     plan = [g for g in groups(trials, args.per_cluster) if not only or only & {t["id"] for t in g}]

@@ -1,0 +1,150 @@
+"""Native MultiWorkerMirroredStrategy: Keras processes started by hand with ``TF_CONFIG`` on loopback ports.
+
+B2's reference (``train``: the same Keras program as the tfos_nb nodes, each process with its share of the rows in
+memory) and the ports and ``TF_CONFIG`` of B5's native memory reference.  ``python benchmarks/native.py SPEC`` is
+one process of ``train``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+log = logging.getLogger("bench")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_config(ports: Sequence[int], index: int, chief: bool = True, host: str = "127.0.0.1") -> str:
+    """Process ``index``'s TF_CONFIG: with ``chief``, process 0 is the chief and the others workers 0, 1, ...;
+    without, all are workers."""
+    addrs = ["%s:%d" % (host, p) for p in ports]
+    if not chief:
+        return json.dumps({"cluster": {"worker": addrs}, "task": {"type": "worker", "index": index}})
+    role = ("chief", 0) if index == 0 else ("worker", index - 1)
+    return json.dumps({"cluster": {"chief": addrs[:1], **({"worker": addrs[1:]} if len(addrs) > 1 else {})},
+                       "task": {"type": role[0], "index": role[1]}})
+
+
+class _PortTaken(Exception):
+    """A native worker's port was taken between choosing it and TensorFlow binding it."""
+
+
+def node(spec_path: str) -> None:
+    """One process of ``train``: the Keras program, its rows in memory (``from_tensor_slices(...).batch(batch)``,
+    auto-sharding off as tfos_nb's feed has it: each process trains on its own rows)."""
+    import numpy as np
+    from model import build_model, later_epochs_timer
+
+    spec = json.load(open(spec_path))
+    import tensorflow as tf
+
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except tf.errors.UnknownError as exc:
+        if "Could not start gRPC server" not in str(exc):
+            raise
+        open(spec["out"] + ".port-taken", "w").close()  # the driver starts the run again on new ports
+        sys.exit(3)
+    with strategy.scope():
+        model = build_model(spec["model"])
+    x, y = np.load(spec["x"]), np.load(spec["y"])
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(spec["batch"])
+    opts = tf.data.Options()
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    if spec.get("untuned"):  # tfos_nb's tf.data settings: autotuning off, here and on the per-device prefetch
+        from tfos_nb.runtime.executor import compat
+
+        opts.autotune.enabled = False
+        compat.untuned_device_prefetch()
+    ds = ds.with_options(opts)
+    timer = later_epochs_timer(tf.keras)
+    t_fit = time.time()
+    model.fit(ds, epochs=spec["epochs"], verbose=0, callbacks=[timer])
+    fit = time.time() - t_fit
+    # every worker saves (a collective); only the chief's copy is kept
+    is_chief = spec["index"] == 0
+    model.save(spec["export_dir"] if is_chief else spec["export_dir"] + "-worker%d" % spec["index"])
+    with open(spec["out"], "w") as f:
+        json.dump({"fit": fit, "step": timer.wall / timer.steps if timer.steps else None, "steps": timer.total}, f)
+
+
+def write_shares(x: Any, y: Any, processes: int, folder: str) -> list[tuple[str, str]]:
+    """The rows split into ``processes`` shares, each one's (x.npy, y.npy) in ``folder``."""
+    import numpy as np
+
+    shares = []
+    for i, idx in enumerate(np.array_split(np.arange(len(y)), processes)):
+        xs, ys = os.path.join(folder, "x%d.npy" % i), os.path.join(folder, "y%d.npy" % i)
+        np.save(xs, x[idx])
+        np.save(ys, y[idx])
+        shares.append((xs, ys))
+    return shares
+
+
+def train(shares: Sequence[tuple[str, str]], run_dir: str, spec: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """One process per (x.npy, y.npy) share, ``spec`` (batch, epochs, model, untuned, export_dir) for each: the wall
+    time from the first start to the last exit, and the chief's report (fit, step, steps)."""
+    for attempt in (1, 2):
+        try:
+            return _train_once(shares, run_dir, spec)
+        except _PortTaken:
+            # free_ports' ports were free when it closed them; another process (a Spark or TensorFlowOnSpark
+            # process of an earlier variant) can take one before TensorFlow binds it: a harness race, not the
+            # program's cost, so the run starts again on new ports
+            log.warning("native: a worker could not bind its port (attempt %d); starting again", attempt)
+    raise RuntimeError("native: the workers could not bind free ports twice")
+
+
+def _train_once(shares: Sequence[tuple[str, str]], run_dir: str, spec: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    ports = free_ports(len(shares))
+    env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
+               TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
+    procs, outs = [], []
+    t0 = time.perf_counter()
+    for i, (xs, ys) in enumerate(shares):
+        one = {**spec, "x": xs, "y": ys, "index": i, "out": os.path.join(run_dir, "node-%d.json" % i)}
+        spec_path = os.path.join(run_dir, "spec-%d.json" % i)
+        with open(spec_path, "w") as f:
+            json.dump(one, f)
+        outs.append(one["out"])
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), spec_path],
+                                      env=dict(env, TF_CONFIG=tf_config(ports, i))))
+    deadline = time.monotonic() + 1800
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            break  # one worker failed: its peers would wait for it in the strategy's first collective
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        if any(os.path.exists(o + ".port-taken") for o in outs):
+            raise _PortTaken()
+        raise RuntimeError("native node exit codes %s" % codes)
+    chief = json.load(open(outs[0]))
+    log.info("native: %d steps on the chief, %.1f ms a step after the first epoch", chief["steps"],
+             1000 * (chief["step"] or 0))
+    return wall, chief
+
+
+if __name__ == "__main__":
+    node(sys.argv[1])
