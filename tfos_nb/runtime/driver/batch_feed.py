@@ -113,6 +113,20 @@ class BatchFeed:
         self.controller.reset_feed_errors()
         return self._await(self._job.spark_job(suffix, description, action), what)
 
+    def partitions(self, data: Any) -> int:
+        """How many partitions ``data`` (a DataFrame) is fed in, i.e. its feeding stage's tasks: a job of one row a
+        partition, whose function reads none of the partition's rows.  The same plan under the same final
+        ``mapInArrow`` as the feed's, so it is split the same way (adaptive execution decides from the same data).
+        For Spark Connect, whose client cannot count a running stage's tasks."""
+        def one_row(batches: Any) -> Any:
+            import pyarrow as pa
+
+            yield pa.RecordBatch.from_pydict({"n": [1]}, schema=pa.schema([("n", pa.int32())]))
+
+        count = self.watch("partitions", f"tfos_nb {self.cluster_name}: count the partitions to feed",
+                           lambda: data.mapInArrow(one_row, "n int").count(), "counting the partitions to feed")
+        return int(count)
+
     # -- train()'s epochs ----------------------------------------------------------------
     def feed_epochs(self, data: Any, epochs: int, feed_timeout: float, batch_rows: int,
                     skip_rows: Mapping[int, list[tuple[int, int]]] | None, tracking: Any) -> dict[str, int]:
@@ -135,6 +149,8 @@ class BatchFeed:
 
         told: set[int] = set()
         told_tracking: list[int] = []  # the epoch whose rows went to MLflow with the DataFrame (the first)
+        # Spark Connect: no status tracker to count a running stage's tasks, so the partitions are counted first
+        counted = None if self._job.counts_tasks else self.partitions(data)
 
         def learn_shares() -> None:
             """Tell the controller each running epoch's number of feeding tasks, so that once all of them went to
@@ -142,7 +158,7 @@ class BatchFeed:
             MultiWorkerMirroredStrategy step together: waiting for the whole epoch's end would deadlock)."""
             for epoch, job in inflight:
                 if epoch not in told and not job.done and ctl.feeding_started(epoch):
-                    tasks = job.feeding_tasks()
+                    tasks = job.feeding_tasks() if counted is None else counted
                     if tasks is not None:
                         ctl.set_feed_tasks(epoch, tasks)
                         told.add(epoch)

@@ -73,6 +73,8 @@ class DriverJob:
     #: whether a training stream's ``foreachBatch`` runs away from the notebook (on the Spark Connect server): it
     #: then reports each micro-batch to the control plane, and the stream reads :meth:`stream_counts`
     streams_on_server = False
+    #: whether a feeding job's stage can be counted while it runs (Spark's status tracker; not on Spark Connect)
+    counts_tasks = True
 
     def __init__(self, sc: Any, state: S.ClusterState, controller: ControlPlane, *,
                  nodes_outlive_jobs: bool, linger_s: float, join_s: float,

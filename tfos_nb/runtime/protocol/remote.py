@@ -23,7 +23,7 @@ from .messages import Message
 
 # Command ops the coordinator obeys (the Controller methods the notebook calls).
 OPS = ("open_epoch", "end_epoch", "open_set", "end_set", "request_stop", "request_kill", "cancel", "set_running",
-       "reset_feed_errors", "close")
+       "reset_feed_errors", "set_feed_tasks", "close")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Command(Message):
     epoch: int = 0
     reason: str = ""
     remaining: int = -1  # open_epoch: epochs its train() call opens after it (-1: a stream's epoch); open_set: passes
+    tasks: int = 0  # set_feed_tasks: the epoch's feeding tasks (its DataFrame's partitions)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,6 +136,8 @@ class Coordinator:
             ctl.set_running()
         elif msg.op == "reset_feed_errors":
             ctl.reset_feed_errors()
+        elif msg.op == "set_feed_tasks":
+            ctl.set_feed_tasks(msg.epoch, msg.tasks)
         elif msg.op == "close":
             ctl.request_kill()
             body = remote.Closed(final=ctl.finish(self.finished))

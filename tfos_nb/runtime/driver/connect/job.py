@@ -130,12 +130,14 @@ class RemoteController:
 
     def feeding_started(self, epoch: int) -> bool:
         """Whether ``epoch`` was opened: ``TFCluster.train`` does not pipeline epochs on Spark Connect (an epoch's
-        end is itself a Spark job), so it never waits for a feeding stage to start here."""
+        end is itself a Spark job), so it never waits for a feeding stage to start here, and it tells the epoch's
+        feeding tasks (counted before) once the epoch is open."""
         return epoch <= self.state.feed_epoch
 
     def set_feed_tasks(self, epoch: int, tasks: int) -> None:
-        """Nothing to tell: a Connect client has no status tracker to count a stage's tasks, so nodes end their
-        reads at the end of the whole epoch (``TFCluster.train`` never calls this here)."""
+        """Tell the coordinator's controller ``epoch``'s feeding tasks (``TFCluster.train`` counted the partitions
+        with a job of its own: a Connect client has no status tracker)."""
+        self._send("set_feed_tasks", epoch=epoch, tasks=tasks)
 
     def reset_feed_errors(self) -> None:
         self._send("reset_feed_errors")
@@ -151,6 +153,7 @@ class ConnectDriverJob(DriverJob):
 
     rdds_available = False  # a Spark Connect session has DataFrames only
     streams_on_server = True  # foreachBatch runs on the Connect server: it reports to the coordinator
+    counts_tasks = False  # a Connect client has no status tracker: train() counts an epoch's partitions itself
 
     def __init__(self, spark: Any, state: S.ClusterState, controller: RemoteController, **kw: Any) -> None:
         super().__init__(spark, state, controller, **kw)
