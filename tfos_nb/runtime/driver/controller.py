@@ -57,7 +57,7 @@ def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions,
                       ordered_feed=options.deterministic)
 
 
-def refed_partition(partition: int, node: cluster_state._Node | None, rows: int | None = None) -> str:
+def refed_partition(partition: int, node: cluster_state.NodeRecord | None, rows: int | None = None) -> str:
     """The cluster's error when a training partition's feeding task died after it began to feed (its Python
     worker killed, its task lost; ``rows``: what reached the node, as the node saw its connection break) or Spark
     starts it again (``rows`` None): a second feed of the partition would train rows twice."""
@@ -101,7 +101,7 @@ class Controller:
         handler = self._handlers.get(type(msg))
         return handler(msg) if handler else messages.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
 
-    def _node(self, index: int) -> cluster_state._Node | None:
+    def _node(self, index: int) -> cluster_state.NodeRecord | None:
         if 0 <= index < len(self.state.nodes):
             return self.state.nodes[index]
         return None
@@ -138,7 +138,7 @@ class Controller:
         for n in st.nodes:
             spec.setdefault(n.job_name, []).append(hostport(n.host, n.port))
         tf_cluster = {k: v for k, v in spec.items() if k != "evaluator"}
-        by_host: dict[str, list[cluster_state._Node]] = {}
+        by_host: dict[str, list[cluster_state.NodeRecord]] = {}
         for n in st.nodes:
             if n.job_name != "ps":
                 by_host.setdefault(n.host, []).append(n)
@@ -356,7 +356,7 @@ class Controller:
             self.feed_errors.clear()
             self.lost_feeds = 0
 
-    def finish(self, finished: Callable[[list[cluster_state._Node]], bool]) -> str:
+    def finish(self, finished: Callable[[list[cluster_state.NodeRecord]], bool]) -> str:
         """Teardown is over: nodes still live are STOPPED; the job ends FINISHED when ``finished(nodes)``, else STOPPED.
 
         A failed job stays failed.  Returns the final state.
@@ -426,7 +426,7 @@ class Controller:
             st.notify()
 
     # -- feeding ------------------------------------------------------------------
-    def _sample_for(self, node: cluster_state._Node, msg: messages.Heartbeat) -> dict[str, Any]:
+    def _sample_for(self, node: cluster_state.NodeRecord, msg: messages.Heartbeat) -> dict[str, Any]:
         """The running train()'s data shape for a node that has not confirmed it (a node given no row builds its
         dataset from it); lock held."""
         st = self.state
@@ -443,7 +443,7 @@ class Controller:
         plan = self.state.feed_plan
         return gen > self.state.epoch_done and plan is not None and plan[0] <= gen <= plan[1]
 
-    def _feeds_dropped(self, node: cluster_state._Node, dropped: Any) -> None:
+    def _feeds_dropped(self, node: cluster_state.NodeRecord, dropped: Any) -> None:
         """A node's training partitions whose connection broke mid-partition (a heartbeat's news; lock held)."""
         for item in dropped if isinstance(dropped, list) else []:
             if isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item):
@@ -497,7 +497,7 @@ class Controller:
             # The least busy node takes the partition (a node serves several inference feeders at once, each
             # one's results routed back in order), so that a feeder that never released its node (its Python
             # worker was killed) cannot make a re-run of the partition wait.
-            def key(n: cluster_state._Node) -> tuple[int, int, bool, int]:
+            def key(n: cluster_state.NodeRecord) -> tuple[int, int, bool, int]:
                 local = n.executor_id == msg.executor_id if msg.executor_id else False
                 return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
 
@@ -524,7 +524,7 @@ class Controller:
         self._shares.handed_out(msg.gen, msg.partition, None)
         return messages.Reply(ok=True, body=messages.FeedAssignment(skip=True).to_dict())
 
-    def _hand_to(self, msg: messages.FeedAssign, node: cluster_state._Node, after: int = -1) -> messages.Reply:
+    def _hand_to(self, msg: messages.FeedAssign, node: cluster_state.NodeRecord, after: int = -1) -> messages.Reply:
         """``msg``'s partition goes to ``node`` (``after``: deterministic mode's partition before it); lock held."""
         st = self.state
         self._active[node.index] = self._active.get(node.index, 0) + 1
@@ -537,12 +537,12 @@ class Controller:
                   msg.executor_id or "?", node.label, f", after partition {after}" if after >= 0 else "")
         return self._assigned_to(node, after)
 
-    def _fed_nodes(self) -> list[cluster_state._Node]:
+    def _fed_nodes(self) -> list[cluster_state.NodeRecord]:
         """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
         return [n for n in self.state.nodes if n.job_name in FEEDABLE and n.data_port]
 
     @staticmethod
-    def _assigned_to(node: cluster_state._Node, after: int = -1) -> messages.Reply:
+    def _assigned_to(node: cluster_state.NodeRecord, after: int = -1) -> messages.Reply:
         target = messages.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
                                   after=max(after, -1))  # p - n < 0: the node's first partition
         return messages.Reply(ok=True, body=target.to_dict())

@@ -17,7 +17,7 @@ UNAVAILABLE_ON_CONNECT = ("stacks are not available on Spark Connect yet: the no
 STACKS_TIMEOUT_S = 10.0
 
 
-def pick(state: cluster_state.ClusterState, node: str | int | None) -> list[cluster_state._Node]:
+def pick(state: cluster_state.ClusterState, node: str | int | None) -> list[cluster_state.NodeRecord]:
     """The nodes ``node`` names (``"worker:1"`` or an index; None: all); KeyError naming the nodes there are."""
     nodes = [n for n in state.nodes if node is None or node in (n.index, n.label)]
     if not nodes:

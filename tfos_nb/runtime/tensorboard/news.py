@@ -20,7 +20,7 @@ from .urls import check_url
 log = logging.getLogger(__name__)
 
 
-def tensorboard_news(node: state._Node, runs_tensorboard: bool, msg: messages.Heartbeat) -> list[str]:
+def tensorboard_news(node: state.NodeRecord, runs_tensorboard: bool, msg: messages.Heartbeat) -> list[str]:
     """Apply ``msg``'s TensorBoard URL or error to ``node`` (state lock held); the lines it adds to its log.
 
     ``runs_tensorboard``: the node's spec asked it to start TensorBoard (the chief of a

@@ -141,7 +141,7 @@ class RemoteController:
         if self.job is not None:
             self.job.mirror.feed_errors, self.job.mirror.lost_feeds = [], 0
 
-    def finish(self, finished: Callable[[list[cluster_state._Node]], bool]) -> str:
+    def finish(self, finished: Callable[[list[cluster_state.NodeRecord]], bool]) -> str:
         return self.local.finish(finished)
 
 
