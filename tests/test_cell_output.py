@@ -295,19 +295,19 @@ def test_heartbeats_feed_the_history_once_per_report():
     """Through the controller: a cluster node's heartbeat carries every report since the last; a parallel run's
     supervisor sends only its latest report, again with every heartbeat (recorded once)."""
     from tfos_nb.runtime.driver.controller import Controller
-    from tfos_nb.runtime.protocol import messages as m
+    from tfos_nb.runtime.protocol import messages
 
     st = ClusterState("c1", "t", [("chief", 0), ("run", 0)])
     ctl = Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=60)
     batch = [{"step": s, "time": 100.0 + s / 10, "metrics": {"loss": 1.0 / s}} for s in range(1, 11)]
-    assert ctl.handle(m.Heartbeat(node=0, state="running", report=dict(batch[-1], total_steps=10),
+    assert ctl.handle(messages.Heartbeat(node=0, state="running", report=dict(batch[-1], total_steps=10),
                                   reports=batch[:6])).ok
-    assert ctl.handle(m.Heartbeat(node=0, state="running", report=dict(batch[-1], total_steps=10),
+    assert ctl.handle(messages.Heartbeat(node=0, state="running", report=dict(batch[-1], total_steps=10),
                                   reports=batch[6:], returned={"value": {"acc": 1}})).ok
     for beat in range(1, 8):
         report = {"step": beat * 10, "time": 100.0 + beat, "metrics": {"loss": 1.0 / beat}}
         for _ in range(2):
-            assert ctl.handle(m.Heartbeat(node=1, state="running", report=report)).ok
+            assert ctl.handle(messages.Heartbeat(node=1, state="running", report=report)).ok
     chief, run = st.snapshot().nodes
     assert [h[4] for h in st.history() if h[0] == "chief"] == list(range(1, 11))
     assert [h[4] for h in st.history() if h[0] == "run"] == [10, 20, 30, 40, 50, 60, 70]

@@ -12,20 +12,20 @@ import pytest
 from tests.conftest import wait_until
 from tests.server_abuse import SECRET, closed_by_server, idle_connections, starved, trickle
 from tfos_nb.runtime import net
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
 DEADLINE = 1.0  # the first-frame deadline these servers get (FIRST_FRAME_DEADLINE_S is 10 s)
 CAP = 8
 
 
-def codec(sender: str) -> m.Codec:
-    return m.Codec(SECRET, "cid", sender)
+def codec(sender: str) -> messages.Codec:
+    return messages.Codec(SECRET, "cid", sender)
 
 
 @pytest.fixture
 def server():
-    srv = ControlServer(codec("driver"), lambda msg: m.Reply(ok=True), "127.0.0.1", first_frame_deadline=DEADLINE,
+    srv = ControlServer(codec("driver"), lambda msg: messages.Reply(ok=True), "127.0.0.1", first_frame_deadline=DEADLINE,
                         max_unverified=CAP)
     srv.start()
     yield srv
@@ -38,36 +38,36 @@ def test_idle_connections_are_closed_at_the_deadline_and_do_not_keep_a_peer_out(
     started = time.monotonic()
     # a peer that sends its frame at once is served whatever the flood (the oldest idle ones make room)
     client = ControlClient(codec("node"), server.address, timeout=5)
-    assert client.request(m.AwaitSpec(node=0)).ok
+    assert client.request(messages.AwaitSpec(node=0)).ok
     # beyond the cap, the oldest are closed at once: at most CAP are held
     assert wait_until(lambda: sum(closed_by_server(s) for s in idle) >= 2 * CAP, DEADLINE / 2), "no cap"
     # and the rest at the deadline (the select loop wakes for it; 3 s of margin for a loaded machine)
     assert wait_until(lambda: all(closed_by_server(s) for s in idle), DEADLINE + 3.0), (
         f"idle connections still open {time.monotonic() - started:.1f} s after they connected")
     # the verified connection has no deadline: it is still served long after
-    assert client.request(m.AwaitSpec(node=1)).ok
+    assert client.request(messages.AwaitSpec(node=1)).ok
     client.close()
     for s in idle:
         s.close()
 
 
 def test_a_byte_at_a_time_sender_is_cut_at_the_first_frame_deadline(server):
-    frame = codec("slow").encode(m.Register(node=0, host="h" * 200, port=1, executor_id="0", pid=1))
+    frame = codec("slow").encode(messages.Register(node=0, host="h" * 200, port=1, executor_id="0", pid=1))
     with socket.create_connection(server.address, timeout=5) as s:
         # a byte every 0.1 s: the whole frame would take over 20 s; each byte is far inside any per-read timeout
         took = trickle(s, frame, every=0.1, limit=DEADLINE + 3.0)
     assert took is not None, "a byte-at-a-time sender kept its connection open past the deadline"
     assert took >= DEADLINE * 0.9  # the deadline, not some other refusal
-    assert ControlClient(codec("node"), server.address, timeout=5).request(m.AwaitSpec(node=0)).ok
+    assert ControlClient(codec("node"), server.address, timeout=5).request(messages.AwaitSpec(node=0)).ok
 
 
 def test_a_verified_connection_is_never_timed_out(server):
     client = ControlClient(codec("node"), server.address, timeout=5)
-    assert client.request(m.AwaitSpec(node=0)).ok
+    assert client.request(messages.AwaitSpec(node=0)).ok
     sock = client._sock  # the same connection must carry the next request
     t0 = time.monotonic()  # twice the deadline of an unverified connection, then the same connection again
     wait_until(lambda: time.monotonic() - t0 >= 2 * DEADLINE, 2 * DEADLINE + 1)
-    assert client.request(m.AwaitSpec(node=1)).ok and client._sock is sock
+    assert client.request(messages.AwaitSpec(node=1)).ok and client._sock is sock
     client.close()
 
 
@@ -76,7 +76,7 @@ def test_running_out_of_descriptors_does_not_spin_and_serving_resumes():
         assert srv.command("fill") == "full"
         client = ControlClient(codec("node"), ("127.0.0.1", srv.port), timeout=30)
         answer: dict[str, object] = {}
-        t = threading.Thread(target=lambda: answer.update(reply=client.request(m.AwaitSpec(node=0))))
+        t = threading.Thread(target=lambda: answer.update(reply=client.request(messages.AwaitSpec(node=0))))
         t.start()  # connected (the kernel queues it), unaccepted: accept() fails with EMFILE meanwhile
         used = srv.cpu_share(2.0)
         # a back-off retries every ACCEPT_BACKOFF_S for microseconds each; a spin takes all the CPU it gets
@@ -89,6 +89,6 @@ def test_running_out_of_descriptors_does_not_spin_and_serving_resumes():
 
 
 def test_an_unbindable_address_is_an_error_not_every_interface():
-    srv = ControlServer(codec("driver"), lambda msg: m.Reply(ok=True), "192.0.2.1")  # TEST-NET-1: not this host
+    srv = ControlServer(codec("driver"), lambda msg: messages.Reply(ok=True), "192.0.2.1")  # TEST-NET-1: not this host
     with pytest.raises(OSError, match="cannot listen on 192.0.2.1"):
         srv.start()

@@ -19,9 +19,9 @@ import pytest
 
 from tests.conftest import NODE_ENV, skip_environment, spark_fixture, wait_until
 from tfos_nb import TFCluster
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import state
 from tfos_nb.runtime.driver.controller import Controller
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -29,21 +29,21 @@ CHIEF_HOST, WORKER_HOST = "10.0.0.5", "10.0.0.6"
 
 
 # -- the controller: who may name the TensorBoard URL (fast) ----------------------------------------------------
-def formed(tensorboard: bool = True) -> tuple[S.ClusterState, Controller]:
-    st = S.ClusterState("0123abcd", "t", [("chief", 0), ("worker", 0)])
+def formed(tensorboard: bool = True) -> tuple[state.ClusterState, Controller]:
+    st = state.ClusterState("0123abcd", "t", [("chief", 0), ("worker", 0)])
     ctl = Controller(st, input_mode_spark=False, tensorboard=tensorboard, log_dir="/tmp/tb", num_gpus=0,
                      heartbeat_timeout=10.0)
     for i, host in enumerate((CHIEF_HOST, WORKER_HOST)):
-        assert ctl.handle(m.Register(node=i, host=host, port=5000 + i, executor_id=str(i), pid=100 + i)).ok
+        assert ctl.handle(messages.Register(node=i, host=host, port=5000 + i, executor_id=str(i), pid=100 + i)).ok
     return st, ctl
 
 
 def test_a_tensorboard_url_from_a_node_that_is_not_the_chief_is_ignored():
     st, ctl = formed()
-    assert ctl.handle(m.Heartbeat(node=1, state="running", tensorboard=f"http://{WORKER_HOST}:6006")).ok
+    assert ctl.handle(messages.Heartbeat(node=1, state="running", tensorboard=f"http://{WORKER_HOST}:6006")).ok
     assert st.snapshot().tensorboard is None and st.nodes[1].tensorboard is None
     # nor may it say the chief's TensorBoard failed
-    assert ctl.handle(m.Heartbeat(node=1, state="running", tensorboard_error="TensorBoard exited")).ok
+    assert ctl.handle(messages.Heartbeat(node=1, state="running", tensorboard_error="TensorBoard exited")).ok
     assert st.snapshot().tensorboard_error is None
 
 
@@ -52,15 +52,15 @@ def test_a_tensorboard_url_naming_another_host_or_not_a_root_url_is_ignored():
     for url in (f"http://{WORKER_HOST}:6006", "http://evil.example:6006", "http://127.0.0.1:6006",
                 f"https://{CHIEF_HOST}:6006", f"http://{CHIEF_HOST}", f"http://{CHIEF_HOST}:6006/x",
                 f"http://u:p@{CHIEF_HOST}:6006", f"http://{CHIEF_HOST}:99999"):
-        assert ctl.handle(m.Heartbeat(node=0, state="running", tensorboard=url)).ok
+        assert ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard=url)).ok
         assert st.snapshot().tensorboard is None, url
-    assert ctl.handle(m.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006/")).ok
+    assert ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006/")).ok
     assert st.snapshot().tensorboard == f"http://{CHIEF_HOST}:6006"
 
 
 def test_no_tensorboard_url_is_taken_when_the_cluster_runs_none():
     st, ctl = formed(tensorboard=False)
-    assert ctl.handle(m.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006")).ok
+    assert ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006")).ok
     assert st.snapshot().tensorboard is None
 
 
@@ -68,10 +68,10 @@ def test_the_chiefs_tensorboard_failure_withdraws_its_url_and_is_said_once():
     st, ctl = formed()
     lines: list[tuple[str, list[str]]] = []
     st.add_log_listener(lambda label, new: lines.append((label, new)))
-    assert ctl.handle(m.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006")).ok
+    assert ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006")).ok
     error = "TensorBoard exited with code 1; its last output lines:\nboom"
     for _ in range(2):
-        assert ctl.handle(m.Heartbeat(node=0, state="running", tensorboard_error=error)).ok
+        assert ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard_error=error)).ok
     view = st.snapshot()
     assert view.tensorboard is None and view.tensorboard_error == error
     assert lines == [("chief:0", ["[tfos_nb] no TensorBoard: TensorBoard exited with code 1; its last output lines:",
@@ -83,7 +83,7 @@ def test_the_panel_says_the_chiefs_tensorboard_failed():
 
     st, ctl = formed()
     error = "TensorBoard exited with code 1; its last output lines:\nboom"
-    assert ctl.handle(m.Heartbeat(node=0, state="running", tensorboard_error=error)).ok
+    assert ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard_error=error)).ok
     model = panel_model(st.snapshot())
     said = "no TensorBoard: TensorBoard exited with code 1; its last output lines: (its output is in the chief's log)"
     assert model["tensorboard_error"] == said and model["tensorboard"] is None
@@ -92,16 +92,16 @@ def test_the_panel_says_the_chiefs_tensorboard_failed():
 
 def test_the_proxy_route_is_withdrawn_when_the_url_goes(tmp_path, monkeypatch):
     """A TensorBoard that exited frees its port for anyone: the route must not outlive it."""
-    from tfos_nb import tensorboard as tb
+    from tfos_nb import tensorboard as notebook_tensorboard
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     st, ctl = formed()
-    route = tb.ClusterRoute()
-    ctl.handle(m.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006"))
+    route = notebook_tensorboard.ClusterRoute()
+    ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard=f"http://{CHIEF_HOST}:6006"))
     route(st.snapshot(), False)
     record = tmp_path / "tfos_nb" / "0123abcd.json"
     assert record.exists()
-    ctl.handle(m.Heartbeat(node=0, state="running", tensorboard_error="TensorBoard exited with code 1 (no output)"))
+    ctl.handle(messages.Heartbeat(node=0, state="running", tensorboard_error="TensorBoard exited with code 1 (no output)"))
     route(st.snapshot(), False)
     assert not record.exists() and route.path is None
 

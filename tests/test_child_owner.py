@@ -12,11 +12,11 @@ import time
 import cloudpickle
 import pytest
 
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import state
 from tfos_nb.runtime.driver.errors import failure_message, first_failure
 from tfos_nb.runtime.executor.launch import child_env, import_path
 from tfos_nb.runtime.executor.owner import STOPPED_S, ChildOwner
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
 from .conftest import wait_until
@@ -56,19 +56,19 @@ class Driver:
     """A control server that records heartbeats and answers them as told."""
 
     def __init__(self) -> None:
-        self.beats: list[m.Heartbeat] = []
+        self.beats: list[messages.Heartbeat] = []
         self.kill_after_report = False
         self.lock = threading.Lock()
-        self.server = ControlServer(m.Codec(SECRET, "c1", "driver"), self.handle, "127.0.0.1")
+        self.server = ControlServer(messages.Codec(SECRET, "c1", "driver"), self.handle, "127.0.0.1")
         self.server.start()
 
-    def handle(self, msg: m.Message) -> m.Reply:
-        assert isinstance(msg, m.Heartbeat)
+    def handle(self, msg: messages.Message) -> messages.Reply:
+        assert isinstance(msg, messages.Heartbeat)
         with self.lock:
             self.beats.append(msg)
         if self.kill_after_report and msg.report.get("step") == 1:
-            return m.Reply(ok=True, body={"kill": True, "grace": 0.5})
-        return m.Reply(ok=True, body={})
+            return messages.Reply(ok=True, body={"kill": True, "grace": 0.5})
+        return messages.Reply(ok=True, body={})
 
     def states(self) -> list[str]:
         with self.lock:
@@ -88,11 +88,11 @@ def driver():
 
 def _owner(driver: Driver, fn_name: str, args: dict, tmp_path, driver_timeout: float = 5.0) -> ChildOwner:
     assert driver.server.address is not None
-    client = ControlClient(m.Codec(SECRET, "c1", "run0"), driver.server.address, timeout=2)
+    client = ControlClient(messages.Codec(SECRET, "c1", "run0"), driver.server.address, timeout=2)
     owner = ChildOwner(client, 0, "run:0", hb_interval=0.05, driver_timeout=driver_timeout)
     info = {"index": 0, "num_runs": 1, "cluster_id": "c1", "result_path": str(tmp_path / "result.pkl")}
     blob = cloudpickle.dumps((FUNCS[fn_name], [args]))
-    meta = m.LaunchMeta(cluster_id="c1", secret=SECRET.hex(), control=list(driver.server.address), hb_interval=0.05,
+    meta = messages.LaunchMeta(cluster_id="c1", secret=SECRET.hex(), control=list(driver.server.address), hb_interval=0.05,
                         driver_timeout=driver_timeout, env={}, keras="tf_keras", default_fs="file:///", driver_pid=os.getpid())
     owner.start("run", "c1", child_env(meta), blob, info)
     return owner
@@ -187,12 +187,12 @@ def test_a_stopped_child_is_ended_and_reported_failed(driver, tmp_path):
 def test_the_node_that_failed_first_is_named_not_the_peer_that_waited_for_it():
     """A node stopped or killed mid-step fails first; a peer waiting for it in a collective fails seconds later
     with TensorFlow's error.  The first to fail is the cause, whatever the nodes' order."""
-    st = S.ClusterState("c1", "t", [("chief", 0), ("worker", 0), ("worker", 1)])
+    st = state.ClusterState("c1", "t", [("chief", 0), ("worker", 0), ("worker", 1)])
     chief, w0, w1 = st.nodes
     for n, at, error in ((chief, 13.6, "CollectiveReduceV2: Collective ops is aborted by: ..."),
                          (w0, 5.2, "the node process was stopped (SIGSTOP, or a debugger held it) for 5 s"),
                          (w1, 2.0, "no heartbeat for 10 s: the node's supervisor or its executor died")):
-        n.state, n.failed_at, n.error = S.FAILED, at, error
+        n.state, n.failed_at, n.error = state.FAILED, at, error
     first, rest = first_failure(st.snapshot())
     assert first is not None and first.label == "worker:0"
     assert [n.label for n in rest] == ["chief:0", "worker:1"]  # a lost node (no heartbeat) comes last

@@ -2,12 +2,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos_nb.runtime.batches import columns as C
-from tfos_nb.runtime.batches import rowpack as RP
+from tfos_nb.runtime.batches import columns, rowpack
 
 
 def roundtrip(rows):
-    batch = C.decode_ipc(C.encode_ipc(C.rows_to_batch(rows)))
+    batch = columns.decode_ipc(columns.encode_ipc(columns.rows_to_batch(rows)))
     return batch
 
 
@@ -24,44 +23,44 @@ def roundtrip(rows):
     ],
 )
 def test_rows_roundtrip(rows):
-    assert C.batch_to_rows(roundtrip(rows)) == [tuple(r) if isinstance(r, tuple) else r for r in rows]
+    assert columns.batch_to_rows(roundtrip(rows)) == [tuple(r) if isinstance(r, tuple) else r for r in rows]
 
 
 def test_numpy_rows_become_one_2d_column():
     rows = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(4)]
-    (col,) = C.batch_to_columns(roundtrip(rows))
+    (col,) = columns.batch_to_columns(roundtrip(rows))
     assert col.shape == (4, 2, 3) and col.dtype == np.float32
     np.testing.assert_array_equal(col[2], rows[2])
 
 
 def test_columns_of_feature_rows():
     rows = [(np.full(784, i, dtype=np.float32).tolist(), i) for i in range(10)]
-    x, y = C.batch_to_columns(roundtrip(rows))
+    x, y = columns.batch_to_columns(roundtrip(rows))
     assert x.shape == (10, 784) and y.tolist() == list(range(10))
 
 
 def test_spark_style_list_column_to_matrix():
     arr = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32())).slice(1)
     batch = pa.RecordBatch.from_arrays([arr], names=["f"])
-    (col,) = C.batch_to_columns(batch)
+    (col,) = columns.batch_to_columns(batch)
     np.testing.assert_array_equal(col, [[3.0, 4.0], [5.0, 6.0]])
 
 
 def test_ragged_column_names_the_column():
     batch = pa.RecordBatch.from_arrays([pa.array([[1.0], [1.0, 2.0]])], names=["features"])
-    with pytest.raises(C.FeedDataError, match="column 'features' holds arrays of different lengths"):
-        C.batch_to_columns(batch)
+    with pytest.raises(columns.FeedDataError, match="column 'features' holds arrays of different lengths"):
+        columns.batch_to_columns(batch)
 
 
 def test_nulls_name_the_column():
     batch = pa.RecordBatch.from_arrays([pa.array([1.0, None])], names=["x"])
-    with pytest.raises(C.FeedDataError, match="column 'x' has 1 null"):
-        C.batch_to_columns(batch)
+    with pytest.raises(columns.FeedDataError, match="column 'x' has 1 null"):
+        columns.batch_to_columns(batch)
 
 
 def test_rows_of_different_lengths_are_refused():
-    with pytest.raises(C.FeedDataError, match="rows of different lengths"):
-        C.rows_to_batch([(1, 2), (1, 2, 3)])
+    with pytest.raises(columns.FeedDataError, match="rows of different lengths"):
+        columns.rows_to_batch([(1, 2), (1, 2, 3)])
 
 
 def test_vector_udt_struct_dense_and_sparse():
@@ -74,15 +73,15 @@ def test_vector_udt_struct_dense_and_sparse():
         ],
         names=["type", "size", "indices", "values"],
     )
-    (col,) = C.batch_to_columns(pa.RecordBatch.from_arrays([struct], names=["v"]))
+    (col,) = columns.batch_to_columns(pa.RecordBatch.from_arrays([struct], names=["v"]))
     np.testing.assert_array_equal(col, [[1.0, 2.0, 3.0], [7.0, 0.0, 9.0]])
 
 
 def test_dataframe_rows_arrive_as_pyspark_rows():
     from pyspark.sql import Row
 
-    fed = C.batch_to_rows(C.rows_to_batch([Row(x=1.5, label=3), Row(x=2.5, label=4)]))  # df.rdd rows
-    plain = C.batch_to_rows(pa.RecordBatch.from_pydict({"x": [1.5], "label": [3]}))  # a DataFrame's Arrow batch
+    fed = columns.batch_to_rows(columns.rows_to_batch([Row(x=1.5, label=3), Row(x=2.5, label=4)]))  # df.rdd rows
+    plain = columns.batch_to_rows(pa.RecordBatch.from_pydict({"x": [1.5], "label": [3]}))  # a DataFrame's Arrow batch
     for rows in (fed, plain):
         row = rows[0]
         assert isinstance(row, Row) and row.label == row["label"] == row[1] == 3
@@ -106,7 +105,7 @@ def test_numpy_array_rows_are_views_of_a_dataframes_batch(fixed):
 
     x = np.arange(40, dtype=np.float32).reshape(10, 4)
     batch = _list_batch(x, np.arange(10, dtype=np.int32), fixed).slice(3, 5)  # next_batch hands out slices
-    rows = C.batch_to_rows(batch, numpy_arrays=True)
+    rows = columns.batch_to_rows(batch, numpy_arrays=True)
     assert len(rows) == 5 and all(isinstance(r, Row) for r in rows)
     first = rows[0]
     assert isinstance(first.features, np.ndarray) and first.features.dtype == np.float32
@@ -121,13 +120,13 @@ def test_numpy_array_rows_are_views_of_a_dataframes_batch(fixed):
 
 
 def test_numpy_array_rows_keep_shapes_and_the_row_kinds():
-    tuples = C.batch_to_rows(roundtrip([(np.ones((2, 3)) * i, i) for i in range(3)]), numpy_arrays=True)
+    tuples = columns.batch_to_rows(roundtrip([(np.ones((2, 3)) * i, i) for i in range(3)]), numpy_arrays=True)
     assert type(tuples[2]) is tuple and tuples[2][0].shape == (2, 3) and tuples[2][0][1, 2] == 2.0
-    vectors = C.batch_to_rows(roundtrip([[1.0, 2.0], [3.0, 4.0]]), numpy_arrays=True)
+    vectors = columns.batch_to_rows(roundtrip([[1.0, 2.0], [3.0, 4.0]]), numpy_arrays=True)
     np.testing.assert_array_equal(np.array(vectors), [[1.0, 2.0], [3.0, 4.0]])  # np.array(batch) of vector rows
-    dicts = C.batch_to_rows(roundtrip([{"a": 1, "b": [1.0, 2.0]}]), numpy_arrays=True)
+    dicts = columns.batch_to_rows(roundtrip([{"a": 1, "b": [1.0, 2.0]}]), numpy_arrays=True)
     assert dicts[0]["a"] == 1 and dicts[0]["b"].tolist() == [1.0, 2.0]
-    lists = C.batch_to_rows(roundtrip([[1, [1.0, 2.0]]]), numpy_arrays=True)
+    lists = columns.batch_to_rows(roundtrip([[1, [1.0, 2.0]]]), numpy_arrays=True)
     assert type(lists[0]) is list and lists[0][1].tolist() == [1.0, 2.0]
 
 
@@ -136,8 +135,8 @@ def test_numpy_array_rows_leave_nulls_ragged_strings_and_scalars_as_python():
         "nulls": [[1.0, None], [2.0, 3.0]], "ragged": [[1.0], [2.0, 3.0]], "missing": [[1, 2], None],
         "s": ["x", "y"], "n": [1, None], "f": [0.5, 1.5],
     })
-    rows = C.batch_to_rows(batch, numpy_arrays=True)
-    assert rows == C.batch_to_rows(batch)  # all Python values, as without numpy_arrays
+    rows = columns.batch_to_rows(batch, numpy_arrays=True)
+    assert rows == columns.batch_to_rows(batch)  # all Python values, as without numpy_arrays
     assert rows[0] == ([1.0, None], [1.0], [1, 2], "x", 1, 0.5) and rows[1][2] is None and rows[1][4] is None
     assert type(rows[1][5]) is float
 
@@ -156,8 +155,8 @@ def _chunks(rows, n):
     ],
 )
 def test_rows_to_batches_gives_rows_to_batch_of_each_slice(rows):
-    got = list(RP.rows_to_batches(rows, 4))
-    want = [C.rows_to_batch(chunk) for chunk in _chunks(rows, 4)]
+    got = list(rowpack.rows_to_batches(rows, 4))
+    want = [columns.rows_to_batch(chunk) for chunk in _chunks(rows, 4)]
     assert [b.schema for b in got] == [b.schema for b in want]
     assert all(g.schema.metadata == w.schema.metadata for g, w in zip(got, want))
     assert [b.to_pydict() for b in got] == [b.to_pydict() for b in want]
@@ -167,9 +166,9 @@ def test_rows_to_batches_packs_spark_rows_under_their_field_names():
     from pyspark.sql import Row
 
     rows = [Row(features=[1.0 * i, 2.0], label=i) for i in range(5)]
-    (batch,) = RP.rows_to_batches(rows, 8)
-    assert batch.schema == C.rows_to_batch(rows).schema
-    assert C.batch_to_rows(batch) == [Row(features=[1.0 * i, 2.0], label=i) for i in range(5)]
+    (batch,) = rowpack.rows_to_batches(rows, 8)
+    assert batch.schema == columns.rows_to_batch(rows).schema
+    assert columns.batch_to_rows(batch) == [Row(features=[1.0 * i, 2.0], label=i) for i in range(5)]
 
 
 @pytest.mark.parametrize(
@@ -186,24 +185,24 @@ def test_rows_to_batches_packs_spark_rows_under_their_field_names():
 def test_rows_to_batches_after_a_row_of_another_shape_keeps_every_row_in_order(odd):
     rows = [([1.0 * i, 2.0, 3.0], i) for i in range(6)] + [odd] + [([9.0, 9.0, 9.0], 9)] * 3
     try:
-        want = [C.rows_to_batch(chunk) for chunk in _chunks(rows, 4)]
-    except C.FeedDataError:  # rows of different widths: refused either way
-        with pytest.raises(C.FeedDataError):
-            list(RP.rows_to_batches(rows, 4))
+        want = [columns.rows_to_batch(chunk) for chunk in _chunks(rows, 4)]
+    except columns.FeedDataError:  # rows of different widths: refused either way
+        with pytest.raises(columns.FeedDataError):
+            list(rowpack.rows_to_batches(rows, 4))
         return
-    got = list(RP.rows_to_batches(rows, 4))
+    got = list(rowpack.rows_to_batches(rows, 4))
     assert sum(b.num_rows for b in got) == len(rows)
-    flat = [r for b in got for r in C.batch_to_rows(b)]
+    flat = [r for b in got for r in columns.batch_to_rows(b)]
     assert flat[:6] == [([1.0 * i, 2.0, 3.0], i) for i in range(6)]
     # A batch's first row decides whether its rows come back as tuples or lists (the odd list row starts one here)
-    assert [repr(tuple(r)) for r in flat[6:]] == [repr(tuple(r)) for b in want for r in C.batch_to_rows(b)][6:]
+    assert [repr(tuple(r)) for r in flat[6:]] == [repr(tuple(r)) for b in want for r in columns.batch_to_rows(b)][6:]
 
 
 def test_rows_to_batches_leaves_rows_without_a_float_vector_to_rows_to_batch():
     rows = [(i, "s%d" % i, [i, 2]) for i in range(7)]  # no float vector: ints, strings, int lists
-    got = list(RP.rows_to_batches(rows, 3))
+    got = list(rowpack.rows_to_batches(rows, 3))
     assert [b.num_rows for b in got] == [3, 3, 1]
-    assert [r for b in got for r in C.batch_to_rows(b)] == rows
+    assert [r for b in got for r in columns.batch_to_rows(b)] == rows
 
 
 def test_feeding_and_reading_numbers_do_not_import_pandas():

@@ -5,23 +5,22 @@ from __future__ import annotations
 
 import json
 
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.controller import Controller
-from tfos_nb.runtime.protocol import messages as m
-from tfos_nb.runtime.protocol import remote
+from tfos_nb.runtime.protocol import messages, remote
 
 ROLES = [("chief", 0), ("worker", 0)]
 
 
 def coordinator_state():
-    state = S.ClusterState("c1", "demo", ROLES)
+    state = cluster_state.ClusterState("c1", "demo", ROLES)
     ctl = Controller(state, input_mode_spark=True, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
     book = snapshot.LogBook(len(ROLES))
     labels = {n.label: n.index for n in state.nodes}
     state.add_log_listener(lambda label, lines: book.add(labels[label], lines))
     for i in range(len(ROLES)):
-        ctl.handle(m.Register(node=i, host="h", port=1000 + i, executor_id=str(i), pid=10 + i))
+        ctl.handle(messages.Register(node=i, host="h", port=1000 + i, executor_id=str(i), pid=10 + i))
     return state, ctl, book
 
 
@@ -32,7 +31,7 @@ def travel(snap):
 
 def beat(ctl, node, **kw):
     kw.setdefault("state", "running")
-    assert ctl.handle(m.Heartbeat(node=node, **kw)).ok
+    assert ctl.handle(messages.Heartbeat(node=node, **kw)).ok
 
 
 def coordinator():
@@ -53,14 +52,14 @@ def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
          reports=[{"step": 3, "time": 1.0, "metrics": {"loss": 0.5}}])
     beat(ctl, 1, state="failed", error="ValueError: x", tail=["Traceback", "ValueError: x"], exit_code=1)
     ctl.open_epoch()
-    mirror_state = S.ClusterState("c1", "demo", ROLES)
+    mirror_state = cluster_state.ClusterState("c1", "demo", ROLES)
     mirror = snapshot.Mirror(mirror_state)
     got_logs = []
     mirror_state.add_log_listener(lambda label, lines: got_logs.append((label, lines)))
 
     mirror.apply(travel(snapshot.take(state, book, mirror.logs_seen, mirror.history_seen, ["e"], 1)))
     view, orig = mirror_state.snapshot(), state.snapshot()
-    assert view.state == orig.state == S.C_FAILED and view.error == orig.error
+    assert view.state == orig.state == cluster_state.C_FAILED and view.error == orig.error
     assert view.feed_epoch == 1 and mirror.feed_errors == ["e"] and mirror.lost_feeds == 1
     for a, b in zip(view.nodes, orig.nodes):
         assert (a.state, a.host, a.port, a.step, a.metrics, a.error, a.tail, a.exit_code) == \
@@ -89,21 +88,21 @@ def test_snapshot_is_a_protocol_type_parsed_strictly():
 
     data = json.loads(json.dumps(snap.to_dict()))
     del data["feed_epoch"]
-    with pytest.raises(m.ProtocolError, match="ClusterSnapshot: missing field 'feed_epoch'"):
+    with pytest.raises(messages.ProtocolError, match="ClusterSnapshot: missing field 'feed_epoch'"):
         remote.ClusterSnapshot.from_dict(data)
     data = json.loads(json.dumps(snap.to_dict()))
     del data["nodes"][1]["port"]
-    with pytest.raises(m.ProtocolError, match=r"ClusterSnapshot.nodes\[1\]: NodeSnapshot: missing field 'port'"):
+    with pytest.raises(messages.ProtocolError, match=r"ClusterSnapshot.nodes\[1\]: NodeSnapshot: missing field 'port'"):
         remote.ClusterSnapshot.from_dict(data)
     data = json.loads(json.dumps(snap.to_dict()))
     data["nodes"][0]["reports"][0]["step"] = "3"
-    with pytest.raises(m.ProtocolError, match=r"nodes\[0\]: NodeSnapshot.reports\[0\]: Report.step: expected int"):
+    with pytest.raises(messages.ProtocolError, match=r"nodes\[0\]: NodeSnapshot.reports\[0\]: Report.step: expected int"):
         remote.ClusterSnapshot.from_dict(data)
     data = json.loads(json.dumps(snap.to_dict()))
     data["streams"]["1"]["rows"] = None
-    with pytest.raises(m.ProtocolError, match=r"ClusterSnapshot.streams\['1'\]: StreamCounts.rows: expected int"):
+    with pytest.raises(messages.ProtocolError, match=r"ClusterSnapshot.streams\['1'\]: StreamCounts.rows: expected int"):
         remote.ClusterSnapshot.from_dict(data)
-    with pytest.raises(m.ProtocolError, match="ClusterSnapshot: body is not an object"):
+    with pytest.raises(messages.ProtocolError, match="ClusterSnapshot: body is not an object"):
         remote.ClusterSnapshot.from_dict(None)
 
 
@@ -119,11 +118,11 @@ def test_logbook_skips_lines_dropped_meanwhile_and_caps_each_answer():
 
 
 def test_remote_messages_are_signed_codec_messages():
-    codec = m.Codec(b"s" * 32, "c1", "notebook")
-    server = m.Codec(b"s" * 32, "c1", "coordinator")
-    msg = server.decode(codec.encode(remote.Command(op="open_epoch"))[m.HEADER.size:])
+    codec = messages.Codec(b"s" * 32, "c1", "notebook")
+    server = messages.Codec(b"s" * 32, "c1", "coordinator")
+    msg = server.decode(codec.encode(remote.Command(op="open_epoch"))[messages.HEADER.size:])
     assert msg == remote.Command(op="open_epoch")
-    snap = server.decode(codec.encode(remote.Snapshot(logs=[1, 2], history=[0, 0]))[m.HEADER.size:])
+    snap = server.decode(codec.encode(remote.Snapshot(logs=[1, 2], history=[0, 0]))[messages.HEADER.size:])
     assert isinstance(snap, remote.Snapshot) and snap.logs == [1, 2]
 
 
@@ -142,20 +141,20 @@ def test_stream_batch_reports_reach_the_mirror():
     import pytest
 
     meta, coord = coordinator()
-    stream = m.Codec(bytes.fromhex(meta["secret"]), "c1", "stream")
-    server = m.Codec(bytes.fromhex(meta["secret"]), "c1", "coordinator")
+    stream = messages.Codec(bytes.fromhex(meta["secret"]), "c1", "stream")
+    server = messages.Codec(bytes.fromhex(meta["secret"]), "c1", "coordinator")
     sent = [remote.StreamBatch(epoch=1, batch=0, rows=10, partitions=1),
             remote.StreamBatch(epoch=1, batch=1, rows=5, skipped=2, partitions=2),
             remote.StreamBatch(epoch=1, batch=2, error="RuntimeError: feeding partition 0 failed: x")]
     for msg in sent:
-        assert coord.handle(server.decode(stream.encode(msg)[m.HEADER.size:])).ok
-    mirror = snapshot.Mirror(S.ClusterState("c1", "demo", ROLES))
+        assert coord.handle(server.decode(stream.encode(msg)[messages.HEADER.size:])).ok
+    mirror = snapshot.Mirror(cluster_state.ClusterState("c1", "demo", ROLES))
     mirror.apply(remote.ClusterSnapshot.from_dict(json.loads(json.dumps(coord.handle(remote.Snapshot()).body))))
     assert mirror.streams == {"1": remote.StreamCounts(rows=15, skipped=2, partitions=3, batches=2,
                                                        error="RuntimeError: feeding partition 0 failed: x",
                                                        failed_batch=2)}
-    bad = stream.encode(remote.StreamBatch(epoch=1, batch=3, rows="many"))[m.HEADER.size:]  # type: ignore[arg-type]
-    with pytest.raises(m.ProtocolError, match="StreamBatch.rows"):
+    bad = stream.encode(remote.StreamBatch(epoch=1, batch=3, rows="many"))[messages.HEADER.size:]  # type: ignore[arg-type]
+    with pytest.raises(messages.ProtocolError, match="StreamBatch.rows"):
         server.decode(bad)
 
 
@@ -210,19 +209,19 @@ def test_command_replies_are_typed_bodies_parsed_strictly():
     assert reply(remote.Command(op="open_epoch"), remote.EpochOpened) == remote.EpochOpened(epoch=1)
     assert reply(remote.Command(op="end_epoch", epoch=1), remote.Done) == remote.Done()
     assert reply(remote.Command(op="open_epoch"), remote.EpochOpened).epoch == 2
-    assert reply(remote.Command(op="close"), remote.Closed) == remote.Closed(final=S.C_STOPPED)
+    assert reply(remote.Command(op="close"), remote.Closed) == remote.Closed(final=cluster_state.C_STOPPED)
     refused = coord.handle(remote.Command(op="explode"))
     assert not refused.ok and refused.error == "unknown command 'explode'"
 
-    with pytest.raises(m.ProtocolError, match="EpochOpened: missing field 'epoch'"):
+    with pytest.raises(messages.ProtocolError, match="EpochOpened: missing field 'epoch'"):
         remote.EpochOpened.from_dict({})
-    with pytest.raises(m.ProtocolError, match="EpochOpened.epoch: expected int, got str"):
+    with pytest.raises(messages.ProtocolError, match="EpochOpened.epoch: expected int, got str"):
         remote.EpochOpened.from_dict({"epoch": "3"})
-    with pytest.raises(m.ProtocolError, match="EpochOpened.epoch: expected int, got bool"):
+    with pytest.raises(messages.ProtocolError, match="EpochOpened.epoch: expected int, got bool"):
         remote.EpochOpened.from_dict({"epoch": True})
-    with pytest.raises(m.ProtocolError, match="Closed.final: expected str, got NoneType"):
+    with pytest.raises(messages.ProtocolError, match="Closed.final: expected str, got NoneType"):
         remote.Closed.from_dict({"final": None})
-    with pytest.raises(m.ProtocolError, match="Done: body is not an object"):
+    with pytest.raises(messages.ProtocolError, match="Done: body is not an object"):
         remote.Done.from_dict(None)
 
 
@@ -244,15 +243,15 @@ def test_ask_answers_are_typed_and_refused_naming_the_field():
             return read_answer(_asker(meta, msg, 5.0)(), kind)
 
         snap = ask(remote.Snapshot(logs=[0, 0], history=[0, 0]), remote.ClusterSnapshot)
-        assert isinstance(snap, remote.ClusterSnapshot) and [n.state for n in snap.nodes] == [S.PENDING] * 2
+        assert isinstance(snap, remote.ClusterSnapshot) and [n.state for n in snap.nodes] == [cluster_state.PENDING] * 2
         assert ask(remote.Command(op="open_epoch"), remote.EpochOpened) == remote.EpochOpened(epoch=1)
         assert ask(remote.Command(op="end_epoch", epoch=1), remote.Done) == remote.Done()
         with pytest.raises(CoordinatorError, match="unknown command 'explode'") as refused:
             ask(remote.Command(op="explode"), remote.Done)
         assert not refused.value.unreachable
-        with pytest.raises(m.ProtocolError, match="Closed: missing field 'final'"):  # the wrong type asked for
+        with pytest.raises(messages.ProtocolError, match="Closed: missing field 'final'"):  # the wrong type asked for
             ask(remote.Command(op="request_stop"), remote.Closed)
-        assert ask(remote.Command(op="close"), remote.Closed) == remote.Closed(final=S.C_STOPPED)
+        assert ask(remote.Command(op="close"), remote.Closed) == remote.Closed(final=cluster_state.C_STOPPED)
     finally:
         coord.server.stop()
     with pytest.raises(CoordinatorError, match="ConnectionRefusedError") as lost:
@@ -269,5 +268,5 @@ def test_ask_answers_are_typed_and_refused_naming_the_field():
                        ({"ok": False, "error": "x", "unreachable": "no"}, "Answer.unreachable: expected bool"),
                        ({"ok": True, "body": {"epoch": "2"}}, "EpochOpened.epoch: expected int, got str"),
                        ([], "Answer: body is not an object")]:
-        with pytest.raises(m.ProtocolError, match=re.escape(field)):
+        with pytest.raises(messages.ProtocolError, match=re.escape(field)):
             read_answer(json.dumps(bad), remote.EpochOpened)

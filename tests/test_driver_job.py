@@ -11,13 +11,13 @@ import threading
 
 import pytest
 
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import state
 from tfos_nb.runtime.driver.awaiting import await_running
 from tfos_nb.runtime.driver.controller import Controller
 from tfos_nb.runtime.driver.errors import TFClusterError
 from tfos_nb.runtime.driver.job import DriverJob, JobCancelled
 from tfos_nb.runtime.driver.roles import trainers_finished
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 
 
 class Clock:
@@ -30,21 +30,21 @@ class Clock:
 
 def make(roles=(("chief", 0), ("worker", 0), ("worker", 1)), *, spark=True, clock=None):
     clock = clock or Clock()
-    st = S.ClusterState("cid", "t", list(roles), clock=clock)
+    st = state.ClusterState("cid", "t", list(roles), clock=clock)
     ctl = Controller(st, input_mode_spark=spark, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
     return st, ctl, clock
 
 
 def register_all(ctl, st, executors=None):
     for i, _ in enumerate(st.nodes):
-        reply = ctl.handle(m.Register(node=i, host="h", port=5000 + i, executor_id=(executors or {}).get(i, str(i)),
+        reply = ctl.handle(messages.Register(node=i, host="h", port=5000 + i, executor_id=(executors or {}).get(i, str(i)),
                                       pid=100 + i))
         assert reply.ok, reply.error
 
 
 def run_all(ctl, st):
     for i, _ in enumerate(st.nodes):
-        assert ctl.handle(m.Heartbeat(node=i, state="running", data_port=6000 + i)).ok
+        assert ctl.handle(messages.Heartbeat(node=i, state="running", data_port=6000 + i)).ok
 
 
 PARTITIONS = itertools.count()
@@ -52,70 +52,70 @@ PARTITIONS = itertools.count()
 
 def assign(ctl, executor_id="", mode="train"):
     """A new partition's feeding task asks (the same partition asking again is Spark's retry: refused)."""
-    return ctl.handle(m.FeedAssign(partition=next(PARTITIONS), gen=1, host="h", executor_id=executor_id, mode=mode))
+    return ctl.handle(messages.FeedAssign(partition=next(PARTITIONS), gen=1, host="h", executor_id=executor_id, mode=mode))
 
 
 def test_states_go_pending_registered_starting_running_then_finish():
     st, ctl, _ = make()
-    assert [n.state for n in st.nodes] == [S.PENDING] * 3 and st.state == S.C_RESERVING
-    assert ctl.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
-    assert st.nodes[0].state == S.REGISTERED
-    assert not ctl.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok  # twice: refused
-    assert not ctl.handle(m.AwaitSpec(node=0)).ok  # the cluster is not complete yet: retry
-    ctl.handle(m.Register(node=1, host="h", port=2, executor_id="1", pid=2))
-    ctl.handle(m.Register(node=2, host="h", port=3, executor_id="2", pid=3))
-    assert [n.state for n in st.nodes] == [S.STARTING] * 3  # every node registered: the cluster formed
-    spec = m.NodeSpec.from_dict(ctl.handle(m.AwaitSpec(node=1)).body)
+    assert [n.state for n in st.nodes] == [state.PENDING] * 3 and st.state == state.C_RESERVING
+    assert ctl.handle(messages.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
+    assert st.nodes[0].state == state.REGISTERED
+    assert not ctl.handle(messages.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok  # twice: refused
+    assert not ctl.handle(messages.AwaitSpec(node=0)).ok  # the cluster is not complete yet: retry
+    ctl.handle(messages.Register(node=1, host="h", port=2, executor_id="1", pid=2))
+    ctl.handle(messages.Register(node=2, host="h", port=3, executor_id="2", pid=3))
+    assert [n.state for n in st.nodes] == [state.STARTING] * 3  # every node registered: the cluster formed
+    spec = messages.NodeSpec.from_dict(ctl.handle(messages.AwaitSpec(node=1)).body)
     assert spec.tf_config["task"] == {"type": "worker", "index": 0} and spec.feed
     assert spec.cluster_spec["worker"] == ["h:2", "h:3"]
     run_all(ctl, st)
-    assert st.state == S.C_RUNNING and all(n.state == S.RUNNING for n in st.nodes)
+    assert st.state == state.C_RUNNING and all(n.state == state.RUNNING for n in st.nodes)
     ctl.request_stop()
-    cmd = m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body)
+    cmd = messages.BeatCommand.from_dict(ctl.handle(messages.Heartbeat(node=0, state="running")).body)
     assert cmd.stop and not cmd.kill
     for i in range(3):
-        ctl.handle(m.Heartbeat(node=i, state="finished", exit_code=0))
-    assert ctl.finish(trainers_finished) == S.C_FINISHED
-    assert st.snapshot().state == S.C_FINISHED
+        ctl.handle(messages.Heartbeat(node=i, state="finished", exit_code=0))
+    assert ctl.finish(trainers_finished) == state.C_FINISHED
+    assert st.snapshot().state == state.C_FINISHED
     ctl.cancel("late")  # an ended job stays as it ended
-    assert st.state == S.C_FINISHED and st.error is None
+    assert st.state == state.C_FINISHED and st.error is None
 
 
 def test_a_stopped_cluster_with_a_live_node_ends_stopped():
     st, ctl, _ = make(roles=(("chief", 0), ("ps", 0)))
     register_all(ctl, st)
     run_all(ctl, st)
-    ctl.handle(m.Heartbeat(node=0, state="finished", exit_code=0))
+    ctl.handle(messages.Heartbeat(node=0, state="finished", exit_code=0))
     ctl.request_kill()
-    assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=1, state="running")).body).kill
-    assert ctl.finish(lambda nodes: all(n.state == S.FINISHED for n in nodes)) == S.C_STOPPED
-    assert st.nodes[1].state == S.STOPPED  # the ps never finishes: it is stopped
+    assert messages.BeatCommand.from_dict(ctl.handle(messages.Heartbeat(node=1, state="running")).body).kill
+    assert ctl.finish(lambda nodes: all(n.state == state.FINISHED for n in nodes)) == state.C_STOPPED
+    assert st.nodes[1].state == state.STOPPED  # the ps never finishes: it is stopped
     st2, ctl2, _ = make(roles=(("chief", 0), ("ps", 0)))
     register_all(ctl2, st2)
     run_all(ctl2, st2)
-    ctl2.handle(m.Heartbeat(node=0, state="finished", exit_code=0))
-    assert ctl2.finish(trainers_finished) == S.C_FINISHED  # ps nodes are not awaited
+    ctl2.handle(messages.Heartbeat(node=0, state="finished", exit_code=0))
+    assert ctl2.finish(trainers_finished) == state.C_FINISHED  # ps nodes are not awaited
 
 
 def test_feed_assignment_balances_prefers_the_local_node_and_skips_when_nobody_reads():
     st, ctl, _ = make()
     register_all(ctl, st, {0: "e0", 1: "e1", 2: "e2"})
-    assert m.Retry.from_dict(assign(ctl).body) == m.Retry(0.1)  # registered, not running: ask again
+    assert messages.Retry.from_dict(assign(ctl).body) == messages.Retry(0.1)  # registered, not running: ask again
     run_all(ctl, st)
     # all idle and equally used: the node on the feeding task's own executor wins the tie
-    first = m.FeedAssignment.from_dict(assign(ctl, "e1").body)
+    first = messages.FeedAssignment.from_dict(assign(ctl, "e1").body)
     assert (first.node, first.label, first.port) == (1, "worker:0", 6001)
     # busy nodes lose: the next two go to the two idle ones, whatever executor asks
-    got = {m.FeedAssignment.from_dict(assign(ctl, "e1").body).node for _ in range(2)}
+    got = {messages.FeedAssignment.from_dict(assign(ctl, "e1").body).node for _ in range(2)}
     assert got == {0, 2}
     # node 2 releases: it is the least busy now
-    ctl.handle(m.FeedRelease(partition=0, gen=1, node=2, rows=10))
-    assert m.FeedAssignment.from_dict(assign(ctl, "e0").body).node == 2
+    ctl.handle(messages.FeedRelease(partition=0, gen=1, node=2, rows=10))
+    assert messages.FeedAssignment.from_dict(assign(ctl, "e0").body).node == 2
     assert st.nodes[2].rows_fed == 10
     # a node that stopped reading gets nothing more; nobody reading: train skips, inference fails
     for i in range(3):
-        ctl.handle(m.Heartbeat(node=i, state="running", feed={"closed": True}))
-    assert m.FeedAssignment.from_dict(assign(ctl).body).skip
+        ctl.handle(messages.Heartbeat(node=i, state="running", feed={"closed": True}))
+    assert messages.FeedAssignment.from_dict(assign(ctl).body).skip
     reply = assign(ctl, mode="infer")
     assert not reply.ok and "no node is reading" in (reply.error or "")
 
@@ -125,14 +125,14 @@ def test_a_lost_connection_is_an_explicit_error_kind():
     register_all(ctl, st)
     run_all(ctl, st)
     assign(ctl)
-    ctl.handle(m.FeedRelease(partition=0, gen=1, node=0, rows=0, error="OSError: whatever",
-                             error_kind=m.error_kind(BrokenPipeError())))
+    ctl.handle(messages.FeedRelease(partition=0, gen=1, node=0, rows=0, error="OSError: whatever",
+                             error_kind=messages.error_kind(BrokenPipeError())))
     assert ctl.lost_feeds == 1
-    ctl.handle(m.FeedRelease(partition=1, gen=1, node=0, rows=0, error="ConnectionResetError: looks lost",
-                             error_kind=m.error_kind(ValueError())))  # the kind decides, not the text
+    ctl.handle(messages.FeedRelease(partition=1, gen=1, node=0, rows=0, error="ConnectionResetError: looks lost",
+                             error_kind=messages.error_kind(ValueError())))  # the kind decides, not the text
     assert ctl.lost_feeds == 1 and len(ctl.feed_errors) == 2
-    assert m.error_kind(ConnectionResetError()) == m.ERROR_LOST_CONNECTION
-    assert m.error_kind(TimeoutError()) == m.ERROR_OTHER
+    assert messages.error_kind(ConnectionResetError()) == messages.ERROR_LOST_CONNECTION
+    assert messages.error_kind(TimeoutError()) == messages.ERROR_OTHER
 
 
 def test_heartbeat_loss_fails_the_node_and_the_cluster_on_the_clock():
@@ -141,17 +141,17 @@ def test_heartbeat_loss_fails_the_node_and_the_cluster_on_the_clock():
     run_all(ctl, st)
     clock.t += 9.0
     for i in (0, 2):
-        ctl.handle(m.Heartbeat(node=i, state="running"))
+        ctl.handle(messages.Heartbeat(node=i, state="running"))
     ctl.tick()
-    assert st.state == S.C_RUNNING  # 9 s without a beat: still within the 10 s timeout
+    assert st.state == state.C_RUNNING  # 9 s without a beat: still within the 10 s timeout
     assert st.snapshot().nodes[1].last_heartbeat_age == pytest.approx(9.0)
     clock.t += 1.5
     ctl.tick()
     view = st.snapshot()
-    assert view.nodes[1].state == S.FAILED and view.nodes[1].error.startswith("no heartbeat for 10 s")
-    assert view.nodes[0].state == S.RUNNING and view.state == S.C_FAILED and view.error == "worker:0 lost"
+    assert view.nodes[1].state == state.FAILED and view.nodes[1].error.startswith("no heartbeat for 10 s")
+    assert view.nodes[0].state == state.RUNNING and view.state == state.C_FAILED and view.error == "worker:0 lost"
     # everyone else is told to stop at once
-    assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).kill
+    assert messages.BeatCommand.from_dict(ctl.handle(messages.Heartbeat(node=0, state="running")).body).kill
 
 
 def test_epochs_open_and_end_through_the_controller():
@@ -161,7 +161,7 @@ def test_epochs_open_and_end_through_the_controller():
     ctl.end_epoch(1)  # never goes back
     assert st.snapshot().feed_epoch == 2 and st.epoch_done == 2
     register_all(ctl, st)
-    assert m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).epoch_done == 2
+    assert messages.BeatCommand.from_dict(ctl.handle(messages.Heartbeat(node=0, state="running")).body).epoch_done == 2
 
 
 def test_nodes_learn_the_epochs_of_the_running_train_call():
@@ -171,7 +171,7 @@ def test_nodes_learn_the_epochs_of_the_running_train_call():
     register_all(ctl, st)
 
     def plan():
-        return m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=0, state="running")).body).feed_plan
+        return messages.BeatCommand.from_dict(ctl.handle(messages.Heartbeat(node=0, state="running")).body).feed_plan
 
     assert plan() == []
     assert [ctl.open_epoch(remaining=r) for r in (2, 1, 0)] == [1, 2, 3] and plan() == [1, 3]
@@ -186,13 +186,13 @@ def test_the_first_feeding_tasks_sample_reaches_each_node_until_it_confirms_it()
     run_all(ctl, st)
 
     def beat(node, **feed):
-        return m.BeatCommand.from_dict(ctl.handle(m.Heartbeat(node=node, state="running", feed=feed)).body)
+        return messages.BeatCommand.from_dict(ctl.handle(messages.Heartbeat(node=node, state="running", feed=feed)).body)
 
     ctl.open_epoch(remaining=1)
     assert beat(0).feed_sample == {}  # no feeding task has asked yet
     first = {"schema": "aa", "shapes": [[8], []]}
-    ctl.handle(m.FeedAssign(partition=0, gen=1, host="h", executor_id="1", mode="train", sample=first))
-    ctl.handle(m.FeedAssign(partition=1, gen=1, host="h", executor_id="1", mode="train",
+    ctl.handle(messages.FeedAssign(partition=0, gen=1, host="h", executor_id="1", mode="train", sample=first))
+    ctl.handle(messages.FeedAssign(partition=1, gen=1, host="h", executor_id="1", mode="train",
                             sample={"schema": "bb", "shapes": [[9], []]}))
     sample = beat(0).feed_sample
     assert sample["schema"] == "aa" and sample["shapes"] == [[8], []]  # the first one heard of
@@ -231,12 +231,12 @@ def test_cancel_from_another_thread_ends_a_start_in_progress():
         assert not t.is_alive()
         assert isinstance(errors[0], TFClusterError) and str(errors[0]).endswith(" was stopped (stopped from the panel)")
         # the owner's stop is a stop, not a failure: the panel, the handle and MLflow show "stopped"
-        assert st.state == S.C_STOPPED and st.error == "stopped (stopped from the panel)" and st.kill_requested
+        assert st.state == state.C_STOPPED and st.error == "stopped (stopped from the panel)" and st.kill_requested
         with pytest.raises(JobCancelled, match="stopped from the panel"):
             job.mark_up()  # a start that gets this far still does not come up
     finally:
         job.close()
-    assert job.closed and st.state == S.C_STOPPED  # the teardown keeps it
+    assert job.closed and st.state == state.C_STOPPED  # the teardown keeps it
 
 
 def test_close_runs_the_teardown_once_whoever_calls_it():
@@ -248,7 +248,7 @@ def test_close_runs_the_teardown_once_whoever_calls_it():
     run_all(ctl, st)
     job.mark_up()
     ctl.set_running()
-    assert st.state == S.C_RUNNING
+    assert st.state == state.C_RUNNING
     threads = [threading.Thread(target=job.close) for _ in range(4)]
     for t in threads:
         t.start()
@@ -257,22 +257,22 @@ def test_close_runs_the_teardown_once_whoever_calls_it():
     job.close()
     job.cancel("after the end")  # up and closed: nothing more happens
     assert len(calls) == 1 and job.closed
-    assert st.state == S.C_STOPPED and all(n.state == S.STOPPED for n in st.nodes) and st.kill_requested
+    assert st.state == state.C_STOPPED and all(n.state == state.STOPPED for n in st.nodes) and st.kill_requested
 
 
 def test_a_newer_protocol_version_is_a_clear_error():
-    secret = m.new_secret()
-    a, b = m.Codec(secret, "cid", "a"), m.Codec(secret, "cid", "b")
-    assert isinstance(b.decode(a.encode(m.AwaitSpec(node=0))[4:]), m.AwaitSpec)
-    body = a.encode(m.AwaitSpec(node=0))[4 + m.MAC_SIZE:].replace(
-        f'"v":{m.PROTOCOL_VERSION}'.encode(), f'"v":{m.PROTOCOL_VERSION + 1}'.encode())
-    with pytest.raises(m.ProtocolError, match="protocol version mismatch"):
-        b.decode(m.sign(secret, body) + body)
-    with pytest.raises(m.ProtocolError, match="BeatCommand.kill: expected bool"):
-        m.BeatCommand.from_dict({"kill": "yes"})
-    meta = m.LaunchMeta(cluster_id="c", secret="00", control=["h", 1], hb_interval=0.5, driver_timeout=10.0,
+    secret = messages.new_secret()
+    a, b = messages.Codec(secret, "cid", "a"), messages.Codec(secret, "cid", "b")
+    assert isinstance(b.decode(a.encode(messages.AwaitSpec(node=0))[4:]), messages.AwaitSpec)
+    body = a.encode(messages.AwaitSpec(node=0))[4 + messages.MAC_SIZE:].replace(
+        f'"v":{messages.PROTOCOL_VERSION}'.encode(), f'"v":{messages.PROTOCOL_VERSION + 1}'.encode())
+    with pytest.raises(messages.ProtocolError, match="protocol version mismatch"):
+        b.decode(messages.sign(secret, body) + body)
+    with pytest.raises(messages.ProtocolError, match="BeatCommand.kill: expected bool"):
+        messages.BeatCommand.from_dict({"kill": "yes"})
+    meta = messages.LaunchMeta(cluster_id="c", secret="00", control=["h", 1], hb_interval=0.5, driver_timeout=10.0,
                         env={}, keras="tf_keras", default_fs="file:///", driver_pid=1, roles=[["chief", 0]])
-    assert m.LaunchMeta.from_dict(meta.to_dict()) == meta
+    assert messages.LaunchMeta.from_dict(meta.to_dict()) == meta
 
 
 def test_a_driver_host_this_machine_cannot_bind_is_a_clear_error_never_every_interface():
@@ -305,7 +305,7 @@ def test_a_coordinator_address_its_executor_cannot_bind_is_a_clear_error_never_e
             "default_fs": "file:///",
             "coordinator": {"name": "t", "input_mode_spark": False, "tensorboard": False, "log_dir": None, "num_gpus": 0,
                             "heartbeat_timeout": 10.0, "kernel_timeout": 10.0, "bind": "192.0.2.1"}}  # TEST-NET-1
-    status, proc = start_coordinator(m.LaunchMeta.parse(meta), str(tmp_path / "coordinator.log"))
+    status, proc = start_coordinator(messages.LaunchMeta.parse(meta), str(tmp_path / "coordinator.log"))
     try:
         assert proc.poll() is not None  # it exited: nothing listens anywhere
     finally:
@@ -327,14 +327,14 @@ def test_a_training_partition_fed_again_by_sparks_retry_stops_the_cluster_naming
     register_all(ctl, st)
     run_all(ctl, st)
     ctl.open_epoch(remaining=0)
-    ask = m.FeedAssign(partition=7, gen=1, host="h", executor_id="", mode="train")
-    first = m.FeedAssignment.from_dict(ctl.handle(ask).body)
-    assert ctl.handle(m.FeedAssign(partition=8, gen=1, host="h", executor_id="", mode="train")).ok
+    ask = messages.FeedAssign(partition=7, gen=1, host="h", executor_id="", mode="train")
+    first = messages.FeedAssignment.from_dict(ctl.handle(ask).body)
+    assert ctl.handle(messages.FeedAssign(partition=8, gen=1, host="h", executor_id="", mode="train")).ok
     again = ctl.handle(ask)  # the retry, at once: wait (the node failure of a lost executor would come first)
-    assert m.Retry.from_dict(again.body) == m.Retry(0.2) and st.state == S.C_RUNNING
+    assert messages.Retry.from_dict(again.body) == messages.Retry(0.2) and st.state == state.C_RUNNING
     clock.t += REFED_GRACE_S
     refused = ctl.handle(ask)
-    assert not refused.ok and st.state == S.C_FAILED
+    assert not refused.ok and st.state == state.C_FAILED
     assert refused.error == st.error
     assert st.error.startswith(f"Spark started the feeding task of partition 7 again after an attempt that was "
                                f"feeding it to {first.label} died")
@@ -343,7 +343,7 @@ def test_a_training_partition_fed_again_by_sparks_retry_stops_the_cluster_naming
     st2, ctl2, _ = make()
     register_all(ctl2, st2)
     run_all(ctl2, st2)
-    infer = m.FeedAssign(partition=7, gen=1, host="h", executor_id="", mode="infer")
+    infer = messages.FeedAssign(partition=7, gen=1, host="h", executor_id="", mode="infer")
     assert ctl2.handle(infer).ok and ctl2.handle(infer).ok
 
 
@@ -359,20 +359,20 @@ def test_a_training_partition_cut_short_stops_the_cluster_after_the_grace_a_stre
     run_all(ctl, st)
 
     def beat(node, **feed):
-        return ctl.handle(m.Heartbeat(node=node, state="running", feed=feed))
+        return ctl.handle(messages.Heartbeat(node=node, state="running", feed=feed))
 
     stream = ctl.open_epoch()  # a stream's epoch: no plan
     beat(1, dropped=[[stream, 3, 50]])
     clock.t += REFED_GRACE_S
     beat(0)
-    assert st.state == S.C_RUNNING
+    assert st.state == state.C_RUNNING
     gen = ctl.open_epoch(remaining=0)
     beat(1, dropped=[[gen, 9, 120], "junk", [gen, "x", 1]])  # malformed items are ignored
     beat(0)
-    assert st.state == S.C_RUNNING  # within the grace
+    assert st.state == state.C_RUNNING  # within the grace
     clock.t += REFED_GRACE_S
     beat(0)
-    assert st.state == S.C_FAILED
+    assert st.state == state.C_FAILED
     assert st.error.startswith("the feeding task of partition 9 died after 120 of its rows reached worker:0 (its "
                                "Python worker or task was killed)"), st.error
     # a cluster being stopped (an interrupt, shutdown()) ignores the cuts its own stop makes
@@ -381,7 +381,7 @@ def test_a_training_partition_cut_short_stops_the_cluster_after_the_grace_a_stre
     run_all(ctl2, st2)
     gen2 = ctl2.open_epoch(remaining=0)
     ctl2.request_stop()
-    ctl2.handle(m.Heartbeat(node=1, state="running", feed={"dropped": [[gen2, 0, 5]]}))
+    ctl2.handle(messages.Heartbeat(node=1, state="running", feed={"dropped": [[gen2, 0, 5]]}))
     clock2.t += REFED_GRACE_S
-    ctl2.handle(m.Heartbeat(node=1, state="running"))
-    assert st2.state != S.C_FAILED
+    ctl2.handle(messages.Heartbeat(node=1, state="running"))
+    assert st2.state != state.C_FAILED

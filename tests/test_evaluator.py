@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import NODE_ENV, spark_fixture
 from tfos_nb import TFCluster
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import state
 
 pytestmark = pytest.mark.slow
 # Node functions defined here travel by value (executors cannot import this test module).
@@ -74,9 +74,9 @@ def test_sidecar_evaluator_reports_to_the_history_and_ends_the_grace(sc, tmp_pat
     trained_at: list[float] = []  # when every chief/worker had finished, by the driver's clock
     lock = threading.Lock()
 
-    def on_state(st: S.ClusterState) -> None:
+    def on_state(st: state.ClusterState) -> None:
         with lock:
-            if not trained_at and all(n.state == S.FINISHED for n in st.nodes if n.job_name != "evaluator"):
+            if not trained_at and all(n.state == state.FINISHED for n in st.nodes if n.job_name != "evaluator"):
                 trained_at.append(time.monotonic())
 
     args = {"ckpt": str(tmp_path / "ckpt"), "epochs": EPOCHS}

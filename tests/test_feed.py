@@ -10,12 +10,12 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.server_abuse import SECRET
-from tfos_nb.runtime.batches import columns as C
-from tfos_nb.runtime.batches import results as R
+from tfos_nb.runtime.batches import columns
+from tfos_nb.runtime.batches import results as inference_results
 from tfos_nb.runtime.executor.data_server import DataServer
 from tfos_nb.runtime.executor.feed import DataFeed
 from tfos_nb.runtime.executor.feed_hub import FeedHub
-from tfos_nb.runtime.protocol import dataplane as dp
+from tfos_nb.runtime.protocol import dataplane
 
 
 def serve(hub: FeedHub):
@@ -32,10 +32,10 @@ def node():
 
 
 def send(port, rows, gen=1, mode="train", chunk=100, partition=0):
-    sock = dp.client_connect("127.0.0.1", port, SECRET, {"partition": partition, "gen": gen, "mode": mode}, 10)
+    sock = dataplane.client_connect("127.0.0.1", port, SECRET, {"partition": partition, "gen": gen, "mode": mode}, 10)
     for i in range(0, len(rows), chunk):
-        dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(C.rows_to_batch(rows[i : i + chunk])))
-    dp.send_frame(sock, dp.Kind.END)
+        dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(columns.rows_to_batch(rows[i : i + chunk])))
+    dataplane.send_frame(sock, dataplane.Kind.END)
     return sock
 
 
@@ -46,9 +46,9 @@ def feed_in_thread(port, rows, **kw):
         sock = send(port, rows, **kw)
         frames = []
         while True:
-            kind, payload = dp.recv_frame(sock)
+            kind, payload = dataplane.recv_frame(sock)
             frames.append((kind, payload))
-            if kind in (dp.Kind.DONE, dp.Kind.ERROR):
+            if kind in (dataplane.Kind.DONE, dataplane.Kind.ERROR):
                 break
         sock.close()
         out["frames"] = frames
@@ -81,7 +81,7 @@ def test_batches_are_exact_and_feeder_is_acked_after_consumption(node):
     assert sizes == [64, 64, 64, 58]
     assert labels == list(range(250))
     kind, payload = out["frames"][-1]
-    assert kind is dp.Kind.DONE and dp.parse_json(payload) == {"rows": 250, "skipped": 0}
+    assert kind is dataplane.Kind.DONE and dataplane.parse_json(payload) == {"rows": 250, "skipped": 0}
 
 
 def test_next_batch_returns_tensorflowonspark_rows(node):
@@ -147,10 +147,10 @@ def test_inference_results_route_back_in_order_per_partition(node):
     for out, rows in ((out_a, rows_a), (out_b, rows_b)):
         results = []
         for kind, payload in out["frames"]:
-            if kind is dp.Kind.RESULTS:
-                results.extend(R.result_rows(C.decode_ipc(payload)))
+            if kind is dataplane.Kind.RESULTS:
+                results.extend(inference_results.result_rows(columns.decode_ipc(payload)))
         assert results == [r[0] * 2 for r in rows]
-        assert out["frames"][-1][0] is dp.Kind.DONE
+        assert out["frames"][-1][0] is dataplane.Kind.DONE
 
 
 def test_wrong_number_of_results_is_a_clear_error(node):
@@ -218,7 +218,7 @@ def test_the_next_epochs_data_waits_in_its_own_queue(node):
     assert epoch == [2] and [v for _, b in second for v in b.column(1).to_pylist()] == list(range(40))
     assert hub.take(100, True, epoch) == []
     for out in (out1, out2):
-        assert out["frames"][-1][0] is dp.Kind.DONE
+        assert out["frames"][-1][0] is dataplane.Kind.DONE
 
 
 def take_in_thread(hub, n, epoch):
@@ -237,7 +237,7 @@ def test_an_epochs_read_ends_at_this_nodes_share_not_at_the_epochs_end(node):
     reader, got = take_in_thread(hub, 100, epoch)
     t1, out1 = feed_in_thread(server.port, [(1.0, i) for i in range(10)], gen=1, partition=0)
     t1.join(10)
-    assert out1["frames"][-1][0] is dp.Kind.DONE  # all 10 taken; the read goes on: one of the two partitions is in
+    assert out1["frames"][-1][0] is dataplane.Kind.DONE  # all 10 taken; the read goes on: one of the two partitions is in
     t2, _ = feed_in_thread(server.port, [(1.0, i) for i in range(10, 15)], gen=1, partition=3)
     reader.join(10)
     assert not reader.is_alive(), "the read waited for the end of the epoch"
@@ -300,7 +300,7 @@ def test_terminate_with_the_next_epoch_queued_skips_each_row_once(node):
     assert len(feed.next_batch(70)) == 70
     feed.terminate()
     t1.join(10), t2.join(10)
-    a1, a2 = (dp.parse_json(out["frames"][-1][1]) for out in (out1, out2))
+    a1, a2 = (dataplane.parse_json(out["frames"][-1][1]) for out in (out1, out2))
     assert a1 == {"rows": 70, "skipped": 230} and a2 == {"rows": 0, "skipped": 200}
     assert hub.rows == 70 and hub.skipped == 430
 
@@ -314,15 +314,15 @@ def test_terminate_skips_remaining_data_and_releases_feeders(node):
     feed.terminate()
     t.join(10)
     assert not t.is_alive()
-    done = dp.parse_json(out["frames"][-1][1])
-    assert out["frames"][-1][0] is dp.Kind.DONE and done["skipped"] > 0 and done["rows"] >= 10
+    done = dataplane.parse_json(out["frames"][-1][1])
+    assert out["frames"][-1][0] is dataplane.Kind.DONE and done["skipped"] > 0 and done["rows"] >= 10
 
 
 def test_unauthenticated_feeder_is_refused(node):
     _, server = node
-    with pytest.raises((dp.DataPlaneError, OSError)):
-        sock = dp.client_connect("127.0.0.1", server.port, b"w" * 32, {"partition": 0}, 5)
-        dp.recv_frame(sock)
+    with pytest.raises((dataplane.DataPlaneError, OSError)):
+        sock = dataplane.client_connect("127.0.0.1", server.port, b"w" * 32, {"partition": 0}, 5)
+        dataplane.recv_frame(sock)
 
 
 def test_a_failed_node_answers_its_feeders_with_its_error_not_an_ack(node):
@@ -332,7 +332,7 @@ def test_a_failed_node_answers_its_feeders_with_its_error_not_an_ack(node):
     hub.close(error="worker:1 failed: ValueError: boom")  # what node.main does when the function raises
     t.join(10)
     kind, payload = out["frames"][-1]
-    assert kind is dp.Kind.ERROR and dp.parse_json(payload) == {"error": "worker:1 failed: ValueError: boom",
+    assert kind is dataplane.Kind.ERROR and dataplane.parse_json(payload) == {"error": "worker:1 failed: ValueError: boom",
                                                         "node_failed": True}
 
 
@@ -381,9 +381,10 @@ def test_results_of_an_empty_batch_answer_nothing(node, case):
         feed.batch_results(EMPTY_RESULTS[case])  # after a full answer, again nothing pending
         answered += len(x)
     t.join(10)
-    results = [r for kind, payload in out["frames"] if kind is dp.Kind.RESULTS for r in R.result_rows(C.decode_ipc(payload))]
+    results = [r for kind, payload in out["frames"] if kind is dataplane.Kind.RESULTS
+               for r in inference_results.result_rows(columns.decode_ipc(payload))]
     assert results == [r[0] * 2 for r in rows]
-    assert out["frames"][-1][0] is dp.Kind.DONE
+    assert out["frames"][-1][0] is dataplane.Kind.DONE
 
 
 def test_empty_results_with_rows_pending_are_a_clear_error(node):

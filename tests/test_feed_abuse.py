@@ -16,7 +16,7 @@ from tests.server_abuse import SECRET, closed_by_server, idle_connections, starv
 from tfos_nb.runtime import net
 from tfos_nb.runtime.executor.data_server import DataServer
 from tfos_nb.runtime.executor.feed_hub import FeedHub
-from tfos_nb.runtime.protocol import dataplane as dp
+from tfos_nb.runtime.protocol import dataplane
 
 DEADLINE = 1.0  # the handshake deadline these servers get (HANDSHAKE_DEADLINE_S is 10 s)
 CAP = 8
@@ -33,10 +33,10 @@ def guarded():
 
 def _fed(port: int) -> bool:
     """A real feeder's whole conversation: handshake, header, end; the node acknowledges it."""
-    sock = dp.client_connect("127.0.0.1", port, SECRET, {"partition": 0, "gen": 1, "mode": "train"}, 5)
+    sock = dataplane.client_connect("127.0.0.1", port, SECRET, {"partition": 0, "gen": 1, "mode": "train"}, 5)
     with sock:
-        dp.send_frame(sock, dp.Kind.END)
-        return dp.recv_frame(sock)[0] is dp.Kind.DONE
+        dataplane.send_frame(sock, dataplane.Kind.END)
+        return dataplane.recv_frame(sock)[0] is dataplane.Kind.DONE
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -50,7 +50,7 @@ def test_the_data_server_survives_hostile_bytes(guarded, data):
         got = b""
         while chunk := s.recv(4096):
             got += chunk
-    assert len(got) == len(dp.MAGIC) + dp.NONCE  # the greeting, and nothing more: no proof, no answer
+    assert len(got) == len(dataplane.MAGIC) + dataplane.NONCE  # the greeting, and nothing more: no proof, no answer
     assert _fed(server.port)
 
 
@@ -70,7 +70,7 @@ def test_a_byte_at_a_time_sender_is_cut_at_the_handshake_deadline(guarded):
     _, server = guarded
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
         # 64 bytes of "proof" a byte every 0.1 s: each byte is far inside a per-receive timeout
-        took = trickle(s, bytes(2 * dp.NONCE), every=0.1, limit=DEADLINE + 3.0)
+        took = trickle(s, bytes(2 * dataplane.NONCE), every=0.1, limit=DEADLINE + 3.0)
     assert took is not None, "a byte-at-a-time sender kept its connection open past the deadline"
     assert took >= DEADLINE * 0.9
     assert _fed(server.port)
@@ -88,7 +88,7 @@ def test_silent_connections_do_not_pile_up_threads():
     idle = idle_connections(server.port, 10 * CAP)
     try:
         # every connection is accepted (the last one gets the greeting) before the threads are counted
-        wait_until(lambda: idle[-1].recv(len(dp.MAGIC) + dp.NONCE, socket.MSG_PEEK | socket.MSG_DONTWAIT), 5,
+        wait_until(lambda: idle[-1].recv(len(dataplane.MAGIC) + dataplane.NONCE, socket.MSG_PEEK | socket.MSG_DONTWAIT), 5,
                    what="the last connection's greeting", ignore=(BlockingIOError,))
         # a connection cut to make room ends its thread at once (its receive returns), but on a loaded machine
         # that thread may not have run yet when the next one starts: wait for them, well inside the deadline
@@ -129,9 +129,9 @@ def test_a_frame_of_unknown_type_is_refused_and_kinds_are_typed():
 
     a, b = socket.socketpair()
     with a, b:
-        a.sendall(dp.FRAME.pack(b"Z", 0))
-        with pytest.raises(dp.DataPlaneError, match="unknown frame type b'Z'"):
-            dp.recv_frame(b)
-        dp.send_json(a, dp.Kind.DONE, {"rows": 3})
-        kind, payload = dp.recv_frame(b)
-        assert kind is dp.Kind.DONE and dp.parse_json(payload) == {"rows": 3}
+        a.sendall(dataplane.FRAME.pack(b"Z", 0))
+        with pytest.raises(dataplane.DataPlaneError, match="unknown frame type b'Z'"):
+            dataplane.recv_frame(b)
+        dataplane.send_json(a, dataplane.Kind.DONE, {"rows": 3})
+        kind, payload = dataplane.recv_frame(b)
+        assert kind is dataplane.Kind.DONE and dataplane.parse_json(payload) == {"rows": 3}

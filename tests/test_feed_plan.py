@@ -196,20 +196,20 @@ def test_a_training_partition_cut_short_is_told_once_its_rows_are_in_and_one_tha
 
     from tests.conftest import wait_until
     from tests.test_feed import send
-    from tfos_nb.runtime.batches import columns as C
-    from tfos_nb.runtime.protocol import dataplane as dp
+    from tfos_nb.runtime.batches import columns
+    from tfos_nb.runtime.protocol import dataplane
 
     told: list[tuple[int, int, int]] = []
     hub = FeedHub(label="worker:0", on_drop=lambda c: told.append((c.gen, c.partition, c.received)))
     server = DataServer(hub, SECRET, "127.0.0.1").start()
     try:
         rows = [([float(i)] * 4, i) for i in range(250)]
-        cut = dp.client_connect("127.0.0.1", server.port, SECRET, {"partition": 7, "gen": 1, "mode": "train"}, 10)
-        dp.send_frame(cut, dp.Kind.DATA, C.encode_ipc(C.rows_to_batch(rows[:100])))
+        cut = dataplane.client_connect("127.0.0.1", server.port, SECRET, {"partition": 7, "gen": 1, "mode": "train"}, 10)
+        dataplane.send_frame(cut, dataplane.Kind.DATA, columns.encode_ipc(columns.rows_to_batch(rows[:100])))
         cut.shutdown(so.SHUT_RDWR)  # the feeder is gone mid-partition
         cut.close()
         whole = send(server.port, rows, partition=8)  # a partition that ends
-        infer = dp.client_connect("127.0.0.1", server.port, SECRET, {"partition": 9, "gen": 0, "mode": "infer"}, 10)
+        infer = dataplane.client_connect("127.0.0.1", server.port, SECRET, {"partition": 9, "gen": 0, "mode": "infer"}, 10)
         infer.close()
         taken = 0
         while taken < 350:

@@ -7,9 +7,9 @@ import pytest
 
 from tests.server_abuse import SECRET
 from tests.test_feed import serve, take_in_thread
-from tfos_nb.runtime.batches import columns as C
+from tfos_nb.runtime.batches import columns
 from tfos_nb.runtime.executor.feed_hub import FeedHub
-from tfos_nb.runtime.protocol import dataplane as dp
+from tfos_nb.runtime.protocol import dataplane
 
 
 @pytest.fixture
@@ -22,13 +22,13 @@ def send_after(port, rows, partition, after, gen=1):
     header = {"partition": partition, "gen": gen, "mode": "train"}
     if after >= 0:
         header["after"] = after
-    sock = dp.client_connect("127.0.0.1", port, SECRET, header, 10)
+    sock = dataplane.client_connect("127.0.0.1", port, SECRET, header, 10)
     for row in rows:
-        dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(C.rows_to_batch([row])))
-    dp.send_frame(sock, dp.Kind.END)
-    kind, payload = dp.recv_frame(sock)
+        dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(columns.rows_to_batch([row])))
+    dataplane.send_frame(sock, dataplane.Kind.END)
+    kind, payload = dataplane.recv_frame(sock)
     sock.close()
-    return kind, dp.parse_json(payload)
+    return kind, dataplane.parse_json(payload)
 
 
 def test_deterministic_mode_reads_partitions_in_order_and_answers_early_ones_at_once(node):
@@ -38,13 +38,13 @@ def test_deterministic_mode_reads_partitions_in_order_and_answers_early_ones_at_
     hub, server = node
     hub.epoch_assigned(1, 3)
     answers = {p: send_after(server.port, [(float(p), i) for i in range(40)], p, p - 2) for p in (4, 2)}
-    assert answers == {4: (dp.Kind.DONE, {"rows": 40, "skipped": 0}), 2: (dp.Kind.DONE, {"rows": 40, "skipped": 0})}
+    assert answers == {4: (dataplane.Kind.DONE, {"rows": 40, "skipped": 0}), 2: (dataplane.Kind.DONE, {"rows": 40, "skipped": 0})}
     assert hub.queued_rows() == {1: 80}  # kept, not read: partition 0 has not come
     epoch = [0]
     reader, got = take_in_thread(hub, 1000, epoch)
     first = send_after(server.port, [(0.0, i) for i in range(40)], 0, -1)
     reader.join(10)
-    assert not reader.is_alive() and first == (dp.Kind.DONE, {"rows": 40, "skipped": 0})
+    assert not reader.is_alive() and first == (dataplane.Kind.DONE, {"rows": 40, "skipped": 0})
     order = [(p, i) for _, b in got["pieces"] for p, i in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
                                                               strict=True)]
     assert order == [(float(p), i) for p in (0, 2, 4) for i in range(40)]
@@ -54,11 +54,11 @@ def test_deterministic_mode_reads_partitions_in_order_and_answers_early_ones_at_
 def test_deterministic_mode_an_empty_partition_passes_its_turn_on(node):
     hub, server = node
     hub.epoch_assigned(1, 3)
-    assert send_after(server.port, [(4.0, 0)], 4, 2)[0] is dp.Kind.DONE
-    assert send_after(server.port, [], 2, 0)[0] is dp.Kind.DONE  # empty: answered at once all the same
+    assert send_after(server.port, [(4.0, 0)], 4, 2)[0] is dataplane.Kind.DONE
+    assert send_after(server.port, [], 2, 0)[0] is dataplane.Kind.DONE  # empty: answered at once all the same
     epoch = [0]
     reader, got = take_in_thread(hub, 1000, epoch)
-    assert send_after(server.port, [(0.0, 0), (0.0, 1)], 0, -1)[0] is dp.Kind.DONE
+    assert send_after(server.port, [(0.0, 0), (0.0, 1)], 0, -1)[0] is dataplane.Kind.DONE
     reader.join(10)
     assert [v for _, b in got["pieces"] for v in b.column(0).to_pylist()] == [0.0, 0.0, 4.0]
 
@@ -77,14 +77,14 @@ def test_early_partitions_past_the_memory_budget_are_kept_on_disk_and_read_back_
     hub.epoch_assigned(1, 3)
     for p in (4, 2):
         assert send_after(server.port, [(float(p), i) for i in range(300)], p, p - 2) == (
-            dp.Kind.DONE, {"rows": 300, "skipped": 0})
+            dataplane.Kind.DONE, {"rows": 300, "skipped": 0})
     turns = hub._turns
     assert turns.spilled == 2 and turns.held_bytes <= 2048 and hub.queued_rows() == {1: 600}
     folder = turns._folder
     assert oct(os.stat(folder).st_mode & 0o777) == "0o700" and len(os.listdir(folder)) == 2
     epoch = [0]
     reader, got = take_in_thread(hub, 10_000, epoch)
-    assert send_after(server.port, [(0.0, i) for i in range(300)], 0, -1)[0] is dp.Kind.DONE
+    assert send_after(server.port, [(0.0, i) for i in range(300)], 0, -1)[0] is dataplane.Kind.DONE
     reader.join(10)
     assert not reader.is_alive()
     order = [(p, i) for _, b in got["pieces"] for p, i in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
@@ -98,7 +98,7 @@ def test_early_partitions_past_the_memory_budget_are_kept_on_disk_and_read_back_
 def test_a_node_that_stops_reading_counts_its_spilled_rows_as_skipped(small_node):
     hub, server = small_node
     hub.epoch_assigned(1, 2)
-    assert send_after(server.port, [(2.0, i) for i in range(200)], 2, 0)[0] is dp.Kind.DONE
+    assert send_after(server.port, [(2.0, i) for i in range(200)], 2, 0)[0] is dataplane.Kind.DONE
     folder = hub._turns._folder
     hub.close()  # terminate(): nothing more is read
     assert hub.skipped == 200 and not os.path.exists(folder)
@@ -117,7 +117,7 @@ def test_a_spilled_partition_whose_turn_comes_while_it_still_arrives_joins_the_q
     c2 = Conn(pairs[1][0], {"partition": 2, "gen": 1, "after": 0})
 
     def batch(p, lo, hi):
-        return C.rows_to_batch([(float(p), i) for i in range(lo, hi)])
+        return columns.rows_to_batch([(float(p), i) for i in range(lo, hi)])
 
     try:
         hub.epoch_assigned(1, 2)

@@ -13,15 +13,13 @@ import pytest
 
 from tests.conftest import ipython_with_tfos_nb, wait_until
 from tests.panel_fakes import FakeDisplay
-from tfos_nb.runtime.driver import stacks
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import stacks, state
 from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.controller import new_cluster
 from tfos_nb.runtime.driver.options import JobOptions
-from tfos_nb.runtime.executor import phases as P
+from tfos_nb.runtime.executor import phases
 from tfos_nb.runtime.executor.feed_hub import FeedHub
-from tfos_nb.runtime.protocol import messages as m
-from tfos_nb.runtime.protocol import pipes, remote
+from tfos_nb.runtime.protocol import messages, pipes, remote
 from tfos_nb.widgets import make_renderer, panel_html, panel_model, text_line
 from tfos_nb.widgets._view import state_key
 
@@ -93,29 +91,29 @@ def test_watcher_follows_a_real_thread_through_the_phases(tmp_path, monkeypatch)
 
     thread = threading.Thread(target=node_function, name="node-function")
     thread.start()
-    watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append((phase, moved)), sample_s=0.05,
+    watcher = phases.PhaseWatcher(lambda phase, moved, where: sent.append((phase, moved)), sample_s=0.05,
                              thread=thread.ident)
     watcher.function_runs()
     watcher.start()
     try:
         ready.set()
-        for phase, gate in [(P.IMPORTING, "import"), (P.STRATEGY, "strategy"), (P.FIRST_STEP, "first"),
-                            (P.TRAINING, "later"), (P.EXPORTING, "save"), (P.TRAINING, "data")]:
+        for phase, gate in [(phases.IMPORTING, "import"), (phases.STRATEGY, "strategy"), (phases.FIRST_STEP, "first"),
+                            (phases.TRAINING, "later"), (phases.EXPORTING, "save"), (phases.TRAINING, "data")]:
             wait_until(lambda phase=phase: watcher.phase == phase, 10, 0.02, what=f"phase {phase}")
             assert sent[-1][0] == phase  # sent as soon as it changed
             gates.events[gate].set()
-        wait_until(lambda: watcher.phase == P.WAITING_FOR_DATA, 10, 0.02, what="waiting for data")
+        wait_until(lambda: watcher.phase == phases.WAITING_FOR_DATA, 10, 0.02, what="waiting for data")
     finally:
         for event in gates.events.values():
             event.set()
         hub.close()
         thread.join(10)
         sys.modules.pop("fake_tf_import", None)
-        watcher.set(P.FINISHING)
+        watcher.set(phases.FINISHING)
         watcher.stop()
     seen = [phase for phase, _ in sent]
-    expected = [P.RUNNING, P.IMPORTING, P.STRATEGY, P.FIRST_STEP, P.TRAINING, P.EXPORTING, P.WAITING_FOR_DATA,
-                P.FINISHING]
+    expected = [phases.RUNNING, phases.IMPORTING, phases.STRATEGY, phases.FIRST_STEP, phases.TRAINING, phases.EXPORTING,
+                phases.WAITING_FOR_DATA, phases.FINISHING]
     rest = iter(seen)
     assert all(phase in rest for phase in expected), seen  # in this order (other phases may come between)
 
@@ -124,14 +122,14 @@ def test_training_is_reported_when_it_begins_not_at_the_next_sample():
     """A node whose training is shorter than a sampling interval still shows it trained (the CI run saw a chief
     go from "first step" to "finishing" with no "training" between)."""
     sent: list[str] = []
-    watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append(phase), sample_s=3600)  # no sampling thread
+    watcher = phases.PhaseWatcher(lambda phase, moved, where: sent.append(phase), sample_s=3600)  # no sampling thread
     watcher.function_runs()
     watcher.stepped(0)  # Keras' step 0: training has not begun
-    assert sent == [P.RUNNING]
+    assert sent == [phases.RUNNING]
     watcher.stepped(1)
     watcher.stepped(2)
-    watcher.set(P.FINISHING)
-    assert sent == [P.RUNNING, P.TRAINING, P.FINISHING]
+    watcher.set(phases.FINISHING)
+    assert sent == [phases.RUNNING, phases.TRAINING, phases.FINISHING]
 
 
 def test_a_sample_keeps_no_other_thread_s_data_alive():
@@ -154,7 +152,7 @@ def test_a_sample_keeps_no_other_thread_s_data_alive():
         ready.set()
         gone.wait(60)  # blocked, as a connection waiting for room in the queue; then it ends with batch a local
 
-    watcher = P.PhaseWatcher(lambda phase, moved, where: None, sample_s=3600)  # no sampling thread: samples by hand
+    watcher = phases.PhaseWatcher(lambda phase, moved, where: None, sample_s=3600)  # no sampling thread: samples by hand
     thread = threading.Thread(target=reader)
     gc.disable()
     try:
@@ -173,16 +171,16 @@ def test_classify_by_the_outermost_library_call():
     tf = "/site/tensorflow/python/eager/execute.py"
     fit = ("/site/tf_keras/src/engine/training.py", "fit")
     user = ("/work/train.py", "main_fun")
-    assert P.classify([user], stepped=False) == P.RUNNING
-    assert P.classify([user, fit, (tf, "quick_execute")], stepped=False) == P.FIRST_STEP
-    assert P.classify([user, fit, (tf, "quick_execute")], stepped=True) == P.TRAINING
-    assert P.classify([user, ("<frozen importlib._bootstrap>", "_find_and_load"),
-                       ("/site/tensorflow/__init__.py", "<module>")], stepped=False) == P.IMPORTING
-    assert P.classify([user, ("<frozen importlib._bootstrap>", "_find_and_load"),
-                       ("/site/numpy/__init__.py", "<module>")], stepped=False) == P.RUNNING
+    assert phases.classify([user], stepped=False) == phases.RUNNING
+    assert phases.classify([user, fit, (tf, "quick_execute")], stepped=False) == phases.FIRST_STEP
+    assert phases.classify([user, fit, (tf, "quick_execute")], stepped=True) == phases.TRAINING
+    assert phases.classify([user, ("<frozen importlib._bootstrap>", "_find_and_load"),
+                       ("/site/tensorflow/__init__.py", "<module>")], stepped=False) == phases.IMPORTING
+    assert phases.classify([user, ("<frozen importlib._bootstrap>", "_find_and_load"),
+                       ("/site/numpy/__init__.py", "<module>")], stepped=False) == phases.RUNNING
     run = ("/site/tensorflow/python/distribute/distribute_lib.py", "run")
-    assert P.classify([user, run, (tf, "quick_execute")], stepped=False) == P.FIRST_STEP
-    assert P.rank(P.STRATEGY) > P.rank(P.RUNNING) and P.rank(P.WAITING_FOR_DATA) is None
+    assert phases.classify([user, run, (tf, "quick_execute")], stepped=False) == phases.FIRST_STEP
+    assert phases.rank(phases.STRATEGY) > phases.rank(phases.RUNNING) and phases.rank(phases.WAITING_FOR_DATA) is None
 
 
 def test_where_names_the_user_code_a_library_called_and_nothing_inside_the_library(tmp_path):
@@ -206,7 +204,7 @@ def test_where_names_the_user_code_a_library_called_and_nothing_inside_the_libra
         thread = threading.Thread(target=target)
         thread.start()
         try:
-            watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append(where), sample_s=3600, thread=thread.ident)
+            watcher = phases.PhaseWatcher(lambda phase, moved, where: sent.append(where), sample_s=3600, thread=thread.ident)
             watcher.function_runs()
             wait_until(lambda: (f := sys._current_frames().get(thread.ident)) is not None and f.f_code.co_name == "wait"
                        and f.f_code.co_filename == threading.__file__, 10, 0.01, what="the thread waits in threading")
@@ -219,7 +217,7 @@ def test_where_names_the_user_code_a_library_called_and_nothing_inside_the_libra
 
 
 def test_phase_frame_on_the_report_pipe():
-    frame = pipes.Phase(phase=P.STRATEGY, moved_at=12.5, where="on_epoch_end (cell.py:12)", stacks=True)
+    frame = pipes.Phase(phase=phases.STRATEGY, moved_at=12.5, where="on_epoch_end (cell.py:12)", stacks=True)
     assert pipes.decode(pipes.encode(frame)) == frame
 
 
@@ -240,24 +238,24 @@ def started_cluster(roles, stall_after=3.0):
     ctl.state.clock = ctl.clock = clock
     ctl.state._t0 = clock.t
     for i in range(len(roles)):
-        assert ctl.handle(m.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1)).ok
+        assert ctl.handle(messages.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1)).ok
     for i in range(len(roles)):
-        assert ctl.handle(m.AwaitSpec(node=i)).ok
+        assert ctl.handle(messages.AwaitSpec(node=i)).ok
     return ctl, clock
 
 
-def beat(ctl, node: int, phase: str, still: float = 0.0, **kw) -> m.BeatCommand:
-    reply = ctl.handle(m.Heartbeat(node=node, state="running", phase={"phase": phase, "still_s": still}, **kw))
+def beat(ctl, node: int, phase: str, still: float = 0.0, **kw) -> messages.BeatCommand:
+    reply = ctl.handle(messages.Heartbeat(node=node, state="running", phase={"phase": phase, "still_s": still}, **kw))
     assert reply.ok, reply.error
-    return m.BeatCommand.from_dict(reply.body)
+    return messages.BeatCommand.from_dict(reply.body)
 
 
 def test_stall_names_the_phase_and_the_node_that_has_not_reached_it():
     ctl, clock = started_cluster([("ps", 0), ("chief", 0), ("worker", 0), ("worker", 1)])
-    beat(ctl, 0, P.RUNNING)
-    beat(ctl, 1, P.STRATEGY)
-    beat(ctl, 2, P.STRATEGY)
-    beat(ctl, 3, P.RUNNING, still=1.0)
+    beat(ctl, 0, phases.RUNNING)
+    beat(ctl, 1, phases.STRATEGY)
+    beat(ctl, 2, phases.STRATEGY)
+    beat(ctl, 3, phases.RUNNING, still=1.0)
     clock.t += 1.9
     assert ctl.state.snapshot().stalls == ()
     clock.t += 0.2
@@ -268,10 +266,10 @@ def test_stall_names_the_phase_and_the_node_that_has_not_reached_it():
     expected = ("chief:0: no step for 3 s, building the strategy (its first collective) — "
                 "worker:1 (running the node function) has not reached it")
     assert view.stalls[0] == expected
-    assert view.nodes[1].stall == expected and view.nodes[1].phase == P.STRATEGY
+    assert view.nodes[1].stall == expected and view.nodes[1].phase == phases.STRATEGY
     assert view.nodes[0].stall is None  # ps nodes serve (server.join()): never flagged
-    beat(ctl, 3, P.STRATEGY)
-    beat(ctl, 1, P.TRAINING)  # it moved
+    beat(ctl, 3, phases.STRATEGY)
+    beat(ctl, 1, phases.TRAINING)  # it moved
     view = ctl.state.snapshot()
     assert [n.label for n in view.nodes if n.stall] == ["worker:0"]
     assert "has not reached" not in view.nodes[2].stall
@@ -286,16 +284,16 @@ def fed_cluster(stall_after=3.0):
     ctl.state.clock = ctl.clock = clock
     ctl.state._t0 = clock.t
     for i in range(2):
-        assert ctl.handle(m.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1)).ok
+        assert ctl.handle(messages.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1)).ok
     for i in range(2):
-        assert ctl.handle(m.AwaitSpec(node=i)).ok
-        beat(ctl, i, P.RUNNING, data_port=5000 + i)
+        assert ctl.handle(messages.AwaitSpec(node=i)).ok
+        beat(ctl, i, phases.RUNNING, data_port=5000 + i)
     ctl.set_running()
     return ctl, clock
 
 
 def assign(ctl, partition: int, executor: str) -> int:
-    reply = ctl.handle(m.FeedAssign(partition=partition, gen=1, host="127.0.0.1", executor_id=executor, mode="train"))
+    reply = ctl.handle(messages.FeedAssign(partition=partition, gen=1, host="127.0.0.1", executor_id=executor, mode="train"))
     assert reply.ok, reply.error
     return int(reply.body["node"])
 
@@ -310,9 +308,9 @@ def test_stall_says_which_feeding_task_waits_for_which_node():
     to_worker = assign(ctl, 3, "1")
     assert (to_chief, to_worker) == (0, 1)
     clock.t += 5
-    beat(ctl, 0, P.WAITING_FOR_DATA, still=4.0)
-    ctl.handle(m.Heartbeat(node=1, state="running",
-                           phase={"phase": P.TRAINING, "still_s": 4.0, "where": "on_epoch_end (cell.py:12)"}))
+    beat(ctl, 0, phases.WAITING_FOR_DATA, still=4.0)
+    ctl.handle(messages.Heartbeat(node=1, state="running",
+                           phase={"phase": phases.TRAINING, "still_s": 4.0, "where": "on_epoch_end (cell.py:12)"}))
     view = ctl.state.snapshot()
     assert view.stalls == (
         "chief:0: no step for 4 s, waiting for data — it waits for the feeding task of partition 2 (executor 0, open 5 s)",
@@ -320,10 +318,10 @@ def test_stall_says_which_feeding_task_waits_for_which_node():
         "(executor 1, open 5 s) waits for it to take rows")
     assert view.nodes[1].where == "on_epoch_end (cell.py:12)"
     # the feeding task of partition 2 ends: nothing sends to the chief, and the flag says so
-    assert ctl.handle(m.FeedRelease(partition=2, gen=1, node=0, rows=10)).ok
+    assert ctl.handle(messages.FeedRelease(partition=2, gen=1, node=0, rows=10)).ok
     assert ctl.state.snapshot().stalls[0] == ("chief:0: no step for 4 s, waiting for data — no feeding task is connected "
                                               "to it; the epoch waits for partition 3 at worker:0")
-    assert ctl.handle(m.FeedRelease(partition=3, gen=1, node=1, rows=10)).ok
+    assert ctl.handle(messages.FeedRelease(partition=3, gen=1, node=1, rows=10)).ok
     assert ctl.state.snapshot().stalls[0] == "chief:0: no step for 4 s, waiting for data — no feeding task is connected to it now"
     # once Spark says the epoch's stage has 6 tasks, the partitions whose task never asked for a node are named
     ctl.set_feed_tasks(1, 6)
@@ -332,7 +330,7 @@ def test_stall_says_which_feeding_task_waits_for_which_node():
         "no node yet (a Spark task waiting for a slot, or computing its first rows)")
     # the Spark Connect mirror carries the place and the open feeding tasks, and flags the same
     data = snapshot.take(ctl.state, snapshot.LogBook(2), [0, 0], [0, 0], [], 0)
-    mirror_state = S.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
+    mirror_state = state.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
     mirror_state.stall_after = 3.0
     snapshot.Mirror(mirror_state).apply(remote.ClusterSnapshot.from_dict(data.to_dict()))
     assert mirror_state.snapshot().stalls == ctl.state.snapshot().stalls
@@ -345,11 +343,11 @@ def test_phases_the_driver_knows_before_the_node_process_runs():
     clock = Clock()
     ctl.state.clock = ctl.clock = clock
     ctl.state._t0 = clock.t
-    assert [n.phase for n in ctl.state.snapshot().nodes] == [P.REGISTERING, P.REGISTERING]
-    assert ctl.handle(m.Register(node=0, host="127.0.0.1", port=4000, executor_id="0", pid=1)).ok
+    assert [n.phase for n in ctl.state.snapshot().nodes] == [phases.REGISTERING, phases.REGISTERING]
+    assert ctl.handle(messages.Register(node=0, host="127.0.0.1", port=4000, executor_id="0", pid=1)).ok
     clock.t += 2.5
     view = ctl.state.snapshot()
-    assert [n.phase for n in view.nodes] == [P.WAITING_FOR_SPEC, P.REGISTERING]
+    assert [n.phase for n in view.nodes] == [phases.WAITING_FOR_SPEC, phases.REGISTERING]
     assert view.stalls == (
         "chief:0: no step for 2 s, waiting for the cluster spec — worker:0 (registering) has not reached it",
         "worker:0: no step for 2 s, still registering (its launch task has not started its supervisor)")
@@ -363,7 +361,7 @@ def test_stall_after_is_checked(bad):
 
 def test_no_stall_flag_when_off_or_ended():
     ctl, clock = started_cluster([("chief", 0)], stall_after=0)
-    beat(ctl, 0, P.STRATEGY)
+    beat(ctl, 0, phases.STRATEGY)
     clock.t += 1000
     assert ctl.state.snapshot().stalls == ()
     ctl.state.stall_after = 5.0
@@ -375,13 +373,13 @@ def test_no_stall_flag_when_off_or_ended():
 # -- stack dumps over heartbeats ------------------------------------------------------------------------
 def test_stacks_are_asked_with_a_beat_reply_and_come_back_with_the_next_beat():
     ctl, _ = started_cluster([("chief", 0), ("worker", 0)])
-    assert beat(ctl, 0, P.RUNNING).stacks == 0
+    assert beat(ctl, 0, phases.RUNNING).stacks == 0
     got: dict[str, str] = {}
     asker = threading.Thread(target=lambda: got.update(stacks.collect(ctl.state, ctl, "worker:0", timeout=10)))
     asker.start()
-    wanted = wait_until(lambda: beat(ctl, 1, P.RUNNING).stacks, 5, 0.01, what="the ask")
-    assert beat(ctl, 0, P.RUNNING).stacks == 0  # only the node asked
-    beat(ctl, 1, P.RUNNING, stacks={"id": wanted, "text": 'File "train.py", line 7 in wait_for_release'})
+    wanted = wait_until(lambda: beat(ctl, 1, phases.RUNNING).stacks, 5, 0.01, what="the ask")
+    assert beat(ctl, 0, phases.RUNNING).stacks == 0  # only the node asked
+    beat(ctl, 1, phases.RUNNING, stacks={"id": wanted, "text": 'File "train.py", line 7 in wait_for_release'})
     asker.join(10)
     assert got == {"worker:0": 'File "train.py", line 7 in wait_for_release'}
     with pytest.raises(KeyError, match="no node 'worker:5'"):
@@ -398,14 +396,14 @@ def test_stacks_of_nodes_without_a_process_say_why():
 # -- Spark Connect: the mirror gets the phases, and flags stalls itself ---------------------------------
 def test_connect_mirror_carries_phases_and_stalls():
     ctl, clock = started_cluster([("chief", 0), ("worker", 0)])
-    beat(ctl, 0, P.FIRST_STEP, still=4.0)
-    beat(ctl, 1, P.IMPORTING)
+    beat(ctl, 0, phases.FIRST_STEP, still=4.0)
+    beat(ctl, 1, phases.IMPORTING)
     data = snapshot.take(ctl.state, snapshot.LogBook(2), [0, 0], [0, 0], [], 0)
-    mirror_state = S.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
+    mirror_state = state.ClusterState("c", "mirror", [("chief", 0), ("worker", 0)])
     mirror_state.stall_after = 3.0
     snapshot.Mirror(mirror_state).apply(data)
     view = mirror_state.snapshot()
-    assert [n.phase for n in view.nodes] == [P.FIRST_STEP, P.IMPORTING]
+    assert [n.phase for n in view.nodes] == [phases.FIRST_STEP, phases.IMPORTING]
     assert view.stalls == ("chief:0: no step for 4 s, in the first step (the first collective) — "
                            "worker:0 (importing TensorFlow) has not reached it",)
 
@@ -413,8 +411,8 @@ def test_connect_mirror_carries_phases_and_stalls():
 # -- the panel ---------------------------------------------------------------------------------------------
 def stalled_view():
     ctl, clock = started_cluster([("chief", 0), ("worker", 0)])
-    beat(ctl, 0, P.STRATEGY, still=5.0)
-    beat(ctl, 1, P.RUNNING)
+    beat(ctl, 0, phases.STRATEGY, still=5.0)
+    beat(ctl, 1, phases.RUNNING)
     return ctl.state.snapshot()
 
 
@@ -426,7 +424,7 @@ def test_panel_html_and_text_show_the_phase_and_the_stall():
     line = text_line(model)
     assert "chief:0 running (building the strategy)" in line and "worker:0 running (running the node function)" in line
     assert "— STALLED: chief:0: no step for 5 s" in line
-    quieter = dict(model, rows=[dict(r, phase=P.TRAINING) for r in model["rows"]])
+    quieter = dict(model, rows=[dict(r, phase=phases.TRAINING) for r in model["rows"]])
     assert state_key(quieter) != state_key(model)  # a new phase is a state change for the text back-end
 
 
@@ -511,13 +509,13 @@ def test_a_process_frozen_in_c_code_is_read_from_its_stack_dump(tmp_path):
     try:
         assert owner.child.stdout is not None and owner.child.stdout.readline() == "frozen\n"
         owner.stacks_ready = True
-        owner.phase = {"phase": P.IMPORTING, "moved_at": 12.5}  # the last frame its watcher could send
+        owner.phase = {"phase": phases.IMPORTING, "moved_at": 12.5}  # the last frame its watcher could send
         owner.read_frozen_phase()
-        assert owner.phase == {"phase": P.IMPORTING, "moved_at": 12.5}  # not silent for long yet
-        owner.phase_at = time.monotonic() - P.FROZEN_S - 0.1
+        assert owner.phase == {"phase": phases.IMPORTING, "moved_at": 12.5}  # not silent for long yet
+        owner.phase_at = time.monotonic() - phases.FROZEN_S - 0.1
         owner.read_frozen_phase()
-        assert owner.phase == {"phase": P.STRATEGY, "moved_at": 12.5}, owner.phase  # it has not moved since
-        assert owner.phases_seen == [P.STRATEGY]
+        assert owner.phase == {"phase": phases.STRATEGY, "moved_at": 12.5}, owner.phase  # it has not moved since
+        assert owner.phases_seen == [phases.STRATEGY]
     finally:
         owner.kill(grace=0)
     assert owner.child.poll() is not None  # the child spinning in C is gone, not left to the rest of the run
@@ -529,7 +527,7 @@ def test_the_watcher_sends_even_when_nothing_moves():
     release = threading.Event()
     thread = threading.Thread(target=release.wait, args=(30,), name="blocked")
     thread.start()
-    watcher = P.PhaseWatcher(lambda phase, moved, where: sent.append(moved), sample_s=0.05, thread=thread.ident)
+    watcher = phases.PhaseWatcher(lambda phase, moved, where: sent.append(moved), sample_s=0.05, thread=thread.ident)
     watcher.function_runs()
     watcher.start()
     try:
@@ -550,7 +548,7 @@ def test_dump_phase_takes_the_main_thread_of_a_real_faulthandler_dump(tmp_path, 
     node = threading.Thread(target=libs["strategy"].CollectiveAllReduceStrategy, name="node-function")
     node.start()
     try:
-        wait_until(lambda: P.classify(P._frames(sys._current_frames()[node.ident]), False) == P.STRATEGY, 10, 0.01,
+        wait_until(lambda: phases.classify(phases._frames(sys._current_frames()[node.ident]), False) == phases.STRATEGY, 10, 0.01,
                    what="the strategy's constructor")
         with open(tmp_path / "dump", "w+") as f:
             faulthandler.dump_traceback(f, all_threads=True)
@@ -559,12 +557,12 @@ def test_dump_phase_takes_the_main_thread_of_a_real_faulthandler_dump(tmp_path, 
     finally:
         gates.events["strategy"].set()
         node.join(10)
-    threads = P.dump_threads(text)
+    threads = phases.dump_threads(text)
     init = (str(tmp_path / "tensorflow/python/distribute/collective_all_reduce_strategy.py"), "__init__")
     node_frames = next(t for t in threads if init in t)
     assert node_frames[0][0].endswith("threading.py") and node_frames[-1][1] == "wait"  # outermost first
     # the main thread is the one threading did not start: here the test's, in no library call
-    assert P.dump_phase(text, P.IMPORTING) == P.RUNNING
+    assert phases.dump_phase(text, phases.IMPORTING) == phases.RUNNING
 
 
 def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
@@ -576,7 +574,7 @@ def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
     from tfos_nb.runtime.driver.options import ClusterShape
 
     ctl, _ = started_cluster([("chief", 0)])
-    beat(ctl, 0, P.STRATEGY)
+    beat(ctl, 0, phases.STRATEGY)
     up = threading.Event()
 
     def start(sc, fn, args, shape, options, **kwargs):
@@ -589,8 +587,8 @@ def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
         got: dict[str, str] = {}
         asker = threading.Thread(target=lambda: got.update(handle.stacks("chief:0")))
         asker.start()
-        wanted = wait_until(lambda: beat(ctl, 0, P.STRATEGY).stacks, 5, 0.01, what="the ask")
-        beat(ctl, 0, P.STRATEGY, stacks={"id": wanted, "text": text})
+        wanted = wait_until(lambda: beat(ctl, 0, phases.STRATEGY).stacks, 5, 0.01, what="the ask")
+        beat(ctl, 0, phases.STRATEGY, stacks={"id": wanted, "text": text})
         asker.join(10)
         return got
 
@@ -603,7 +601,7 @@ def test_the_cell_handle_shows_the_stacks_while_its_cluster_starts_and_runs():
         up.set()
         wait_until(lambda: handle.cluster is not None, 10, 0.01, what="the cluster")
         assert answer("in __init__ (running)") == {"chief:0": "in __init__ (running)"}
-        assert ctl.handle(m.Heartbeat(node=0, state="finished", exit_code=0)).ok
+        assert ctl.handle(messages.Heartbeat(node=0, state="finished", exit_code=0)).ok
         handle.wait(10)
     finally:
         up.set()

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from tests.conftest import global_shell_with, spark_fixture, wait_until
-from tfos_nb.runtime.executor import phases as P
+from tfos_nb.runtime.executor import phases
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def test_a_worker_blocked_before_the_first_collective_is_named_and_its_stack_sho
             return None if view is None else view.nodes[0].phase
 
         # the chief building its strategy (the phases both nodes went through, should it not)
-        assert wait_until(lambda: chief_phase() == P.STRATEGY, 240), seen
+        assert wait_until(lambda: chief_phase() == phases.STRATEGY, 240), seen
         # from then on the chief does not move: flagged within the threshold (plus a sample and a heartbeat).
         # The worker, blocked since it entered the node function, may be flagged first (on a slow machine the
         # chief reaches its strategy seconds after the worker blocks): its own line is true too, and comes after.
@@ -107,7 +107,7 @@ def test_a_worker_blocked_before_the_first_collective_is_named_and_its_stack_sho
     assert handle.state == "finished", handle.error
     nodes = handle._cstate.nodes  # the phases each node process went through, as its heartbeats said
     chief_log, worker_log = list(nodes[0].phase_log), list(nodes[1].phase_log)
-    assert in_order(chief_log, [P.IMPORTING, P.STRATEGY, P.TRAINING, P.FINISHING]), chief_log
+    assert in_order(chief_log, [phases.IMPORTING, phases.STRATEGY, phases.TRAINING, phases.FINISHING]), chief_log
     # the worker's own strategy, built once released, is over within a sample (the chief was waiting for it)
-    assert in_order(worker_log, [P.IMPORTING, P.RUNNING, P.TRAINING, P.FINISHING]), worker_log
+    assert in_order(worker_log, [phases.IMPORTING, phases.RUNNING, phases.TRAINING, phases.FINISHING]), worker_log
     assert handle.status().stalls == ()

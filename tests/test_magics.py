@@ -436,14 +436,14 @@ def test_tensorboard_on_the_driver_for_a_logdir(ip, tmp_path, monkeypatch, capsy
     import json
     import urllib.request
 
-    from tfos_nb import tensorboard as tb
+    from tfos_nb import tensorboard
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     logdir = tmp_path / "logs"
     logdir.mkdir()
     ip.run_line_magic("tfos_tensorboard", f"--logdir {logdir} --height 300")
     out = capsys.readouterr().out
-    cid = tb.local_cluster_id(str(logdir))
+    cid = tensorboard.local_cluster_id(str(logdir))
     assert f"tfos_nb/tensorboard/{cid}/" in out
     record = json.loads((tmp_path / "runtime" / "tfos_nb" / f"{cid}.json").read_text())
     with urllib.request.urlopen(f"http://{record['host']}:{record['port']}/data/environment", timeout=10) as r:

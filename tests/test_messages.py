@@ -6,44 +6,44 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
 SECRET = b"s" * 32
 
 
 def codec(sender="t"):
-    return m.Codec(SECRET, "cid", sender)
+    return messages.Codec(SECRET, "cid", sender)
 
 
 def frame_body(data: bytes) -> bytes:
-    return data[m.HEADER.size :]
+    return data[messages.HEADER.size :]
 
 
 def test_roundtrip_keeps_fields_and_types():
-    msg = m.Register(node=1, host="h", port=5, executor_id="3", pid=9, gpus=[{"index": "0"}])
+    msg = messages.Register(node=1, host="h", port=5, executor_id="3", pid=9, gpus=[{"index": "0"}])
     got = codec("server").decode(frame_body(codec().encode(msg)))
     assert got == msg
 
 
 def test_forged_signature_is_rejected():
-    data = bytearray(frame_body(codec().encode(m.AwaitSpec(node=0))))
+    data = bytearray(frame_body(codec().encode(messages.AwaitSpec(node=0))))
     data[-2] ^= 1
-    with pytest.raises(m.ProtocolError, match="bad signature"):
+    with pytest.raises(messages.ProtocolError, match="bad signature"):
         codec("server").decode(bytes(data))
 
 
 def test_other_secret_is_rejected():
-    other = m.Codec(b"x" * 32, "cid", "evil")
-    with pytest.raises(m.ProtocolError, match="bad signature"):
-        codec("server").decode(frame_body(other.encode(m.AwaitSpec(node=0))))
+    other = messages.Codec(b"x" * 32, "cid", "evil")
+    with pytest.raises(messages.ProtocolError, match="bad signature"):
+        codec("server").decode(frame_body(other.encode(messages.AwaitSpec(node=0))))
 
 
 def test_replay_is_rejected():
     server = codec("server")
-    data = frame_body(codec().encode(m.AwaitSpec(node=0)))
+    data = frame_body(codec().encode(messages.AwaitSpec(node=0)))
     server.decode(data)
-    with pytest.raises(m.ProtocolError, match="replayed"):
+    with pytest.raises(messages.ProtocolError, match="replayed"):
         server.decode(data)
 
 
@@ -52,33 +52,33 @@ def test_senders_whose_messages_went_stale_are_forgotten_and_their_replays_still
     import time
 
     server = codec("server")
-    frames = [frame_body(codec().encode(m.AwaitSpec(node=0))) for _ in range(m.SEEN_PRUNE_AT)]
+    frames = [frame_body(codec().encode(messages.AwaitSpec(node=0))) for _ in range(messages.SEEN_PRUNE_AT)]
     for data in frames:
         server.decode(data)
-    assert len(server._seen) == m.SEEN_PRUNE_AT
-    later = time.time() + m.MAX_CLOCK_SKEW_S + 1
-    monkeypatch.setattr(m.time, "time", lambda: later)
-    server.decode(frame_body(codec().encode(m.AwaitSpec(node=0))))  # one more sender: the stale ones go
+    assert len(server._seen) == messages.SEEN_PRUNE_AT
+    later = time.time() + messages.MAX_CLOCK_SKEW_S + 1
+    monkeypatch.setattr(messages.time, "time", lambda: later)
+    server.decode(frame_body(codec().encode(messages.AwaitSpec(node=0))))  # one more sender: the stale ones go
     assert len(server._seen) == 1
-    with pytest.raises(m.ProtocolError, match="stale"):
+    with pytest.raises(messages.ProtocolError, match="stale"):
         server.decode(frames[0])
     live = codec()
-    server.decode(frame_body(live.encode(m.AwaitSpec(node=0))))
-    data = frame_body(live.encode(m.AwaitSpec(node=1)))
+    server.decode(frame_body(live.encode(messages.AwaitSpec(node=0))))
+    data = frame_body(live.encode(messages.AwaitSpec(node=1)))
     server.decode(data)
-    with pytest.raises(m.ProtocolError, match="replayed"):  # a live sender's replays: refused by sequence
+    with pytest.raises(messages.ProtocolError, match="replayed"):  # a live sender's replays: refused by sequence
         server.decode(data)
 
 
 def _signed(env: dict) -> bytes:
     body = json.dumps(env).encode()
-    return m.sign(SECRET, body) + body
+    return messages.sign(SECRET, body) + body
 
 
 def test_signed_but_malformed_messages_are_rejected():
-    base = {"v": m.PROTOCOL_VERSION, "cid": "cid", "from": "x", "seq": 1, "ts": __import__("time").time(), "type": "await_spec"}
+    base = {"v": messages.PROTOCOL_VERSION, "cid": "cid", "from": "x", "seq": 1, "ts": __import__("time").time(), "type": "await_spec"}
     cases = [
-        ({**base, "v": m.PROTOCOL_VERSION + 1, "body": {"node": 0}}, "protocol version mismatch"),
+        ({**base, "v": messages.PROTOCOL_VERSION + 1, "body": {"node": 0}}, "protocol version mismatch"),
         ({**base, "cid": "other", "body": {"node": 0}}, "another cluster"),
         ({**base, "type": "nope", "body": {}}, "unknown message type"),
         ({**base, "body": {}}, "missing field 'node'"),
@@ -89,19 +89,19 @@ def test_signed_but_malformed_messages_are_rejected():
     ]
     for i, (env, why) in enumerate(cases):
         env = {**env, "from": f"s{i}"}
-        with pytest.raises(m.ProtocolError, match=why):
+        with pytest.raises(messages.ProtocolError, match=why):
             codec("server").decode(_signed(env))
 
 
 def test_oversized_frames_are_rejected():
-    with pytest.raises(m.ProtocolError, match="too large"):
-        codec().decode(b"x" * (m.MAX_FRAME + 1))
+    with pytest.raises(messages.ProtocolError, match="too large"):
+        codec().decode(b"x" * (messages.MAX_FRAME + 1))
 
 
 @settings(max_examples=2000, deadline=None)
 @given(st.binary(max_size=512))
 def test_random_bytes_never_decode(data):
-    with pytest.raises(m.ProtocolError):
+    with pytest.raises(messages.ProtocolError):
         codec("server").decode(data)
 
 
@@ -111,7 +111,7 @@ def server():
 
     def handler(msg):
         seen.append(msg)
-        return m.Reply(ok=True, body={"n": len(seen)})
+        return messages.Reply(ok=True, body={"n": len(seen)})
 
     srv = ControlServer(codec("driver"), handler, "127.0.0.1")
     srv.seen = seen
@@ -132,23 +132,23 @@ def _raw(addr, payload: bytes) -> bytes:
 
 def test_server_rejects_bad_frames_and_keeps_serving(server):
     addr = server.address
-    good = codec("node").encode(m.AwaitSpec(node=0))
+    good = codec("node").encode(messages.AwaitSpec(node=0))
     forged = bytearray(good)
     forged[-3] ^= 1
     bad = [
         bytes(forged),  # forged
         struct.pack(">I", 10) + b"garbage!!!",  # malformed
-        struct.pack(">I", m.MAX_FRAME + 10),  # oversized header
+        struct.pack(">I", messages.MAX_FRAME + 10),  # oversized header
         b"\x00\x00",  # truncated
         good,  # replay of a frame the server will see below first
     ]
     client = ControlClient(codec("node2"), addr)
-    assert client.request(m.AwaitSpec(node=1)).ok
+    assert client.request(messages.AwaitSpec(node=1)).ok
     _raw(addr, good)  # first delivery is accepted
     for payload in bad:
         assert _raw(addr, payload) == b""  # no reply: rejected, connection closed
     assert server.rejected == 4  # the truncated frame is only an early close
-    reply = client.request(m.AwaitSpec(node=2))  # still serving
+    reply = client.request(messages.AwaitSpec(node=2))  # still serving
     assert reply.ok and len(server.seen) == 3
 
 
@@ -157,8 +157,8 @@ def test_server_rejects_bad_frames_and_keeps_serving(server):
 def test_server_survives_random_input(server, data):
     # One server for all inputs, on purpose: it must survive every one of them.
     _raw(server.address, data)
-    assert all(isinstance(x, m.AwaitSpec) for x in server.seen)
-    assert ControlClient(codec("probe"), server.address).request(m.AwaitSpec(node=0)).ok
+    assert all(isinstance(x, messages.AwaitSpec) for x in server.seen)
+    assert ControlClient(codec("probe"), server.address).request(messages.AwaitSpec(node=0)).ok
 
 
 # The node function is pickled on the driver and reaches the node inside Spark's own task
@@ -191,49 +191,47 @@ def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others
     """A node that registered polls for the cluster spec while slower nodes start (a busy executor can
     take longer than the heartbeat timeout): every poll is a sign of life; silence is not."""
 
-    from tfos_nb.runtime.driver import controller as ctl
-    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver import controller, state
 
     now = [1000.0]
-    st = S.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
-    c = ctl.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
-    assert c.handle(m.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
+    st = state.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
+    c = controller.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    assert c.handle(messages.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
     for _ in range(30):  # worker:0 registers 30 s later; chief:0 asks every second meanwhile
         now[0] += 1.0
-        assert m.Retry.from_dict(c.handle(m.AwaitSpec(node=0)).body) == m.Retry(0.1)
+        assert messages.Retry.from_dict(c.handle(messages.AwaitSpec(node=0)).body) == messages.Retry(0.1)
         c.tick()
-    assert st.state == S.C_RESERVING and st.nodes[0].state == S.REGISTERED, st.nodes[0].error
-    assert c.handle(m.Register(node=1, host="h", port=2, executor_id="1", pid=2)).ok
-    assert c.handle(m.AwaitSpec(node=0)).ok and c.handle(m.AwaitSpec(node=1)).ok
+    assert st.state == state.C_RESERVING and st.nodes[0].state == state.REGISTERED, st.nodes[0].error
+    assert c.handle(messages.Register(node=1, host="h", port=2, executor_id="1", pid=2)).ok
+    assert c.handle(messages.AwaitSpec(node=0)).ok and c.handle(messages.AwaitSpec(node=1)).ok
     now[0] += 11.0  # then chief:0 falls silent
-    assert c.handle(m.AwaitSpec(node=1)).ok
+    assert c.handle(messages.AwaitSpec(node=1)).ok
     c.tick()
-    assert st.nodes[0].state == S.FAILED and st.nodes[0].error.startswith("no heartbeat for 11 s")
-    assert st.nodes[1].state != S.FAILED and st.state == S.C_FAILED
+    assert st.nodes[0].state == state.FAILED and st.nodes[0].error.startswith("no heartbeat for 11 s")
+    assert st.nodes[1].state != state.FAILED and st.state == state.C_FAILED
 
 
 def test_every_node_silent_at_once_names_the_path_to_the_driver():
     """Nodes on different executors all silent in the same heartbeat window: not each executor dying, but the
     executors cut off from the driver's control server (issue 41's "driver's control port unreachable")."""
-    from tfos_nb.runtime.driver import controller as ctl
-    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver import controller, state
 
     now = [1000.0]
-    st = S.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
-    c = ctl.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    st = state.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
+    c = controller.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
     c.address = ("10.0.0.1", 41234)
     for i in range(2):
-        assert c.handle(m.Register(node=i, host=f"h{i}", port=i + 1, executor_id=str(i), pid=i + 1)).ok
+        assert c.handle(messages.Register(node=i, host=f"h{i}", port=i + 1, executor_id=str(i), pid=i + 1)).ok
     for i in range(2):
-        assert c.handle(m.AwaitSpec(node=i)).ok
+        assert c.handle(messages.AwaitSpec(node=i)).ok
     now[0] += 9.5
     c.tick()
-    assert st.state != S.C_FAILED  # within the timeout
+    assert st.state != state.C_FAILED  # within the timeout
     now[0] += 1.0
     c.tick()
-    assert st.state == S.C_FAILED
+    assert st.state == state.C_FAILED
     for n in st.nodes:
-        assert n.state == S.FAILED
+        assert n.state == state.FAILED
         assert n.error == ("no heartbeat from any of the 2 nodes for 10 s: their executors cannot reach the driver's "
                            "control server at 10.0.0.1:41234 (a firewall or a network change between them and this "
                            "machine), or every executor was lost"), n.error

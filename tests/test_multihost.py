@@ -37,11 +37,10 @@ import pytest
 from tests.conftest import NODE_ENV, listening_ports, runtime_processes, wait_until
 from tests.jupyter_server import config_with_extension, start_jupyter_server
 from tests.netns_cluster import TAG_ENV, NetnsCluster, kill_group, netns_fixture, pyspark_bin
-from tfos_nb import TFCluster
-from tfos_nb import tensorboard as tb
+from tfos_nb import TFCluster, tensorboard
 from tfos_nb.examples import digits
 from tfos_nb.runtime import net
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -278,7 +277,7 @@ def test_tensorboard_through_proxy_from_a_namespace(trained: dict, netns: NetnsC
     assert url == f"http://{chief.host}:{url.rsplit(':', 1)[1]}" and chief.host in netns.worker_ips, (url, chief.host)
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(jupyter.runtime_dir))
     cluster_id = cluster.status().cluster_id
-    path = tb.register(cluster_id, url)
+    path = tensorboard.register(cluster_id, url)
     try:
         t0 = time.monotonic()
         runs: list = []
@@ -299,7 +298,7 @@ def test_tensorboard_through_proxy_from_a_namespace(trained: dict, netns: NetnsC
         index = jupyter.request(path)
         assert index.status == 200 and index.headers.get("Content-Type", "").startswith("text/html")
     finally:
-        tb.withdraw(cluster_id)
+        tensorboard.withdraw(cluster_id)
     assert jupyter.request(path + "data/runs").status == 404
 
 
@@ -342,14 +341,14 @@ def test_control_plane_over_ipv6_between_namespaces(netns: NetnsCluster) -> None
     on the driver's address and be reached, signed, from another namespace."""
     host = net.resolve(f"[{netns.host_ip6}]")
     assert host == netns.host_ip6
-    secret = m.new_secret()
-    seen: list[m.Message] = []
+    secret = messages.new_secret()
+    seen: list[messages.Message] = []
 
-    def handler(msg: m.Message) -> m.Reply:
+    def handler(msg: messages.Message) -> messages.Reply:
         seen.append(msg)
-        return m.Reply(ok=True, body={"seen": getattr(msg, "host", "")})
+        return messages.Reply(ok=True, body={"seen": getattr(msg, "host", "")})
 
-    server = ControlServer(m.Codec(secret, "ipv6test", "driver"), handler, host)
+    server = ControlServer(messages.Codec(secret, "ipv6test", "driver"), handler, host)
     address = server.start()
     try:
         assert address[0] == netns.host_ip6

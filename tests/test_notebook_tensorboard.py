@@ -13,17 +13,17 @@ import pytest
 
 from tests.conftest import ipython_with_tfos_nb
 from tests.panel_fakes import FakeDisplay, cluster, node
-from tfos_nb import tensorboard as tb
+from tfos_nb import tensorboard
 from tfos_nb.widgets import make_renderer
 
 
 # -- TensorBoard's frame on every front-end --------------------------------------------------------------
 def test_tensorboard_proxy_url_like_tensorboards_own_magic():
     env = {"TENSORBOARD_PROXY_URL": "/proxy/%PORT%/"}
-    assert tb.proxy_url_from_env("http://10.0.0.5:6006", env) == "/proxy/6006/"
+    assert tensorboard.proxy_url_from_env("http://10.0.0.5:6006", env) == "/proxy/6006/"
     env = {"TENSORBOARD_PROXY_URL": "https://hub.example/user/me/proxy/%HOST%:%PORT%/"}
-    assert tb.proxy_url_from_env("http://10.0.0.5:6123", env) == "https://hub.example/user/me/proxy/10.0.0.5:6123/"
-    assert tb.proxy_url_from_env("http://10.0.0.5:6006", {}) is None
+    assert tensorboard.proxy_url_from_env("http://10.0.0.5:6123", env) == "https://hub.example/user/me/proxy/10.0.0.5:6123/"
+    assert tensorboard.proxy_url_from_env("http://10.0.0.5:6006", {}) is None
 
 
 def test_tensorboard_frontend_detection(monkeypatch):
@@ -32,15 +32,15 @@ def test_tensorboard_frontend_detection(monkeypatch):
 
     kernel_shell = types.SimpleNamespace(kernel=object())
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    assert tb.frontend(None) == "terminal" and tb.frontend(types.SimpleNamespace()) == "terminal"
-    assert tb.frontend(kernel_shell) == "jupyter"
+    assert tensorboard.frontend(None) == "terminal" and tensorboard.frontend(types.SimpleNamespace()) == "terminal"
+    assert tensorboard.frontend(kernel_shell) == "jupyter"
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
-    assert tb.frontend(kernel_shell) == "proxy"
+    assert tensorboard.frontend(kernel_shell) == "proxy"
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    assert tb.frontend(kernel_shell) == "colab"
-    frame, text = tb.frontend_output("colab", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
+    assert tensorboard.frontend(kernel_shell) == "colab"
+    frame, text = tensorboard.frontend_output("colab", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
     assert frame is None and "Colab has no Jupyter server" in text and "`%tensorboard --logdir DIR`" in text
-    frame, text = tb.frontend_output("proxy", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
+    frame, text = tensorboard.frontend_output("proxy", "tfos_nb/tensorboard/0123abcd/", "http://127.0.0.1:6006")
     assert text == "TensorBoard: /proxy/6006/" and 'var direct = "/proxy/6006/"' in frame
 
 
@@ -51,20 +51,20 @@ def test_tensorboard_on_databricks_is_a_message_not_a_frame(monkeypatch):
     kernel_shell = types.SimpleNamespace(kernel=object())
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
     monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
-    assert tb.frontend(kernel_shell) == "jupyter" and tb.hosted_message() is None
+    assert tensorboard.frontend(kernel_shell) == "jupyter" and tensorboard.hosted_message() is None
     monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "client.1.13")
-    assert tb.frontend(kernel_shell) == "databricks"
-    frame, text = tb.frontend_output("databricks", "tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
-    assert frame is None and text == tb.hosted_message("http://10.0.0.5:6006")
+    assert tensorboard.frontend(kernel_shell) == "databricks"
+    frame, text = tensorboard.frontend_output("databricks", "tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
+    assert frame is None and text == tensorboard.hosted_message("http://10.0.0.5:6006")
     assert text.startswith("TensorBoard listens at http://10.0.0.5:6006, but a Databricks notebook has no Jupyter server")
     assert "`%tensorboard --logdir DIR`" in text and "/Volumes/" in text
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/driver-proxy/o/0/c/%PORT%/")  # a proxy of the user's: frame it
-    assert tb.frontend(kernel_shell) == "proxy" and tb.hosted_message() is None
+    assert tensorboard.frontend(kernel_shell) == "proxy" and tensorboard.hosted_message() is None
 
 
 def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):
     monkeypatch.delenv("TENSORBOARD_PROXY_URL", raising=False)
-    html = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006", height=300)
+    html = tensorboard.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006", height=300)
     note, rest = html.split("</div>", 1)
     # without a script (a front-end that runs none) the note is the URL to open
     assert note.endswith("TensorBoard: &lt;Jupyter base URL&gt;/tfos_nb/tensorboard/0123abcd/ (this front-end ran no "
@@ -77,9 +77,9 @@ def test_tensorboard_frame_says_why_it_is_empty(monkeypatch):
     assert "TENSORBOARD_PROXY_URL" in failed["server"] and "http://10.0.0.5:6006" in failed["server"]
     assert "1000 * 20.0" in script  # the deadline
     monkeypatch.setenv("TENSORBOARD_PROXY_URL", "/proxy/%PORT%/")
-    proxied = tb.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
+    proxied = tensorboard.embed_html("tfos_nb/tensorboard/0123abcd/", "http://10.0.0.5:6006")
     assert 'var direct = "/proxy/6006/"' in proxied and "TensorBoard: /proxy/6006/ (this front-end" in proxied
-    assert "<div" not in tb.iframe_html("tfos_nb/tensorboard/0123abcd/")  # no deadline asked: no note
+    assert "<div" not in tensorboard.iframe_html("tfos_nb/tensorboard/0123abcd/")  # no deadline asked: no note
 
 
 def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, capsys):
@@ -103,7 +103,7 @@ def test_tensorboard_in_terminal_ipython_prints_urls(tmp_path, monkeypatch, caps
     try:
         ip.run_line_magic("tfos_tensorboard", "tbterm")
     finally:
-        tb.withdraw("0123abcd")
+        tensorboard.withdraw("0123abcd")
     out = capsys.readouterr().out
     assert out == ("TensorBoard: http://10.0.0.5:6006 (through a Jupyter server with the tfos_nb extension: "
                    "<Jupyter base URL>/tfos_nb/tensorboard/0123abcd/)\n")
@@ -128,7 +128,7 @@ def test_tensorboard_frame_in_a_real_browser(served, tmp_path):
         pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup_env.sh does it as root)")
     path = "tfos_nb/tensorboard/0123abcd/"
     (tmp_path / "page.html").write_text(
-        "<html><body>" + tb.iframe_html(path, height=200, deadline=2, node_url="http://10.9.9.9:6006") + "</body></html>")
+        "<html><body>" + tensorboard.iframe_html(path, height=200, deadline=2, node_url="http://10.9.9.9:6006") + "</body></html>")
     if served != "nothing":  # the extension's status route answers
         (tmp_path / "tfos_nb" / "tensorboard").mkdir(parents=True)
         (tmp_path / "tfos_nb" / "tensorboard" / "index.html").write_text("{}")
@@ -236,11 +236,11 @@ def test_html_fallback_links_tensorboard_and_drops_the_link_at_the_end():
 
 
 def test_cluster_route_registers_while_tensorboard_runs(tmp_path, monkeypatch):
-    from tfos_nb import tensorboard as tb
+    from tfos_nb import tensorboard
     from tfos_nb.tensorboard import _records
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
-    route = tb.ClusterRoute()
+    route = tensorboard.ClusterRoute()
     route(cluster(cluster_id="0123abcd"), False)
     assert route.path is None and not list(tmp_path.rglob("*.json"))
     url = "http://127.0.0.1:6006"

@@ -17,11 +17,11 @@ from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
 from tfos_nb.runtime import private
 from tfos_nb.runtime.driver.start import driver_log_path
 from tfos_nb.runtime.executor.launch import start_coordinator
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 
 # A coordinator whose meta lacks its settings: it writes a traceback to its log and exits at once.
 # no coordinator section: the coordinator process fails at start
-BROKEN = m.LaunchMeta(cluster_id="c0ffee", secret="00", control=["127.0.0.1", 0], hb_interval=0.5, driver_timeout=10.0,
+BROKEN = messages.LaunchMeta(cluster_id="c0ffee", secret="00", control=["127.0.0.1", 0], hb_interval=0.5, driver_timeout=10.0,
                       env={}, keras="tf_keras", default_fs="file:///", driver_pid=0)
 
 

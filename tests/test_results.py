@@ -6,13 +6,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfos_nb.runtime.batches import columns as C
-from tfos_nb.runtime.batches import results as R
+from tfos_nb.runtime.batches import columns
+from tfos_nb.runtime.batches import results as inference_results
 
 
 def wire(results):
     """What the feeding task gets: the node's encoding, through Arrow IPC."""
-    return C.decode_ipc(C.encode_ipc(R.results_to_batch(results)))
+    return columns.decode_ipc(columns.encode_ipc(inference_results.results_to_batch(results)))
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,7 @@ def wire(results):
     ],
 )
 def test_rdd_results_come_back_as_the_node_returned_them(results, expected):
-    rows = R.result_rows(wire(results))
+    rows = inference_results.result_rows(wire(results))
     assert rows == expected
     assert [type(r) for r in rows] == [type(e) for e in expected]
 
@@ -39,18 +39,18 @@ def test_rdd_results_come_back_as_the_node_returned_them(results, expected):
 )
 def test_empty_results_encode_as_no_rows(results):
     # an empty column went through columns._flat_lists, which read values[0]: IndexError on the node
-    assert R.num_rows(results) == 0
-    assert wire(results).num_rows == 0 and R.result_rows(wire(results)) == []
+    assert inference_results.num_rows(results) == 0
+    assert wire(results).num_rows == 0 and inference_results.result_rows(wire(results)) == []
 
 
 def test_numpy_results_stay_numpy():
     # TensorFlowOnSpark's test_inputmode_spark: nodes answer tf.math.square(batch).numpy() for [[x], ...]
-    rows = R.result_rows(wire(np.array([[0], [1], [4]], dtype=np.int32)))
+    rows = inference_results.result_rows(wire(np.array([[0], [1], [4]], dtype=np.int32)))
     assert all(isinstance(r, np.ndarray) and r.shape == (1,) and r.dtype == np.int32 for r in rows)
     assert int(sum(rows)[0]) == 5
-    flat = R.result_rows(wire(np.array([0.5, 1.5], dtype=np.float32)))
+    flat = inference_results.result_rows(wire(np.array([0.5, 1.5], dtype=np.float32)))
     assert all(isinstance(v, np.float32) for v in flat) and sum(flat) == 2.0
-    rows = R.result_rows(wire([np.array([1.0, 2.0]), np.array([3.0, 4.0])]))
+    rows = inference_results.result_rows(wire([np.array([1.0, 2.0]), np.array([3.0, 4.0])]))
     assert all(isinstance(r, np.ndarray) for r in rows)
     np.testing.assert_array_equal(np.stack(rows), [[1.0, 2.0], [3.0, 4.0]])
 
@@ -70,17 +70,17 @@ TARGET = pa.schema([("id", pa.int64()), ("y", pa.int64())])
     ],
 )
 def test_results_map_onto_the_schema(results):
-    out = R.to_schema(wire(results), TARGET, "worker:1")
+    out = inference_results.to_schema(wire(results), TARGET, "worker:1")
     assert out.schema == TARGET
     assert out.to_pydict() == {"id": [7, 8], "y": [1, 0]}
 
 
 def test_scalars_and_arrays_map_onto_one_column():
     one = pa.schema([("p", pa.float32())])
-    assert R.to_schema(wire([0.5, 1.5]), one, "w").to_pydict() == {"p": [0.5, 1.5]}
-    assert R.to_schema(wire(np.array([[0.5], [1.5]])), one, "w").to_pydict() == {"p": [0.5, 1.5]}
+    assert inference_results.to_schema(wire([0.5, 1.5]), one, "w").to_pydict() == {"p": [0.5, 1.5]}
+    assert inference_results.to_schema(wire(np.array([[0.5], [1.5]])), one, "w").to_pydict() == {"p": [0.5, 1.5]}
     vec = pa.schema([("v", pa.list_(pa.float64()))])
-    out = R.to_schema(wire(np.array([[1.0, 2.0], [3.0, 4.0]])), vec, "w")
+    out = inference_results.to_schema(wire(np.array([[1.0, 2.0], [3.0, 4.0]])), vec, "w")
     assert out.to_pydict() == {"v": [[1.0, 2.0], [3.0, 4.0]]}
 
 
@@ -95,5 +95,5 @@ def test_scalars_and_arrays_map_onto_one_column():
     ],
 )
 def test_mismatch_is_one_clear_error_naming_node_column_and_value(results, match):
-    with pytest.raises(R.ResultSchemaError, match=match):
-        R.to_schema(wire(results), TARGET, "worker:1")
+    with pytest.raises(inference_results.ResultSchemaError, match=match):
+        inference_results.to_schema(wire(results), TARGET, "worker:1")

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from tfos_nb.magics import ClusterFailed, ClusterHandle, ParallelFailed, ParallelHandle, RunFailed, RunHandle
-from tfos_nb.runtime.driver import state as S
+from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.cluster import TFClusterError
 from tfos_nb.runtime.driver.options import ClusterShape, RetryPolicy
 from tfos_nb.runtime.driver.parallel.runs import ParallelView, RunResult, TFParallelError
@@ -20,7 +20,7 @@ from tfos_nb.runtime.driver.parallel.runs import ParallelView, RunResult, TFPara
 WAIT_S = 10.0  # generous deadline for events that come within milliseconds
 
 
-def set_state(st: S.ClusterState, state: str, error: str | None = None) -> None:
+def set_state(st: cluster_state.ClusterState, state: str, error: str | None = None) -> None:
     """The fake driver's one writer of the cluster state (the real one is the Controller)."""
     with st.lock:
         if st.ended:
@@ -33,19 +33,19 @@ def set_state(st: S.ClusterState, state: str, error: str | None = None) -> None:
 class FakeJob:
     """What run()'s on_start hook hands over: the start in progress, cancellable from any thread."""
 
-    def __init__(self, st: S.ClusterState) -> None:
+    def __init__(self, st: cluster_state.ClusterState) -> None:
         self.state = st
         self.cancels: list[str] = []
 
     def cancel(self, reason: str) -> None:
         self.cancels.append(reason)
-        set_state(self.state, S.C_STOPPED, f"stopped ({reason})")  # as Controller.cancel does
+        set_state(self.state, cluster_state.C_STOPPED, f"stopped ({reason})")  # as Controller.cancel does
 
 
 class FakeCluster:
     """What the handle calls on a TFCluster: train, shutdown, close, last_feed."""
 
-    def __init__(self, st: S.ClusterState, release: threading.Event, error: BaseException | None) -> None:
+    def __init__(self, st: cluster_state.ClusterState, release: threading.Event, error: BaseException | None) -> None:
         self.st, self.release, self.error = st, release, error
         self.last_feed: dict = {}
         self.teardowns = 0
@@ -57,12 +57,12 @@ class FakeCluster:
     def shutdown(self, grace_secs=0, timeout=None) -> None:
         while not self.release.wait(0.01):
             if self.torn_down.is_set():
-                set_state(self.st, S.C_STOPPED)
+                set_state(self.st, cluster_state.C_STOPPED)
                 return
         if self.error is not None:
-            set_state(self.st, S.C_FAILED, str(self.error).splitlines()[0])
+            set_state(self.st, cluster_state.C_FAILED, str(self.error).splitlines()[0])
             raise self.error
-        set_state(self.st, S.C_FINISHED)
+        set_state(self.st, cluster_state.C_FINISHED)
 
     def close(self, wait: float | None = None) -> None:
         self.teardowns += 1
@@ -82,18 +82,18 @@ class FakeStart:
 
     def __call__(self, sc, fn, args, shape, options, **kwargs) -> FakeCluster:
         self.calls.append(dict(kwargs, num_nodes=shape.num_nodes, env=options.env))
-        st = S.ClusterState("c1", options.name, shape.roles())
+        st = cluster_state.ClusterState("c1", options.name, shape.roles())
         st.add_listener(options.on_state)
         self.job = FakeJob(st)
         options.on_start(self.job)
-        set_state(st, S.C_RESERVING)
+        set_state(st, cluster_state.C_RESERVING)
         options.log_callback("chief:0", ["hello"])
         if self.hold_start:
             with st.lock:
-                ended = st.changed.wait_for(lambda: st.state in (S.C_FAILED, S.C_STOPPED), WAIT_S)
+                ended = st.changed.wait_for(lambda: st.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED), WAIT_S)
             assert ended
             raise TFClusterError(f"cluster {kwargs['name']} failed: {st.error}")
-        set_state(st, S.C_RUNNING)
+        set_state(st, cluster_state.C_RUNNING)
         self.cluster = FakeCluster(st, self.release, self.error)
         self.running.set()
         return self.cluster

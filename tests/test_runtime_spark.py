@@ -207,13 +207,13 @@ def ps_fun(args, ctx):
         server = tf.distribute.Server(cluster, job_name=ctx.job_name, task_index=ctx.task_index, start=True)
         server.join()  # stopped by the runtime at shutdown
         return
-    from tfos_nb.examples import digits as d
+    from tfos_nb.examples import digits
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
-    x, y, _, _ = d.load_digits_arrays()
+    x, y, _, _ = digits.load_digits_arrays()
     with strategy.scope():
-        model = d.build_model(0.02)
+        model = digits.build_model(0.02)
 
     def dataset_fn(input_context):
         return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(512).repeat().batch(32)

@@ -129,14 +129,14 @@ def test_type_converter_to_dict():
 
 
 def test_every_tensorflowonspark_pipeline_name_is_there():
-    import tfos_nb.pipeline as p
+    from tfos_nb import pipeline
 
     names = ["Namespace", "TFParams", "TFTypeConverters", "TFEstimator", "TFModel", "HasBatchSize", "HasClusterSize",
              "HasEpochs", "HasGraceSecs", "HasInputMapping", "HasInputMode", "HasMasterNode", "HasModelDir",
              "HasNumPS", "HasOutputMapping", "HasProtocol", "HasReaders", "HasSteps", "HasTensorboard",
              "HasTFRecordDir", "HasExportDir", "HasSignatureDefKey", "HasTagSet", "single_node_env", "yield_batch"]
-    assert [n for n in names if not hasattr(p, n)] == []
-    assert set(names) <= set(p.__all__)
+    assert [n for n in names if not hasattr(pipeline, n)] == []
+    assert set(names) <= set(pipeline.__all__)
 
 
 ESTIMATOR_SETTERS = {  # TensorFlowOnSpark's TFEstimator: setter -> (value, args key)

@@ -11,7 +11,7 @@ import pytest
 
 from tfos_nb.runtime.executor import threads
 from tfos_nb.runtime.executor.owner import tf_env
-from tfos_nb.runtime.protocol import messages as m
+from tfos_nb.runtime.protocol import messages
 
 # The runs' functions travel by value: executors cannot import this test module (no repo root on their path).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -45,7 +45,7 @@ def test_thread_env_keeps_an_explicit_setting_and_honours_the_override(monkeypat
     cpus = len(os.sched_getaffinity(0))
     assert threads.thread_env({}, 64)["TF_NUM_INTRAOP_THREADS"] == str(min(64, cpus))
     # tf_env: a cell's env= is applied first, so it wins over the derivation
-    meta = m.LaunchMeta(cluster_id="c1", secret="00", control=["127.0.0.1", 9], hb_interval=0.5, driver_timeout=10.0,
+    meta = messages.LaunchMeta(cluster_id="c1", secret="00", control=["127.0.0.1", 9], hb_interval=0.5, driver_timeout=10.0,
                         env={"TF_NUM_INTRAOP_THREADS": "2"}, keras="tf_keras", default_fs="file:///", driver_pid=1,
                         task_cpus=8)
     env = tf_env({}, meta, [], False)

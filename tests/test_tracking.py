@@ -108,17 +108,17 @@ print(role, ctx.mlflow_run_id, os.environ.get("MLFLOW_RUN_ID"), os.environ.get("
 
 
 def test_the_panel_links_to_the_run_in_the_tracking_ui():
-    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver import state
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
-    st = S.ClusterState("0123456789ab", "job", [("chief", 0)])
+    st = state.ClusterState("0123456789ab", "job", [("chief", 0)])
     url = "http://127.0.0.1:5000/#/experiments/1/runs/abc"
     st.tracking_url = url
     model = panel_model(st.snapshot())
     assert f'id="tfos-mlflow-0123456789ab" href="{url}"' in panel_html(model)
     assert "MLflow run" not in text_line(model)  # the text back-end: once, on the final line
     with st.lock:
-        st.state = S.C_FINISHED
+        st.state = state.C_FINISHED
     assert text_line(panel_model(st.snapshot())).endswith(f"| MLflow run {url}")
     st.tracking_url = "javascript:alert(1)"  # only a web page is linked
     assert "tfos-mlflow" not in panel_html(panel_model(st.snapshot()))
@@ -186,17 +186,17 @@ def test_only_the_node_that_logs_gets_the_tracking_uri(roles, node, logs):
 
 def test_the_panel_never_shows_the_tracking_uris_password():
     import_or_skip("mlflow")
-    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver import state
     from tfos_nb.runtime.driver.tracking.run import run_url
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
     # the link as JobRun makes it (MLflow's own rule, from a REST store's host) for a URI with credentials
     url = run_url(f"https://alice:{PASSWORD}@mlflow.example.com:8443/mlflow", "1", "abc")
     assert url == "https://mlflow.example.com:8443/mlflow/#/experiments/1/runs/abc"
-    st = S.ClusterState("0123456789ab", "job", [("chief", 0)])
+    st = state.ClusterState("0123456789ab", "job", [("chief", 0)])
     st.tracking_url = f"https://alice:{PASSWORD}@mlflow.example.com/#/experiments/1/runs/abc"  # however it got there
     with st.lock:
-        st.state = S.C_FINISHED
+        st.state = state.C_FINISHED
     model = panel_model(st.snapshot())
     shown = [panel_html(model), panel_html(model, tensorboard=False), text_line(model), json.dumps(model)]
     for out in shown:  # the HTML display, the widget's HTML, the text back-end, the model the widget state holds
@@ -609,7 +609,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
     the links uid nobody planted there to a secret of this user's outside it, and a hard link to it, are left out
     and named in one warning; the regular files are uploaded."""
     as_nobody()
-    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver import state
     from tfos_nb.runtime.driver.tracking.run import JobRun, Request
 
     secret = tmp_path / "id_rsa"  # this user's, outside the folders (/etc/shadow as root alike)
@@ -637,7 +637,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
     run = JobRun(Request(tracking_uri=mlflow_server, experiment_id=experiment), "links", "cluster", {})
     run.export_dir, run.log_dir = str(export), str(logs)
     with caplog.at_level(logging.WARNING, logger="tfos_nb.runtime.driver.tracking.run"):
-        run.finish(S.C_FINISHED)
+        run.finish(state.C_FINISHED)
     assert client.get_run(run.run_id).info.status == "FINISHED"
     uploaded = _artifacts(client, run.run_id)
     assert sorted(uploaded) == ["model/MLmodel", "model/tf2model/saved_model.pb",
@@ -653,7 +653,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
 @pytest.mark.slow
 def test_a_tracking_uri_with_a_password_is_logged_to_and_never_shown(mlflow_server, client):
     """MLflow gets the whole URI (the server takes basic auth from it); the link the panel shows has none of it."""
-    from tfos_nb.runtime.driver import state as S
+    from tfos_nb.runtime.driver import state
     from tfos_nb.runtime.driver.tracking.run import JobRun, Request
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
@@ -662,10 +662,10 @@ def test_a_tracking_uri_with_a_password_is_logged_to_and_never_shown(mlflow_serv
     run = JobRun(Request(tracking_uri=uri, experiment_id=experiment), "creds", "cluster", {"lr": 0.1})
     assert run.url == f"{mlflow_server}/#/experiments/{experiment}/runs/{run.run_id}"
     assert run.node_env()["TFOS_MLFLOW_TRACKING_URI"] == uri  # for the chief's supervisor to keep (above)
-    st = S.ClusterState("0123456789ab", "creds", [("chief", 0), ("worker", 0)])
+    st = state.ClusterState("0123456789ab", "creds", [("chief", 0), ("worker", 0)])
     st.tracking_url = run.url
     model = panel_model(st.snapshot())
     assert PASSWORD not in panel_html(model) + text_line(model) + json.dumps(model)
-    run.finish(S.C_FINISHED)
+    run.finish(state.C_FINISHED)
     logged = client.get_run(run.run_id)
     assert logged.info.status == "FINISHED" and logged.data.params["lr"] == "0.1"

@@ -226,9 +226,9 @@ def test_renderer_selection(setting, kernel, expected):
 
 
 def test_auto_is_html_without_ipywidgets(monkeypatch):
-    import tfos_nb.widgets._renderer as R
+    from tfos_nb.widgets import _renderer
 
-    monkeypatch.setattr(R, "widgets_available", lambda: False)
+    monkeypatch.setattr(_renderer, "widgets_available", lambda: False)
     shell = type("Shell", (), {"kernel": type("K", (), {"comm_manager": object()})()})()
     assert choose_renderer("auto", shell) == "html"
 

@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.jupyter_server import JupyterServer, Reply, child_env, config_with_extension, jupyter_server, wait_for
-from tfos_nb import tensorboard as tb
+from tfos_nb import tensorboard as notebook_tensorboard
 
 
 # --------------------------------------------------------------------------- helpers
@@ -274,11 +274,11 @@ def register(server: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callab
 
     def _register(url: str) -> str:
         cid = secrets.token_hex(8)
-        assert tb.register(cid, url) == tb_path(cid)
+        assert notebook_tensorboard.register(cid, url) == tb_path(cid)
         ids.append(cid)
         return cid
 
     yield _register
     for cid in ids:
-        tb.withdraw(cid)
+        notebook_tensorboard.withdraw(cid)
 

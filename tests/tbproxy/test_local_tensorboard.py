@@ -19,7 +19,7 @@ from tests.conftest import free_port
 from tests.jupyter_server import wait_for
 from tests.server_abuse import as_nobody, as_nobody_wait, fork_as_nobody, nobody_http_server
 from tests.tbproxy.conftest import Server, tb_path
-from tfos_nb import tensorboard as tb
+from tfos_nb import tensorboard
 from tfos_nb.tensorboard import _records
 
 slow = pytest.mark.slow
@@ -44,8 +44,8 @@ def _registered_port(server: Server, cluster_id: str) -> int:
 @slow
 def test_start_local_after_cluster_is_gone(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
-    local = tb.start_local(str(logdir), timeout=120)
-    assert isinstance(local, tb.LocalTensorBoard), local
+    local = tensorboard.start_local(str(logdir), timeout=120)
+    assert isinstance(local, tensorboard.LocalTensorBoard), local
     try:
         assert local.url.startswith("http://127.0.0.1:") and local.path == tb_path(local.cluster_id)
         # the registered port is our own child's listening socket; its output is a private file
@@ -56,10 +56,10 @@ def test_start_local_after_cluster_is_gone(server: Server, logdir: Path, monkeyp
             lambda: (r := server.fetch(tb_path(local.cluster_id, "data/runs"))).status == 200 and "train" in r.json() and r, 60, "runs"
         )
         assert runs
-        again = tb.start_local(str(logdir), timeout=120)
-        assert isinstance(again, tb.LocalTensorBoard) and again.reused and again.pid == local.pid
+        again = tensorboard.start_local(str(logdir), timeout=120)
+        assert isinstance(again, tensorboard.LocalTensorBoard) and again.reused and again.pid == local.pid
     finally:
-        tb.stop_local(local)
+        tensorboard.stop_local(local)
         wait_for(lambda: not _alive(local.pid), 20, "local TensorBoard exit")
     assert server.fetch(tb_path(local.cluster_id, "data/runs")).status == 404
 
@@ -67,17 +67,17 @@ def test_start_local_after_cluster_is_gone(server: Server, logdir: Path, monkeyp
 @slow
 def test_start_local_does_not_reuse_a_killed_tensorboard(server: Server, logdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
-    first = tb.start_local(str(logdir), timeout=120)
-    assert isinstance(first, tb.LocalTensorBoard), first
+    first = tensorboard.start_local(str(logdir), timeout=120)
+    assert isinstance(first, tensorboard.LocalTensorBoard), first
     os.kill(first.pid, signal.SIGKILL)
     wait_for(lambda: not _alive(first.pid), 20, "killed TensorBoard exit")
-    second = tb.start_local(str(logdir), timeout=120)
+    second = tensorboard.start_local(str(logdir), timeout=120)
     try:
-        assert isinstance(second, tb.LocalTensorBoard) and not second.reused and second.pid != first.pid, second
+        assert isinstance(second, tensorboard.LocalTensorBoard) and not second.reused and second.pid != first.pid, second
         assert server.fetch(tb_path(second.cluster_id, "data/runs")).status == 200
     finally:
-        if isinstance(second, tb.LocalTensorBoard):
-            tb.stop_local(second)
+        if isinstance(second, tensorboard.LocalTensorBoard):
+            tensorboard.stop_local(second)
             wait_for(lambda: not _alive(second.pid), 20, "local TensorBoard exit")
 
 
@@ -96,8 +96,8 @@ def test_start_local_that_does_not_listen_in_time_is_stopped_and_says_where_its_
         return found
 
     before = tensorboards()  # the package's upstream TensorBoard (the `tensorboard` fixture) may be running
-    out = tb.start_local(str(logdir), timeout=0.5)  # TensorBoard takes seconds to import
-    assert isinstance(out, tb.LocalStartFailed), out
+    out = tensorboard.start_local(str(logdir), timeout=0.5)  # TensorBoard takes seconds to import
+    assert isinstance(out, tensorboard.LocalStartFailed), out
     assert str(out).startswith("TensorBoard did not listen within 0.5 s, and was stopped (its output: ")
     assert out.log in str(out) and stat.S_IMODE(os.stat(out.log).st_mode) == 0o600
     left = tensorboards() - before
@@ -157,20 +157,20 @@ def test_start_local_never_trusts_another_users_tensorboard_info(server: Server,
         as_nobody_wait(plant)
         assert os.stat(planted).st_uid != 0
 
-        local = tb.start_local(str(logdir), timeout=120)
-        assert isinstance(local, tb.LocalTensorBoard), local
+        local = tensorboard.start_local(str(logdir), timeout=120)
+        assert isinstance(local, tensorboard.LocalTensorBoard), local
         port = _registered_port(server, local.cluster_id)
         assert not local.reused and local.pid != sleeper.pid and port != theirs, (local, port)
         assert port in _our_listening_port(local.pid), "the registered port is not our own TensorBoard's"
         runs = wait_for(lambda: (r := server.fetch(tb_path(local.cluster_id, "data/runs"))).status == 200 and r.json(), 60, "runs")
         assert "train" in runs  # type: ignore[operator]
-        tb.stop_local(local)
+        tensorboard.stop_local(local)
         wait_for(lambda: not _alive(local.pid), 20, "local TensorBoard exit")
         local = None
         assert sleeper.poll() is None and os.waitpid(http_server, os.WNOHANG) == (0, 0), "another user's process was signalled"
     finally:
-        if local is not None and isinstance(local, tb.LocalTensorBoard):
-            tb.stop_local(local)
+        if local is not None and isinstance(local, tensorboard.LocalTensorBoard):
+            tensorboard.stop_local(local)
         sleeper.kill()
         sleeper.wait(10)
         os.kill(http_server, signal.SIGKILL)
@@ -200,8 +200,8 @@ def test_a_killed_tensorboards_route_is_withdrawn_before_another_user_can_serve_
     serves a page: the route is gone by then (withdrawn when the process exited), so Jupyter's origin never
     serves nobody's page."""
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(server.runtime_dir))
-    local = tb.start_local(str(logdir), timeout=120)
-    assert isinstance(local, tb.LocalTensorBoard), local
+    local = tensorboard.start_local(str(logdir), timeout=120)
+    assert isinstance(local, tensorboard.LocalTensorBoard), local
     port = _registered_port(server, local.cluster_id)
     os.kill(local.pid, signal.SIGKILL)
     # the kernel's own thread withdraws it once the process is reaped: bounded by that, not by a request
@@ -211,4 +211,4 @@ def test_a_killed_tensorboards_route_is_withdrawn_before_another_user_can_serve_
         resp = server.fetch(tb_path(local.cluster_id, "data/runs"))
         assert resp.status == 404 and b"nobody" not in resp.body, (resp.status, resp.body[:200])
         assert hits() == 0
-    tb.stop_local(local)  # nothing left to stop: a no-op
+    tensorboard.stop_local(local)  # nothing left to stop: a no-op

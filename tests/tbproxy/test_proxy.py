@@ -23,7 +23,7 @@ import pytest
 
 from tests.jupyter_server import CONFIG_JSON, child_env, config_with_extension
 from tests.tbproxy.conftest import Server, _ws, tb_path, upstream_log
-from tfos_nb import tensorboard as tb
+from tfos_nb import tensorboard as notebook_tensorboard
 from tfos_nb.tensorboard import _records
 from tfos_nb.tensorboard.proxy import _urls
 
@@ -33,20 +33,20 @@ slow = pytest.mark.slow
 # --------------------------------------------------------------------------- fast units
 def test_records_are_private_and_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "rt"))
-    path = tb.register("0123abcd", "http://127.0.0.1:6006")
+    path = notebook_tensorboard.register("0123abcd", "http://127.0.0.1:6006")
     assert path == "tfos_nb/tensorboard/0123abcd/"
     rec = tmp_path / "rt" / "tfos_nb" / "0123abcd.json"
     assert stat.S_IMODE(rec.stat().st_mode) == 0o600
     assert stat.S_IMODE(rec.parent.stat().st_mode) == 0o700
     ep = _records.read_record(str(tmp_path / "rt"), "0123abcd")
     assert ep is not None and (ep.host, ep.port, ep.pid) == ("127.0.0.1", 6006, os.getpid()) and len(ep.secret) >= 16
-    assert tb.withdraw("0123abcd") and not rec.exists() and not tb.withdraw("0123abcd")
+    assert notebook_tensorboard.withdraw("0123abcd") and not rec.exists() and not notebook_tensorboard.withdraw("0123abcd")
     for bad in ("ABCDEF12", "abc", "../x1234567", "0" * 33):
         with pytest.raises(ValueError):
-            tb.register(bad, "http://127.0.0.1:1")
+            notebook_tensorboard.register(bad, "http://127.0.0.1:1")
     for bad in ("https://h:1", "http://h", "http://u@h:1", "http://h:1/x", "http://h:1?a=b", "http://h_x:1"):
         with pytest.raises(ValueError):
-            tb.register("0123abcd", bad)
+            notebook_tensorboard.register("0123abcd", bad)
     with pytest.raises(ValueError):
         _records.Endpoint.from_json('{"version": 1, "cluster_id": "0123abcd", "host": "h", "port": "1", "secret": "x", "pid": 1}')
     ok = _records.Endpoint("0123abcd", "::1", 1, "s" * 32, 1)
@@ -63,12 +63,12 @@ def test_upstream_url_is_the_registered_endpoint() -> None:
 
 
 def test_iframe_src_built_in_browser() -> None:
-    html = tb.iframe_html("tfos_nb/tensorboard/0123abcd/")
+    html = notebook_tensorboard.iframe_html("tfos_nb/tensorboard/0123abcd/")
     assert "jupyter-config-data" in html and "dataset.baseUrl" in html
     assert 'src="' not in html.split("<script>")[0]  # no hard-coded src: computed from the page's base URL
     for bad in ("/tfos_nb/tensorboard/0123abcd/", "http://evil/", "../x", "a//b"):
         with pytest.raises(ValueError):
-            tb.iframe_html(bad)
+            notebook_tensorboard.iframe_html(bad)
 
 
 def test_layers_import_one_way() -> None:

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.server_abuse import nobody_http_server
 from tests.tbproxy.conftest import Server, _ws, tb_path, upstream_log
-from tfos_nb import tensorboard as tb
+from tfos_nb import tensorboard as notebook_tensorboard
 from tfos_nb.tensorboard import _records
 from tfos_nb.tensorboard.proxy import _urls
 
@@ -87,7 +87,7 @@ def test_unknown_and_withdrawn_404(server: Server, upstream: str, register: Call
         assert server.fetch(f"tfos_nb/tensorboard/{bad}/x").status == 404, bad
     cid = register(upstream)
     assert server.fetch(tb_path(cid, "x")).status == 200
-    assert tb.withdraw(cid)
+    assert notebook_tensorboard.withdraw(cid)
     assert server.fetch(tb_path(cid, "x")).status == 404
 
 

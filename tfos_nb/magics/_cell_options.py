@@ -147,9 +147,9 @@ def tracking(setting: Any, kind: str, **arguments: Any) -> Any:
     The handle ends it with the job (:mod:`tfos_nb.runtime.driver.tracking`).  Without MLflow
     installed, asking for it raises ImportError naming the ``tfos_nb[mlflow]`` extra.
     """
-    from ..runtime.driver import tracking as T
+    from ..runtime.driver import tracking as experiment_tracking
 
-    wanted = T.request(setting)
+    wanted = experiment_tracking.request(setting)
     if wanted is None:
         return None
-    return T.job_run(wanted, kind, arguments)[0]
+    return experiment_tracking.job_run(wanted, kind, arguments)[0]

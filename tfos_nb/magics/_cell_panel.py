@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from IPython.core.error import UsageError
 
-from ..runtime.driver import state as S
+from ..runtime.driver import state as cluster_state
 from ..widgets import JobProgress
 from ._quiet import quiet_lines
 from ._spark import job_groups, job_progress
@@ -52,7 +52,7 @@ def renderer_for(magics: PanelSettings, background: bool, on_stop: Any = None) -
         return make_renderer("html", new_final_output=not background)
 
 
-def api_cluster_panel(magics: PanelSettings, st: S.ClusterState) -> None:
+def api_cluster_panel(magics: PanelSettings, st: cluster_state.ClusterState) -> None:
     """A panel for a cluster started by a Python call in a cell (not by %%tfos_cluster's own thread)."""
     if not magics.api_panels or threading.current_thread() is not threading.main_thread():
         return
@@ -68,9 +68,9 @@ def api_cluster_panel(magics: PanelSettings, st: S.ClusterState) -> None:
     assert renderer is not None
     renderer.start(st.name)
 
-    def on_change(state: S.ClusterState) -> None:
+    def on_change(state: cluster_state.ClusterState) -> None:
         view = state.snapshot()
-        if view.state in (S.C_FINISHED, S.C_FAILED, S.C_STOPPED):
+        if view.state in (cluster_state.C_FINISHED, cluster_state.C_FAILED, cluster_state.C_STOPPED):
             state.remove_listener(on_change)
             renderer.finish(view)
         else:
@@ -126,11 +126,11 @@ def follow(magics: PanelSettings, handle: Any) -> None:
         while not handle.join(0.1):
             drain(magics, handle)
             if tensorboard is None and handle.tensorboard_url and handle.status() is not None:
-                from .. import tensorboard as tb
+                from .. import tensorboard as notebook_tensorboard
 
                 tensorboard = handle.tensorboard_url  # the node's own address: seldom reachable from a browser
-                where = tb.proxy_url_from_env(tensorboard) or \
-                    f"<Jupyter base URL>/{tb.proxy_path(handle.status().cluster_id)}"
+                where = notebook_tensorboard.proxy_url_from_env(tensorboard) or \
+                    f"<Jupyter base URL>/{notebook_tensorboard.proxy_path(handle.status().cluster_id)}"
                 print(f"tfos_nb: TensorBoard of {handle.name}: {where} (on the chief at {tensorboard})")
             render()
     except KeyboardInterrupt:

@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime.driver import retry, stacks, start
-from ..runtime.driver import state as S
+from ..runtime.driver import retry, stacks, start, state
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
 from ..runtime.driver.options import ClusterShape, JobOptions, RetryPolicy
 from ._run_handle import RunFailed, RunHandle, first_line
@@ -103,9 +102,9 @@ class ClusterHandle(RunHandle):
         self._stopper: threading.Thread | None = None
         self._cluster: TFCluster | None = None
         self._live: TFCluster | None = None  # the attempt's cluster until the handle's thread tore it down
-        self._cstate: S.ClusterState | None = None
+        self._cstate: state.ClusterState | None = None
         self._starting: Any = None  # the start in progress (run()'s on_start), cancellable from any thread
-        self._states: list[tuple[int, S.ClusterState]] = []  # (attempt, its cluster state), for history
+        self._states: list[tuple[int, state.ClusterState]] = []  # (attempt, its cluster state), for history
 
     # -- the job: every call into the driver's cluster ------------------------------------
     def _on_start(self, job: Any) -> None:
@@ -197,7 +196,7 @@ class ClusterHandle(RunHandle):
             self._timer.cancel()
         self._result = self._make_result(ended=True)
 
-    def _on_state(self, st: S.ClusterState) -> None:
+    def _on_state(self, st: state.ClusterState) -> None:
         if self._cstate is None or (st is not self._cstate and self._cluster is None):
             self._cstate = st
             with self._lock:
@@ -210,7 +209,7 @@ class ClusterHandle(RunHandle):
         """The runtime's TFCluster, once its nodes run."""
         return self._cluster
 
-    def status(self) -> S.ClusterView | None:
+    def status(self) -> state.ClusterView | None:
         st = self._cstate
         return st.snapshot() if st is not None else None
 

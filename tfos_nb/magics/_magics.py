@@ -269,9 +269,9 @@ class TFOSMagics(Magics):
                                tensorboard=opts.tensorboard, log_dir=opts.logdir, evaluator_grace=self.evaluator_grace,
                                timeout=timeout, background=opts.background)
         if opts.tensorboard:  # the panel's TensorBoard tab and link: the proxy route, while the chief's TensorBoard runs
-            from .. import tensorboard as tb
+            from .. import tensorboard
 
-            handle.add_observer(tb.ClusterRoute())
+            handle.add_observer(tensorboard.ClusterRoute())
         if self._launch(handle, f"({nodes} nodes); {name}.wait() waits for it, %tfos_status shows it, "
                         f"%tfos_shutdown {name} stops it"):
             return
@@ -489,10 +489,10 @@ class TFOSMagics(Magics):
 
     def shutdown_all(self) -> None:
         """Stop every cluster of this kernel, and the TensorBoards it started (also run at kernel exit)."""
-        from .. import tensorboard as tb
+        from .. import tensorboard
 
         for local in list(self._local_tensorboards.values()):
-            tb.stop_local(local)
+            tensorboard.stop_local(local)
         self._local_tensorboards.clear()
         for h in list(self.handles.values()):
             h.stop("kernel shutdown")

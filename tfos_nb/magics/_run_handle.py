@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..runtime.driver import state as S
+from ..runtime.driver import state as cluster_state
 from ..runtime.driver.cluster import TFClusterError
 from ._quiet import quiet_lines
 
@@ -47,8 +47,8 @@ def first_line(error: BaseException) -> str:
 
 def marked_failed(view: Any, done: bool, error: BaseException | None) -> Any:
     """A finished run's view (cluster or parallel runs) marked failed with ``error``'s first line, if it failed."""
-    if view is not None and done and error is not None and view.state != S.C_FAILED:
-        view = dataclasses.replace(view, state=S.C_FAILED, error=view.error or first_line(error))
+    if view is not None and done and error is not None and view.state != cluster_state.C_FAILED:
+        view = dataclasses.replace(view, state=cluster_state.C_FAILED, error=view.error or first_line(error))
     return view
 
 
@@ -183,7 +183,7 @@ class RunHandle:
             return
         stopped = self._stop_reason is not None
         try:
-            self.tracking.finish(S.C_STOPPED if stopped else self._final_state or S.C_STOPPED,
+            self.tracking.finish(cluster_state.C_STOPPED if stopped else self._final_state or cluster_state.C_STOPPED,
                                  error=None if stopped else self._error)
         except Exception:  # noqa: BLE001 - tracking never fails the cell
             pass
@@ -238,7 +238,7 @@ class RunHandle:
         with self._lock:
             self._observers.append(fn)
 
-    def _on_state(self, st: S.ClusterState) -> None:
+    def _on_state(self, st: cluster_state.ClusterState) -> None:
         self._tell_observers(final=False)
 
     def _tell_observers(self, final: bool) -> None:
@@ -280,8 +280,8 @@ class RunHandle:
         view = self.status()
         if ended:
             if self._error is not None:
-                return S.C_FAILED
-            return view.state if view is not None else S.C_STOPPED
+                return cluster_state.C_FAILED
+            return view.state if view is not None else cluster_state.C_STOPPED
         return view.state if view is not None else "starting"
 
     @property
@@ -292,7 +292,7 @@ class RunHandle:
         return self._state_now(ended=False)
 
     @property
-    def nodes(self) -> tuple[S.NodeView, ...]:
+    def nodes(self) -> tuple[cluster_state.NodeView, ...]:
         view = self.status()
         return view.nodes if view is not None else ()
 

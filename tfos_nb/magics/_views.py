@@ -21,17 +21,17 @@ def show_tensorboard(opts: Any, shell: Any, handle: RunHandle | None, local_tens
     driver (--logdir; kept in ``local_tensorboards`` by cluster id, stopped with the kernel), embedded."""
     from IPython.display import HTML, display
 
-    from .. import tensorboard as tb
+    from .. import tensorboard
 
     if bool(opts.name) == bool(opts.logdir):
         raise UsageError("give a cluster name (its cell ran with --tensorboard) or --logdir DIR, not both")
     if opts.height <= 0:
         raise UsageError(f"--height must be positive, got {opts.height}")
     if opts.logdir:
-        outcome = tb.start_local(opts.logdir) if os.path.isdir(opts.logdir) else None
+        outcome = tensorboard.start_local(opts.logdir) if os.path.isdir(opts.logdir) else None
         if outcome is None:
             raise UsageError(f"--logdir {opts.logdir}: no such directory")
-        if not isinstance(outcome, tb.LocalTensorBoard):
+        if not isinstance(outcome, tensorboard.LocalTensorBoard):
             raise UsageError(f"TensorBoard did not start for {opts.logdir}: {outcome}")
         local_tensorboards[outcome.cluster_id] = outcome
         path, node_url = outcome.path, outcome.url
@@ -44,14 +44,14 @@ def show_tensorboard(opts: Any, shell: Any, handle: RunHandle | None, local_tens
         if view is None or not url:
             raise UsageError(f"{opts.name} has no TensorBoard: run its cell with --tensorboard, or use --logdir DIR")
         cid = view.cluster_id
-        path, node_url = tb.register(cid, url), url
+        path, node_url = tensorboard.register(cid, url), url
 
         def withdraw_at_the_end(_view: Any, final: bool) -> None:
             if final:
-                tb.withdraw(cid)
+                tensorboard.withdraw(cid)
 
         h.add_observer(withdraw_at_the_end)
-    frame, text = tb.frontend_output(tb.frontend(shell), path, node_url, height=opts.height)
+    frame, text = tensorboard.frontend_output(tensorboard.frontend(shell), path, node_url, height=opts.height)
     if frame:
         display(HTML(frame))
     print(text)

@@ -165,7 +165,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
         from pyspark.ml.linalg import VectorUDT
         from pyspark.sql import functions as F
 
-        from .. import TFCluster as tfc  # noqa: N813 - run_job() and InputMode, as users see them
+        from .. import TFCluster  # run_job() and InputMode, as users see them
 
         if self.train_fn is None:
             msg = "TFEstimator needs train_fn(args, ctx) (TFEstimator(train_fn, tf_args))"
@@ -174,18 +174,18 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
         tf_args: Any = args.argv if args.argv is not None else args  # an argv list goes to train_fn as it was
         mode = self.getOrDefault(self.inputMode)
         num_ps, master = self.getOrDefault(self.numPS), self.getOrDefault(self.masterNode)
-        if mode == tfc.InputMode.SPARK and num_ps > 0 and master:
+        if mode == TFCluster.InputMode.SPARK and num_ps > 0 and master:
             msg = (f"TFEstimator with NumPS={num_ps} and MasterNode={master!r} runs ParameterServerStrategy: the "
                    f"{master} coordinates and the workers only serve, so no node would read the DataFrame; use "
                    "setInputMode('TENSORFLOW') and read the data in train_fn (e.g. the coordinator's dataset_fn)")
             raise ValueError(msg)
         source = val_source = None
         validation = self.getOrDefault(self.validation) if self.isDefined(self.validation) else None
-        if validation is not None and mode != tfc.InputMode.SPARK:
+        if validation is not None and mode != TFCluster.InputMode.SPARK:
             msg = ("TFEstimator's Validation rows are fed (InputMode.SPARK); with InputMode.TENSORFLOW train_fn "
                    "reads its own validation data")
             raise ValueError(msg)
-        if mode == tfc.InputMode.SPARK:
+        if mode == TFCluster.InputMode.SPARK:
             if not self.isDefined(self.inputMapping):
                 msg = f"TFEstimator with InputMode.SPARK needs InputMapping; DataFrame columns: {dataset.columns}"
                 raise ValueError(msg)
@@ -207,7 +207,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
         sc = dataset.sparkSession  # classic or Spark Connect: run() takes either
         node_fn = self.train_fn if self.export_fn is None else _TrainThenExport(self.train_fn, self.export_fn)
         # start → train → shutdown, started again on a node failure up to Retries times (from the last backup)
-        outcome = tfc.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
+        outcome = TFCluster.run_job(sc, node_fn, tf_args, self.getOrDefault(self.clusterSize),
                     retries=self.getOrDefault(self.retries),
                     data=source, validation=val_source, num_epochs=self.getOrDefault(self.epochs),
                     batch_rows=self.getBatchSize(),

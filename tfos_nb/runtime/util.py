@@ -7,7 +7,7 @@ import socket
 import subprocess
 from typing import Any
 
-from . import gpus as gpu_mod
+from . import gpus
 from .net import local_ip_towards
 
 __all__ = ["find_in_path", "get_ip_address", "read_executor_id", "single_node_env", "write_executor_id"]
@@ -38,7 +38,7 @@ def single_node_env(num_gpus: int = 1, worker_index: int = -1, nodes: list[str] 
         os.environ["TFOS_CLASSPATH_UPDATED"] = "1"
 
     chosen: list[str] = []
-    available = gpu_mod.query() if num_gpus > 0 else []
+    available = gpus.query() if num_gpus > 0 else []
     if available:
         rank, count = 0, 1
         if nodes and 0 <= worker_index < len(nodes):
@@ -46,7 +46,7 @@ def single_node_env(num_gpus: int = 1, worker_index: int = -1, nodes: list[str] 
             host = mine.rsplit(":", 1)[0]
             peers = [n for n in nodes if n.rsplit(":", 1)[0] == host]
             rank, count = peers.index(mine), len(peers)
-        chosen = [str(g["index"]) for g in gpu_mod.assign(available, rank, count, num_gpus)]
+        chosen = [str(g["index"]) for g in gpus.assign(available, rank, count, num_gpus)]
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
     return chosen
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import columns as C
+from . import columns
 
 
 def rows_to_batches(rows: Iterable[Any], batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -51,10 +51,10 @@ def rows_to_batches(rows: Iterable[Any], batch_rows: int) -> Iterator[pa.RecordB
     for row in it:
         buf.append(row)
         if len(buf) >= batch_rows:
-            yield C.rows_to_batch(buf)
+            yield columns.rows_to_batch(buf)
             buf = []
     if buf:
-        yield C.rows_to_batch(buf)
+        yield columns.rows_to_batch(buf)
 
 
 class _Packer:
@@ -71,7 +71,7 @@ class _Packer:
     @classmethod
     def for_row(cls, row: Any, batch_rows: int) -> _Packer | None:
         """A packer when ``row`` has a vector of floats to pack (else None: ``columns.rows_to_batch`` does as well)."""
-        kind, names = C.row_kind(row)
+        kind, names = columns.row_kind(row)
         if kind not in ("tuple", "list", "row"):
             return None
         lengths = [len(v) if type(v) in (list, tuple) and v and type(v[0]) is float else 0 for v in row]
@@ -99,7 +99,7 @@ class _Packer:
     def batch(self) -> pa.RecordBatch:
         cols: list[Any] = [None] * self.width
         for i, _, _, out in self.vectors:
-            cols[i] = C.numbers_to_arrow(out[: self.n])
+            cols[i] = columns.numbers_to_arrow(out[: self.n])
         for i, values in self.values:
-            cols[i] = C.column_to_arrow(self.names[i], values)
-        return C.record_batch(self.kind, self.names, cols)
+            cols[i] = columns.column_to_arrow(self.names[i], values)
+        return columns.record_batch(self.kind, self.names, cols)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import state as S
+from . import state as cluster_state
 from .errors import error_for, python_error_line
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
     launched = False
     while True:
         view = state.snapshot()
-        if view.state in (S.C_FAILED, S.C_STOPPED):  # a node's start failed, or the job was cancelled
+        if view.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED):  # a node's start failed, or the job was cancelled
             raise error_for(view)
         if launch.done and not launched:
             launched = True
@@ -39,10 +39,10 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
                 lines = [f"{state.nodes[s.node].label}: {s.error}" for s in bad]
                 raise RuntimeError("nodes did not start:\n" + "\n".join(lines))
             continue
-        if launched and all(n.state in (S.RUNNING, S.FINISHED, S.STOPPED) for n in view.nodes):
+        if launched and all(n.state in (cluster_state.RUNNING, cluster_state.FINISHED, cluster_state.STOPPED) for n in view.nodes):
             return
         if time.monotonic() > deadline:
-            missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (S.RUNNING, S.FINISHED)]
+            missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (cluster_state.RUNNING, cluster_state.FINISHED)]
             stage = "" if launched else " (the launch stage is not over)"
             msg = (f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}{stage}. "
                    f"Are there enough free executor slots{job.reach_hint}?")

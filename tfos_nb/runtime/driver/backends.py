@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..sessions import is_connect
-from . import state as S
+from . import state as cluster_state
 from .controller import Controller
 from .job import DriverJob
 from .slots import require_classic
 
 
-def new_job(sc: Any, state: S.ClusterState, controller: Controller, *, runs: bool = False, **kw: Any) -> DriverJob:
+def new_job(sc: Any, state: cluster_state.ClusterState, controller: Controller, *, runs: bool = False, **kw: Any) -> DriverJob:
     """The job for ``state`` on this session; ``controller`` is its Controller (the mirror's writer on Connect).
 
     ``runs``: the workload is parallel runs, which are the Spark job's own tasks (``nodes_outlive_jobs=False``)

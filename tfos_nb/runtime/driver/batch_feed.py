@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..executor.feeder import feed_totals, make_arrow_feeder, make_rdd_feeder
-from . import state as S
+from . import state as cluster_state
 from .errors import error_for, python_error_line
 from .job import DriverJob
 from .tracking.inputs import log_train_input
@@ -78,10 +78,10 @@ class BatchFeed:
     def require_alive(self) -> None:
         """Raise the cluster's error when it failed (tearing it down), a RuntimeError when it is shut down."""
         view = self._job.state.snapshot()
-        if view.state == S.C_FAILED:
+        if view.state == cluster_state.C_FAILED:
             self._job.close()
             raise error_for(view)
-        if self._job.closed or view.state in (S.C_STOPPED, S.C_FINISHED):
+        if self._job.closed or view.state in (cluster_state.C_STOPPED, cluster_state.C_FINISHED):
             msg = f"cluster {self.cluster_name} is shut down"
             raise RuntimeError(msg)
 
@@ -203,20 +203,20 @@ class BatchFeed:
                     tick()
                 if until is not None and until():
                     return None
-                if state.snapshot().state == S.C_FAILED or ctl.feed_errors:
+                if state.snapshot().state == cluster_state.C_FAILED or ctl.feed_errors:
                     job.cancel(join_timeout=0)  # a node or a feeding task failed: retries would not help
                     break
             view = state.snapshot()
-            if view.state != S.C_FAILED and ctl.lost_feeds:
+            if view.state != cluster_state.C_FAILED and ctl.lost_feeds:
                 # A feeding task lost its node before the node's supervisor said why: wait for its report (a dead
                 # node process is reported at once, a dead supervisor after the heartbeat timeout), so the error
                 # names the node and its cause rather than a broken connection.
                 deadline = time.monotonic() + ctl.heartbeat_timeout + 2
-                while view.state != S.C_FAILED and time.monotonic() < deadline:
+                while view.state != cluster_state.C_FAILED and time.monotonic() < deadline:
                     with state.changed:
                         state.changed.wait(0.2)
                     view = state.snapshot()
-            if view.state == S.C_FAILED:
+            if view.state == cluster_state.C_FAILED:
                 self._job.close()
                 raise error_for(view)
             if job.error is not None or ctl.feed_errors:
@@ -224,7 +224,7 @@ class BatchFeed:
                 cause = errors[0] if errors else python_error_line(job.error)
                 self._job.close()
                 view = state.snapshot()
-                if view.state == S.C_FAILED and view.nodes and any(n.state == S.FAILED for n in view.nodes):
+                if view.state == cluster_state.C_FAILED and view.nodes and any(n.state == cluster_state.FAILED for n in view.nodes):
                     raise error_for(view) from None
                 msg = f"{what} failed: {cause}"
                 raise RuntimeError(msg) from None

@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..executor.feeder import make_arrow_inferer, make_rdd_inferer
-from . import stacks
-from . import state as S
+from . import stacks, state
 from .batch_feed import BatchFeed, refuse_dstream, require_batch_rows, require_default_queue
 from .cluster_sets import feed_set, named_sets, warn_unread_sets
 from .cluster_streams import ClusterStreams, require_sink
@@ -81,11 +80,11 @@ class TFCluster:
 
     # -- information -------------------------------------------------------------
     @property
-    def nodes(self) -> tuple[S.NodeView, ...]:
+    def nodes(self) -> tuple[state.NodeView, ...]:
         """Every node: role, host, executor, device, state, step, metrics…"""
         return self.state.snapshot().nodes
 
-    def status(self) -> S.ClusterView:
+    def status(self) -> state.ClusterView:
         """A snapshot of the whole cluster."""
         return self.state.snapshot()
 
@@ -279,13 +278,13 @@ class TFCluster:
             deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
             while True:
                 view = self.state.snapshot()
-                if view.state == S.C_FAILED:
+                if view.state == state.C_FAILED:
                     raise error_for(view)
                 trainers = [n for n in view.nodes if awaited(self.state.nodes, n)]
-                if all(n.state in S.TERMINAL for n in trainers):
+                if all(n.state in state.TERMINAL for n in trainers):
                     break
                 if deadline is not None and time.monotonic() > deadline:
-                    waiting = [n.label for n in trainers if n.state not in S.TERMINAL]
+                    waiting = [n.label for n in trainers if n.state not in state.TERMINAL]
                     msg = f"shutdown timed out after {timeout:.0f} s waiting for {', '.join(waiting)} to finish"
                     raise TimeoutError(msg)
                 with self.state.changed:
@@ -293,13 +292,13 @@ class TFCluster:
             end = time.monotonic() + (grace_secs or 0)
             while time.monotonic() < end:  # the evaluator's grace: until it returned, failed, or the grace is over
                 view = self.state.snapshot()
-                if view.state == S.C_FAILED or all(n.state in S.TERMINAL for n in view.nodes if n.job_name == "evaluator"):
+                if view.state == state.C_FAILED or all(n.state in state.TERMINAL for n in view.nodes if n.job_name == "evaluator"):
                     break
                 with self.state.changed:
                     self.state.changed.wait(min(0.2, max(0.0, end - time.monotonic())))
             self.close()
             view = self.state.snapshot()
-            if view.state == S.C_FAILED:
+            if view.state == state.C_FAILED:
                 raise error_for(view)
             warn_unread_sets(self._controller)
         finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from . import state as S
+from . import state
 
 
 class ControlPlane(Protocol):
@@ -47,7 +47,7 @@ class ControlPlane(Protocol):
     def reset_feed_errors(self) -> None: ...
     def feeding_started(self, epoch: int) -> bool: ...
     def set_feed_tasks(self, epoch: int, tasks: int) -> None: ...
-    def finish(self, finished: Callable[[list[S._Node]], bool]) -> str: ...
+    def finish(self, finished: Callable[[list[state.NodeRecord]], bool]) -> str: ...
 
     #: whether :meth:`request_stacks` works here (False on Spark Connect: the nodes answer the coordinator)
     stacks_available: bool

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..gpus import assign as assign_gpus
 from ..net import hostport
-from ..protocol import messages as m
+from ..protocol import messages
 from ..tensorboard.news import tensorboard_news
 from . import stalls
-from . import state as S
+from . import state as cluster_state
 from .feed_sets import FeedSets
 from .roles import FEEDABLE
 from .shares import EpochShares
@@ -47,7 +47,7 @@ def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions,
     """A new cluster's state (id, name, job group) and its controller; ``options.num_gpus`` defaults to
     ``tf_args.num_gpus`` or 1; ``options.deterministic``: the fixed feed (:meth:`Controller._ordered_assign`)."""
     cluster_id = uuid.uuid4().hex[:12]
-    state = S.ClusterState(cluster_id, options.name or f"tfos-{cluster_id}", roles)
+    state = cluster_state.ClusterState(cluster_id, options.name or f"tfos-{cluster_id}", roles)
     state.job_group, state.stall_after = f"tfos-{cluster_id}", options.stall_after
     num_gpus = options.num_gpus
     if num_gpus is None:
@@ -57,7 +57,7 @@ def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions,
                       ordered_feed=options.deterministic)
 
 
-def refed_partition(partition: int, node: S._Node | None, rows: int | None = None) -> str:
+def refed_partition(partition: int, node: cluster_state.NodeRecord | None, rows: int | None = None) -> str:
     """The cluster's error when a training partition's feeding task died after it began to feed (its Python
     worker killed, its task lost; ``rows``: what reached the node, as the node saw its connection break) or Spark
     starts it again (``rows`` None): a second feed of the partition would train rows twice."""
@@ -71,7 +71,7 @@ def refed_partition(partition: int, node: S._Node | None, rows: int | None = Non
 
 
 class Controller:
-    def __init__(self, state: S.ClusterState, *, input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
+    def __init__(self, state: cluster_state.ClusterState, *, input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
                  num_gpus: int, heartbeat_timeout: float, ordered_feed: bool = False) -> None:
         self.state = state
         self.ordered_feed = ordered_feed
@@ -82,7 +82,7 @@ class Controller:
         self.num_gpus = num_gpus
         self.heartbeat_timeout = heartbeat_timeout
         self.address: tuple[str, int] | None = None  # where the nodes reach its control server (DriverJob.open_control)
-        self._specs: dict[int, m.NodeSpec] | None = None
+        self._specs: dict[int, messages.NodeSpec] | None = None
         self._active: dict[int, int] = {}  # node -> feeding tasks now
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
@@ -92,32 +92,32 @@ class Controller:
         self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
-        self._handlers: dict[type, Callable[[Any], m.Reply]] = {
-            m.Heartbeat: self._heartbeat, m.FeedAssign: self._feed_assign, m.FeedRelease: self._feed_release,
-            m.FeedCheck: self._feed_check, m.Register: self._register, m.AwaitSpec: self._await_spec}
+        self._handlers: dict[type, Callable[[Any], messages.Reply]] = {
+            messages.Heartbeat: self._heartbeat, messages.FeedAssign: self._feed_assign, messages.FeedRelease: self._feed_release,
+            messages.FeedCheck: self._feed_check, messages.Register: self._register, messages.AwaitSpec: self._await_spec}
 
     # -- dispatch -------------------------------------------------------------
-    def handle(self, msg: m.Message) -> m.Reply:
+    def handle(self, msg: messages.Message) -> messages.Reply:
         handler = self._handlers.get(type(msg))
-        return handler(msg) if handler else m.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
+        return handler(msg) if handler else messages.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
 
-    def _node(self, index: int) -> S._Node | None:
+    def _node(self, index: int) -> cluster_state.NodeRecord | None:
         if 0 <= index < len(self.state.nodes):
             return self.state.nodes[index]
         return None
 
     # -- reservation ------------------------------------------------------------
-    def _register(self, msg: m.Register) -> m.Reply:
+    def _register(self, msg: messages.Register) -> messages.Reply:
         st = self.state
         with st.lock:
             node = self._node(msg.node)
             if node is None:
-                return m.Reply(ok=False, error=f"no node {msg.node} in this cluster")
-            if st.state != S.C_RESERVING:
-                return m.Reply(ok=False, error=f"cluster is {st.state}; not taking registrations")
-            if node.state != S.PENDING:
-                return m.Reply(ok=False, error=f"{node.label} registered twice (Spark retried the launch; executor lost?)")
-            node.state = S.REGISTERED
+                return messages.Reply(ok=False, error=f"no node {msg.node} in this cluster")
+            if st.state != cluster_state.C_RESERVING:
+                return messages.Reply(ok=False, error=f"cluster is {st.state}; not taking registrations")
+            if node.state != cluster_state.PENDING:
+                return messages.Reply(ok=False, error=f"{node.label} registered twice (Spark retried the launch; executor lost?)")
+            node.state = cluster_state.REGISTERED
             node.host, node.port, node.pid = msg.host, msg.port, msg.pid
             node.executor_id = msg.executor_id
             node.working_dir = msg.working_dir
@@ -126,10 +126,10 @@ class Controller:
             node.last_heartbeat = node.moved_at = self.clock()
             log.info("%s registered: host %s, executor %s, supervisor pid %d", node.label, node.host,
                      node.executor_id or "?", node.pid)
-            if all(n.state == S.REGISTERED for n in st.nodes):
+            if all(n.state == cluster_state.REGISTERED for n in st.nodes):
                 self._form_cluster()
         st.notify()
-        return m.Reply(ok=True)
+        return messages.Reply(ok=True)
 
     def _form_cluster(self) -> None:
         """Every node registered: build the one cluster spec they all get."""
@@ -138,7 +138,7 @@ class Controller:
         for n in st.nodes:
             spec.setdefault(n.job_name, []).append(hostport(n.host, n.port))
         tf_cluster = {k: v for k, v in spec.items() if k != "evaluator"}
-        by_host: dict[str, list[S._Node]] = {}
+        by_host: dict[str, list[cluster_state.NodeRecord]] = {}
         for n in st.nodes:
             if n.job_name != "ps":
                 by_host.setdefault(n.host, []).append(n)
@@ -162,7 +162,7 @@ class Controller:
             # An evaluator is not part of the training cluster TensorFlow sees (its task says so).
             task = {"type": "evaluator", "index": 0} if n.job_name == "evaluator" else \
                 {"type": n.job_name, "index": n.task_index}
-            self._specs[n.index] = m.NodeSpec(
+            self._specs[n.index] = messages.NodeSpec(
                 cluster_spec=spec,
                 tf_config={"cluster": tf_cluster, "task": task},
                 gpus=gpus,
@@ -171,33 +171,33 @@ class Controller:
                 tensorboard=self.tensorboard and chief,
                 log_dir=log_dir,
             )
-            n.state = S.STARTING
+            n.state = cluster_state.STARTING
             n.moved_at = self.clock()
 
-    def _await_spec(self, msg: m.AwaitSpec) -> m.Reply:
+    def _await_spec(self, msg: messages.AwaitSpec) -> messages.Reply:
         st = self.state
         with st.lock:
-            if st.state in (S.C_FAILED, S.C_STOPPED):
-                return m.Reply(ok=False, error=f"cluster {st.state}: {st.error or 'stopped'}")
+            if st.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED):
+                return messages.Reply(ok=False, error=f"cluster {st.state}: {st.error or 'stopped'}")
             node = self._node(msg.node)
             if node is not None:
                 # asking is a sign of life: slower nodes may take longer than the heartbeat timeout to register
                 node.last_heartbeat = self.clock()
             if self._specs is None:
-                return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+                return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
             spec = self._specs.get(msg.node)
             if spec is None:
-                return m.Reply(ok=False, error=f"no node {msg.node}")
-            return m.Reply(ok=True, body=spec.to_dict())
+                return messages.Reply(ok=False, error=f"no node {msg.node}")
+            return messages.Reply(ok=True, body=spec.to_dict())
 
     # -- liveness and progress ---------------------------------------------------
-    def _heartbeat(self, msg: m.Heartbeat) -> m.Reply:
+    def _heartbeat(self, msg: messages.Heartbeat) -> messages.Reply:
         st = self.state
         new_logs: list[str] = []
         with st.lock:
             node = self._node(msg.node)
             if node is None:
-                return m.Reply(ok=False, error=f"no node {msg.node}")
+                return messages.Reply(ok=False, error=f"no node {msg.node}")
             node.last_heartbeat = self.clock()
             node.child_pid = msg.child_pid
             if msg.data_port is not None:
@@ -227,27 +227,27 @@ class Controller:
                 new_logs = list(msg.logs)
             if msg.logs_dropped:
                 node.logs.append(f"[tfos_nb: {msg.logs_dropped} output line(s) dropped]")
-            if node.state not in S.TERMINAL:
+            if node.state not in cluster_state.TERMINAL:
                 if msg.state in ("running", "starting"):
-                    node.state = S.RUNNING if msg.state == "running" else S.STARTING
-                elif msg.state in S.TERMINAL:
+                    node.state = cluster_state.RUNNING if msg.state == "running" else cluster_state.STARTING
+                elif msg.state in cluster_state.TERMINAL:
                     node.state = msg.state
                     node.exit_code = msg.exit_code
-                    if msg.state == S.FAILED:
+                    if msg.state == cluster_state.FAILED:
                         node.error, node.failed_at = msg.error or "failed", self.clock()
                         node.tail = list(msg.tail)
                         self._fail(f"{node.label} failed")
-            cmd = m.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
-                                kill=st.kill_requested or st.state == S.C_FAILED, grace=2.0,
+            cmd = messages.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
+                                kill=st.kill_requested or st.state == cluster_state.C_FAILED, grace=2.0,
                                 epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked,
                                 feed_plan=list(st.feed_plan or ()), feed_sample=self._sample_for(node, msg),
                                 feed_sets=self._sets.for_node(node.index))
-            if st.state == S.C_RESERVING and all(n.state == S.RUNNING for n in st.nodes):
-                st.state = S.C_RUNNING
+            if st.state == cluster_state.C_RESERVING and all(n.state == cluster_state.RUNNING for n in st.nodes):
+                st.state = cluster_state.C_RUNNING
         if new_logs:
             st.emit_logs(node.label, new_logs)
         st.notify()
-        return m.Reply(ok=True, body=cmd.to_dict())
+        return messages.Reply(ok=True, body=cmd.to_dict())
 
     # -- transitions the job's owner asks for (any thread) -------------------------
     stacks_available = True
@@ -260,7 +260,7 @@ class Controller:
 
     def set_running(self) -> None:
         """Every node runs its function: the start is over."""
-        self._set_cluster_state(S.C_RUNNING)
+        self._set_cluster_state(cluster_state.C_RUNNING)
 
     def request_stop(self) -> None:
         """Nodes are told (next heartbeat) to stop when their function allows: end of feeding."""
@@ -278,12 +278,12 @@ class Controller:
     def cancel(self, reason: str) -> None:
         """The job's owner stops it (a shutdown, ■, a timeout, an interrupt): it ends STOPPED with the error
         ``stopped (reason)`` unless it ended; nodes are killed at their next beat (idempotent)."""
-        self._end(S.C_STOPPED, f"stopped ({reason})")
+        self._end(cluster_state.C_STOPPED, f"stopped ({reason})")
 
     def fail(self, error: str) -> None:
         """The job failed from outside its nodes (its notebook or coordinator lost): it ends FAILED with ``error``
         unless it ended; nodes are killed at their next beat (idempotent)."""
-        self._end(S.C_FAILED, error)
+        self._end(cluster_state.C_FAILED, error)
 
     def _end(self, state: str, error: str) -> None:
         with self.state.lock:
@@ -356,16 +356,16 @@ class Controller:
             self.feed_errors.clear()
             self.lost_feeds = 0
 
-    def finish(self, finished: Callable[[list[S._Node]], bool]) -> str:
+    def finish(self, finished: Callable[[list[cluster_state.NodeRecord]], bool]) -> str:
         """Teardown is over: nodes still live are STOPPED; the job ends FINISHED when ``finished(nodes)``, else STOPPED.
 
         A failed job stays failed.  Returns the final state.
         """
         with self.state.lock:
             for n in self.state.nodes:
-                if n.state not in S.TERMINAL:
-                    n.state = S.STOPPED
-            final = S.C_FINISHED if finished(self.state.nodes) else S.C_STOPPED
+                if n.state not in cluster_state.TERMINAL:
+                    n.state = cluster_state.STOPPED
+            final = cluster_state.C_FINISHED if finished(self.state.nodes) else cluster_state.C_STOPPED
         self._set_cluster_state(final)
         return self.state.state
 
@@ -383,7 +383,7 @@ class Controller:
 
     def _fail(self, error: str) -> None:
         """Mark the cluster failed (lock held); every node is told to stop at its next beat."""
-        self._mark_ended(S.C_FAILED, error)
+        self._mark_ended(cluster_state.C_FAILED, error)
 
     def _mark_ended(self, state: str, error: str) -> None:
         """End the cluster ``state`` with ``error`` unless it ended (lock held); nodes are killed at their next beat."""
@@ -401,14 +401,14 @@ class Controller:
         now = self.clock()
         changed = False
         with st.lock:
-            beating = [n for n in st.nodes if n.state not in S.TERMINAL and n.state != S.PENDING
+            beating = [n for n in st.nodes if n.state not in cluster_state.TERMINAL and n.state != cluster_state.PENDING
                        and n.last_heartbeat is not None]
             silent = [n for n in beating if now - n.last_heartbeat > self.heartbeat_timeout]  # type: ignore[operator]
             # every node silent at once, on more than one executor: the path to this process, not each executor
             cut = len(silent) > 1 and len(silent) == len(beating) and len({n.executor_id for n in silent}) > 1
             for n in silent:
                 assert n.last_heartbeat is not None
-                n.state, n.failed_at = S.FAILED, now
+                n.state, n.failed_at = cluster_state.FAILED, now
                 if cut:
                     where = f"{self.address[0]}:{self.address[1]}" if self.address else "this process"
                     n.error = (f"no heartbeat from any of the {len(silent)} nodes for {self.heartbeat_timeout:.0f} s: "
@@ -426,7 +426,7 @@ class Controller:
             st.notify()
 
     # -- feeding ------------------------------------------------------------------
-    def _sample_for(self, node: S._Node, msg: m.Heartbeat) -> dict[str, Any]:
+    def _sample_for(self, node: cluster_state.NodeRecord, msg: messages.Heartbeat) -> dict[str, Any]:
         """The running train()'s data shape for a node that has not confirmed it (a node given no row builds its
         dataset from it); lock held."""
         st = self.state
@@ -443,7 +443,7 @@ class Controller:
         plan = self.state.feed_plan
         return gen > self.state.epoch_done and plan is not None and plan[0] <= gen <= plan[1]
 
-    def _feeds_dropped(self, node: S._Node, dropped: Any) -> None:
+    def _feeds_dropped(self, node: cluster_state.NodeRecord, dropped: Any) -> None:
         """A node's training partitions whose connection broke mid-partition (a heartbeat's news; lock held)."""
         for item in dropped if isinstance(dropped, list) else []:
             if isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item):
@@ -464,46 +464,46 @@ class Controller:
                 self._fail(refed_partition(partition, self._node(index), rows))
                 return
 
-    def _feed_assign(self, msg: m.FeedAssign) -> m.Reply:
+    def _feed_assign(self, msg: messages.FeedAssign) -> messages.Reply:
         st = self.state
         if msg.feed != "input":
             return self._set_assign(msg)
         with st.lock:
             if msg.sample and not st.feed_sample and st.feed_plan is not None and msg.gen >= st.feed_plan[0]:
                 st.feed_sample = dict(msg.sample)
-            if st.state == S.C_FAILED:
-                return m.Reply(ok=False, error=st.error or "cluster failed")
-            if st.state == S.C_STOPPED or st.kill_requested:
-                return m.Reply(ok=False, error="cluster stopped")
+            if st.state == cluster_state.C_FAILED:
+                return messages.Reply(ok=False, error=st.error or "cluster failed")
+            if st.state == cluster_state.C_STOPPED or st.kill_requested:
+                return messages.Reply(ok=False, error="cluster stopped")
             if msg.mode == "train" and self._batch_epoch(msg.gen):
                 earlier = self._shares.fed_to(msg.gen, msg.partition)
                 if earlier is not None:  # Spark retried a feeding task that died after it began to feed
                     self._cut.setdefault((msg.gen, msg.partition), (earlier, None, self.clock()))
                     self._fail_cut()
-                    if st.state == S.C_FAILED:
-                        return m.Reply(ok=False, error=st.error)
-                    return m.Reply(ok=False, body=m.Retry(0.2).to_dict())
+                    if st.state == cluster_state.C_FAILED:
+                        return messages.Reply(ok=False, error=st.error)
+                    return messages.Reply(ok=False, body=messages.Retry(0.2).to_dict())
             self._gens_feeding.add(msg.gen)
             if self.ordered_feed and msg.mode == "train":
                 return self._ordered_assign(msg)
             feedable = self._fed_nodes()
-            live = [n for n in feedable if n.state == S.RUNNING and not n.feed_closed]
+            live = [n for n in feedable if n.state == cluster_state.RUNNING and not n.feed_closed]
             if not live:
-                if feedable and all(n.state in S.TERMINAL or n.feed_closed for n in feedable):
+                if feedable and all(n.state in cluster_state.TERMINAL or n.feed_closed for n in feedable):
                     if msg.mode == "train" and msg.gen > st.epoch_done:
                         return self._skipped(msg)
-                    return m.Reply(ok=False, error="no node is reading data any more (all finished)")
-                return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+                    return messages.Reply(ok=False, error="no node is reading data any more (all finished)")
+                return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
             # The least busy node takes the partition (a node serves several inference feeders at once, each
             # one's results routed back in order), so that a feeder that never released its node (its Python
             # worker was killed) cannot make a re-run of the partition wait.
-            def key(n: S._Node) -> tuple[int, int, bool, int]:
+            def key(n: cluster_state.NodeRecord) -> tuple[int, int, bool, int]:
                 local = n.executor_id == msg.executor_id if msg.executor_id else False
                 return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
 
             return self._hand_to(msg, min(live, key=key))
 
-    def _ordered_assign(self, msg: m.FeedAssign) -> m.Reply:
+    def _ordered_assign(self, msg: messages.FeedAssign) -> messages.Reply:
         """Deterministic mode's feed (lock held): partition ``p`` goes to the ``p mod n``-th chief/worker, told to
         read it after partition ``p - n`` (``after``), so that each node reads its partitions whole and in ascending
         order — the same stream at every run, whichever executor ran which task and whenever.  The node keeps a
@@ -511,20 +511,20 @@ class Controller:
         waiting feeding task never holds a Spark slot its node's next partition needs."""
         nodes = sorted((n for n in self.state.nodes if n.job_name in FEEDABLE), key=lambda n: n.index)
         if not nodes or not all(n.data_port for n in nodes):
-            return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+            return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
         node = nodes[msg.partition % len(nodes)]
-        if node.state in S.TERMINAL or node.feed_closed:  # the node reads no more, as in any mode: skipped
+        if node.state in cluster_state.TERMINAL or node.feed_closed:  # the node reads no more, as in any mode: skipped
             return self._skipped(msg)
-        if node.state != S.RUNNING:
-            return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+        if node.state != cluster_state.RUNNING:
+            return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
         return self._hand_to(msg, node, after=msg.partition - len(nodes))
 
-    def _skipped(self, msg: m.FeedAssign) -> m.Reply:
+    def _skipped(self, msg: messages.FeedAssign) -> messages.Reply:
         """A training partition no node will read (lock held): its feeder skips it."""
         self._shares.handed_out(msg.gen, msg.partition, None)
-        return m.Reply(ok=True, body=m.FeedAssignment(skip=True).to_dict())
+        return messages.Reply(ok=True, body=messages.FeedAssignment(skip=True).to_dict())
 
-    def _hand_to(self, msg: m.FeedAssign, node: S._Node, after: int = -1) -> m.Reply:
+    def _hand_to(self, msg: messages.FeedAssign, node: cluster_state.NodeRecord, after: int = -1) -> messages.Reply:
         """``msg``'s partition goes to ``node`` (``after``: deterministic mode's partition before it); lock held."""
         st = self.state
         self._active[node.index] = self._active.get(node.index, 0) + 1
@@ -537,52 +537,52 @@ class Controller:
                   msg.executor_id or "?", node.label, f", after partition {after}" if after >= 0 else "")
         return self._assigned_to(node, after)
 
-    def _fed_nodes(self) -> list[S._Node]:
+    def _fed_nodes(self) -> list[cluster_state.NodeRecord]:
         """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
         return [n for n in self.state.nodes if n.job_name in FEEDABLE and n.data_port]
 
     @staticmethod
-    def _assigned_to(node: S._Node, after: int = -1) -> m.Reply:
-        target = m.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
+    def _assigned_to(node: cluster_state.NodeRecord, after: int = -1) -> messages.Reply:
+        target = messages.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
                                   after=max(after, -1))  # p - n < 0: the node's first partition
-        return m.Reply(ok=True, body=target.to_dict())
+        return messages.Reply(ok=True, body=target.to_dict())
 
-    def _set_assign(self, msg: m.FeedAssign) -> m.Reply:
+    def _set_assign(self, msg: messages.FeedAssign) -> messages.Reply:
         """A named feed's partition goes to the node that had it (Spark's retry) or the one holding fewest."""
         st = self.state
         with st.lock:
-            if st.state in (S.C_FAILED, S.C_STOPPED) or st.kill_requested:
-                return m.Reply(ok=False, error=st.error or f"cluster {st.state}")
+            if st.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED) or st.kill_requested:
+                return messages.Reply(ok=False, error=st.error or f"cluster {st.state}")
             fed = self._fed_nodes()
-            live = [n for n in fed if n.state == S.RUNNING]
+            live = [n for n in fed if n.state == cluster_state.RUNNING]
             if not live:
-                if fed and all(n.state in S.TERMINAL for n in fed):
-                    return m.Reply(ok=False, error=f"no node runs to take the feed {msg.feed!r} (all ended)")
-                return m.Reply(ok=False, body=m.Retry(0.1).to_dict())
+                if fed and all(n.state in cluster_state.TERMINAL for n in fed):
+                    return messages.Reply(ok=False, error=f"no node runs to take the feed {msg.feed!r} (all ended)")
+                return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
             node = self._sets.assign(msg.feed, msg.gen, msg.partition, msg.sample, live, msg.executor_id)
             if isinstance(node, str):
-                return m.Reply(ok=False, error=node)
+                return messages.Reply(ok=False, error=node)
             st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
             return self._assigned_to(node)
 
-    def _feed_check(self, msg: m.FeedCheck) -> m.Reply:
+    def _feed_check(self, msg: messages.FeedCheck) -> messages.Reply:
         """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""
         st = self.state
         with st.lock:
             node = self._node(msg.node)
             if node is None:
-                return m.Reply(ok=False, error=f"no node {msg.node}")
-            if node.state == S.FAILED or st.state == S.C_FAILED:
-                verdict = m.FeedVerdict("failed", st.error or f"{node.label} failed")
-            elif node.state == S.FINISHED or node.feed_closed:
-                verdict = m.FeedVerdict("done")
-            elif node.state == S.STOPPED or st.kill_requested or st.state == S.C_STOPPED:
-                verdict = m.FeedVerdict("stopped")
+                return messages.Reply(ok=False, error=f"no node {msg.node}")
+            if node.state == cluster_state.FAILED or st.state == cluster_state.C_FAILED:
+                verdict = messages.FeedVerdict("failed", st.error or f"{node.label} failed")
+            elif node.state == cluster_state.FINISHED or node.feed_closed:
+                verdict = messages.FeedVerdict("done")
+            elif node.state == cluster_state.STOPPED or st.kill_requested or st.state == cluster_state.C_STOPPED:
+                verdict = messages.FeedVerdict("stopped")
             else:
-                verdict = m.FeedVerdict("reading")
-            return m.Reply(ok=True, body=verdict.to_dict())
+                verdict = messages.FeedVerdict("reading")
+            return messages.Reply(ok=True, body=verdict.to_dict())
 
-    def _feed_release(self, msg: m.FeedRelease) -> m.Reply:
+    def _feed_release(self, msg: messages.FeedRelease) -> messages.Reply:
         st = self.state
         with st.lock:
             node = self._node(msg.node)
@@ -600,10 +600,10 @@ class Controller:
             if msg.error:
                 to = f" (to {node.label} at {node.host})" if node is not None else ""
                 self.feed_errors.append(f"partition {msg.partition}{to}: {msg.error}")
-                if node is not None and msg.error_kind == m.ERROR_LOST_CONNECTION:
+                if node is not None and msg.error_kind == messages.ERROR_LOST_CONNECTION:
                     self.lost_feeds += 1
             cluster_error = None
-            if st.state == S.C_FAILED:
+            if st.state == cluster_state.C_FAILED:
                 cluster_error = st.error
         st.notify()
-        return m.Reply(ok=True, body=m.FeedReleased(cluster_error).to_dict())
+        return messages.Reply(ok=True, body=messages.FeedReleased(cluster_error).to_dict())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import state as S
+from . import state
 
 TAIL_IN_ERRORS = 20
 
@@ -22,7 +22,7 @@ class TFClusterError(RuntimeError):
     ``executor_id``, ``exit_code`` and ``tail`` (its last output lines).
     """
 
-    def __init__(self, message: str, node: S.NodeView | None = None) -> None:
+    def __init__(self, message: str, node: state.NodeView | None = None) -> None:
         super().__init__(message)
         self.node = node.label if node else None
         self.host = node.host if node else None
@@ -31,9 +31,9 @@ class TFClusterError(RuntimeError):
         self.tail = list(node.tail) if node else []
 
 
-def first_failure(view: S.ClusterView) -> tuple[S.NodeView | None, list[S.NodeView]]:
+def first_failure(view: state.ClusterView) -> tuple[state.NodeView | None, list[state.NodeView]]:
     """(the node that failed first on its own, the others that failed), or (None, []) when none did."""
-    failed = [n for n in view.nodes if n.state == S.FAILED]
+    failed = [n for n in view.nodes if n.state == state.FAILED]
     # The first node that failed on its own is the cause (a peer waiting for it in a collective fails later);
     # lost ones (no heartbeat) come last.
     failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""),
@@ -41,10 +41,10 @@ def first_failure(view: S.ClusterView) -> tuple[S.NodeView | None, list[S.NodeVi
     return (failed[0], failed[1:]) if failed else (None, [])
 
 
-def failure_message(view: S.ClusterView, what: str, *, given: str = "", others: str = "also failed") -> str:
+def failure_message(view: state.ClusterView, what: str, *, given: str = "", others: str = "also failed") -> str:
     """The error text of a failed job: ``what`` names it (``cluster x``, ``parallel runs y``)."""
     n, rest = first_failure(view)
-    if n is None and view.state == S.C_STOPPED:
+    if n is None and view.state == state.C_STOPPED:
         return f"{what} was {view.error or 'stopped'}"  # its owner stopped it: "... was stopped (shut down)"
     if n is None:
         return f"{what} failed: {view.error or 'unknown error'}"
@@ -57,7 +57,7 @@ def failure_message(view: S.ClusterView, what: str, *, given: str = "", others: 
     return msg
 
 
-def error_for(view: S.ClusterView) -> TFClusterError:
+def error_for(view: state.ClusterView) -> TFClusterError:
     """The :class:`TFClusterError` of a failed cluster."""
     return TFClusterError(failure_message(view, f"cluster {view.name}", others="also failed or stopped after it"),
                           first_failure(view)[0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import state as S
+from . import state
 
 
 @dataclasses.dataclass
@@ -46,8 +46,8 @@ class FeedSets:
         if got is not None and got.version == version:
             got.ready = True
 
-    def assign(self, name: str, version: int, partition: int, sample: dict[str, Any], live: list[S._Node],
-               executor_id: str) -> S._Node | str:
+    def assign(self, name: str, version: int, partition: int, sample: dict[str, Any], live: list[state.NodeRecord],
+               executor_id: str) -> state.NodeRecord | str:
         """The node that takes ``partition`` of the set (the one it went to before, if Spark retries it), or why
         none can; ``live``: the fed nodes running now."""
         got = self._sets.get(name)
@@ -65,7 +65,7 @@ class FeedSets:
         for index in got.sent.values():
             counts[index] = counts.get(index, 0) + 1
 
-        def key(n: S._Node) -> tuple[int, bool, int]:
+        def key(n: state.NodeRecord) -> tuple[int, bool, int]:
             return counts.get(n.index, 0), not (executor_id and n.executor_id == executor_id), n.index
 
         node = min(live, key=key)

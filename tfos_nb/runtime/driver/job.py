@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import logs
-from ..protocol import messages as m
+from ..protocol import messages
 from ..protocol.channel import ControlServer
 from ..protocol.remote import StreamCounts
-from . import state as S
+from . import state as cluster_state
 from .control_plane import ControlPlane
 from .controller import Controller
 from .roles import all_finished
@@ -32,7 +32,7 @@ from .sparkjob import SparkJob
 if TYPE_CHECKING:
     from .options import JobOptions
 
-LIVE = (S.REGISTERED, S.STARTING, S.RUNNING)
+LIVE = (cluster_state.REGISTERED, cluster_state.STARTING, cluster_state.RUNNING)
 
 _start_listeners: list[Callable[[DriverJob], None]] = []
 
@@ -76,7 +76,7 @@ class DriverJob:
     #: whether a feeding job's stage can be counted while it runs (Spark's status tracker; not on Spark Connect)
     counts_tasks = True
 
-    def __init__(self, sc: Any, state: S.ClusterState, controller: ControlPlane, *,
+    def __init__(self, sc: Any, state: cluster_state.ClusterState, controller: ControlPlane, *,
                  nodes_outlive_jobs: bool, linger_s: float, join_s: float,
                  finished: Callable[[list[Any]], bool] | None = None,
                  on_teardown: Callable[[], None] | None = None) -> None:
@@ -85,7 +85,7 @@ class DriverJob:
         self.controller = controller
         self.cluster_id = state.cluster_id
         self.name = state.name
-        self.secret = m.new_secret()
+        self.secret = messages.new_secret()
         self.nodes_outlive_jobs = nodes_outlive_jobs
         self.linger_s = linger_s
         self.join_s = join_s
@@ -103,7 +103,7 @@ class DriverJob:
 
     # -- start -----------------------------------------------------------------
     def announce(self, *, log_callback: Callable[[str, list[str]], None] | None = None,
-                 on_state: Callable[[S.ClusterState], None] | None = None,
+                 on_state: Callable[[cluster_state.ClusterState], None] | None = None,
                  on_start: Callable[[DriverJob], None] | None = None) -> None:
         """Attach the caller's listeners, then tell ``on_start`` and every start listener (errors ignored)."""
         if log_callback is not None:
@@ -130,7 +130,7 @@ class DriverJob:
             msg = f"{type(ctl).__name__} is no local Controller: its control server is not in this process (a bug)"
             raise TypeError(msg)
         host = driver_host(self.sc)
-        self._server = ControlServer(m.Codec(self.secret, self.cluster_id, "driver"), ctl.handle, host,
+        self._server = ControlServer(messages.Codec(self.secret, self.cluster_id, "driver"), ctl.handle, host,
                                      on_tick=ctl.tick)
         try:
             ctl.address = self._server.start()
@@ -149,21 +149,21 @@ class DriverJob:
         """The launch meta's ``coordinator`` section: none here, where the control server is in this process."""
         return {}
 
-    def launched(self, meta: dict[str, Any], statuses: list[m.LaunchStatus]) -> None:
+    def launched(self, meta: dict[str, Any], statuses: list[messages.LaunchStatus]) -> None:
         """The launch stage of ``meta`` is over (its tasks' statuses): nothing to do here, the nodes registered
         with this process's control server as they started."""
 
     #: what a reservation timeout asks besides free slots (the executors must reach this process)
     reach_hint = ", and can executors reach the driver"
 
-    def launch_meta(self, address: tuple[str, int], options: JobOptions, **kind: Any) -> m.LaunchMeta:
+    def launch_meta(self, address: tuple[str, int], options: JobOptions, **kind: Any) -> messages.LaunchMeta:
         """What every node's launch is told: this job's control address and secret, ``options``' heartbeat timeout,
         node environment and Keras, and ``kind`` (``roles``, ``reservation_timeout``…)."""
         try:
             default_fs = self.sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
         except Exception:  # noqa: BLE001
             default_fs = "file:///"
-        return m.LaunchMeta(cluster_id=self.cluster_id, secret=self.secret.hex(), control=[address[0], address[1]],
+        return messages.LaunchMeta(cluster_id=self.cluster_id, secret=self.secret.hex(), control=[address[0], address[1]],
                             hb_interval=0.5, driver_timeout=max(options.heartbeat_timeout, 10.0),
                             env={**logs.node_env(), **options.node_env()},
                             keras=options.keras, default_fs=default_fs, driver_pid=os.getpid(), **kind)

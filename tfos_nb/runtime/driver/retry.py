@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..recovery.folder import JobBackups
-from . import state as S
+from . import state
 from .cluster import InputMode, TFCluster
 from .errors import TFClusterError
 from .options import ClusterShape, JobOptions, RetryPolicy
@@ -38,7 +38,7 @@ T = TypeVar("T")
 class RunOutcome:
     """How a :func:`run_job` ended: the last attempt's final status and the failures before it."""
 
-    status: S.ClusterView
+    status: state.ClusterView
     attempts: int
     failures: tuple[str, ...]  # one line per failed attempt, oldest first
     seconds: float
@@ -239,7 +239,7 @@ def run_job(
                              tuple(job.resumed))
     except BaseException as exc:
         if owned:
-            tracking.finish(S.C_STOPPED if isinstance(exc, KeyboardInterrupt) else S.C_FAILED, error=exc)
+            tracking.finish(state.C_STOPPED if isinstance(exc, KeyboardInterrupt) else state.C_FAILED, error=exc)
         raise
     finally:
         job.close()
@@ -250,12 +250,12 @@ def run_job(
 
 def _tracking(setting: Any, facts: dict[str, Any]) -> tuple[Any, bool]:
     """The job's one MLflow run (resolved here, on the caller's thread), and whether run_job ends it."""
-    from . import tracking as T
+    from . import tracking as experiment_tracking
 
-    wanted = T.request(setting)
+    wanted = experiment_tracking.request(setting)
     if wanted is None:
         return None, False
-    return T.job_run(wanted, "cluster", facts)
+    return experiment_tracking.job_run(wanted, "cluster", facts)
 
 
 def attempts(attempt_once: Callable[[int], T], retries: int, *, failures: list[str] | None = None,

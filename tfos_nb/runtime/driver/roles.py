@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from . import state as S
+from . import state
 
 FEEDABLE = ("chief", "master", "worker")  # the roles ``train()``/``inference()`` feed
 
@@ -31,9 +31,9 @@ def awaited(nodes: Iterable[Any], node: Any) -> bool:
 def trainers_finished(nodes: list[Any]) -> bool:
     """A cluster ends FINISHED when every node shutdown waits for finished."""
     trainers = [n for n in nodes if awaited(nodes, n)]
-    return bool(trainers) and all(n.state == S.FINISHED for n in trainers)
+    return bool(trainers) and all(n.state == state.FINISHED for n in trainers)
 
 
 def all_finished(nodes: list[Any]) -> bool:
     """Parallel runs end FINISHED when every run finished."""
-    return all(n.state == S.FINISHED for n in nodes)
+    return all(n.state == state.FINISHED for n in nodes)

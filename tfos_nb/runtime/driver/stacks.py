@@ -8,7 +8,7 @@ heartbeat, over the signed control channel.  No debugger, no ptrace, no extra pr
 
 from __future__ import annotations
 
-from . import state as S
+from . import state as cluster_state
 from .control_plane import ControlPlane
 
 UNAVAILABLE_ON_CONNECT = ("stacks are not available on Spark Connect yet: the nodes answer the coordinator, not "
@@ -17,7 +17,7 @@ UNAVAILABLE_ON_CONNECT = ("stacks are not available on Spark Connect yet: the no
 STACKS_TIMEOUT_S = 10.0
 
 
-def pick(state: S.ClusterState, node: str | int | None) -> list[S._Node]:
+def pick(state: cluster_state.ClusterState, node: str | int | None) -> list[cluster_state.NodeRecord]:
     """The nodes ``node`` names (``"worker:1"`` or an index; None: all); KeyError naming the nodes there are."""
     nodes = [n for n in state.nodes if node is None or node in (n.index, n.label)]
     if not nodes:
@@ -26,7 +26,7 @@ def pick(state: S.ClusterState, node: str | int | None) -> list[S._Node]:
     return nodes
 
 
-def collect(state: S.ClusterState, controller: ControlPlane, node: str | int | None = None,
+def collect(state: cluster_state.ClusterState, controller: ControlPlane, node: str | int | None = None,
             timeout: float = STACKS_TIMEOUT_S) -> dict[str, str]:
     """``role:index`` → the text of its threads' stacks (or, in parentheses, why there is none).
 
@@ -37,16 +37,16 @@ def collect(state: S.ClusterState, controller: ControlPlane, node: str | int | N
     ask = controller.request_stacks
     out: dict[str, str] = {}
     with state.lock:
-        live = [n.index for n in nodes if n.state in (S.STARTING, S.RUNNING)]
+        live = [n.index for n in nodes if n.state in (cluster_state.STARTING, cluster_state.RUNNING)]
         for n in nodes:
-            if n.state in (S.PENDING, S.REGISTERED):
+            if n.state in (cluster_state.PENDING, cluster_state.REGISTERED):
                 out[n.label] = f"({n.label} has no process yet: {n.current_phase()})"
-            elif n.state in S.TERMINAL:
+            elif n.state in cluster_state.TERMINAL:
                 out[n.label] = f"({n.label} is {n.state}: its process is gone)"
     asked = ask(live) if live else {}
 
     def answered() -> bool:
-        return all(state.nodes[i].stacks[0] >= sid or state.nodes[i].state in S.TERMINAL for i, sid in asked.items())
+        return all(state.nodes[i].stacks[0] >= sid or state.nodes[i].state in cluster_state.TERMINAL for i, sid in asked.items())
 
     with state.changed:
         state.changed.wait_for(answered, timeout)
@@ -54,7 +54,7 @@ def collect(state: S.ClusterState, controller: ControlPlane, node: str | int | N
             n = state.nodes[i]
             if n.stacks[0] >= sid:
                 out[n.label] = n.stacks[1]
-            elif n.state in S.TERMINAL:
+            elif n.state in cluster_state.TERMINAL:
                 out[n.label] = f"({n.label} is {n.state}: its process is gone)"
             else:
                 out[n.label] = f"({n.label} did not answer within {timeout:.0f} s)"

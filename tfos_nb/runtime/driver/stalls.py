@@ -24,22 +24,22 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ..executor import phases as P
+from ..executor import phases
 
 TRAINERS = ("chief", "master", "worker")
 DEFAULT_STALL_AFTER = 20.0  # a stuck job is named within 30 s (the flag says; it ends nothing)
 
 WHERE = {
-    P.REGISTERING: "still registering (its launch task has not started its supervisor)",
-    P.WAITING_FOR_SPEC: "waiting for the cluster spec",
-    P.STARTING: "starting its process",
-    P.IMPORTING: "importing TensorFlow",
-    P.RUNNING: "in the node function",
-    P.STRATEGY: "building the strategy (its first collective)",
-    P.FIRST_STEP: "in the first step (the first collective)",
-    P.TRAINING: "training",
-    P.WAITING_FOR_DATA: "waiting for data",
-    P.EXPORTING: "exporting",
+    phases.REGISTERING: "still registering (its launch task has not started its supervisor)",
+    phases.WAITING_FOR_SPEC: "waiting for the cluster spec",
+    phases.STARTING: "starting its process",
+    phases.IMPORTING: "importing TensorFlow",
+    phases.RUNNING: "in the node function",
+    phases.STRATEGY: "building the strategy (its first collective)",
+    phases.FIRST_STEP: "in the first step (the first collective)",
+    phases.TRAINING: "training",
+    phases.WAITING_FOR_DATA: "waiting for data",
+    phases.EXPORTING: "exporting",
 }
 
 
@@ -64,7 +64,7 @@ def stall_line(node: Any, nodes: Sequence[Any], stall_after: float | None, pendi
     line = f"{node.label}: no step for {still:.0f} s, {WHERE[node.phase]}"
     if node.where:
         line += f", in {node.where}"
-    if node.phase == P.WAITING_FOR_DATA:
+    if node.phase == phases.WAITING_FOR_DATA:
         if node.feeders:
             return line + f" — it waits for {_feeders(node.feeders)}"
         if pending:
@@ -77,9 +77,9 @@ def stall_line(node: Any, nodes: Sequence[Any], stall_after: float | None, pendi
         return line + " — no feeding task is connected to it now"
     if node.feeders:
         return line + f" — {_feeders(node.feeders)} {'waits' if len(node.feeders) == 1 else 'wait'} for it to take rows"
-    here = P.rank(node.phase)
+    here = phases.rank(node.phase)
     behind = [n for n in nodes if n is not node and n.job_name in TRAINERS and n.phase is not None
-              and (r := P.rank(n.phase)) is not None and here is not None and r < here]
+              and (r := phases.rank(n.phase)) is not None and here is not None and r < here]
     if behind:
         who = ", ".join(f"{n.label} ({n.phase})" for n in behind)
         line += f" — {who} {'has' if len(behind) == 1 else 'have'} not reached it"
@@ -105,9 +105,9 @@ def apply_news(node: Any, phase: dict[str, Any], stacks: dict[str, Any], now: fl
     """A heartbeat's ``phase`` and ``stacks`` fields applied to the driver's node (its state's lock held)."""
     name, still, seen = phase.get("phase"), phase.get("still_s"), phase.get("seen")
     for p in [*(seen if isinstance(seen, list) else []), name]:
-        if isinstance(p, str) and p in P.PHASES and (not node.phase_log or node.phase_log[-1] != p):
+        if isinstance(p, str) and p in phases.PHASES and (not node.phase_log or node.phase_log[-1] != p):
             node.phase_log.append(p)
-    if isinstance(name, str) and name in P.PHASES:
+    if isinstance(name, str) and name in phases.PHASES:
         node.phase = name
         node.where = str(phase.get("where") or "")[:200]
         if isinstance(still, (int, float)) and not isinstance(still, bool):

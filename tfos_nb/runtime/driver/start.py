@@ -14,7 +14,7 @@ from typing import Any
 
 from ..executor.launch import LAUNCH_SCHEMA, make_launcher, start_supervisor
 from ..procs import kill_tree
-from ..protocol import messages as m
+from ..protocol import messages
 from ..sessions import is_connect
 from .awaiting import await_running
 from .backends import new_job
@@ -148,10 +148,10 @@ def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: Clu
         launcher = make_launcher(meta, blob)
         session = spark_session(sc)
 
-        def launch() -> list[m.LaunchStatus]:
+        def launch() -> list[messages.LaunchStatus]:
             rows = session.range(0, on_executors, 1, on_executors).mapInArrow(launcher, LAUNCH_SCHEMA,
                                                                               barrier=True).collect()
-            return [m.LaunchStatus.from_dict(json.loads(r["s"])) for r in rows]
+            return [messages.LaunchStatus.from_dict(json.loads(r["s"])) for r in rows]
 
         launch_job = job.spark_job("launch", f"tfos_nb {state.name}: start {on_executors} nodes", launch)
         await_running(job, meta, launch_job, reservation_timeout)
@@ -175,7 +175,7 @@ def _start_driver_ps_nodes(job: DriverJob, meta: dict[str, Any], blob: bytes, nu
     job.on_teardown = kill_local_nodes
     for i in range(num_ps):
         job.check_cancelled()
-        local = dataclasses.replace(m.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
+        local = dataclasses.replace(messages.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
                                     watch_jvm=False)
         status, proc = start_supervisor(local, blob, driver_log_path(job.cluster_id, i))
         local_nodes.append(proc)

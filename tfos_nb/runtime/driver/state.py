@@ -133,7 +133,9 @@ class ClusterView:
     stalls: tuple[str, ...] = ()  # one line per stalled node (driver.stalls)
 
 
-class _Node:
+class NodeRecord:
+    """What the driver knows of one node, updated under the state's lock; :class:`NodeView` is its snapshot."""
+
     def __init__(self, index: int, job_name: str, task_index: int) -> None:
         self.index = index
         self.job_name = job_name
@@ -261,7 +263,7 @@ class ClusterState:
         self.name = name
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.nodes = [_Node(i, job, idx) for i, (job, idx) in enumerate(roles)]
+        self.nodes = [NodeRecord(i, job, idx) for i, (job, idx) in enumerate(roles)]
         self.state = C_RESERVING
         self.error: str | None = None
         self.started_at = time.time()
@@ -366,7 +368,7 @@ class ClusterState:
             raise KeyError(msg)
         return out
 
-    def update_progress(self, node: _Node, report: dict[str, Any]) -> None:
+    def update_progress(self, node: NodeRecord, report: dict[str, Any]) -> None:
         """Apply a ``ctx.report(...)`` payload (called with the lock held): the latest step, total and metrics."""
         step = report.get("step")
         if isinstance(step, int):
@@ -381,7 +383,7 @@ class ClusterState:
         if isinstance(metrics, dict):
             node.metrics.update(metrics)
 
-    def record_reports(self, node: _Node, reports: list[Any]) -> None:
+    def record_reports(self, node: NodeRecord, reports: list[Any]) -> None:
         """Every report since the node's last heartbeat, oldest first (lock held): history, rate, curve."""
         now = time.time()
         for r in reports:

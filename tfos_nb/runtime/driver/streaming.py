@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from ..executor.feeder import feed_totals
 from ..protocol.remote import StreamCounts
-from . import state as S
+from . import state as cluster_state
 from .control_plane import ControlPlane
 from .errors import error_for, python_error_line
 
@@ -53,7 +53,7 @@ class FeedOwner(Protocol):
     """What a StreamingFeed needs of its cluster: its owner, the cluster's :class:`~.cluster_streams.ClusterStreams`
     (a protocol, so that this module does not import it)."""
 
-    state: S.ClusterState
+    state: cluster_state.ClusterState
     controller: ControlPlane
 
     @property
@@ -212,12 +212,12 @@ class StreamingFeed:
         try:
             while True:
                 view = state.snapshot()
-                if view.state == S.C_FAILED:
+                if view.state == cluster_state.C_FAILED:
                     break
-                if cluster.closed or view.state in (S.C_STOPPED, S.C_FINISHED):
+                if cluster.closed or view.state in (cluster_state.C_STOPPED, cluster_state.C_FINISHED):
                     break
                 trainers = [n for n in view.nodes if cluster.waits_for(n)]
-                if trainers and all(n.state in S.TERMINAL for n in trainers):
+                if trainers and all(n.state in cluster_state.TERMINAL for n in trainers):
                     break
                 if not self.is_active:
                     break
@@ -286,7 +286,7 @@ class StreamingFeed:
         self._cluster.stop_feeds()
         self._cluster.close()
         view = self._cluster.state.snapshot()
-        if view.state == S.C_FAILED and any(n.state == S.FAILED for n in view.nodes):
+        if view.state == cluster_state.C_FAILED and any(n.state == cluster_state.FAILED for n in view.nodes):
             self.error = error_for(view)
         else:
             self.error = RuntimeError(f"feeding micro-batch {got.failed_batch} failed: {cause}")
@@ -294,7 +294,7 @@ class StreamingFeed:
 
     def _raise_cluster_error(self) -> None:
         view = self._cluster.state.snapshot()
-        if view.state == S.C_FAILED:
+        if view.state == cluster_state.C_FAILED:
             self._cluster.stop_feeds()  # this feed and every other one on the failed cluster
             self._cluster.close()
             raise error_for(view)

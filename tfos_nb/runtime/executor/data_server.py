@@ -15,8 +15,8 @@ import time
 import pyarrow as pa
 
 from .. import net
-from ..batches import columns as C
-from ..protocol import dataplane as dp
+from ..batches import columns
+from ..protocol import dataplane
 from .feed_conn import Conn
 from .feed_hub import FeedHub
 from .named_feeds import NAME, NamedFeeds
@@ -112,13 +112,13 @@ class DataServer:
         sink: FeedHub | NamedFeeds | None = None
         try:
             try:
-                header = dp.server_handshake(sock, self._secret, time.monotonic() + self._handshake_deadline)
+                header = dataplane.server_handshake(sock, self._secret, time.monotonic() + self._handshake_deadline)
             finally:
                 with self._lock:
                     kept = sock in self._handshaking
                     self._handshaking.pop(sock, None)
             if not kept:
-                raise dp.DataPlaneError("closed to make room for newer connections")
+                raise dataplane.DataPlaneError("closed to make room for newer connections")
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Conn(sock, header)
@@ -129,21 +129,21 @@ class DataServer:
                 conn.finish(f"no feed {conn.feed!r} here")
                 return
             while True:
-                kind, payload = dp.recv_frame(sock)
-                if kind is dp.Kind.DATA:
+                kind, payload = dataplane.recv_frame(sock)
+                if kind is dataplane.Kind.DATA:
                     try:
-                        batch = C.decode_ipc(payload)
+                        batch = columns.decode_ipc(payload)
                     except (pa.ArrowInvalid, OSError) as exc:
-                        raise dp.DataPlaneError(f"bad Arrow batch: {exc}") from None
+                        raise dataplane.DataPlaneError(f"bad Arrow batch: {exc}") from None
                     sink.put(conn, conn.gen, batch)
-                elif kind is dp.Kind.END:
+                elif kind is dataplane.Kind.END:
                     sink.end_conn(conn)
                     return
                 else:
-                    raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
-        except (OSError, dp.DataPlaneError, pa.ArrowException) as exc:  # Arrow: a set's batch its file refuses
+                    raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
+        except (OSError, dataplane.DataPlaneError, pa.ArrowException) as exc:  # Arrow: a set's batch its file refuses
             if conn is None or sink is None:
-                if isinstance(exc, dp.HandshakeTimeout):
+                if isinstance(exc, dataplane.HandshakeTimeout):
                     self.timed_out += 1
                 log.debug("tfos_nb data connection refused: %s", exc)
                 sock.close()

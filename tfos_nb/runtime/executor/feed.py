@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..batches import columns as C
+from ..batches import columns as arrow_columns
 from ..recovery import ledger
 from . import compat, mlflow_datasets
 from .feed_conn import Conn
@@ -67,7 +67,7 @@ def element_log(hub: Any) -> ledger.ElementLog | None:
 
 
 def _concat_columns(pieces: Sequence[tuple[Any, pa.RecordBatch]]) -> list[np.ndarray]:
-    cols = [C.batch_to_columns(b) for _, b in pieces]
+    cols = [arrow_columns.batch_to_columns(b) for _, b in pieces]
     if len(cols) == 1:
         return cols[0]
     return [np.concatenate([c[i] for c in cols]) for i in range(len(cols[0]))]
@@ -129,7 +129,7 @@ class DataFeed:
             return self._mapped(pieces)
         rows: list[Any] = []
         for _, b in pieces:
-            rows.extend(C.batch_to_rows(b, numpy_arrays=self.numpy_rows))
+            rows.extend(arrow_columns.batch_to_rows(b, numpy_arrays=self.numpy_rows))
         return rows
 
     def should_stop(self) -> bool:

@@ -8,7 +8,7 @@ import socket
 import threading
 from typing import Any
 
-from ..protocol import dataplane as dp
+from ..protocol import dataplane
 
 
 class Conn:
@@ -29,14 +29,14 @@ class Conn:
         self.closed = False
         self._send_lock = threading.Lock()
 
-    def send(self, kind: dp.Kind, payload: Any) -> None:
+    def send(self, kind: dataplane.Kind, payload: Any) -> None:
         with self._send_lock:
             if self.closed:
                 return
             if isinstance(payload, dict):
-                dp.send_json(self.sock, kind, payload)
+                dataplane.send_json(self.sock, kind, payload)
             else:
-                dp.send_frame(self.sock, kind, payload)
+                dataplane.send_frame(self.sock, kind, payload)
 
     def finish(self, error: str | None = None, node_failed: bool = False, rows: int | None = None) -> None:
         """The one answer: done with ``rows`` taken (the rows consumed unless said), or ``error``."""
@@ -45,9 +45,9 @@ class Conn:
                 return
             try:
                 if error:
-                    dp.send_json(self.sock, dp.Kind.ERROR, {"error": error, "node_failed": node_failed})
+                    dataplane.send_json(self.sock, dataplane.Kind.ERROR, {"error": error, "node_failed": node_failed})
                 else:
-                    dp.send_json(self.sock, dp.Kind.DONE, {"rows": self.consumed if rows is None else rows,
+                    dataplane.send_json(self.sock, dataplane.Kind.DONE, {"rows": self.consumed if rows is None else rows,
                                                            "skipped": self.skipped})
             except OSError:
                 pass

@@ -33,9 +33,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..batches import columns as C
-from ..batches import results as R
-from ..protocol import dataplane as dp
+from ..batches import columns
+from ..batches import results as inference_results
+from ..protocol import dataplane
 from . import feed_plan, feed_turns
 from .feed_conn import Conn
 from .feed_plan import FeedOutOfStep, out_of_step_message, sample_row
@@ -414,7 +414,7 @@ class FeedHub:
 
     def answer(self, results: Any) -> None:
         """Route ``batch_results`` to the feeders of the rows last taken, in order."""
-        n = R.num_rows(results)
+        n = inference_results.num_rows(results)
         with self._cond:
             pending = sum(k for _, k in self._pending)
             if n != pending:
@@ -425,13 +425,13 @@ class FeedHub:
                 raise ValueError(msg)
             todo = list(self._pending)
             self._pending.clear()
-        batch = R.results_to_batch(results)
+        batch = inference_results.results_to_batch(results)
         offset = 0
         for conn, k in todo:
             part = batch.slice(offset, k)
             offset += k
             try:
-                conn.send(dp.Kind.RESULTS, C.encode_ipc(part))
+                conn.send(dataplane.Kind.RESULTS, columns.encode_ipc(part))
             except OSError as exc:
                 log.warning("could not return results to partition %s: %s", conn.partition, exc)
             conn.answered += k

@@ -26,11 +26,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ..batches import columns as C
-from ..batches import results as R
+from ..batches import columns, results
 from ..batches.rowpack import rows_to_batches
-from ..protocol import dataplane as dp
-from ..protocol import messages as m
+from ..protocol import dataplane, messages
 from ..protocol.channel import ControlClient
 from .identity import executor_id
 from .partition_batches import count_rows, rechunk, with_sample, without
@@ -38,7 +36,7 @@ from .partition_batches import count_rows, rechunk, with_sample, without
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 
 
-class _NodeAnswer(dp.DataPlaneError):
+class _NodeAnswer(dataplane.DataPlaneError):
     """The node answered a partition with an error (``X``)."""
 
     def __init__(self, error: str, node_failed: bool) -> None:
@@ -54,41 +52,41 @@ def feed_totals(stats: Iterable[Any]) -> dict[str, int]:
 
 
 def _recv_answer(sock: socket.socket) -> dict[str, Any]:
-    kind, payload = dp.recv_frame(sock)
-    if kind is dp.Kind.ERROR:
-        body = dp.parse_json(payload)
+    kind, payload = dataplane.recv_frame(sock)
+    if kind is dataplane.Kind.ERROR:
+        body = dataplane.parse_json(payload)
         raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
-    if kind is not dp.Kind.DONE:
-        raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
-    return dp.parse_json(payload)
+    if kind is not dataplane.Kind.DONE:
+        raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
+    return dataplane.parse_json(payload)
 
 
 class _Feeder:
-    def __init__(self, meta: m.LaunchMeta, partition: int, gen: int, mode: str, timeout: float,
+    def __init__(self, meta: messages.LaunchMeta, partition: int, gen: int, mode: str, timeout: float,
                  feed: str = "input", skip: list[tuple[int, int]] | None = None) -> None:
         self.meta = meta
         self.skip = skip or []
         self.feed = feed
         self.secret = bytes.fromhex(meta.secret)
-        self.codec = m.Codec(self.secret, meta.cluster_id, f"feeder-p{partition}")
+        self.codec = messages.Codec(self.secret, meta.cluster_id, f"feeder-p{partition}")
         self.client = ControlClient(self.codec, meta.address, timeout=30)
         self.partition = partition
         self.gen = gen
         self.mode = mode
         self.timeout = timeout
-        self.node = m.FeedAssignment()  # until the driver assigns one
+        self.node = messages.FeedAssignment()  # until the driver assigns one
         self.released = False
 
     @property
     def where(self) -> str:
         return f"{self.node.label or '?'} at {self.node.host or '?'}"
 
-    def assign(self, sample: dict[str, Any] | None = None) -> m.FeedAssignment:
+    def assign(self, sample: dict[str, Any] | None = None) -> messages.FeedAssignment:
         deadline = time.monotonic() + self.timeout
         delay = 0.02
         while True:
             reply = self.client.request(
-                m.FeedAssign(
+                messages.FeedAssign(
                     partition=self.partition,
                     gen=self.gen,
                     host=socket.gethostname(),
@@ -99,7 +97,7 @@ class _Feeder:
                 )
             )
             if reply.ok:
-                self.node = m.FeedAssignment.from_dict(reply.body)
+                self.node = messages.FeedAssignment.from_dict(reply.body)
                 return self.node
             if reply.error:
                 raise RuntimeError(reply.error)
@@ -115,7 +113,7 @@ class _Feeder:
         self.released = True
         try:
             reply = self.client.request(
-                m.FeedRelease(
+                messages.FeedRelease(
                     partition=self.partition,
                     gen=self.gen,
                     node=self.node.node,
@@ -126,8 +124,8 @@ class _Feeder:
                     feed=self.feed,
                 )
             )
-            return m.FeedReleased.from_dict(reply.body).cluster_error
-        except (OSError, m.ProtocolError):
+            return messages.FeedReleased.from_dict(reply.body).cluster_error
+        except (OSError, messages.ProtocolError):
             return None
         finally:
             self.client.close()
@@ -138,7 +136,7 @@ class _Feeder:
             header["after"] = self.node.after
         if self.skip:
             header["skip"] = [list(r) for r in self.skip]
-        return dp.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
+        return dataplane.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
 
     def verdict(self, exc: BaseException) -> tuple[str, str | None]:
         """What became of the node after the connection to it failed with ``exc``: (verdict, error).
@@ -156,17 +154,17 @@ class _Feeder:
         delay = 0.05
         while True:
             try:
-                reply = self.client.request(m.FeedCheck(partition=self.partition, node=self.node.node))
-            except (OSError, m.ProtocolError):
+                reply = self.client.request(messages.FeedCheck(partition=self.partition, node=self.node.node))
+            except (OSError, messages.ProtocolError):
                 return "error", None  # the driver is gone: nothing more to learn
-            answer = m.FeedVerdict.from_dict(reply.body) if reply.ok else m.FeedVerdict("error")
+            answer = messages.FeedVerdict.from_dict(reply.body) if reply.ok else messages.FeedVerdict("error")
             if answer.verdict != "reading" or not patient or time.monotonic() > deadline:
                 return answer.verdict, answer.error
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
     def fail(self, exc: BaseException, rows: int, verdict: str = "error", cluster_error: str | None = None) -> RuntimeError:
-        released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}", m.error_kind(exc))
+        released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}", messages.error_kind(exc))
         cluster_error = cluster_error or released_error
         if isinstance(exc, _NodeAnswer) and exc.node_failed:
             msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"  # the node's own error
@@ -186,7 +184,7 @@ class _Feeder:
         return RuntimeError(msg)
 
 
-def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
+def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
                feed: str = "input", skip: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them).
     ``feed``: a named feed's name (``gen`` its version: the node keeps the rows as a set), else the training stream.
@@ -212,15 +210,15 @@ def feed_train(meta: m.LaunchMeta, partition: int, gen: int, batches: Iterable[A
             for batch in batches:
                 if batch.num_rows:
                     sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
-                    dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(batch))
-            dp.send_frame(sock, dp.Kind.END)
+                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+            dataplane.send_frame(sock, dataplane.Kind.END)
             done = _recv_answer(sock)
         finally:
             sock.close()
-    except C.FeedDataError as exc:
+    except columns.FeedDataError as exc:
         feeder.release(sent, 0, str(exc))
         raise
-    except (OSError, dp.DataPlaneError) as exc:
+    except (OSError, dataplane.DataPlaneError) as exc:
         verdict, error = feeder.verdict(exc)
         if verdict != "done":
             raise feeder.fail(exc, sent, verdict, error) from None
@@ -248,7 +246,7 @@ def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
     return feeder.fail(exc, sent, verdict, error)
 
 
-def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
+def feed_infer(meta: messages.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
                convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
     """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
     feeder = _Feeder(meta, partition, 0, "infer", timeout)
@@ -259,7 +257,7 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
         raise
     try:
         sock = feeder.connect()
-    except (OSError, dp.DataPlaneError) as exc:
+    except (OSError, dataplane.DataPlaneError) as exc:
         raise _infer_lost(feeder, exc, 0) from None
     errors: list[BaseException] = []
     sent = [0]
@@ -268,9 +266,9 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
         try:
             for batch in batches:
                 if batch.num_rows:
-                    dp.send_frame(sock, dp.Kind.DATA, C.encode_ipc(batch))
+                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
                     sent[0] += batch.num_rows
-            dp.send_frame(sock, dp.Kind.END)
+            dataplane.send_frame(sock, dataplane.Kind.END)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side
             errors.append(exc)
 
@@ -279,27 +277,27 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
     received = 0
     try:
         while True:
-            kind, payload = dp.recv_frame(sock)
-            if kind is dp.Kind.RESULTS:
-                batch = C.decode_ipc(payload)
+            kind, payload = dataplane.recv_frame(sock)
+            if kind is dataplane.Kind.RESULTS:
+                batch = columns.decode_ipc(payload)
                 received += batch.num_rows
                 yield batch if convert is None else convert(batch, feeder.node.label or "?")
-            elif kind is dp.Kind.DONE:
+            elif kind is dataplane.Kind.DONE:
                 break
-            elif kind is dp.Kind.ERROR:
-                body = dp.parse_json(payload)
+            elif kind is dataplane.Kind.ERROR:
+                body = dataplane.parse_json(payload)
                 raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
             else:
-                raise dp.DataPlaneError(f"unexpected frame {kind.value!r}")
+                raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
         writer.join()
         if errors:
             raise errors[0]
-    except C.FeedDataError as exc:
+    except columns.FeedDataError as exc:
         feeder.release(sent[0], 0, str(exc))
         raise
-    except (OSError, dp.DataPlaneError) as exc:
-        cause = errors[0] if errors and not isinstance(exc, dp.DataPlaneError) else exc
-        if isinstance(cause, C.FeedDataError):
+    except (OSError, dataplane.DataPlaneError) as exc:
+        cause = errors[0] if errors and not isinstance(exc, dataplane.DataPlaneError) else exc
+        if isinstance(cause, columns.FeedDataError):
             feeder.release(sent[0], 0, str(cause))
             raise cause from None
         raise _infer_lost(feeder, cause, sent[0]) from None
@@ -313,10 +311,10 @@ def feed_infer(meta: m.LaunchMeta, partition: int, batches: Iterable[Any], timeo
         raise RuntimeError(msg)
 
 
-def make_rdd_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
+def make_rdd_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, timeout: float,
                     batch_rows: int, name: str = "input",
                     skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[int, Iterable[Any]], Iterator[str]]:
-    launch_meta = m.LaunchMeta.parse(meta)
+    launch_meta = messages.LaunchMeta.parse(meta)
     skip = dict(skip or {})
 
     def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
@@ -335,10 +333,10 @@ def _partition_id() -> int:
     return tctx.partitionId()
 
 
-def make_arrow_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout: float,
+def make_arrow_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, timeout: float,
                       batch_rows: int, name: str = "input",
                       skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    launch_meta = m.LaunchMeta.parse(meta)
+    launch_meta = messages.LaunchMeta.parse(meta)
     skip = dict(skip or {})
 
     def feed(batches: Iterable[Any]) -> Iterator[Any]:
@@ -354,22 +352,22 @@ def make_arrow_feeder(meta: Mapping[str, Any] | m.LaunchMeta, gen: int, timeout:
     return feed
 
 
-def make_rdd_inferer(meta: Mapping[str, Any] | m.LaunchMeta, timeout: float,
+def make_rdd_inferer(meta: Mapping[str, Any] | messages.LaunchMeta, timeout: float,
                      batch_rows: int) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
-    launch_meta = m.LaunchMeta.parse(meta)
+    launch_meta = messages.LaunchMeta.parse(meta)
 
     def infer(partition: int, rows: Iterable[Any]) -> Iterator[Any]:
         for rows_out in feed_infer(launch_meta, partition, rows_to_batches(rows, batch_rows), timeout,
-                                   lambda batch, _: R.result_rows(batch)):
+                                   lambda batch, _: results.result_rows(batch)):
             yield from rows_out
 
     return infer
 
 
-def make_arrow_inferer(meta: Mapping[str, Any] | m.LaunchMeta, timeout: float, batch_rows: int,
+def make_arrow_inferer(meta: Mapping[str, Any] | messages.LaunchMeta, timeout: float, batch_rows: int,
                        schema: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """``mapInArrow`` body: the nodes' results mapped onto ``schema`` (a StructType)."""
-    launch_meta = m.LaunchMeta.parse(meta)
+    launch_meta = messages.LaunchMeta.parse(meta)
 
     def infer(batches: Iterable[Any]) -> Iterator[Any]:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -377,6 +375,6 @@ def make_arrow_inferer(meta: Mapping[str, Any] | m.LaunchMeta, timeout: float, b
         target = to_arrow_schema(schema)
         partition = _partition_id()
         yield from feed_infer(launch_meta, partition, rechunk(batches, batch_rows), timeout,
-                              lambda batch, node: R.to_schema(batch, target, node))
+                              lambda batch, node: results.to_schema(batch, target, node))
 
     return infer

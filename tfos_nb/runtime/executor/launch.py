@@ -19,8 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import private
-from ..protocol import messages as m
-from ..protocol import pipes
+from ..protocol import messages, pipes
 from ..protocol.fields import ProtocolError
 from .identity import executor_id
 from .threads import task_cpus
@@ -51,7 +50,7 @@ def import_path(paths: list[str]) -> list[str]:
     return [p for p in paths if p and not _bundled_copy(p, dirs)]
 
 
-def child_env(meta: m.LaunchMeta) -> dict[str, str]:
+def child_env(meta: messages.LaunchMeta) -> dict[str, str]:
     env = dict(os.environ)
     env["TFOS_CLUSTER_ID"] = meta.cluster_id
     env["TFOS_DRIVER_PID"] = str(meta.driver_pid)
@@ -62,7 +61,7 @@ def child_env(meta: m.LaunchMeta) -> dict[str, str]:
     return env
 
 
-def spawn_detached(role: str, meta: m.LaunchMeta, log_path: str,
+def spawn_detached(role: str, meta: messages.LaunchMeta, log_path: str,
                    feed: Callable[[Any], None]) -> tuple[subprocess.Popen[bytes], bytes]:
     """Start ``python -m tfos_nb.runtime ROLE`` in a session of its own, ``feed`` its stdin, read its first line.
 
@@ -104,7 +103,7 @@ def start_failed(proc: subprocess.Popen[bytes], log_path: str, what: str) -> dic
     return {"ok": False, "error": f"{what} did not start ({proc.returncode}): {tail}"}
 
 
-def start_supervisor(meta: m.LaunchMeta, blob: bytes, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+def start_supervisor(meta: messages.LaunchMeta, blob: bytes, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
     """Start a node supervisor and wait until it registered with the driver."""
 
     def feed(stdin: Any) -> None:
@@ -123,7 +122,7 @@ def start_supervisor(meta: m.LaunchMeta, blob: bytes, log_path: str) -> tuple[di
     return status, proc
 
 
-def start_coordinator(meta: m.LaunchMeta, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+def start_coordinator(meta: messages.LaunchMeta, log_path: str) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
     """Start the coordinator process (Spark Connect); returns its status (``control``: its address) once it listens."""
     proc, line = spawn_detached("coordinator", meta, log_path,
                                 lambda stdin: stdin.write(json.dumps(meta.to_dict()).encode() + b"\n"))
@@ -144,26 +143,26 @@ def reap(proc: subprocess.Popen[bytes]) -> None:
     threading.Thread(target=proc.wait, name="tfos-reaper", daemon=True).start()
 
 
-def coordinator_log(meta: m.LaunchMeta) -> str:
+def coordinator_log(meta: messages.LaunchMeta) -> str:
     return os.path.join(os.getcwd(), f"tfos_nb-{meta.cluster_id}-coordinator.log")
 
 
-def coordinator_status(meta: m.LaunchMeta) -> m.CoordinatorStarted:
+def coordinator_status(meta: messages.LaunchMeta) -> messages.CoordinatorStarted:
     """Start the coordinator from this task and say how it went (never raises: the notebook decides)."""
     try:
         status, proc = start_coordinator(meta, coordinator_log(meta))
-        started = m.CoordinatorStarted.from_dict(status)
+        started = messages.CoordinatorStarted.from_dict(status)
         if started.ok:
             reap(proc)
     except Exception as exc:  # noqa: BLE001 - reported to every task and to the notebook
-        started = m.CoordinatorStarted(error=f"{type(exc).__name__}: {exc}")
+        started = messages.CoordinatorStarted(error=f"{type(exc).__name__}: {exc}")
     return started
 
 
 LAUNCH_SCHEMA = "s string"  # one row per launch task: its node's start status as JSON
 
 
-def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def make_launcher(meta: Mapping[str, Any] | messages.LaunchMeta, blob: bytes) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The launch stage's task body, on either backend: a barrier ``mapInArrow`` function, one node per task.
 
     With a ``coordinator`` section in the meta (Spark Connect, where executors cannot reach the
@@ -172,7 +171,7 @@ def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callab
     (``meta.control``).  Each task yields one row, its node's start status as JSON (``s``);
     task 0's carries the coordinator's status too.
     """
-    launch_meta = m.LaunchMeta.parse(meta)
+    launch_meta = messages.LaunchMeta.parse(meta)
 
     def launch(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -184,14 +183,14 @@ def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callab
         task = tctx.partitionId()
         node = launch_meta.first_node + task
         control: list[Any] = list(launch_meta.control)
-        coordinator: m.CoordinatorStarted | None = None
+        coordinator: messages.CoordinatorStarted | None = None
         why = "no control server address"
         if launch_meta.coordinator:
-            mine = coordinator_status(launch_meta) if task == 0 else m.CoordinatorStarted()
+            mine = coordinator_status(launch_meta) if task == 0 else messages.CoordinatorStarted()
             gathered = tctx.allGather(json.dumps(mine.to_dict()))
             coordinator = mine if task == 0 else None
             try:
-                first = m.CoordinatorStarted.from_dict(json.loads(gathered[0]))
+                first = messages.CoordinatorStarted.from_dict(json.loads(gathered[0]))
                 control, why = (first.address if first.ok else []), f"no coordinator: {first.error}"
             except (ProtocolError, ValueError) as exc:
                 control, why = [], f"no coordinator: {exc}"
@@ -209,7 +208,7 @@ def make_launcher(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> Callab
                 reap(proc)
             except Exception as exc:  # noqa: BLE001 - the driver decides; Spark must not retry
                 status = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        row = m.LaunchStatus.from_dict({**status, "node": node})
+        row = messages.LaunchStatus.from_dict({**status, "node": node})
         row = dataclasses.replace(row, coordinator=coordinator)
         yield pa.RecordBatch.from_pydict({"s": [json.dumps(row.to_dict())]}, schema=pa.schema([("s", pa.string())]))
 

@@ -27,7 +27,7 @@ class NodeRole(child_main.ChildRole):
     what = "the node function"
 
     def __init__(self, info: dict[str, Any], reporter: Reporter) -> None:
-        from ..batches import columns as C
+        from ..batches import columns
         from .data_server import DataServer
         from .feed_hub import FeedHub
         from .named_feeds import NamedFeeds
@@ -43,7 +43,7 @@ class NodeRole(child_main.ChildRole):
                                                      on_open=lambda name: reporter.send(pipes.FeedOpened(name=name)))
             self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"], named=self.named).start()
             # ends by itself once its imports are done (a second or so); nothing to stop
-            threading.Thread(target=C.warm_up, name="tfos-warm-up", daemon=True).start()
+            threading.Thread(target=columns.warm_up, name="tfos-warm-up", daemon=True).start()
         self.ctx: NodeContext | None = None
 
     def on_command(self, cmd: pipes.Frame) -> None:

@@ -22,8 +22,7 @@ import time
 from typing import Any
 
 from .. import procs
-from ..protocol import messages as m
-from ..protocol import pipes
+from ..protocol import messages, pipes
 from ..protocol.channel import ControlClient
 from .phases import FINISHING, FROZEN_S, STACK_SIGNAL, STACKS_FD_ENV, dump_phase
 from .threads import thread_env
@@ -45,7 +44,7 @@ STACKS_WAIT_S = 3.0
 STOPPED_S = 5.0
 
 
-def tf_env(env: dict[str, str], meta: m.LaunchMeta, gpus: list[dict[str, Any]], pin_gpus: bool) -> dict[str, str]:
+def tf_env(env: dict[str, str], meta: messages.LaunchMeta, gpus: list[dict[str, Any]], pin_gpus: bool) -> dict[str, str]:
     """``env`` plus what every TensorFlow child gets: the cell's env, its thread pools (``threads.py``),
     quiet C++ logs, unbuffered output, the Keras flavour, and its GPUs (``pin_gpus``:
     CUDA_VISIBLE_DEVICES, empty for none)."""
@@ -272,7 +271,7 @@ class ChildOwner:
         with self.lock:
             return {"report": dict(self.report)}
 
-    def heartbeat(self, state: str, exit_code: int | None = None, final: bool = False) -> m.Reply:
+    def heartbeat(self, state: str, exit_code: int | None = None, final: bool = False) -> messages.Reply:
         with self.lock:
             logs, size = [], 0
             while self.pending_logs and size < LOG_BYTES_PER_BEAT:
@@ -285,7 +284,7 @@ class ChildOwner:
             error = self.error if state == "failed" else None
             tail = list(self.tail) if failed else []
         return self.client.request(
-            m.Heartbeat(node=self.index, state=state, child_pid=self.child.pid if self.child else None,
+            messages.Heartbeat(node=self.index, state=state, child_pid=self.child.pid if self.child else None,
                         logs=logs, logs_dropped=dropped, exit_code=exit_code, error=error, tail=tail,
                         **self.beat_fields(final))
         )
@@ -295,10 +294,10 @@ class ChildOwner:
             try:
                 self.heartbeat(outcome, exit_code=code, final=True)
                 return
-            except (OSError, m.ProtocolError):
+            except (OSError, messages.ProtocolError):
                 self.wake.wait(0.2)
 
-    def on_reply(self, cmd: m.BeatCommand) -> None:
+    def on_reply(self, cmd: messages.BeatCommand) -> None:
         """What a specialisation does with a heartbeat's reply besides ``kill`` (e.g. relay commands)."""
 
     # -- the loop -------------------------------------------------------------------------------
@@ -342,7 +341,7 @@ class ChildOwner:
             try:
                 reply = self.heartbeat("running" if running else "starting")
                 last_ok = time.monotonic()
-            except (OSError, m.ProtocolError):
+            except (OSError, messages.ProtocolError):
                 if time.monotonic() - last_ok > self.driver_timeout:
                     code = self.kill(grace=1)
                     with self.lock:
@@ -350,7 +349,7 @@ class ChildOwner:
                     return "lost", code
                 reply = None
             if reply is not None:
-                cmd = m.BeatCommand.from_dict(reply.body)
+                cmd = messages.BeatCommand.from_dict(reply.body)
                 self.on_reply(cmd)
                 if cmd.kill:
                     code = self.kill(grace=cmd.grace)

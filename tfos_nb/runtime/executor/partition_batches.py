@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..batches import columns as C
+from ..batches import columns
 from ..recovery import ledger
 
 
@@ -25,8 +25,8 @@ def with_sample(batches: Iterable[Any]) -> tuple[Iterator[Any], dict[str, Any]]:
         head.append(batch)
         if batch.num_rows:
             try:
-                shapes = [list(col.shape[1:]) for col in C.batch_to_columns(batch.slice(0, 1))]
-            except C.FeedDataError:  # the feed itself reports it
+                shapes = [list(col.shape[1:]) for col in columns.batch_to_columns(batch.slice(0, 1))]
+            except columns.FeedDataError:  # the feed itself reports it
                 return itertools.chain(head, it), {}
             return itertools.chain(head, it), {"schema": bytes(batch.schema.serialize()).hex(), "shapes": shapes}
     return iter(head), {}

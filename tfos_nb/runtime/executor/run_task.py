@@ -40,10 +40,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .. import gpus as gpu_mod
-from .. import net
-from ..protocol import messages as m
-from ..protocol import pipes
+from .. import gpus, net
+from ..protocol import messages, pipes
 from ..protocol.channel import ControlClient
 from . import child_main
 from .context import NodeContext, Reporter
@@ -60,10 +58,10 @@ from .threads import task_cpus
 RESULT_SCHEMA = "i int, s string, v binary"  # a run's row: its index, status (JSON), cloudpickled value (or null)
 
 
-def make_run_task(meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def make_run_task(meta: Mapping[str, Any] | messages.LaunchMeta, blob: bytes, barrier: bool) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """The runs' ``mapInArrow`` body (classic and Spark Connect alike): partition ``i`` runs run ``i`` and yields
     one row of :data:`RESULT_SCHEMA`, ``(i, status, value)``."""
-    launch_meta = m.LaunchMeta.parse(meta)  # a bad meta fails here, on the driver, not in every task
+    launch_meta = messages.LaunchMeta.parse(meta)  # a bad meta fails here, on the driver, not in every task
 
     def task(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -98,11 +96,11 @@ class RunOwner(ChildOwner):
 
     process_name = "the run's process"
 
-    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta, index: int, attempt: int, spark_gpus: list[str],
+    def __init__(self, launch_meta: Mapping[str, Any] | messages.LaunchMeta, index: int, attempt: int, spark_gpus: list[str],
                  peers: list[str]) -> None:
-        meta = m.LaunchMeta.parse(launch_meta)
+        meta = messages.LaunchMeta.parse(launch_meta)
         control = meta.address
-        codec = m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"run{index}")
+        codec = messages.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"run{index}")
         super().__init__(ControlClient(codec, control, timeout=10), index, f"run:{index}",
                          hb_interval=meta.hb_interval, driver_timeout=meta.driver_timeout, executor_id=executor_id())
         self.meta = meta
@@ -115,7 +113,7 @@ class RunOwner(ChildOwner):
     # -- devices ----------------------------------------------------------------
     def _pick_gpus(self) -> list[dict[str, Any]]:
         """Spark's task GPUs; else, in a barrier stage, a share of the host's GPUs; else none pinned."""
-        available = gpu_mod.query()
+        available = gpus.query()
         if self.spark_gpus:
             known = {g["index"]: g for g in available}
             return [known.get(a, {"index": a, "name": "GPU"}) for a in self.spark_gpus]
@@ -123,14 +121,14 @@ class RunOwner(ChildOwner):
             mine = self.peers[self.index] if self.index < len(self.peers) else ""
             local = [i for i, host in enumerate(self.peers) if host == mine]
             rank = local.index(self.index) if self.index in local else 0
-            return gpu_mod.assign(available, rank, len(local), self.meta.num_gpus)
+            return gpus.assign(available, rank, len(local), self.meta.num_gpus)
         return []
 
     # -- the run ------------------------------------------------------------------
     def run(self, blob: bytes) -> tuple[dict[str, Any], bytes | None]:
         self.gpus = self._pick_gpus()
         reply = self.client.request(
-            m.Register(node=self.index, host=self.host, port=0, executor_id=self.executor_id, pid=os.getpid(),
+            messages.Register(node=self.index, host=self.host, port=0, executor_id=self.executor_id, pid=os.getpid(),
                        gpus=self.gpus, spark_gpus=self.spark_gpus, working_dir=os.getcwd(), attempt=self.attempt)
         )
         if not reply.ok:

@@ -17,17 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..protocol import messages as m
-from ..protocol import remote
+from ..protocol import messages, remote
 from ..protocol.channel import ControlClient
 from .feeder import feed_totals, make_arrow_feeder
 
 ERROR_CHARS = 16000  # the start of a failed micro-batch's Spark error: the failed task's Python traceback
 
 
-def report_batch(meta: m.LaunchMeta, msg: remote.StreamBatch) -> None:
+def report_batch(meta: messages.LaunchMeta, msg: remote.StreamBatch) -> None:
     """Send one micro-batch's outcome to the coordinator (raises when it cannot be reached or refuses)."""
-    codec = m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, "stream")
+    codec = messages.Codec(bytes.fromhex(meta.secret), meta.cluster_id, "stream")
     client = ControlClient(codec, meta.address, timeout=30)
     try:
         reply = client.request(msg)
@@ -37,10 +36,10 @@ def report_batch(meta: m.LaunchMeta, msg: remote.StreamBatch) -> None:
         raise RuntimeError(f"the cluster's coordinator refused the micro-batch report: {reply.error}")
 
 
-def make_batch_feeder(meta: Mapping[str, Any] | m.LaunchMeta, epoch: int, timeout: float,
+def make_batch_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, epoch: int, timeout: float,
                       batch_rows: int) -> Callable[[Any, int], None]:
     """The ``foreachBatch`` function of a training stream on Spark Connect (the stream is the one ``epoch``)."""
-    launch_meta = m.LaunchMeta.parse(meta)
+    launch_meta = messages.LaunchMeta.parse(meta)
     feeder = make_arrow_feeder(launch_meta, epoch, timeout, batch_rows)
 
     def on_batch(batch_df: Any, batch_id: int) -> None:

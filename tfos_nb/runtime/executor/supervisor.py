@@ -25,10 +25,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import gpus as gpu_mod
-from .. import net, procs
-from ..protocol import messages as m
-from ..protocol import pipes
+from .. import gpus, net, procs
+from ..protocol import messages, pipes
 from ..protocol.channel import ControlClient
 from ..tensorboard.chief import ChiefTensorBoard
 from . import mlflow_node
@@ -56,17 +54,17 @@ class Supervisor(ChildOwner):
     keep_history = True
     echo_output = True  # the supervisor's stderr is the node's log file
 
-    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta, blob: bytes) -> None:
-        meta = m.LaunchMeta.parse(launch_meta)
+    def __init__(self, launch_meta: Mapping[str, Any] | messages.LaunchMeta, blob: bytes) -> None:
+        meta = messages.LaunchMeta.parse(launch_meta)
         if meta.node is None:
-            raise m.ProtocolError("LaunchMeta: a supervisor's meta names its node")
+            raise messages.ProtocolError("LaunchMeta: a supervisor's meta names its node")
         index = meta.node
         # run(env=...) applies to the whole node, GPU discovery (PATH to nvidia-smi) included; the tracking
         # URI (it may carry credentials) only on the chief, the one node that logs to MLflow
         meta = dataclasses.replace(meta, env=mlflow_node.node_env(meta.env, meta.roles, index))
         os.environ.update({k: str(v) for k, v in meta.env.items()})
         control = meta.address
-        client = ControlClient(m.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"node{index}"), control, timeout=10)
+        client = ControlClient(messages.Codec(bytes.fromhex(meta.secret), meta.cluster_id, f"node{index}"), control, timeout=10)
         job_name, task_index = str(meta.roles[index][0]), int(meta.roles[index][1])
         super().__init__(
             client, index, f"{job_name}:{task_index}",
@@ -96,9 +94,9 @@ class Supervisor(ChildOwner):
 
     # -- registration ---------------------------------------------------------
     def register(self) -> None:
-        available = gpu_mod.query()
+        available = gpus.query()
         reply = self.client.request(
-            m.Register(
+            messages.Register(
                 node=self.index,
                 host=self.host,
                 port=self.port,
@@ -113,19 +111,19 @@ class Supervisor(ChildOwner):
         if not reply.ok:
             raise RuntimeError(reply.error or "registration refused")
 
-    def await_spec(self) -> m.NodeSpec:
+    def await_spec(self) -> messages.NodeSpec:
         deadline = time.monotonic() + self.meta.reservation_timeout
         while time.monotonic() < deadline:
-            reply = self.client.request(m.AwaitSpec(node=self.index))
+            reply = self.client.request(messages.AwaitSpec(node=self.index))
             if reply.ok:
-                return m.NodeSpec.from_dict(reply.body)
+                return messages.NodeSpec.from_dict(reply.body)
             if reply.error:
                 raise RuntimeError(reply.error)
-            self.wake.wait(m.Retry.from_dict(reply.body).retry)
+            self.wake.wait(messages.Retry.from_dict(reply.body).retry)
         raise TimeoutError("timed out waiting for the cluster spec")
 
     # -- the node process -------------------------------------------------------
-    def start_child(self, spec: m.NodeSpec) -> None:
+    def start_child(self, spec: messages.NodeSpec) -> None:
         self.gpus = spec.gpus
         pin = bool(self.meta.spark_gpus or self.gpus or spec.host_has_gpus)
         env = tf_env(dict(os.environ), self.meta, self.gpus, pin)
@@ -205,12 +203,12 @@ class Supervisor(ChildOwner):
         now = time.monotonic()
         if now - self._gpu_checked > 5:
             self._gpu_checked = now
-            fresh = gpu_mod.query([str(g["index"]) for g in self.gpus])
+            fresh = gpus.query([str(g["index"]) for g in self.gpus])
             if fresh:
                 self.gpus = fresh
         return self.gpus
 
-    def on_reply(self, cmd: m.BeatCommand) -> None:
+    def on_reply(self, cmd: messages.BeatCommand) -> None:
         """Relay the driver's commands to the node process: the end of an epoch, stop; take a stack dump asked for."""
         if self._stacks_in_beat and self._stacks_out.get("id") == self._stacks_in_beat:
             self._stacks_out = {}  # the driver has it
@@ -283,7 +281,7 @@ def main() -> int:
             sup.error = sup.error or f"supervisor: {type(exc).__name__}: {exc}"
         try:
             sup.heartbeat("failed", final=True)
-        except (OSError, m.ProtocolError):
+        except (OSError, messages.ProtocolError):
             pass
         sup.kill(grace=1)
         return 1

@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 
 from ..net import ACCEPT_BACKOFF_S, ACCEPT_PER_CONNECTION
-from . import messages as m
+from . import messages
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[m.Message], m.Reply]
+Handler = Callable[[messages.Message], messages.Reply]
 
 # A peer sends its first frame as soon as it connects; this bounds how long a connection that never
 # sends a complete, verified one (idle, or a byte at a time) holds a descriptor and its buffer.
@@ -57,7 +57,7 @@ class ControlServer:
 
     def __init__(
         self,
-        codec: m.Codec,
+        codec: messages.Codec,
         handler: Handler,
         host: str = "127.0.0.1",
         on_tick: Callable[[], None] | None = None,
@@ -262,21 +262,21 @@ class ControlServer:
             self._close(conn)
             return
         conn.inbuf += data
-        while len(conn.inbuf) >= m.HEADER.size:
-            (n,) = m.HEADER.unpack_from(conn.inbuf)
-            if n > m.MAX_FRAME:
+        while len(conn.inbuf) >= messages.HEADER.size:
+            (n,) = messages.HEADER.unpack_from(conn.inbuf)
+            if n > messages.MAX_FRAME:
                 self._reject(conn, f"oversized frame ({n} bytes)")
                 return
-            if len(conn.inbuf) < m.HEADER.size + n:
+            if len(conn.inbuf) < messages.HEADER.size + n:
                 return
-            frame = bytes(conn.inbuf[m.HEADER.size : m.HEADER.size + n])
-            del conn.inbuf[: m.HEADER.size + n]
+            frame = bytes(conn.inbuf[messages.HEADER.size : messages.HEADER.size + n])
+            del conn.inbuf[: messages.HEADER.size + n]
             try:
                 msg = self._codec.decode(frame)
-            except m.ProtocolError as exc:
+            except messages.ProtocolError as exc:
                 self._reject(conn, str(exc))
                 return
-            if isinstance(msg, m.Reply):
+            if isinstance(msg, messages.Reply):
                 self._reject(conn, "a reply sent to the server")
                 return
             if conn.deadline is not None:  # it holds the secret: no deadline from now on
@@ -287,7 +287,7 @@ class ControlServer:
                 reply = self._handler(msg)
             except Exception as exc:  # a handler bug answers the request, not the server
                 log.exception("control handler failed on %s", msg.TYPE)
-                reply = m.Reply(ok=False, error=f"{type(exc).__name__}: {exc}")
+                reply = messages.Reply(ok=False, error=f"{type(exc).__name__}: {exc}")
             conn.outbuf += self._codec.encode(reply)
             self._write(conn)
 
@@ -311,26 +311,26 @@ class ControlServer:
 class ControlClient:
     """A blocking request/reply client with reconnects, used on executors."""
 
-    def __init__(self, codec: m.Codec, address: tuple[str, int], timeout: float = 30.0) -> None:
+    def __init__(self, codec: messages.Codec, address: tuple[str, int], timeout: float = 30.0) -> None:
         self._codec = codec
         self._address = address
         self._timeout = timeout
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
-    def request(self, msg: m.Message) -> m.Reply:
+    def request(self, msg: messages.Message) -> messages.Reply:
         with self._lock:
             if self._sock is None:
                 self._sock = socket.create_connection(self._address, timeout=self._timeout)
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 self._sock.sendall(self._codec.encode(msg))
-                reply = self._codec.decode(m.read_frame(self._sock))
+                reply = self._codec.decode(messages.read_frame(self._sock))
             except BaseException:
                 self.close_locked()
                 raise
-        if not isinstance(reply, m.Reply):
-            raise m.ProtocolError(f"expected a reply, got {reply.TYPE}")
+        if not isinstance(reply, messages.Reply):
+            raise messages.ProtocolError(f"expected a reply, got {reply.TYPE}")
         return reply
 
     def close_locked(self) -> None:

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import logging
 
-from ..driver import state as S
+from ..driver import state
 from ..net import hostport
-from ..protocol import messages as m
+from ..protocol import messages
 from .urls import check_url
 
 log = logging.getLogger(__name__)
 
 
-def tensorboard_news(node: S._Node, runs_tensorboard: bool, msg: m.Heartbeat) -> list[str]:
+def tensorboard_news(node: state.NodeRecord, runs_tensorboard: bool, msg: messages.Heartbeat) -> list[str]:
     """Apply ``msg``'s TensorBoard URL or error to ``node`` (state lock held); the lines it adds to its log.
 
     ``runs_tensorboard``: the node's spec asked it to start TensorBoard (the chief of a

@@ -36,10 +36,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ...protocol import messages as m
-from ...protocol import remote
+from ...protocol import messages, remote
 from ...protocol.channel import ControlServer
-from .. import state as S
+from .. import state
 from ..controller import Controller
 from ..parallel.control import RunController
 from ..roles import all_finished, trainers_finished
@@ -50,12 +49,12 @@ QUIET_S = 2.0  # after close: exit once no node spoke for this long
 
 
 class Coordinator:
-    def __init__(self, launch_meta: Mapping[str, Any] | m.LaunchMeta, settings: m.CoordinatorMeta | None = None) -> None:
+    def __init__(self, launch_meta: Mapping[str, Any] | messages.LaunchMeta, settings: messages.CoordinatorMeta | None = None) -> None:
         """``settings``: the meta's ``coordinator`` section, when the caller parsed it already."""
-        meta = m.LaunchMeta.parse(launch_meta)
-        c = settings if settings is not None else m.CoordinatorMeta.from_dict(meta.coordinator)
+        meta = messages.LaunchMeta.parse(launch_meta)
+        c = settings if settings is not None else messages.CoordinatorMeta.from_dict(meta.coordinator)
         roles = [(str(job), int(idx)) for job, idx in meta.roles]
-        self.state = S.ClusterState(meta.cluster_id, c.name, roles)
+        self.state = state.ClusterState(meta.cluster_id, c.name, roles)
         # kind "parallel": TFParallel's runs, which are tasks of the notebook's own Spark job (they speak
         # only while that job runs, so they count as the notebook being heard of)
         self.runs = c.kind == "parallel"
@@ -73,24 +72,24 @@ class Coordinator:
         self.streams: dict[str, remote.StreamCounts] = {}  # a training stream's counts, by its epoch (see StreamBatch)
         self.done = threading.Event()
         secret = bytes.fromhex(meta.secret)
-        self.server = ControlServer(m.Codec(secret, meta.cluster_id, "coordinator"), self.handle,
+        self.server = ControlServer(messages.Codec(secret, meta.cluster_id, "coordinator"), self.handle,
                                     c.bind or "127.0.0.1", on_tick=self.tick)
 
     def _log(self, label: str, lines: list[str]) -> None:
         self.logbook.add(self._labels[label], lines)
 
-    def handle(self, msg: m.Message) -> m.Reply:
+    def handle(self, msg: messages.Message) -> messages.Reply:
         now = time.monotonic()
         if isinstance(msg, remote.Snapshot):
             self.last_kernel = now
-            return m.Reply(ok=True, body=self._snapshot(msg.logs, msg.history).to_dict())
+            return messages.Reply(ok=True, body=self._snapshot(msg.logs, msg.history).to_dict())
         if isinstance(msg, remote.Command):
             self.last_kernel = now
             return self._command(msg)
         if isinstance(msg, remote.StreamBatch):
             self.last_kernel = now  # a stream's foreachBatch runs only while the notebook's query runs
             return self._stream_batch(msg)
-        if isinstance(msg, (m.FeedAssign, m.FeedRelease, m.FeedCheck)):
+        if isinstance(msg, (messages.FeedAssign, messages.FeedRelease, messages.FeedCheck)):
             self.last_kernel = now  # feeding tasks run only while the notebook waits for them
         else:
             self.last_node = now
@@ -102,7 +101,7 @@ class Coordinator:
         return snapshot.take(self.state, self.logbook, [int(x) for x in logs], [int(x) for x in history],
                                 self.controller.feed_errors, self.controller.lost_feeds, self.streams)
 
-    def _stream_batch(self, msg: remote.StreamBatch) -> m.Reply:
+    def _stream_batch(self, msg: remote.StreamBatch) -> messages.Reply:
         with self.state.lock:
             got = self.streams.get(str(msg.epoch), remote.StreamCounts())
             if msg.error is not None:
@@ -112,9 +111,9 @@ class Coordinator:
                 got = dataclasses.replace(got, batches=got.batches + 1, rows=got.rows + msg.rows,
                                           skipped=got.skipped + msg.skipped, partitions=got.partitions + msg.partitions)
             self.streams[str(msg.epoch)] = got
-        return m.Reply(ok=True)
+        return messages.Reply(ok=True)
 
-    def _command(self, msg: remote.Command) -> m.Reply:
+    def _command(self, msg: remote.Command) -> messages.Reply:
         """Obey ``msg``; the reply's body is the op's typed body (see :class:`remote.Command`)."""
         ctl = self.controller
         body: remote.Done | remote.EpochOpened | remote.Closed = remote.Done()
@@ -143,8 +142,8 @@ class Coordinator:
             body = remote.Closed(final=ctl.finish(self.finished))
             self._close()
         else:
-            return m.Reply(ok=False, error=f"unknown command {msg.op!r}")
-        return m.Reply(ok=True, body=body.to_dict())
+            return messages.Reply(ok=False, error=f"unknown command {msg.op!r}")
+        return messages.Reply(ok=True, body=body.to_dict())
 
     def _close(self) -> None:
         if self.closing_since is None:
@@ -173,9 +172,9 @@ def bind_address(hint: str | None) -> str:
 
 
 def main() -> int:
-    meta = m.LaunchMeta.parse(json.loads(sys.stdin.buffer.readline()))
+    meta = messages.LaunchMeta.parse(json.loads(sys.stdin.buffer.readline()))
     sys.stdin.close()
-    settings = m.CoordinatorMeta.from_dict(meta.coordinator)
+    settings = messages.CoordinatorMeta.from_dict(meta.coordinator)
     coord = Coordinator(meta, dataclasses.replace(settings, bind=bind_address(settings.bind)))
     try:
         host, port = coord.server.start()

@@ -17,11 +17,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ...protocol import messages as m
-from ...protocol import remote
+from ...protocol import messages, remote
 from ...protocol.bodies import Body
 from .. import stacks
-from .. import state as S
+from .. import state as cluster_state
 from ..controller import Controller
 from ..job import DriverJob
 from ..slots import connect_slots, not_enough_executors
@@ -55,7 +54,7 @@ class RemoteController:
     transitions: a cancel before the coordinator is up, the final state).
     """
 
-    def __init__(self, state: S.ClusterState, local: Controller) -> None:
+    def __init__(self, state: cluster_state.ClusterState, local: Controller) -> None:
         self.state = state
         self.local = local  # writes the mirror's own transitions (cancel before launch, the final state)
         self.heartbeat_timeout = local.heartbeat_timeout
@@ -144,7 +143,7 @@ class RemoteController:
         if self.job is not None:
             self.job.mirror.feed_errors, self.job.mirror.lost_feeds = [], 0
 
-    def finish(self, finished: Callable[[list[S._Node]], bool]) -> str:
+    def finish(self, finished: Callable[[list[cluster_state.NodeRecord]], bool]) -> str:
         return self.local.finish(finished)
 
 
@@ -155,7 +154,7 @@ class ConnectDriverJob(DriverJob):
     streams_on_server = True  # foreachBatch runs on the Connect server: it reports to the coordinator
     counts_tasks = False  # a Connect client has no status tracker: train() counts an epoch's partitions itself
 
-    def __init__(self, spark: Any, state: S.ClusterState, controller: RemoteController, **kw: Any) -> None:
+    def __init__(self, spark: Any, state: cluster_state.ClusterState, controller: RemoteController, **kw: Any) -> None:
         super().__init__(spark, state, controller, **kw)
         self.remote = controller  # ``controller`` as what it is here: for its local half (the mirror's writer)
         controller.job = self
@@ -178,14 +177,14 @@ class ConnectDriverJob(DriverJob):
         except Exception:  # noqa: BLE001
             return "file:///"
 
-    def launch_meta(self, address: tuple[str, int], options: JobOptions, **kw: Any) -> m.LaunchMeta:
+    def launch_meta(self, address: tuple[str, int], options: JobOptions, **kw: Any) -> messages.LaunchMeta:
         meta = super().launch_meta(address, options, **kw)
         return meta.__class__(**{**meta.to_dict(), "default_fs": self.default_fs()})
 
-    def coordinator_meta(self, kind: str, kernel_timeout: float) -> m.CoordinatorMeta:
+    def coordinator_meta(self, kind: str, kernel_timeout: float) -> messages.CoordinatorMeta:
         """The launch meta's ``coordinator`` section: the coordinator's controller is set up as the local one."""
         local = self.remote.local
-        return m.CoordinatorMeta(name=self.name, input_mode_spark=bool(local.input_mode_spark),
+        return messages.CoordinatorMeta(name=self.name, input_mode_spark=bool(local.input_mode_spark),
                                  tensorboard=bool(local.tensorboard), log_dir=local.log_dir, num_gpus=int(local.num_gpus),
                                  heartbeat_timeout=float(local.heartbeat_timeout), kernel_timeout=float(kernel_timeout),
                                  bind=bind_hint(self.sc), kind=kind, ordered_feed=bool(local.ordered_feed))
@@ -207,7 +206,7 @@ class ConnectDriverJob(DriverJob):
             raise ValueError(msg)
         return self.coordinator_meta(kind, notebook_timeout).to_dict()
 
-    def launched(self, meta: dict[str, Any], statuses: list[m.LaunchStatus]) -> None:
+    def launched(self, meta: dict[str, Any], statuses: list[messages.LaunchStatus]) -> None:
         """The launch stage is over: its task 0 says where the coordinator listens (``meta["control"]`` from now
         on, for every later task: feeding, streams), and the mirror follows it."""
         started = next((s.coordinator for s in statuses if s.coordinator is not None), None)

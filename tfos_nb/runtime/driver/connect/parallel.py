@@ -26,8 +26,7 @@ import time
 from typing import Any
 
 from ...executor.launch import coordinator_status
-from ...protocol import messages as m
-from ...protocol import remote
+from ...protocol import messages, remote
 from ...sessions import in_one_task
 from ..errors import python_error_line
 from .job import ConnectDriverJob
@@ -44,12 +43,12 @@ class ConnectRunsJob(ConnectDriverJob):
     def start_coordinator(self, meta: dict[str, Any]) -> None:
         """Start the runs' coordinator in a one-task job and wait for it; ``meta["control"]`` is then its address,
         and the mirror follows it."""
-        launch_meta = m.LaunchMeta.parse(meta)
+        launch_meta = messages.LaunchMeta.parse(meta)
         spark, name = self.sc, self.name
 
-        def start() -> m.CoordinatorStarted:
+        def start() -> messages.CoordinatorStarted:
             answer = in_one_task(spark, lambda: json.dumps(coordinator_status(launch_meta).to_dict()))
-            return m.CoordinatorStarted.from_dict(json.loads(answer))
+            return messages.CoordinatorStarted.from_dict(json.loads(answer))
 
         start_job = self.spark_job("coordinator", f"tfos_nb {name}: start the runs' coordinator", start)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...protocol import remote
-from .. import state as S
+from .. import state as cluster_state
 
 MAX_LINES = 400  # log lines per node per snapshot (the rest come with the next one)
 MAX_REPORTS = 1000  # reports per node per snapshot
@@ -29,7 +29,7 @@ _NODE_FIELDS = ("state", "host", "port", "executor_id", "pid", "child_pid", "dat
 class LogBook:
     """Every node's output lines with a running count, so a reader can ask for 'the lines after n'."""
 
-    def __init__(self, n_nodes: int, kept: int = S.LOG_LINES_KEPT) -> None:
+    def __init__(self, n_nodes: int, kept: int = cluster_state.LOG_LINES_KEPT) -> None:
         self.kept = kept
         self.lines: list[list[str]] = [[] for _ in range(n_nodes)]
         self.base = [0] * n_nodes  # how many lines were dropped from the front
@@ -50,7 +50,7 @@ class LogBook:
         return out, base + start + len(out)
 
 
-def take(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], history_seen: list[int],
+def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[int], history_seen: list[int],
          feed_errors: list[str], lost_feeds: int,
          streams: dict[str, remote.StreamCounts] | None = None) -> remote.ClusterSnapshot:
     """The state, with the log lines and reports after ``logs_seen``/``history_seen`` (its ``to_dict()`` travels).
@@ -85,7 +85,7 @@ def take(state: S.ClusterState, logbook: LogBook, logs_seen: list[int], history_
 class Mirror:
     """The notebook's copy of a cluster hosted elsewhere: applies the coordinator's snapshots to a ClusterState."""
 
-    def __init__(self, state: S.ClusterState) -> None:
+    def __init__(self, state: cluster_state.ClusterState) -> None:
         self.state = state
         self.logs_seen = [0] * len(state.nodes)
         self.history_seen = [0] * len(state.nodes)

@@ -19,8 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ...protocol import messages as m
-from ...protocol import remote
+from ...protocol import messages, remote
 from ...protocol.bodies import Body
 from ...sessions import in_one_task
 from ..sparkjob import SparkJob
@@ -55,19 +54,21 @@ class CoordinatorError(RuntimeError):
         self.unreachable = unreachable
 
 
-def _asker(meta: dict[str, Any], msg: m.Message, timeout: float) -> Callable[[], str]:
+def _asker(meta: dict[str, Any], msg: messages.Message, timeout: float) -> Callable[[], str]:
     secret, cluster_id, control = meta["secret"], meta["cluster_id"], (meta["control"][0], int(meta["control"][1]))
 
     def call() -> str:
-        from tfos_nb.runtime.protocol import messages as mm
-        from tfos_nb.runtime.protocol import remote  # registers Snapshot/Command
+        from tfos_nb.runtime.protocol import (
+            messages,
+            remote,  # registers Snapshot/Command
+        )
         from tfos_nb.runtime.protocol.channel import ControlClient
 
-        client = ControlClient(mm.Codec(bytes.fromhex(secret), cluster_id, "notebook"), control, timeout=timeout)
+        client = ControlClient(messages.Codec(bytes.fromhex(secret), cluster_id, "notebook"), control, timeout=timeout)
         try:
             reply = client.request(msg)
             out = remote.Answer(ok=reply.ok, body=reply.body, error=reply.error)
-        except (OSError, mm.ProtocolError) as exc:
+        except (OSError, messages.ProtocolError) as exc:
             out = remote.Answer(ok=False, error=f"{type(exc).__name__}: {exc}", unreachable=True)
         finally:
             client.close()
@@ -88,7 +89,7 @@ def read_answer(text: str, kind: type[_B]) -> _B:
     return kind.from_dict(answer.body)
 
 
-def ask(spark: Any, meta: dict[str, Any], msg: m.Message, kind: type[_B], timeout: float = 10.0) -> _B:
+def ask(spark: Any, meta: dict[str, Any], msg: messages.Message, kind: type[_B], timeout: float = 10.0) -> _B:
     """Send ``msg`` to the coordinator from a one-task Spark job; its reply body, parsed as ``kind`` (the type
     ``msg`` is answered with: see :mod:`~...protocol.remote`).  Raises as :func:`read_answer` does."""
     return read_answer(in_one_task(spark, _asker(meta, msg, timeout)), kind)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...protocol import messages as m
-from .. import state as S
+from ...protocol import messages
+from .. import state
 from ..controller import Controller
 from ..slots import available_slots, connect_slots, fixed_slots, wait_for_slots
 
@@ -19,27 +19,27 @@ class RunController(Controller):
     Also the writer of what each run's Spark task returned (:meth:`record_outcome`).
     """
 
-    def _register(self, msg: m.Register) -> m.Reply:
+    def _register(self, msg: messages.Register) -> messages.Reply:
         st = self.state
-        reply = m.Reply(ok=True)
+        reply = messages.Reply(ok=True)
         with st.lock:
             node = self._node(msg.node)
             if node is None:
-                return m.Reply(ok=False, error=f"no run {msg.node}")
+                return messages.Reply(ok=False, error=f"no run {msg.node}")
             if st.kill_requested or st.ended:
-                return m.Reply(ok=False, error=f"runs {st.state}: {node.label} not started")
-            if node.state != S.PENDING:
+                return messages.Reply(ok=False, error=f"runs {st.state}: {node.label} not started")
+            if node.state != state.PENDING:
                 error = f"{node.label} was started twice (Spark retried its task: executor lost?); runs are not retried"
                 self._fail(error)
-                reply = m.Reply(ok=False, error=error)
+                reply = messages.Reply(ok=False, error=error)
             else:
-                node.state = S.STARTING
+                node.state = state.STARTING
                 node.host, node.pid, node.executor_id = msg.host, msg.pid, msg.executor_id
                 node.working_dir = msg.working_dir
                 node.gpus = list(msg.gpus)
                 node.last_heartbeat = self.clock()
-                if st.state == S.C_RESERVING:
-                    st.state = S.C_RUNNING
+                if st.state == state.C_RESERVING:
+                    st.state = state.C_RUNNING
         st.notify()
         return reply
 
@@ -54,14 +54,14 @@ class RunController(Controller):
             if report:
                 st.update_progress(node, report)
             if not status.get("ok"):
-                if node.state != S.FAILED:
-                    node.state, node.failed_at = S.FAILED, st.clock()
+                if node.state != state.FAILED:
+                    node.state, node.failed_at = state.FAILED, st.clock()
                     node.error = node.error or status.get("error") or "failed"
                     node.tail = node.tail or list(status.get("tail") or [])
                 self._fail(f"{node.label} failed")
             else:
                 node.metrics.update(metrics or {})
-                node.state = S.FINISHED
+                node.state = state.FINISHED
         st.notify()
 
 

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import state as S
+from .. import state
 
 __all__ = ["ParallelView", "RunResult", "RunsState", "best_index", "default_metric", "default_mode", "describe_args",
            "runs_view", "scalars"]
@@ -47,7 +47,7 @@ class RunResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelView(S.ClusterView):
+class ParallelView(state.ClusterView):
     """A :class:`~..state.ClusterView` of parallel runs, plus each run's parameters and the best run so far."""
 
     params: tuple[Mapping[str, Any], ...] = ()  # one dict per run (the grid), or () when every run got the same args
@@ -121,17 +121,17 @@ def describe_args(params: Mapping[str, Any] | None) -> str:
 
 
 
-def runs_view(view: S.ClusterView, params: Sequence[Mapping[str, Any]], metric: str | None,
+def runs_view(view: state.ClusterView, params: Sequence[Mapping[str, Any]], metric: str | None,
                mode: str | None) -> ParallelView:
-    finished = [dict(n.metrics) if n.state == S.FINISHED else None for n in view.nodes]
+    finished = [dict(n.metrics) if n.state == state.FINISHED else None for n in view.nodes]
     metric = metric or default_metric([mt for mt in finished if mt is not None])
     mode = mode or default_mode(metric)
-    fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(S.ClusterView)}
+    fields = {f.name: getattr(view, f.name) for f in dataclasses.fields(state.ClusterView)}
     return ParallelView(**fields, params=tuple(params), best=best_index(finished, metric, mode), metric=metric,
                         mode=mode)
 
 
-class RunsState(S.ClusterState):
+class RunsState(state.ClusterState):
     """The runs' state: its snapshots are :class:`ParallelView` s, so every panel shows parameters and the best run."""
 
     def __init__(self, cluster_id: str, name: str, num_runs: int, params: Sequence[Mapping[str, Any]] | None,

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...executor.run_task import RESULT_SCHEMA, make_run_task
-from .. import state as S
+from .. import state
 from ..backends import new_job
 from ..connect.parallel import ConnectRunsJob
 from ..errors import TFClusterError, failure_message, first_failure, python_error_line
@@ -73,7 +73,7 @@ class TFParallelError(TFClusterError):
     ``tail`` (its last output lines).
     """
 
-    def __init__(self, message: str, node: S.NodeView | None = None, args: Any = None) -> None:
+    def __init__(self, message: str, node: state.NodeView | None = None, args: Any = None) -> None:
         super().__init__(message, node)
         self.run = node.index if node is not None else None
         self.run_args = args
@@ -204,7 +204,7 @@ class ParallelRuns:
         try:
             while True:
                 view = self.state.snapshot()
-                if view.state == S.C_FAILED or self._stop_reason is not None or self._spark_job.done:
+                if view.state == state.C_FAILED or self._stop_reason is not None or self._spark_job.done:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     self.close()
@@ -221,7 +221,7 @@ class ParallelRuns:
         assert self._spark_job is not None
         if self._coordinated is not None:
             self.close()  # the state is a mirror: its final snapshot first, so the outcomes below write the last word
-        if self.state.snapshot().state == S.C_FAILED:
+        if self.state.snapshot().state == state.C_FAILED:
             self.close()
             raise self._error()
         if self._stop_reason is not None:
@@ -231,7 +231,7 @@ class ParallelRuns:
         job = self._spark_job
         if job.error is not None:
             self.close()
-            if self.state.snapshot().state == S.C_FAILED:
+            if self.state.snapshot().state == state.C_FAILED:
                 raise self._error()
             msg = f"parallel runs {self.name} failed: {python_error_line(job.error)}"
             raise RuntimeError(msg) from None

@@ -61,7 +61,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from .. import state as S
+from .. import state
 from .run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
 
 __all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "tracked_start"]
@@ -201,7 +201,7 @@ def tracked_start(kind: str, facts: Mapping[str, Any], options: Any, start: Call
         out = start(options.with_env(run.node_env()).replace(on_start=on_start, mlflow=False))
     except BaseException as exc:
         if owned and run.attempts == before:  # failed before there was a job to end the run with
-            run.finish(S.C_FAILED, error=exc)
+            run.finish(state.C_FAILED, error=exc)
         raise
     if hasattr(out, "tracking"):
         out.tracking = run

@@ -23,7 +23,7 @@ from typing import Any
 
 from ... import net, private
 from ...executor.mlflow_node import URI_ENV, chief_index
-from .. import state as S
+from .. import state as cluster_state
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ EXTRA = "pip install 'tfos_nb[mlflow]'"
 RUN_ID_ENV = "TFOS_MLFLOW_RUN_ID"  # the nodes' run id (a sweep: one per trial, comma-separated)
 _PARAM_MAX = 6000  # MLflow's longest param value
 _BATCH = 1000  # MLflow's most metrics in one log_batch
-_STATUS = {S.C_FINISHED: "FINISHED", S.C_FAILED: "FAILED", S.C_STOPPED: "KILLED"}
+_STATUS = {cluster_state.C_FINISHED: "FINISHED", cluster_state.C_FAILED: "FAILED", cluster_state.C_STOPPED: "KILLED"}
 
 
 def import_mlflow() -> Any:
@@ -203,7 +203,7 @@ class JobRun:
 
         job.add_end_listener(ended)
 
-    def _attempt_ended(self, state: S.ClusterState, attempt: int) -> None:
+    def _attempt_ended(self, state: cluster_state.ClusterState, attempt: int) -> None:
         try:
             view = state.snapshot()
             if self.trial_ids:
@@ -211,7 +211,7 @@ class JobRun:
             else:
                 self._log_history(state, view, attempt)
             self._log_failures(view, attempt)
-            if view.state == S.C_FAILED:  # the failing node and its error, as the job's error's first line says it
+            if view.state == cluster_state.C_FAILED:  # the failing node and its error, as the job's error's first line says it
                 from ..errors import failure_message
 
                 what = f"cluster {view.name}" if self.kind == "cluster" else f"parallel runs {view.name}"
@@ -220,7 +220,7 @@ class JobRun:
         except Exception as exc:  # noqa: BLE001
             log.warning("tfos_nb: MLflow logging of %s failed: %s", self.name, net.scrub_credentials(str(exc)))
 
-    def log_returned(self, results: Sequence[Any], state: S.ClusterState) -> None:
+    def log_returned(self, results: Sequence[Any], state: cluster_state.ClusterState) -> None:
         """A sweep's returned values: each result's scalars as its trial's metrics, at the trial's last step."""
         from ..parallel.results import scalars
 
@@ -245,7 +245,7 @@ class JobRun:
             if self._finished:
                 return
             self._finished = True
-        status = "FAILED" if error is not None and state != S.C_STOPPED else _STATUS.get(state, "KILLED")
+        status = "FAILED" if error is not None and state != cluster_state.C_STOPPED else _STATUS.get(state, "KILLED")
         try:
             tags = {"tfos_nb.outcome": status.lower() if status != "KILLED" else "stopped",
                     "tfos_nb.attempts": str(max(self.attempts, 1))}
@@ -267,7 +267,7 @@ class JobRun:
                 self._terminate(self.run_id, status)
 
     # -- what is logged -----------------------------------------------------------------
-    def _log_history(self, state: S.ClusterState, view: S.ClusterView, attempt: int) -> None:
+    def _log_history(self, state: cluster_state.ClusterState, view: cluster_state.ClusterView, attempt: int) -> None:
         found = chief_index([(n.job_name, n.task_index) for n in view.nodes])
         chief = None if found is None else view.nodes[found].index
         ordinals: dict[int, int] = {}
@@ -290,7 +290,7 @@ class JobRun:
                     metrics.append(m)
         self._log_metrics(self.run_id, metrics)
 
-    def _log_trials(self, state: S.ClusterState, view: S.ClusterView) -> None:
+    def _log_trials(self, state: cluster_state.ClusterState, view: cluster_state.ClusterView) -> None:
         per_run: dict[int, list[Any]] = {}
         ordinals: dict[int, int] = {}
         for _role, _task, index, t, step, values in state.history():
@@ -315,9 +315,9 @@ class JobRun:
             if n.index < len(self.trial_ids):
                 self._set_tags(self.trial_ids[n.index], {"tfos_nb.outcome": n.state})
 
-    def _log_failures(self, view: S.ClusterView, attempt: int) -> None:
+    def _log_failures(self, view: cluster_state.ClusterView, attempt: int) -> None:
         for n in view.nodes:
-            if n.state != S.FAILED:
+            if n.state != cluster_state.FAILED:
                 continue
             text = "\n".join([*(n.error and [n.error] or []), *n.tail])
             run_id = self.trial_ids[n.index] if self.trial_ids and n.index < len(self.trial_ids) else self.run_id
@@ -394,7 +394,7 @@ class JobRun:
             if status is None:  # a trial: its own state
                 run = self.client.get_run(run_id)
                 outcome = run.data.tags.get("tfos_nb.outcome")
-                status = {S.FINISHED: "FINISHED", S.FAILED: "FAILED"}.get(outcome or "", "KILLED")
+                status = {cluster_state.FINISHED: "FINISHED", cluster_state.FAILED: "FAILED"}.get(outcome or "", "KILLED")
             self.client.set_terminated(run_id, status)
         except Exception as exc:  # noqa: BLE001
             log.warning("tfos_nb: could not end MLflow run %s: %s", run_id, net.scrub_credentials(str(exc)))
