@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import import_or_skip, wait_until
 from tfos_nb.magics._quiet import is_native_noise, quiet_lines
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.driver.state import CURVE_POINTS, ClusterState, window_rate
 from tfos_nb.runtime.executor.context import NodeContext, Reporter
 from tfos_nb.runtime.executor.node import plain_value
@@ -298,7 +299,7 @@ def test_heartbeats_feed_the_history_once_per_report():
     from tfos_nb.runtime.protocol import messages
 
     st = ClusterState("c1", "t", [("chief", 0), ("run", 0)])
-    ctl = Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=60)
+    ctl = Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=60), input_mode_spark=False, tensorboard=False, log_dir=None)
     batch = [{"step": s, "time": 100.0 + s / 10, "metrics": {"loss": 1.0 / s}} for s in range(1, 11)]
     assert ctl.handle(messages.Heartbeat(node=0, state="running", report=dict(batch[-1], total_steps=10),
                                   reports=batch[:6])).ok

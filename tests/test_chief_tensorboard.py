@@ -21,6 +21,7 @@ from tests.conftest import NODE_ENV, skip_environment, spark_fixture, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.runtime.driver import state
 from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -31,8 +32,7 @@ CHIEF_HOST, WORKER_HOST = "10.0.0.5", "10.0.0.6"
 # -- the controller: who may name the TensorBoard URL (fast) ----------------------------------------------------
 def formed(tensorboard: bool = True) -> tuple[state.ClusterState, Controller]:
     st = state.ClusterState("0123abcd", "t", [("chief", 0), ("worker", 0)])
-    ctl = Controller(st, input_mode_spark=False, tensorboard=tensorboard, log_dir="/tmp/tb", num_gpus=0,
-                     heartbeat_timeout=10.0)
+    ctl = Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=10.0), input_mode_spark=False, tensorboard=tensorboard, log_dir="/tmp/tb")
     for i, host in enumerate((CHIEF_HOST, WORKER_HOST)):
         assert ctl.handle(messages.Register(node=i, host=host, port=5000 + i, executor_id=str(i), pid=100 + i)).ok
     return st, ctl

@@ -8,6 +8,7 @@ import json
 from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages, remote
 
 ROLES = [("chief", 0), ("worker", 0)]
@@ -15,7 +16,7 @@ ROLES = [("chief", 0), ("worker", 0)]
 
 def coordinator_state():
     state = cluster_state.ClusterState("c1", "demo", ROLES)
-    ctl = Controller(state, input_mode_spark=True, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
+    ctl = Controller(state, JobOptions(num_gpus=0, heartbeat_timeout=10), input_mode_spark=True, tensorboard=False, log_dir=None)
     book = snapshot.LogBook(len(ROLES))
     labels = {n.label: n.index for n in state.nodes}
     state.add_log_listener(lambda label, lines: book.add(labels[label], lines))

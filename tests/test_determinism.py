@@ -40,8 +40,8 @@ def test_run_job_refuses_to_shrink_a_deterministic_job():
 NODE = """
 import json, os, random, sys
 import numpy as np
-from tfos_nb.runtime import determinism
-determinism.apply()
+from tfos_nb.runtime.executor import seeding
+seeding.apply()
 import keras
 import tensorflow as tf
 from tensorflow.python.framework import config  # the public API turns it on but cannot say whether it is

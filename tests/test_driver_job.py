@@ -16,6 +16,7 @@ from tfos_nb.runtime.driver.awaiting import await_running
 from tfos_nb.runtime.driver.controller import Controller
 from tfos_nb.runtime.driver.errors import TFClusterError
 from tfos_nb.runtime.driver.job import DriverJob, JobCancelled
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.driver.roles import trainers_finished
 from tfos_nb.runtime.protocol import messages
 
@@ -31,7 +32,7 @@ class Clock:
 def make(roles=(("chief", 0), ("worker", 0), ("worker", 1)), *, spark=True, clock=None):
     clock = clock or Clock()
     st = state.ClusterState("cid", "t", list(roles), clock=clock)
-    ctl = Controller(st, input_mode_spark=spark, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    ctl = Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=10.0), input_mode_spark=spark, tensorboard=False, log_dir=None)
     return st, ctl, clock
 
 

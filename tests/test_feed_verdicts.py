@@ -6,6 +6,7 @@ import itertools
 
 from tfos_nb.runtime.driver import state
 from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages
 
 
@@ -13,7 +14,7 @@ def cluster():
     st = state.ClusterState("c1", "c1", [("chief", 0), ("worker", 0)])
     for i, n in enumerate(st.nodes):
         n.state, n.data_port, n.host = state.RUNNING, 4000 + i, "h"
-    ctl = Controller(st, input_mode_spark=True, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
+    ctl = Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=10), input_mode_spark=True, tensorboard=False, log_dir=None)
     return st, ctl
 
 

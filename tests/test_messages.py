@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
@@ -195,7 +196,7 @@ def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others
 
     now = [1000.0]
     st = state.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
-    c = controller.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    c = controller.Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=10.0), input_mode_spark=False, tensorboard=False, log_dir=None)
     assert c.handle(messages.Register(node=0, host="h", port=1, executor_id="0", pid=1)).ok
     for _ in range(30):  # worker:0 registers 30 s later; chief:0 asks every second meanwhile
         now[0] += 1.0
@@ -218,7 +219,7 @@ def test_every_node_silent_at_once_names_the_path_to_the_driver():
 
     now = [1000.0]
     st = state.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
-    c = controller.Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10.0)
+    c = controller.Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=10.0), input_mode_spark=False, tensorboard=False, log_dir=None)
     c.address = ("10.0.0.1", 41234)
     for i in range(2):
         assert c.handle(messages.Register(node=i, host=f"h{i}", port=i + 1, executor_id=str(i), pid=i + 1)).ok

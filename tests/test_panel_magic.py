@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import ipython_with_tfos_nb
 from tests.panel_fakes import FakeClock, cluster, node
+from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.widgets import choose_renderer
 
 
@@ -151,7 +152,7 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     finally:
         ip.run_line_magic("config", 'TFOSMagics.renderer = "auto"')
     st = ClusterState("c9", "bgpanel", [("chief", 0)])
-    ctl = Controller(st, input_mode_spark=False, tensorboard=False, log_dir=None, num_gpus=0, heartbeat_timeout=10)
+    ctl = Controller(st, JobOptions(num_gpus=0, heartbeat_timeout=10), input_mode_spark=False, tensorboard=False, log_dir=None)
     st.add_listener(handle._on_state)  # as runtime.start.run(on_state=...) does
     handle._on_start(ctl)  # as run(on_start=...) does: what the handle cancels a start through (.state, .cancel)
     ctl.set_running()

@@ -1,4 +1,5 @@
-"""A job's seed and deterministic mode: what the driver checks and tells the nodes, and what each node does with it.
+"""A job's seed and deterministic mode: what the driver checks and tells the nodes (what each node does with it:
+:mod:`.executor.seeding`).
 
 ``seed=N`` seeds every node before its function runs — Python's ``random``, NumPy, TensorFlow, and Keras 3's
 global seed (``keras.utils.set_random_seed``, which also does the first three) — so that a model's initial
@@ -18,8 +19,6 @@ A retry cannot shrink to fewer nodes (``min_workers``): fewer nodes would put ot
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any
 
 ENV_SEED = "TFOS_SEED"  # the nodes' seed
@@ -40,26 +39,3 @@ def node_env(deterministic: Any = False, seed: Any = None) -> dict[str, str]:
     if deterministic:
         env[ENV_DETERMINISTIC] = "1"
     return env
-
-
-def apply(env: Mapping[str, str] = os.environ) -> None:
-    """On a node, before the function: seed everything and turn on op determinism as ``env`` says."""
-    if ENV_SEED not in env:
-        return
-    seed = int(env[ENV_SEED])
-    import random
-
-    import numpy as np
-    import tensorflow as tf
-
-    random.seed(seed)
-    np.random.seed(seed)
-    tf.random.set_seed(seed)
-    from .executor.keras_flavour import legacy
-
-    if not legacy(env):  # Keras 3 keeps a global seed of its own
-        import keras
-
-        keras.utils.set_random_seed(seed)
-    if env.get(ENV_DETERMINISTIC) == "1":
-        tf.config.experimental.enable_op_determinism()

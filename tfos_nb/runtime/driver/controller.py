@@ -49,12 +49,10 @@ def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions,
     cluster_id = uuid.uuid4().hex[:12]
     state = cluster_state.ClusterState(cluster_id, options.name or f"tfos-{cluster_id}", roles)
     state.job_group, state.stall_after = f"tfos-{cluster_id}", options.stall_after
-    num_gpus = options.num_gpus
-    if num_gpus is None:
+    if options.num_gpus is None:
         num_gpus = int(getattr(tf_args, "num_gpus", 1) if not isinstance(tf_args, dict) else tf_args.get("num_gpus", 1))
-    return Controller(state, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir,
-                      num_gpus=num_gpus, heartbeat_timeout=options.heartbeat_timeout,
-                      ordered_feed=options.deterministic)
+        options = options.replace(num_gpus=num_gpus)
+    return Controller(state, options, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir)
 
 
 def refed_partition(partition: int, node: cluster_state.NodeRecord | None, rows: int | None = None) -> str:
@@ -71,16 +69,18 @@ def refed_partition(partition: int, node: cluster_state.NodeRecord | None, rows:
 
 
 class Controller:
-    def __init__(self, state: cluster_state.ClusterState, *, input_mode_spark: bool, tensorboard: bool, log_dir: str | None,
-                 num_gpus: int, heartbeat_timeout: float, ordered_feed: bool = False) -> None:
+    def __init__(self, state: cluster_state.ClusterState, options: JobOptions, *, input_mode_spark: bool,
+                 tensorboard: bool, log_dir: str | None) -> None:
+        """``options``: the job's, its ``num_gpus`` resolved (GPUs per node), its ``heartbeat_timeout`` and its
+        ``deterministic`` (the fixed feed); on Spark Connect the coordinator's, from its launch settings."""
         self.state = state
-        self.ordered_feed = ordered_feed
+        self.ordered_feed = options.deterministic
         self.clock = state.clock
         self.input_mode_spark = input_mode_spark
         self.tensorboard = tensorboard
         self.log_dir = log_dir
-        self.num_gpus = num_gpus
-        self.heartbeat_timeout = heartbeat_timeout
+        self.num_gpus = 1 if options.num_gpus is None else options.num_gpus
+        self.heartbeat_timeout = options.heartbeat_timeout
         self.address: tuple[str, int] | None = None  # where the nodes reach its control server (DriverJob.open_control)
         self._specs: dict[int, messages.NodeSpec] | None = None
         self._active: dict[int, int] = {}  # node -> feeding tasks now

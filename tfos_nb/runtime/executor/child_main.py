@@ -18,9 +18,8 @@ import threading
 import traceback
 from typing import Any
 
-from .. import determinism
 from ..protocol import pipes
-from . import keras3_mwms, keras_epochs, keras_flavour, phases
+from . import keras3_mwms, keras_epochs, keras_flavour, phases, seeding
 from .context import Reporter
 from .owner import LINGER_S
 
@@ -154,7 +153,7 @@ def main(role_cls: type[ChildRole]) -> int:
     mlflow_setup(ctx)  # ctx.mlflow_run_id; MLflow autologging off on all but the chief
     keras3_mwms.install()  # Keras 3's fit under MultiWorkerMirroredStrategy, repaired once it is imported
     keras_epochs.install()  # every fed epoch as long as its data, in either Keras
-    determinism.apply()  # the job's seed and deterministic mode, before the function
+    seeding.apply()  # the job's seed and deterministic mode, before the function
     value = None
     try:
         watcher.function_runs()

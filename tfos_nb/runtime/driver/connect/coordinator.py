@@ -40,6 +40,7 @@ from ...protocol import messages, remote
 from ...protocol.channel import ControlServer
 from .. import state
 from ..controller import Controller
+from ..options import JobOptions
 from ..parallel.control import RunController
 from ..roles import all_finished, trainers_finished
 from . import snapshot
@@ -59,9 +60,9 @@ class Coordinator:
         # only while that job runs, so they count as the notebook being heard of)
         self.runs = c.kind == "parallel"
         self.finished = all_finished if self.runs else trainers_finished
+        options = JobOptions(num_gpus=c.num_gpus, heartbeat_timeout=c.heartbeat_timeout, deterministic=c.ordered_feed)
         self.controller = (RunController if self.runs else Controller)(
-            self.state, input_mode_spark=c.input_mode_spark, tensorboard=c.tensorboard, log_dir=c.log_dir,
-            num_gpus=c.num_gpus, heartbeat_timeout=c.heartbeat_timeout, ordered_feed=c.ordered_feed)
+            self.state, options, input_mode_spark=c.input_mode_spark, tensorboard=c.tensorboard, log_dir=c.log_dir)
         self.kernel_timeout = c.kernel_timeout
         self.logbook = snapshot.LogBook(len(roles))
         self.state.add_log_listener(self._log)

@@ -104,8 +104,8 @@ class ParallelRuns:
         self.state = RunsState(self.cluster_id, self.name, self.num_runs, params, metric, mode)
         self.state.job_group = f"tfos-{self.cluster_id}"
         num_gpus = 1 if options.num_gpus is None else options.num_gpus
-        self._controller = RunController(self.state, input_mode_spark=False, tensorboard=False, log_dir=None,
-                                         num_gpus=num_gpus, heartbeat_timeout=options.heartbeat_timeout)
+        self._controller = RunController(self.state, options.replace(num_gpus=num_gpus), input_mode_spark=False,
+                                         tensorboard=False, log_dir=None)
         # The one backend choice: on Spark Connect the runs' control server is a coordinator on an executor
         # (connect/parallel.py), and a barrier stage's fit is read from the session's configuration.
         self.job: DriverJob = new_job(sc, self.state, self._controller, runs=True, linger_s=STOP_WAIT_S, join_s=10.0)
