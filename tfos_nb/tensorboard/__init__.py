@@ -10,21 +10,23 @@ URL checker every side calls are in ``tfos_nb.runtime.tensorboard``, below this 
 
 from __future__ import annotations
 
-from ._kernel import (
+from ._html import (
     ANSWER_DEADLINE_S,
-    ClusterRoute,
-    LocalStartFailed,
-    LocalTensorBoard,
     embed_html,
     frontend,
     frontend_output,
     hosted_message,
     iframe_html,
     link_html,
-    local_cluster_id,
     missing_messages,
-    proxy_path,
     proxy_url_from_env,
+)
+from ._kernel import (
+    ClusterRoute,
+    LocalStartFailed,
+    LocalTensorBoard,
+    local_cluster_id,
+    proxy_path,
     register,
     start_local,
     stop_local,

@@ -31,23 +31,10 @@ from typing import Any
 from ..runtime import private, procs
 from ..runtime.tensorboard.ports import listening_port
 from ..runtime.tensorboard.urls import check_url
-from ._html import (  # the HTML half, re-exported: tensorboard.iframe_html(...) etc.
-    ANSWER_DEADLINE_S,
-    embed_html,
-    frontend,
-    frontend_output,
-    hosted_message,
-    iframe_html,
-    link_html,
-    missing_messages,
-    proxy_url_from_env,
-)
 from ._records import Endpoint, check_cluster_id, new_secret, remove_record, write_record
 
-__all__ = ["ANSWER_DEADLINE_S", "ClusterRoute", "LocalStartFailed", "LocalTensorBoard", "embed_html", "frontend",
-           "frontend_output", "hosted_message", "local_cluster_id",
-           "iframe_html", "link_html", "missing_messages",
-           "proxy_path", "proxy_url_from_env", "register", "start_local", "stop_local", "withdraw"]
+__all__ = ["ClusterRoute", "LocalStartFailed", "LocalTensorBoard", "local_cluster_id", "proxy_path", "register",
+           "start_local", "stop_local", "withdraw"]
 
 _lock = threading.Lock()
 _secrets: dict[str, str] = {}  # cluster id -> secret of the record this process wrote
