@@ -22,7 +22,7 @@ from typing import Any
 
 from ..executor.feeder import feed_totals, make_arrow_feeder, make_rdd_feeder
 from . import state as cluster_state
-from .errors import error_for, python_error_line
+from .errors import error_for, interrupted, python_error_line
 from .job import DriverJob
 from .tracking.inputs import log_train_input
 
@@ -229,9 +229,15 @@ class BatchFeed:
                 msg = f"{what} failed: {cause}"
                 raise RuntimeError(msg) from None
             return job.result()
-        except KeyboardInterrupt:
-            job.cancel()
-            self._job.close()
-            raise
+        except BaseException as exc:
+            if not interrupted(exc):
+                raise  # a failure above: the cluster was torn down where it was found
+            try:
+                job.cancel()
+            finally:
+                self._job.close()
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt from exc  # py4j's error in the interrupt's place: the user pressed Ctrl-C / ■
         finally:
             self._job.forget(job)

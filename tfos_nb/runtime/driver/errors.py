@@ -72,3 +72,17 @@ def python_error_line(exc: BaseException | Any) -> str:
         name, msg = hits[-1]
         return f"{name.rsplit('.', 1)[-1]}: {msg}"
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt, or an error raised while one was being handled: py4j, interrupted
+    in the middle of a call, tears its connection down in its own handler and may raise a ``Py4JError`` ("Gateway
+    must be connected to send cancel cmd.") in the interrupt's place."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
