@@ -149,7 +149,4 @@ def tracking(setting: Any, kind: str, **arguments: Any) -> Any:
     """
     from ..runtime.driver import tracking as experiment_tracking
 
-    wanted = experiment_tracking.request(setting)
-    if wanted is None:
-        return None
-    return experiment_tracking.job_run(wanted, kind, arguments)[0]
+    return experiment_tracking.resolve(setting, kind, arguments)[0]

@@ -261,7 +261,7 @@ class TFOSMagics(Magics):
         self._stop_running(name, f"cluster {name}")
         sc = spark_for_cell(ns, self.spark_master_local, nodes)
         run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "cluster", sc=sc, tf_args=args,
-                       num_executors=nodes, num_ps=opts.ps, eval_node=opts.evaluator, name=name, log_dir=opts.logdir,
+                       shape=shape, name=name, log_dir=opts.logdir,
                        input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries, seed=opts.seed,
                        deterministic=opts.deterministic)
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, shape=shape, options=options, policy=policy,

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from ..recovery.folder import JobBackups
 from . import state
+from . import tracking as experiment_tracking
 from .cluster import InputMode, TFCluster
 from .errors import TFClusterError
 from .options import ClusterShape, JobOptions, RetryPolicy
@@ -222,13 +223,12 @@ def run_job(
     shape = ClusterShape.of_tfos(num_executors, start_args.pop("num_ps", 0), start_args.pop("master_node", None),
                                  start_args.pop("eval_node", False))
     policy.check(options)
-    facts = {"sc": sc, "tf_args": tf_args, "num_executors": num_executors, "num_ps": shape.ps,
-             "eval_node": shape.evaluator, "input_mode": InputMode.SPARK if training.data is not None
+    facts = {"sc": sc, "tf_args": tf_args, "shape": shape, "input_mode": InputMode.SPARK if training.data is not None
              else start_args.get("input_mode"), "log_dir": start_args.get("log_dir"), "name": options.name,
              "num_epochs": training.num_epochs if "num_epochs" in given else None,
              "batch_rows": training.batch_rows if "batch_rows" in given else None, "retries": policy.retries,
              "seed": options.seed, "deterministic": options.deterministic}
-    tracking, owned = _tracking(options.mlflow, facts)
+    tracking, owned = experiment_tracking.resolve(options.mlflow, "cluster", facts)
     job = Attempts(sc, map_fun, tf_args, shape, options, training, policy, tracking=tracking, start_args=start_args)
     started = time.monotonic()
     failures: list[str] = []
@@ -238,24 +238,14 @@ def run_job(
         outcome = RunOutcome(cluster.status(), attempt, tuple(failures), time.monotonic() - started,
                              tuple(job.resumed))
     except BaseException as exc:
-        if owned:
+        if owned and tracking is not None:
             tracking.finish(state.C_STOPPED if isinstance(exc, KeyboardInterrupt) else state.C_FAILED, error=exc)
         raise
     finally:
         job.close()
-    if owned:
+    if owned and tracking is not None:
         tracking.finish(outcome.status.state)
     return outcome
-
-
-def _tracking(setting: Any, facts: dict[str, Any]) -> tuple[Any, bool]:
-    """The job's one MLflow run (resolved here, on the caller's thread), and whether run_job ends it."""
-    from . import tracking as experiment_tracking
-
-    wanted = experiment_tracking.request(setting)
-    if wanted is None:
-        return None, False
-    return experiment_tracking.job_run(wanted, "cluster", facts)
 
 
 def attempts(attempt_once: Callable[[int], T], retries: int, *, failures: list[str] | None = None,

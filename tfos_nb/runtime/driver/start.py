@@ -106,8 +106,7 @@ def start_cluster(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, sha
                   driver_ps_nodes: bool = False, reservation_timeout: float = 600,
                   release_port: bool = True) -> TFCluster:
     """:func:`run` for a cluster of ``shape`` with ``options`` (tracked as ``options.mlflow`` asks)."""
-    facts = {"sc": sc, "tf_args": tf_args, "num_executors": shape.num_nodes, "num_ps": shape.ps,
-             "eval_node": shape.evaluator, "input_mode": input_mode, "log_dir": log_dir}
+    facts = {"sc": sc, "tf_args": tf_args, "shape": shape, "input_mode": input_mode, "log_dir": log_dir}
     return tracked_start("cluster", facts, options, lambda opts: _start(
         sc, map_fun, tf_args, shape, opts, tensorboard=tensorboard, input_mode=input_mode, log_dir=log_dir,
         driver_ps_nodes=driver_ps_nodes, reservation_timeout=reservation_timeout, release_port=release_port))

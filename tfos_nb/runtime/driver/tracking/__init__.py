@@ -64,7 +64,7 @@ from typing import Any, TypeVar
 from .. import state
 from .run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
 
-__all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "tracked_start"]
+__all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "resolve", "tracked_start"]
 
 _R = TypeVar("_R")
 _OPTIONS = ("experiment", "all_nodes", "run_name")
@@ -140,10 +140,9 @@ def _cluster_params(a: Mapping[str, Any]) -> dict[str, Any]:
 
     # tfos_nb's own under "tfos_nb.": a name of the user's (args) or of autologging (Keras' fit has `workers`)
     # logged with another value would make MLflow refuse the whole batch
-    num_ps, evaluator = int(a.get("num_ps") or 0), bool(a.get("eval_node"))
+    shape = a["shape"]  # a ClusterShape
     return {**flat_params(a["tf_args"]), **versions(a["sc"]),
-            "tfos_nb.workers": int(a["num_executors"]) - num_ps - (1 if evaluator else 0), "tfos_nb.ps": num_ps,
-            "tfos_nb.evaluator": evaluator,
+            "tfos_nb.workers": shape.trainers, "tfos_nb.ps": shape.ps, "tfos_nb.evaluator": shape.evaluator,
             "tfos_nb.input_mode": "spark" if a.get("input_mode") == InputMode.SPARK else "tensorflow"}
 
 
@@ -158,7 +157,8 @@ def _trials(a: Mapping[str, Any]) -> list[Any]:
 
 
 def job_run(wanted: Request | JobRun, kind: str, a: Mapping[str, Any]) -> tuple[JobRun, bool]:
-    """``(run, owned)`` for a start's arguments ``a`` (``sc``, ``tf_args``, ``num_executors``, ``name``…)."""
+    """``(run, owned)`` for a start's arguments ``a`` (``sc``, ``tf_args``, a cluster's ``shape`` or parallel runs'
+    ``num_executors``, ``name``…)."""
     if isinstance(wanted, JobRun):
         return wanted, False
     name = a.get("name") or f"tfos_nb {kind}"
@@ -174,6 +174,15 @@ def job_run(wanted: Request | JobRun, kind: str, a: Mapping[str, Any]) -> tuple[
     return run, True
 
 
+def resolve(setting: Any, kind: str, facts: Mapping[str, Any]) -> tuple[JobRun | None, bool]:
+    """A job's one MLflow run, started now on the caller's thread (where ``with mlflow.start_run():`` is active)
+    as ``setting`` asks (``mlflow=``, ``--mlflow``), and whether the job ends it; ``(None, False)`` untracked."""
+    wanted = request(setting)
+    if wanted is None:
+        return None, False
+    return job_run(wanted, kind, facts)
+
+
 def tracked_start(kind: str, facts: Mapping[str, Any], options: Any, start: Callable[[Any], _R]) -> _R:
     """Start a job (``start(options)``: a cluster or parallel runs) tracked as ``options.mlflow`` asks.
 
@@ -181,14 +190,13 @@ def tracked_start(kind: str, facts: Mapping[str, Any], options: Any, start: Call
     get its id through ``env``, and the job is attached through ``on_start`` as it is announced
     (before anything launches; classic and Spark Connect alike).  A run started here ends with
     the job; a :class:`JobRun` passed in (a retrying owner's) is only attached.  ``facts``: what the
-    run's parameters are made of (``sc``, ``tf_args``, ``num_executors``…; the options' ``name``,
+    run's parameters are made of (``sc``, ``tf_args``, a cluster's ``shape``…; the options' ``name``,
     ``seed`` and ``deterministic`` are added).
     """
-    wanted = request(options.mlflow)
-    if wanted is None:
+    run, owned = resolve(options.mlflow, kind, {**facts, "name": options.name, "seed": options.seed,
+                                                "deterministic": options.deterministic})
+    if run is None:
         return start(options)
-    run, owned = job_run(wanted, kind, {**facts, "name": options.name, "seed": options.seed,
-                                        "deterministic": options.deterministic})
     user_on_start = options.on_start
 
     def on_start(job: Any) -> None:
