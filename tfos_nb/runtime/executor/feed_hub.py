@@ -86,7 +86,7 @@ class FeedHub:
         """A held connection's turn: its items join the queue — what it spilled through a thread that reads the file
         back as a feeder would send it (bounded by the queue); lock held."""
         items, spill = self._turns.release(conn)
-        self._enqueue(conn.gen, items)
+        self._enqueue(conn.gen, items, sum(1 for kind, _, _ in items if kind == "data"))
         if spill is None:
             self._maybe_finish(conn)  # an empty partition is all taken at once
         else:
@@ -100,7 +100,7 @@ class FeedHub:
                     self._wait_for_room(conn.gen)
                     if self.closed:
                         break
-                    self._enqueue(conn.gen, [("data", conn, batch)])
+                    self._enqueue(conn.gen, [("data", conn, batch)], 1)
                     replayed += batch.num_rows
         except (OSError, pa.ArrowException) as exc:  # the node's own temporary file: its rows are lost, say so
             log.warning("partition %d of epoch %d: its rows kept on disk could not be read back: %s", conn.partition,
@@ -111,17 +111,18 @@ class FeedHub:
                 conn.skipped += spill.rows - replayed
                 self.skipped += spill.rows - replayed
             if not self.closed:
-                self._enqueue(conn.gen, [("eoc", conn, None)])
+                self._enqueue(conn.gen, [("eoc", conn, None)], 0)
 
     def _wait_for_room(self, gen: int) -> None:
         """Back-pressure: wait while ``gen``'s queue holds its bound of batches (or until the hub closes); lock held."""
         while self._sizes.get(gen, 0) >= self._max and not self.closed:
             self._cond.wait(0.5)
 
-    def _enqueue(self, gen: int, items: list[feed_turns.Item]) -> None:
-        """``items`` to the end of ``gen``'s queue, its data counted against the bound; lock held."""
+    def _enqueue(self, gen: int, items: list[feed_turns.Item], data: int) -> None:
+        """``items`` to the end of ``gen``'s queue, its ``data`` batches among them counted against the bound (the
+        caller knows how many: no count per batch on the hot path); lock held."""
         self._queues.setdefault(gen, collections.deque()).extend(items)
-        self._sizes[gen] = self._sizes.get(gen, 0) + sum(1 for kind, _, _ in items if kind == "data")
+        self._sizes[gen] = self._sizes.get(gen, 0) + data
         self._cond.notify_all()
 
     # -- producers (reader threads, control thread) --------------------------
@@ -139,7 +140,7 @@ class FeedHub:
             if held is not None:
                 self._turns.keep(conn, batch)
                 return
-            self._enqueue(gen, [("data", conn, batch)])
+            self._enqueue(gen, [("data", conn, batch)], 1)
 
     def peek(self) -> pa.RecordBatch | None:
         """The oldest queued batch, left in place (``as_dataset`` builds its signature from it); blocks until one
