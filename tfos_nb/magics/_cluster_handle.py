@@ -77,7 +77,6 @@ class ClusterHandle(RunHandle):
         super().__init__(name, sc=sc, num_nodes=shape.num_nodes, timeout=timeout, background=background, clock=clock,
                          tracking=tracking)
         self.policy = policy if policy is not None else RetryPolicy()
-        self.retries = self.policy.retries
         self.attempt = 1  # 2, 3, … after a node failure started the cluster again (--retries)
         self.failures: list[str] = []  # first line of each failed attempt's error
         self._shape = shape
@@ -158,7 +157,7 @@ class ClusterHandle(RunHandle):
             job = retry.Attempts(self._sc, self._fn, self._args, self._shape, self._options, self._training,
                                  self.policy, start=self._start, tracking=self.tracking, start_args=self._start_args)
             try:
-                self._live, _ = retry.attempts(functools.partial(self._attempt, job), self.retries,
+                self._live, _ = retry.attempts(functools.partial(self._attempt, job), self.policy.retries,
                                                failures=self.failures, on_retry=self._on_retry,
                                                stopped=lambda: self._stop_reason is not None)
             finally:
@@ -169,7 +168,7 @@ class ClusterHandle(RunHandle):
         self.stop("timeout")
 
     def _on_retry(self, attempt: int, exc: TFClusterError) -> None:
-        self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {attempt} of {self.retries + 1})"])
+        self._on_log("tfos", [f"{first_line(exc)}; starting again (attempt {attempt} of {self.policy.retries + 1})"])
 
     def _attempt(self, job: retry.Attempts, attempt: int) -> TFCluster:
         """One start → train → shutdown (:meth:`retry.Attempts.once`); the cluster is kept in ``_cluster`` for

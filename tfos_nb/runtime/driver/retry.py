@@ -132,7 +132,6 @@ class Attempts:
                  options: JobOptions, training: Training, policy: RetryPolicy, *,
                  start: Callable[..., TFCluster] = start_cluster, tracking: Any = None,
                  start_args: dict[str, Any] | None = None) -> None:
-        policy.check(options)
         self.sc, self.map_fun, self.tf_args, self.shape = sc, map_fun, tf_args, shape
         self.options, self.training, self.policy, self.tracking = options, training, policy, tracking
         self._start, self._start_args = start, dict(start_args or {})
