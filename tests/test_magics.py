@@ -54,6 +54,11 @@ BAD_INPUT = [
     ("--deterministic --retries 1 --min-workers 1", "pass",
      "--min-workers cannot go with --deterministic: a retry on fewer nodes would put other rows together in each step"),
     ("--seed -1", "pass", "--seed must be from 0 to 2**32 - 1, got -1"),
+    ('--resources "wrker: cpus=1"', "pass",
+     "resources: unknown role 'wrker' (did you mean 'worker'?); the roles are chief, worker, ps, evaluator, *"),
+    ('--resources "worker: gpus=0.75"', "pass",
+     "resources['worker']['gpus'] must be whole, or a fraction of one up to 0.5 (tasks sharing a unit), got '0.75': "
+     "Spark gives a task no other share"),
     ("--timeout 0", "pass", "--timeout must be more than 0 seconds, got 0"),
     ("--input-mode file", "pass",
      "argument --input-mode: invalid choice: 'file' (choose from 'spark', 'tensorflow')"),
@@ -371,6 +376,28 @@ def test_node_error_ends_the_cell_with_the_nodes_message(ip, magic_spark, capsys
     assert isinstance(result.error_in_exec, ClusterFailed)
     shown = capsys.readouterr()
     assert "_magics.py" not in shown.out + shown.err
+
+
+@pytest.mark.slow
+def test_resources_per_role_in_a_cell(ip, magic_spark, capsys):
+    """--resources: what the session cannot give is a UsageError before any Spark job; a request it can give
+    starts each group in its own profile, and %tfos_status shows each node's grant."""
+    jobs = int(magic_spark.sparkContext._jsc.sc().statusStore().jobsList(None).size())
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("tfos_cluster", '--workers 2 --resources "worker: fpga=1" --name no_fpga', "pass")
+    assert str(info.value).startswith("worker asks fpga=1, but the executors have no fpga")
+    assert int(magic_spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()) == jobs
+    assert "no_fpga" not in ip.user_ns
+    ip.run_cell_magic("tfos_cluster", '--workers 2 --resources "chief: cpus=1" --name per_role',
+                      "print('granted', ctx.job_name, sorted(ctx.resources))")
+    handle = ip.user_ns["per_role"]
+    chief, worker = handle.nodes
+    assert chief.grant.cpus == 1 and chief.grant.profile_id is not None and worker.grant.profile_id is None
+    capsys.readouterr()
+    ip.run_line_magic("tfos_status", "")
+    status = capsys.readouterr().out
+    assert f"chief:0 finished [executor {chief.executor_id}: 1 cpu · profile {chief.grant.profile_id}]" in status
+    assert "worker:0 finished [" not in status  # the default profile: nothing to say
 
 
 @pytest.mark.slow

@@ -100,3 +100,50 @@ def test_the_configuration_page_lists_every_job_option_with_its_default():
         f = fields[name]
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         assert shown == repr(default), name
+
+
+# -- resources per role: checked once, as a mapping or as the magic's string ---------------------------------------
+@pytest.mark.parametrize(("given", "message"), [
+    ({"wrker": {"cpus": 1}}, "resources: unknown role 'wrker' (did you mean 'worker'?); the roles are chief, worker, "
+                             "ps, evaluator, *"),
+    ({"worker": {"cpus": 0}}, "resources['worker']['cpus'] must be a positive number, got 0"),
+    ({"worker": {"gpus": -1}}, "resources['worker']['gpus'] must be a positive number, got -1"),
+    ({"worker": {"gpus": 1.5}}, "resources['worker']['gpus'] must be whole, or a fraction of one up to 0.5 (tasks "
+                                "sharing a unit), got 1.5: Spark gives a task no other share"),
+    ({"worker": {"cpus": 1.5}}, "resources['worker']['cpus'] must be a whole number, got 1.5"),
+    ({"worker": {"memory": "lots"}}, "resources['worker']['memory'] must be a size in Spark's spelling (e.g. 4g, "
+                                     "512m), got 'lots'"),
+    ({"worker": {"9gpu": 1}}, "resources['worker']['9gpu']: not a resource name (cpus, gpus, memory, "
+                              "memory_overhead, or a Spark resource's name)"),
+    ({"worker": 1}, "resources['worker'] must map names to amounts, e.g. {'cpus': 1, 'gpus': 1}, got 1"),
+    ("worker cpus=1", "resources: 'worker cpus=1' is not 'ROLE: NAME=AMOUNT ...' (e.g. 'worker: cpus=1 gpus=1')"),
+    ("worker: gpus", "resources: 'gpus' (for worker) is not NAME=AMOUNT (e.g. gpus=1)"),
+])
+def test_resources_refuse_bad_input_in_one_sentence(given, message):
+    with pytest.raises(ValueError) as info:
+        JobOptions(resources=given)
+    assert str(info.value) == message
+
+
+def test_resources_group_the_nodes_by_what_their_role_asks():
+    from tfos_nb.runtime.driver.resources import Request
+
+    options = JobOptions(resources="*: cpus=1; ps: memory=2g; worker: gpus=1 fpga=0.25")
+    assert options.resources.text() == "*: cpus=1; ps: memory=2g; worker: fpga=0.25 gpus=1"
+    assert JobOptions(resources=options.resources.text()).resources == options.resources  # the text parses back
+    roles = ClusterShape(3, ps=1, chief="chief").roles()  # ps:0, chief:0, worker:0, worker:1
+    worker = Request(cpus=1, amounts=(("fpga", 0.25), ("gpu", 1.0)))
+    # the chief asks nothing of its own, so it asks what a worker does; "*" gives every role its cpus
+    assert options.resources.groups(roles) == [(Request(cpus=1, memory="2g"), [0]), (worker, [1, 2, 3])]
+    assert options.resources.groups(roles, first_node=1) == [(worker, [1, 2, 3])]  # ps nodes on the driver
+    assert JobOptions(resources={}).resources is None and JobOptions(resources={"ps": {}}).resources is None
+
+
+def test_resources_need_a_cluster_manager_and_apply_to_clusters_only():
+    from tfos_nb.runtime.driver.resources import Resources, problems
+
+    found = problems(Resources.of({"worker": {"cpus": 1}}), [("worker", 0)], lambda key: None, "local[4]")
+    assert found == ["resources= needs a cluster manager: Spark's local mode (local[4]) has no stage-level "
+                     "scheduling; use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources="]
+    with pytest.raises(ValueError, match="resources= does not apply to parallel runs"):
+        TFParallel.run(None, lambda args, ctx: None, {}, 2, resources={"worker": {"gpus": 1}})

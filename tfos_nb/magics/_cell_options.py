@@ -36,10 +36,16 @@ def _attribute_keys(values: Mapping[Any, Any], what: str) -> None:
         raise usage(f"{what} keys must be names usable as attributes (args.NAME), got {bad[0]!r}")
 
 
+def unquoted(text: str | None) -> str | None:
+    """A cell option's value without the quotes around it (IPython's argument splitter keeps them)."""
+    if text and len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
 def cell_args(expr: str | None, ns: Mapping[str, Any]) -> dict[str, Any]:
     """``--args EXPR``: a dict of what every node or run gets as ``args`` ({} without --args)."""
-    if expr and len(expr) >= 2 and expr[0] == expr[-1] and expr[0] in "'\"":
-        expr = expr[1:-1]  # IPython's argument splitter keeps the quotes
+    expr = unquoted(expr)
     if not expr:
         return {}
     try:

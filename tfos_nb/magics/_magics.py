@@ -11,6 +11,7 @@ from IPython.core.magic import Magics, magics_class
 from traitlets import Bool, CaselessStrEnum, Enum, Float, Integer, Unicode, Union, observe
 
 from ..runtime import logs
+from ..runtime.driver.launching import check as check_resources
 from ..runtime.driver.options import SHRINK_AFTER_S, ClusterShape, JobOptions, RetryPolicy
 from ..runtime.driver.parallel import runs as parallel
 from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
@@ -25,6 +26,7 @@ from ._cell_options import (
     grid,
     node_env,
     tracking,
+    unquoted,
     usage,
     validation_var,
 )
@@ -166,6 +168,10 @@ class TFOSMagics(Magics):
               help="stop the cluster if the run takes longer (default: TFOSMagics.timeout)")
     @argument("--mlflow", nargs="?", const=True, default=None, metavar="EXPERIMENT",
               help="log the job as one MLflow run, in EXPERIMENT if given (default: TFOSMagics.mlflow)")
+    @argument("--resources", metavar="SPEC",
+              help='Spark resources per role, quoted: "ps: cpus=1; worker: cpus=1 gpus=1" (roles chief, worker, ps, '
+                   "evaluator, * for every role; cpus, gpus, memory, memory_overhead or a Spark resource's name); "
+                   "each group of nodes starts in a stage of its own ResourceProfile")
     @cell_magic
     def tfos_cluster(self, line: str, cell: str) -> None:
         """Run this cell on a TensorFlow cluster of Spark executors.
@@ -248,7 +254,7 @@ class TFOSMagics(Magics):
         try:
             shape = ClusterShape(workers, opts.ps, opts.evaluator, chief="chief")
             options = JobOptions(env=node_env(self.tf_threads), stall_after=self.stall_after, seed=opts.seed,
-                                 deterministic=opts.deterministic)
+                                 deterministic=opts.deterministic, resources=unquoted(opts.resources))
             policy = RetryPolicy(opts.retries, min_workers=opts.min_workers, shrink_after=self.shrink_after)
         except ValueError as exc:
             raise usage(str(exc)) from None
@@ -260,6 +266,11 @@ class TFOSMagics(Magics):
 
         self._stop_running(name, f"cluster {name}")
         sc = spark_for_cell(ns, self.spark_master_local, nodes)
+        if options.resources is not None:  # what the session cannot give, said before any Spark job
+            try:
+                check_resources(sc, options.resources, shape.roles())
+            except ValueError as exc:
+                raise usage(str(exc)) from None
         run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "cluster", sc=sc, tf_args=args,
                        shape=shape, name=name, log_dir=opts.logdir,
                        input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries, seed=opts.seed,

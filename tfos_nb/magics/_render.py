@@ -26,6 +26,9 @@ def node_line(node: Any) -> str:
     text = f"{node.label} {node.state}"
     if getattr(node, "phase", None):
         text += f" ({node.phase})"
+    grant = getattr(node, "grant", None)
+    if grant is not None and grant.profile_id is not None:  # a node of a per-role resource profile: its grant
+        text += f" [executor {node.executor_id or '?'}: {grant.text()}]"
     if node.step is not None:
         text += f" step {node.step}" + (f"/{node.total_steps}" if node.total_steps else "")
     metrics = format_metrics({k: v for k, v in node.metrics.items() if k != "epoch"})

@@ -30,7 +30,7 @@ _COLORS = {
     "stopped": "#6c71c4",
     "reserving": "#b58900",
 }
-COLUMNS = ("node", "host", "executor", "device", "state", "step", "steps/s", "metrics", "curve", "heartbeat")
+COLUMNS = ("node", "host", "executor", "device", "resources", "state", "step", "steps/s", "metrics", "curve", "heartbeat")
 RUN_COLUMNS = ("state", "step", "steps/s", "metrics", "host", "executor", "device", "heartbeat")  # parallel runs
 
 
@@ -89,6 +89,11 @@ def _percent(fraction: float | None) -> str:
     return "" if fraction is None else f"{int(fraction * 100)}%"
 
 
+def _grant(node: Any) -> str:
+    grant = getattr(node, "grant", None)
+    return grant.text() if grant is not None and grant.profile_id is not None else ""
+
+
 def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
     """One node's row: display strings plus the flags the renderers colour by."""
     age = node.last_heartbeat_age
@@ -104,6 +109,8 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
         "host": node.host or "",
         "executor": node.executor_id or "",
         "device": node.device or "CPU",
+        # what Spark gave the node's task under a per-role ResourceProfile (cpus, addresses, profile id)
+        "resources": _grant(node),
         "state": node.state,
         # where a live node is in its lifecycle (registering … training, waiting for data, exporting, finishing)
         "phase": getattr(node, "phase", None) or "",
@@ -318,6 +325,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
     curves = {r.get("curve_metric") for r in model["rows"] if len(r.get("curve") or ()) >= 2}
     if not curves:
         columns = tuple(c for c in columns if c != "curve")  # nothing reported yet: no empty column
+    if not any(r.get("resources") for r in model["rows"]):
+        columns = tuple(c for c in columns if c != "resources")  # no per-role profile: no empty column
     headers = {"curve": curves.pop() if len(curves) == 1 else "curve"}
     out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
     if model["error"]:

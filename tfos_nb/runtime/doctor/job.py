@@ -18,7 +18,7 @@ import time
 from importlib import metadata
 from typing import Any
 
-from ..driver.slots import connect_slots, driver_host, expected_slots, settled_slots, spark_context
+from ..driver.slots import conf_value, connect_slots, driver_host, expected_slots, settled_slots, spark_context
 from ..sessions import is_connect
 from . import Report
 from .verdicts import verdicts
@@ -39,17 +39,6 @@ def driver_facts() -> dict[str, Any]:
     return out
 
 
-def _conf(spark: Any, key: str) -> str | None:
-    try:
-        if is_connect(spark):
-            value = spark.conf.get(key, None)
-        else:
-            value = spark.getConf().get(key, None)
-    except Exception:  # noqa: BLE001 - a hosted session may hide a key
-        return None
-    return None if value is None else str(value)
-
-
 def session_facts(spark: Any, nodes: int) -> dict[str, Any]:
     """What the session says about its slots and settings (waits up to ``SLOTS_WAIT_S`` for executors still registering)."""
     sc = spark_context(spark)
@@ -57,11 +46,11 @@ def session_facts(spark: Any, nodes: int) -> dict[str, Any]:
     keys = ("spark.master", "spark.dynamicAllocation.enabled", "spark.task.cpus", "spark.executor.cores",
             "spark.pyspark.python", "spark.executorEnv.PYSPARK_PYTHON", "spark.task.resource.gpu.amount",
             "spark.executor.resource.gpu.amount")
-    out: dict[str, Any] = {"backend": "connect" if connect else "classic", "conf": {k: _conf(sc, k) for k in keys}}
+    out: dict[str, Any] = {"backend": "connect" if connect else "classic", "conf": {k: conf_value(sc, k) for k in keys}}
     if connect:
         found = connect_slots(sc)
         out["slots"], out["executors"] = found if found is not None else (None, None)
-        out["default_fs"] = _conf(sc, "spark.hadoop.fs.defaultFS") or "file:///"
+        out["default_fs"] = conf_value(sc, "spark.hadoop.fs.defaultFS") or "file:///"
         return out
     out["conf"]["spark.master"] = str(sc.master)
     expected = expected_slots(sc)
@@ -149,7 +138,7 @@ def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_f
     if is_connect(sc):
         from ..driver.connect.spark_jobs import ConnectSparkJob
 
-        plan["towards"] = _conf(sc, "spark.driver.host")  # Spark's driver, beside the server: executors reach it
+        plan["towards"] = conf_value(sc, "spark.driver.host")  # Spark's driver, beside the server: executors reach it
         task = doctor_probe.connect_task(plan)
 
         def action() -> list[str]:

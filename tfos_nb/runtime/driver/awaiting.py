@@ -43,7 +43,8 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
             return
         if time.monotonic() > deadline:
             missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (cluster_state.RUNNING, cluster_state.FINISHED)]
-            stage = "" if launched else " (the launch stage is not over)"
+            waiting = launch.waiting() if hasattr(launch, "waiting") else ""
+            stage = "" if launched else f" ({waiting or 'the launch stage is not over'})"
             msg = (f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}{stage}. "
                    f"Are there enough free executor slots{job.reach_hint}?")
             raise TimeoutError(msg)

@@ -18,12 +18,14 @@ from .job import DriverJob
 from .slots import require_classic
 
 
-def new_job(sc: Any, state: cluster_state.ClusterState, controller: Controller, *, runs: bool = False, **kw: Any) -> DriverJob:
+def new_job(sc: Any, state: cluster_state.ClusterState, controller: Controller, *, runs: bool = False,
+            profiles: bool = False, **kw: Any) -> DriverJob:
     """The job for ``state`` on this session; ``controller`` is its Controller (the mirror's writer on Connect).
 
     ``runs``: the workload is parallel runs, which are the Spark job's own tasks (``nodes_outlive_jobs=False``)
     and may run in waves (so dynamic allocation is allowed); else a cluster, whose nodes outlive the launch
-    stage and need a fixed set of executors.
+    stage and need a fixed set of executors, unless ``profiles``: its roles ask their own resources, and its
+    launch stages may bring executors of their own shape (see :mod:`.launching` for what each mode keeps).
     """
     if runs:
         kw["nodes_outlive_jobs"] = False
@@ -33,7 +35,8 @@ def new_job(sc: Any, state: cluster_state.ClusterState, controller: Controller, 
 
         return (ConnectRunsJob if runs else ConnectDriverJob)(sc, state, RemoteController(state, controller), **kw)
     require_classic(sc, "a status tracker and job groups" if runs else "RDDs, barrier tasks")
-    if not runs and str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
-        msg = "tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false"
+    if not runs and not profiles and str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+        msg = ("tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false, or give the roles "
+               "their resources (resources=), whose stages bring executors of their own")
         raise ValueError(msg)
     return DriverJob(sc, state, controller, **kw)

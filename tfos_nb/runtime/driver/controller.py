@@ -123,6 +123,8 @@ class Controller:
             node.working_dir = msg.working_dir
             node.gpus = list(msg.gpus)
             node.spark_gpus = list(msg.spark_gpus)
+            node.grant = cluster_state.Grant(msg.task_cpus, tuple((k, tuple(v)) for k, v in sorted(msg.resources.items())),
+                               msg.profile_id)
             node.last_heartbeat = node.moved_at = self.clock()
             log.info("%s registered: host %s, executor %s, supervisor pid %d", node.label, node.host,
                      node.executor_id or "?", node.pid)
@@ -148,7 +150,7 @@ class Controller:
             if spark_gpus:
                 known = {g["index"]: g for g in n.gpus}
                 gpus = [known.get(a, {"index": a, "name": "GPU"}) for a in spark_gpus]
-            elif n.job_name == "ps":
+            elif n.job_name == "ps" or n.grant.profile_id is not None:  # a profile's node: Spark's GPUs or none
                 gpus = []
             else:
                 peers = by_host[n.host]

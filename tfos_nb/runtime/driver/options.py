@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import determinism
+from .resources import Resources
 from .stalls import DEFAULT_STALL_AFTER, check_stall_after
 
 __all__ = ["ClusterShape", "JobOptions", "RetryPolicy"]
@@ -54,6 +55,9 @@ class JobOptions:
     """op determinism on the nodes and a fixed feed (partition ``p`` to the ``p mod n``-th chief/worker)"""
     preflight: bool | Mapping[str, Any] = False
     """run the doctor for these nodes first and raise its FAILs (a dict: the doctor's options)"""
+    resources: Any = None
+    """Spark resources per role, e.g. ``{"ps": {"cpus": 1}, "worker": {"cpus": 1, "gpus": 1}}`` (``*``: every
+    role); each group of nodes asking the same starts in a stage of its own ResourceProfile; None: one stage"""
     mlflow: Any = None
     """MLflow tracking: True, an experiment name, a dict, a running job's run; None: inside an active run only"""
     log_callback: Callable[[str, list[str]], None] | None = None
@@ -76,6 +80,7 @@ class JobOptions:
         env = {} if self.env is None else self.env  # None: none, as TensorFlowOnSpark's callers pass it
         _check(isinstance(env, Mapping), f"env must be a mapping of names to values, got {env!r}")
         object.__setattr__(self, "env", {str(k): str(v) for k, v in env.items()})
+        object.__setattr__(self, "resources", Resources.of(self.resources))
 
     @classmethod
     def of(cls, options: JobOptions | None = None, /, **given: Any) -> JobOptions:

@@ -30,12 +30,14 @@ def fixed_slots(sc: Any) -> int | None:
     return master_slots(str(getattr(sc, "master", "")))
 
 
-def _conf(spark: Any, key: str) -> str | None:
+def conf_value(spark: Any, key: str) -> str | None:
+    """A setting of a SparkContext or a Spark Connect session (None: unset, or hidden by a hosted session)."""
     try:
-        value = spark.conf.get(key, None)
+        value = spark.conf.get(key, None) if is_connect(spark) else spark.getConf().get(key, None)
     except Exception:  # noqa: BLE001 - a hosted session may hide it
         return None
     return None if value is None else str(value)
+
 
 
 def connect_slots(spark: Any) -> tuple[int, int] | None:
@@ -44,10 +46,10 @@ def connect_slots(spark: Any) -> tuple[int, int] | None:
     A Connect client cannot ask the scheduler, so this reads the master URL (``local[N]``,
     ``local-cluster[N,C,M]``) or a fixed ``spark.executor.instances`` × ``spark.executor.cores``.
     """
-    if str(_conf(spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
+    if str(conf_value(spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
         return None
-    master = _conf(spark, "spark.master") or ""
-    cpus = max(1, int(_conf(spark, "spark.task.cpus") or 1))
+    master = conf_value(spark, "spark.master") or ""
+    cpus = max(1, int(conf_value(spark, "spark.task.cpus") or 1))
     match = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master)
     if match:
         return int(match.group(1)) * (int(match.group(2)) // cpus), int(match.group(1))
@@ -56,7 +58,7 @@ def connect_slots(spark: Any) -> tuple[int, int] | None:
         return int(match.group(1)) // cpus, 1
     if master == "local":
         return 1, 1
-    instances, cores = _conf(spark, "spark.executor.instances"), _conf(spark, "spark.executor.cores")
+    instances, cores = conf_value(spark, "spark.executor.instances"), conf_value(spark, "spark.executor.cores")
     if instances and cores and instances.isdigit() and cores.isdigit():
         return int(instances) * (int(cores) // cpus), int(instances)
     return None
@@ -65,7 +67,7 @@ def connect_slots(spark: Any) -> tuple[int, int] | None:
 def session_master(spark: Any) -> str:
     """The master URL of a SparkContext, or of a Spark Connect session as its configuration says ("" if hidden)."""
     master = getattr(spark, "master", None)
-    return str(master) if isinstance(master, str) else (_conf(spark, "spark.master") or "")
+    return str(master) if isinstance(master, str) else (conf_value(spark, "spark.master") or "")
 
 
 def master_slots(master: str) -> int | None:

@@ -7,12 +7,11 @@ its function; any failure on the way tears down what was started and raises.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..executor.launch import LAUNCH_SCHEMA, make_launcher, start_supervisor
+from ..executor.launch import start_supervisor
 from ..procs import kill_tree
 from ..protocol import messages
 from ..sessions import is_connect
@@ -21,10 +20,12 @@ from .backends import new_job
 from .cluster import InputMode, TFCluster
 from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
+from .launching import Launch, dynamic_allocation
+from .launching import stages as launch_stages
 from .node_output import with_stderr
 from .options import ClusterShape, JobOptions
 from .roles import trainers_finished
-from .slots import available_slots, expected_slots, spark_context, spark_session
+from .slots import available_slots, expected_slots, spark_context
 from .tracking import tracked_start
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run", "start_cluster"]
@@ -127,34 +128,30 @@ def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: Clu
         msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
         raise ValueError(msg)
     on_executors = len(roles) - (num_ps if driver_ps_nodes else 0)
+    first_node = num_ps if driver_ps_nodes else 0
+    stages = launch_stages(sc, options.resources, roles, first_node)  # checks the resources= against the session
 
     controller = new_cluster(roles, tf_args, options, input_mode_spark=input_mode == InputMode.SPARK,
                              tensorboard=tensorboard, log_dir=log_dir)
     state = controller.state
     job = new_job(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
-                  finished=trainers_finished)
+                  finished=trainers_finished, profiles=options.resources is not None)
     job.announce(log_callback=log_callback, on_state=options.on_state, on_start=options.on_start)
     try:
         meta = job.launch_meta(job.open_control(), options, roles=roles, reservation_timeout=float(reservation_timeout),
-                               first_node=num_ps if driver_ps_nodes else 0, release_port=bool(release_port),
+                               first_node=first_node, release_port=bool(release_port),
                                coordinator=job.coordinator_section("cluster", options.notebook_timeout)).to_dict()
         cluster = TFCluster(job, meta, input_mode, shape.num_nodes)
         blob = cloudpickle.dumps((map_fun, tf_args))
-        job.wait_for_slots(on_executors, min(reservation_timeout, 120))
+        dynamic = dynamic_allocation(sc)
+        if not dynamic:  # with dynamic allocation the stages bring their executors
+            job.wait_for_slots(on_executors, min(reservation_timeout, 120))
         if driver_ps_nodes:
             _start_driver_ps_nodes(job, meta, blob, num_ps)
         job.check_cancelled()
-        launcher = make_launcher(meta, blob)
-        session = spark_session(sc)
-
-        def launch() -> list[messages.LaunchStatus]:
-            rows = session.range(0, on_executors, 1, on_executors).mapInArrow(launcher, LAUNCH_SCHEMA,
-                                                                              barrier=True).collect()
-            return [messages.LaunchStatus.from_dict(json.loads(r["s"])) for r in rows]
-
-        launch_job = job.spark_job("launch", f"tfos_nb {state.name}: start {on_executors} nodes", launch)
-        await_running(job, meta, launch_job, reservation_timeout)
-        job.forget(launch_job)
+        launch = Launch(job, meta, blob, stages, barrier=not dynamic, labels=[n.label for n in state.nodes]).start()
+        await_running(job, meta, launch, reservation_timeout)
+        launch.forget()
         job.mark_up()
         job.controller.set_running()
         return cluster

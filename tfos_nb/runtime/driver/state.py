@@ -73,6 +73,31 @@ def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Grant:
+    """What Spark gave a node's launch task: ``cpus``, each resource's addresses, the stage's ResourceProfile id
+    (None: the default profile)."""
+
+    cpus: int | None = None
+    resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    profile_id: int | None = None
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> Grant:
+        """A Grant from its fields as JSON has them (the Connect coordinator's snapshot)."""
+        resources = fields.get("resources") or ()
+        return cls(fields.get("cpus"), tuple((str(k), tuple(str(a) for a in v)) for k, v in resources),
+                   fields.get("profile_id"))
+
+    def text(self) -> str:
+        """``1 cpu · gpu 0 · profile 2``; "" when Spark said nothing."""
+        parts = [] if self.cpus is None else [f"{self.cpus} cpu{'s' if self.cpus != 1 else ''}"]
+        parts += [f"{name} {','.join(addresses) or '-'}" for name, addresses in self.resources]
+        if self.profile_id is not None:
+            parts.append(f"profile {self.profile_id}")
+        return " · ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeView:
     """An immutable snapshot of one node."""
 
@@ -107,6 +132,7 @@ class NodeView:
     stall: str | None = None  # why it counts as stalled (driver.stalls), else None
     where: str = ""  # its main thread's place in the user's code, when it is there (executor.phases.where)
     feeders: tuple[tuple[int, str, float], ...] = ()  # feeding tasks open to it: (partition, executor, seconds open)
+    grant: Grant = Grant()  # what Spark gave its launch task (cpus, resource addresses, profile)
 
     @property
     def label(self) -> str:
@@ -149,6 +175,7 @@ class NodeRecord:
         self.data_port: int | None = None
         self.gpus: list[dict[str, Any]] = []
         self.spark_gpus: list[str] = []  # the addresses Spark gave the node's task (registration)
+        self.grant = Grant()  # everything Spark gave the node's task (registration)
         self.step: int | None = None
         self.total_steps: int | None = None
         self.total_epochs: int | None = None
@@ -250,6 +277,7 @@ class NodeRecord:
             still_for=None if self.state in TERMINAL else now - (t0 if self.moved_at is None else self.moved_at),
             where=self.where if self.state not in TERMINAL else "",
             feeders=feeders,
+            grant=self.grant,
         )
 
 

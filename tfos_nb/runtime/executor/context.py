@@ -128,7 +128,7 @@ class NodeContext:
     node's index, TensorFlowOnSpark's meaning; Spark's executor id is
     ``spark_executor_id``), ``tmp_socket`` (the reserved port, see
     :meth:`release_port`), ``defaultFS``, ``working_dir``, ``log_dir`` (TensorBoard's,
-    when on), ``gpus``.
+    when on), ``gpus``, ``resources`` (what Spark gave the node's task, by resource name).
     """
 
     def __init__(self, info: dict[str, Any], hub: FeedHub | None, reporter: Reporter | None,
@@ -148,6 +148,8 @@ class NodeContext:
         self.working_dir: str = info.get("working_dir") or os.getcwd()
         self.log_dir: str | None = info.get("log_dir")
         self.gpus: list[dict[str, Any]] = info.get("gpus", [])
+        #: what Spark gave this node's task, by resource name (``{"gpu": ["0"]}``): its ``TaskContext.resources()``
+        self.resources: dict[str, list[str]] = dict(info.get("resources") or {})
         self.num_gpus = len(self.gpus)
         self.cluster_id: str = info.get("cluster_id", "")
         #: 1 for a first run; 2, 3, … when ``run_job(retries=…)`` / ``--retries`` started the cluster again

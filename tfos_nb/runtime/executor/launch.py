@@ -175,19 +175,20 @@ def make_launcher(meta: Mapping[str, Any] | messages.LaunchMeta, blob: bytes) ->
 
     def launch(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from pyspark import BarrierTaskContext
+        from pyspark import BarrierTaskContext, TaskContext
 
         for _ in batches:
             pass
-        tctx = BarrierTaskContext.get()
+        tctx: Any = BarrierTaskContext.get() if launch_meta.barrier else TaskContext.get()
         task = tctx.partitionId()
-        node = launch_meta.first_node + task
+        node = launch_meta.nodes[task] if launch_meta.nodes else launch_meta.first_node + task
         control: list[Any] = list(launch_meta.control)
         coordinator: messages.CoordinatorStarted | None = None
         why = "no control server address"
         if launch_meta.coordinator:
             mine = coordinator_status(launch_meta) if task == 0 else messages.CoordinatorStarted()
-            gathered = tctx.allGather(json.dumps(mine.to_dict()))
+            # a stage that is no barrier one has a single task here (launching.Launch): its own status is all
+            gathered = tctx.allGather(json.dumps(mine.to_dict())) if launch_meta.barrier else [json.dumps(mine.to_dict())]
             coordinator = mine if task == 0 else None
             try:
                 first = messages.CoordinatorStarted.from_dict(json.loads(gathered[0]))
@@ -197,10 +198,10 @@ def make_launcher(meta: Mapping[str, Any] | messages.LaunchMeta, blob: bytes) ->
         if not control:
             status: dict[str, Any] = {"ok": False, "error": why}
         else:
-            res = tctx.resources().get("gpu")
+            granted = {name: list(res.addresses) for name, res in tctx.resources().items()}
             node_meta = dataclasses.replace(
                 launch_meta, node=node, attempt=tctx.attemptNumber(), executor_id=executor_id(),
-                spark_gpus=list(res.addresses) if res is not None else [], working_dir=os.getcwd(),
+                spark_gpus=granted.get("gpu", []), spark_resources=granted, working_dir=os.getcwd(),
                 task_cpus=task_cpus(tctx), control=control)
             log_path = os.path.join(os.getcwd(), f"tfos_nb-{launch_meta.cluster_id}-node{node}.log")
             try:

@@ -106,6 +106,9 @@ class Supervisor(ChildOwner):
                 spark_gpus=list(self.meta.spark_gpus),
                 working_dir=self.meta.working_dir or os.getcwd(),
                 attempt=self.meta.attempt,
+                resources=dict(self.meta.spark_resources),
+                task_cpus=self.meta.task_cpus,
+                profile_id=self.meta.profile_id,
             )
         )
         if not reply.ok:
@@ -125,7 +128,8 @@ class Supervisor(ChildOwner):
     # -- the node process -------------------------------------------------------
     def start_child(self, spec: messages.NodeSpec) -> None:
         self.gpus = spec.gpus
-        pin = bool(self.meta.spark_gpus or self.gpus or spec.host_has_gpus)
+        # a node of a resource profile sees only what Spark gave its task (no GPU: none at all)
+        pin = bool(self.meta.spark_gpus or self.gpus or spec.host_has_gpus or self.meta.profile_id is not None)
         env = tf_env(dict(os.environ), self.meta, self.gpus, pin)
         env["TF_CONFIG"] = json.dumps(spec.tf_config)
         for key, value in keras_distribution_env(spec.cluster_spec, self.job_name, self.task_index).items():
@@ -140,6 +144,7 @@ class Supervisor(ChildOwner):
             "working_dir": self.meta.working_dir or os.getcwd(),
             "log_dir": spec.log_dir,
             "gpus": self.gpus,
+            "resources": dict(self.meta.spark_resources),
             "feed": spec.feed,
             "secret": self.meta.secret,
             "host": self.host,

@@ -232,11 +232,16 @@ class LaunchMeta(Body):
     num_runs: int = 0
     num_gpus: int = 1
     coordinator: dict[str, Any] = dataclasses.field(default_factory=dict)  # Spark Connect: a CoordinatorMeta's dict
+    # a cluster whose roles ask their own resources launches a stage per group of nodes (driver.resources)
+    nodes: list[int] = dataclasses.field(default_factory=list)  # the stage's nodes, by task ([]: first_node + task)
+    barrier: bool = True  # a barrier stage (False: dynamic allocation, which Spark cannot combine with one)
+    profile_id: int | None = None  # the stage's ResourceProfile (None: the default one)
     # added by the launch task for the node's supervisor
     node: int | None = None  # the node's index in ``roles``
     attempt: int = 0  # Spark's task attempt
     executor_id: str = ""
     spark_gpus: list[str] = dataclasses.field(default_factory=list)  # the addresses Spark gave the task
+    spark_resources: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # every resource's addresses
     working_dir: str = ""  # the task's working directory ("": the process's own)
     task_cpus: int | None = None  # spark.task.cpus, for the node's thread pools
     watch_jvm: bool = True  # the node dies with its executor's JVM (a ps node on the driver has none)

@@ -103,6 +103,9 @@ class Register(Message):
     spark_gpus: list[str] = dataclasses.field(default_factory=list)  # addresses Spark gave the task
     working_dir: str = ""
     attempt: int = 0
+    resources: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # every resource Spark gave the task
+    task_cpus: int | None = None  # the cpus Spark gave the task
+    profile_id: int | None = None  # the launch stage's ResourceProfile (None: the default one)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,7 +73,7 @@ def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[in
                 failed=None if n.failed_at is None else now - n.failed_at,
                 logs=logs, logs_count=logs_count,
                 reports=[remote.Report(time=t, step=step, metrics=metrics) for t, step, metrics in hist],
-                history_count=h_seen + len(hist)))
+                history_count=h_seen + len(hist), grant=dataclasses.asdict(n.grant)))
         return remote.ClusterSnapshot(
             state=state.state, error=state.error, feed_epoch=state.feed_epoch, epoch_done=state.epoch_done,
             stop_requested=state.stop_requested, kill_requested=state.kill_requested, nodes=nodes,
@@ -102,6 +102,7 @@ class Mirror:
                 for key in _NODE_FIELDS:
                     setattr(n, key, getattr(d, key))
                 n.gpus, n.tail, n.metrics = list(d.gpus), list(d.tail), dict(d.metrics)
+                n.grant = cluster_state.Grant.of(d.grant)
                 n.last_heartbeat = None if d.age is None else now - d.age
                 n.moved_at = None if d.still is None else now - d.still
                 n.failed_at = None if d.failed is None else now - d.failed

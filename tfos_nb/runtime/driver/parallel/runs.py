@@ -321,7 +321,7 @@ def start(
     ``mlflow``: a parent MLflow run and one child run per run (see :mod:`~tfos_nb.runtime.driver.tracking`).
     """
     options = JobOptions.of(options, **kwargs)
-    options.refuse("parallel runs", "stall_after", "node_output", "preflight")
+    options.refuse("parallel runs", "stall_after", "node_output", "preflight", "resources")
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"
         raise ValueError(msg)
