@@ -143,7 +143,7 @@ def test_resources_need_a_cluster_manager_and_apply_to_clusters_only():
     from tfos_nb.runtime.driver.resources import Resources, problems
 
     found = problems(Resources.of({"worker": {"cpus": 1}}), [("worker", 0)], lambda key: None, "local[4]")
-    assert found == ["resources= needs a cluster manager: Spark's local mode (local[4]) has no stage-level "
-                     "scheduling; use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources="]
+    assert found == [("resources= needs a cluster manager, and Spark's local mode (local[4]) has no stage-level "
+                      "scheduling", "use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources=")]
     with pytest.raises(ValueError, match="resources= does not apply to parallel runs"):
         TFParallel.run(None, lambda args, ctx: None, {}, 2, resources={"worker": {"gpus": 1}})

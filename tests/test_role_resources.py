@@ -133,7 +133,8 @@ def test_with_dynamic_allocation_each_role_gets_executors_of_its_profile(tmp_pat
      "ps asks executor memory (memory=2g), which only new executors can have: turn on dynamic allocation "
      "(spark.dynamicAllocation.enabled=true with spark.dynamicAllocation.shuffleTracking.enabled=true), or drop "
      "memory=/memory_overhead="),
-    ({"evaluator": {"cpus": 1}}, "resources name evaluator, but this cluster has no evaluator node"),
+    ({"evaluator": {"cpus": 1}},
+     "resources name evaluator, but this cluster has no evaluator node: drop evaluator from resources="),
 ])
 def test_what_the_cluster_cannot_give_is_one_sentence_before_any_spark_job(sc, resources, message):
     jobs = spark_jobs(sc)
@@ -147,3 +148,16 @@ def spark_jobs(sc) -> int:
     """How many jobs the application ran, whatever their group (Spark's status store)."""
     return int(sc._jsc.sc().statusStore().jobsList(None).size())
 
+
+
+def test_the_doctor_names_what_the_cluster_cannot_give(sc):
+    from tfos_nb import doctor
+
+    report = doctor(sc, nodes=3, resources="ps: cpus=1; worker: gpus=1 fpga=1")
+    (fail,) = [c for c in report.checks if c.area == "resources"]
+    assert fail.status == "FAIL" and fail.detail == (
+        "worker asks fpga=1, but the executors have no fpga (spark.executor.resource.fpga.amount is not set)")
+    assert fail.fix.startswith("start Spark with it and a discovery script (spark.executor.resource.fpga.")
+    good = doctor(sc, nodes=3, resources="ps: cpus=1; worker: gpus=1")
+    assert [(c.status, c.detail) for c in good.checks if c.area == "resources"] == [
+        ("OK", "resources per role (ps: cpus=1; worker: gpus=1): the configuration can give them")]

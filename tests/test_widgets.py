@@ -77,6 +77,18 @@ def test_header_gpu_progress_and_tensorboard():
     assert panel_model(view)["tasks"] is None
 
 
+def test_the_resources_column_shows_each_nodes_grant_only_when_a_role_has_a_profile():
+    from tfos_nb.runtime.driver.state import Grant
+
+    ps = node(job_name="ps", grant=Grant(1, (), 2))
+    worker = node(job_name="worker", grant=Grant(1, (("gpu", ("3",)),), 3))
+    html = panel_html(panel_model(cluster(ps, worker)))
+    assert ">resources</th>" in html
+    assert ">1 cpu · profile 2</td>" in html and ">1 cpu · gpu 3 · profile 3</td>" in html
+    plain = panel_html(panel_model(cluster(node(), node(job_name="worker", grant=Grant(1, (), None)))))
+    assert ">resources</th>" not in plain  # the default profile everywhere: no column
+
+
 def test_failed_cluster_text_and_html():
     bad = node("failed", job_name="worker", error="worker:0 failed on host h: ValueError: <boom>", tail=("x", "ValueError: <boom>"))
     model = panel_model(cluster(node("stopped"), bad, state="failed", error="worker:0 failed on host h"))

@@ -18,6 +18,7 @@ import time
 from importlib import metadata
 from typing import Any
 
+from ..driver.resources import Resources, problems
 from ..driver.slots import conf_value, connect_slots, driver_host, expected_slots, settled_slots, spark_context
 from ..sessions import is_connect
 from . import Report
@@ -176,7 +177,8 @@ def _run(job: Any, timeout: float, tasks: int) -> tuple[list[dict[str, Any]], st
 
 
 def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | None = None,
-           num_gpus: int | None = None, timeout: float = 120.0, import_timeout: float = 60.0) -> Report:
+           num_gpus: int | None = None, resources: Any = None, timeout: float = 120.0,
+           import_timeout: float = 60.0) -> Report:
     """Check ``spark`` (a SparkSession, SparkContext or Spark Connect session) for a cluster of ``nodes`` nodes.
 
     Runs one barrier stage of ``nodes`` tasks (fewer when there are fewer slots) that starts
@@ -184,18 +186,24 @@ def doctor(spark: Any, nodes: int = 2, *, feeders: int = 0, export_dir: str | No
     ``report.raise_for_failures()``).  ``feeders``: the feeding tasks of an epoch
     (InputMode.SPARK), checked against the slots.  ``export_dir``: a directory the nodes
     will write (export, checkpoints, logs), checked writable on every executor and shared by
-    all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.
+    all, as ``ctx.absolute_path`` maps it.  ``num_gpus``: GPUs each node should get.  ``resources``: the
+    resources per role the job will ask (``TFCluster.run(resources=...)``), checked against the session's
+    configuration (executors' cores and resources, dynamic allocation).
     """
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         msg = f"nodes must be a positive integer, got {nodes!r}"
         raise ValueError(msg)
+    asked = Resources.of(resources)  # a ValueError for bad input, before any Spark job
     t0 = time.monotonic()
     session = session_facts(spark, nodes)
     slots = session.get("slots")
     tasks = nodes if slots is None else max(1, min(nodes, int(slots)))
     executors, stage_error = probe_executors(spark, tasks, export_dir=export_dir, default_fs=session["default_fs"],
                                              timeout=timeout, import_timeout=import_timeout)
+    sc = spark_context(spark)
+    found = None if asked is None else (asked.text(), problems(asked, None, lambda key: conf_value(sc, key),
+                                                               str(session["conf"].get("spark.master") or "")))
     checks = verdicts(session, driver_facts(), executors, nodes=nodes, feeders=feeders, export_dir=export_dir,
-                      num_gpus=num_gpus, stage_error=stage_error)
+                      num_gpus=num_gpus, stage_error=stage_error, resources=found)
     return Report(nodes, tuple(checks), session["backend"], str(session["conf"].get("spark.master") or ""),
                   time.monotonic() - t0, tuple(executors))

@@ -28,10 +28,18 @@ class Check:
 
 def verdicts(session: dict[str, Any], driver: dict[str, Any], executors: list[dict[str, Any]], *, nodes: int,
              feeders: int = 0, export_dir: str | None = None, num_gpus: int | None = None,
-             stage_error: str | None = None) -> list[Check]:
-    """Every check, from the session's facts, the driver's and each probe task's (pure: no Spark)."""
+             stage_error: str | None = None, resources: tuple[str, list[tuple[str, str]]] | None = None) -> list[Check]:
+    """Every check, from the session's facts, the driver's and each probe task's (pure: no Spark).
+
+    ``resources``: the resources per role asked (their text) and what the session cannot give of them
+    (``driver.resources.problems``: ``(what, fix)`` pairs).
+    """
     checks = _slots(session, nodes, feeders, len(executors), stage_error)
     checks += _settings(session)
+    if resources is not None:
+        asked, found = resources
+        checks += [Check("resources", "cluster", FAIL, what, fix) for what, fix in found] or \
+            [Check("resources", "cluster", OK, f"resources per role ({asked}): the configuration can give them")]
     firsts = _per_executor(executors)
     for facts in firsts:
         checks += _versions(driver, facts)

@@ -169,7 +169,7 @@ def check(sc: Any, resources: Resources, roles: list[tuple[str, int]]) -> None:
         raise ValueError(msg)
     found = problems(resources, roles, _conf_reader(sc), session_master(sc))
     if found:
-        raise ValueError("; ".join(found))
+        raise ValueError("; ".join(f"{what}: {fix}" for what, fix in found))
 
 
 def dynamic_allocation(sc: Any) -> bool:

@@ -222,40 +222,41 @@ def _amount_text(value: float) -> str:
     return str(int(value)) if value == int(value) else repr(value)
 
 
-def problems(resources: Resources, roles: list[tuple[str, int]], conf: Callable[[str], str | None],
-             master: str) -> list[str]:
-    """Why Spark could not give these nodes what they ask, read from the session's configuration (one sentence
-    each, with the fix); empty when nothing is known to be wrong."""
-    out: list[str] = []
+def problems(resources: Resources, roles: list[tuple[str, int]] | None, conf: Callable[[str], str | None],
+             master: str) -> list[tuple[str, str]]:
+    """Why Spark could not give these nodes (``roles``; None: any) what they ask, read from the session's
+    configuration: ``(what, fix)`` pairs, empty when nothing is known to be wrong."""
     if master == "local" or master.startswith("local["):
-        return [f"resources= needs a cluster manager: Spark's local mode ({master}) has no stage-level scheduling; "
-                "use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources="]
+        return [(f"resources= needs a cluster manager, and Spark's local mode ({master}) has no stage-level "
+                 "scheduling", "use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources=")]
+    out: list[tuple[str, str]] = []
     dynamic = str(conf("spark.dynamicAllocation.enabled") or "false").lower() == "true"
     cores = _int(conf("spark.executor.cores")) or _local_cluster_cores(master)
-    wanted = {role for role, _ in roles}
+    wanted = None if roles is None else {"chief" if role == "master" else role for role, _ in roles}
     for role, req in resources.roles:
-        if role != "*" and role not in wanted and not (role == "chief" and "master" in wanted):
-            out.append(f"resources name {role}, but this cluster has no {role} node")
+        if wanted is not None and role not in ("*", *wanted):
+            out.append((f"resources name {role}, but this cluster has no {role} node", f"drop {role} from resources="))
             continue
         if dynamic:
             continue  # new executors of the profile's own shape: only the cluster manager knows what it offers
         if req.memory or req.memory_overhead:
-            out.append(f"{role} asks executor memory ({req.text()}), which only new executors can have: turn on "
-                       "dynamic allocation (spark.dynamicAllocation.enabled=true with "
-                       "spark.dynamicAllocation.shuffleTracking.enabled=true), or drop memory=/memory_overhead=")
+            out.append((f"{role} asks executor memory ({req.text()}), which only new executors can have",
+                        "turn on dynamic allocation (spark.dynamicAllocation.enabled=true with "
+                        "spark.dynamicAllocation.shuffleTracking.enabled=true), or drop memory=/memory_overhead="))
         if req.cpus is not None and cores is not None and req.cpus > cores:
-            out.append(f"{role} asks {req.cpus} cpus per task, but each executor has {cores} core(s) "
-                       "(spark.executor.cores): ask at most that, or start executors with more cores")
+            out.append((f"{role} asks {req.cpus} cpus per task, but each executor has {cores} core(s) "
+                        "(spark.executor.cores)", "ask at most that, or start executors with more cores"))
         for name, amount in req.amounts:
             has = conf(f"spark.executor.resource.{name}.amount")
             unit = "gpus" if name == "gpu" else name
             if has is None:
-                out.append(f"{role} asks {unit}={_amount_text(amount)}, but the executors have no {name} "
-                           f"(spark.executor.resource.{name}.amount is not set): start Spark with it and a discovery "
-                           f"script (spark.executor.resource.{name}.discoveryScript), or drop {unit}= from {role}")
+                out.append((f"{role} asks {unit}={_amount_text(amount)}, but the executors have no {name} "
+                            f"(spark.executor.resource.{name}.amount is not set)",
+                            f"start Spark with it and a discovery script "
+                            f"(spark.executor.resource.{name}.discoveryScript), or drop {unit}= from {role}"))
             elif _number_or_none(has) is not None and amount > float(has):
-                out.append(f"{role} asks {unit}={_amount_text(amount)} per task, but each executor has {has} "
-                           f"(spark.executor.resource.{name}.amount): ask at most that")
+                out.append((f"{role} asks {unit}={_amount_text(amount)} per task, but each executor has {has} "
+                            f"(spark.executor.resource.{name}.amount)", "ask at most that"))
     return out
 
 

@@ -123,7 +123,7 @@ def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: Clu
     roles = shape.roles()
     num_ps = shape.ps
     if options.preflight:
-        _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), options.num_gpus, options.preflight)
+        _preflight(sc, len(roles) - (num_ps if driver_ps_nodes else 0), options)
     if driver_ps_nodes and is_connect(sc):
         msg = "driver_ps_nodes=True cannot work on Spark Connect: executors cannot reach the notebook's machine"
         raise ValueError(msg)
@@ -179,11 +179,12 @@ def _start_driver_ps_nodes(job: DriverJob, meta: dict[str, Any], blob: bytes, nu
             raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
 
 
-def _preflight(sc: Any, nodes: int, num_gpus: int | None, options: bool | Mapping[str, Any]) -> None:
+def _preflight(sc: Any, nodes: int, options: JobOptions) -> None:
     from ..doctor.job import doctor
 
-    opts = dict(options) if isinstance(options, Mapping) else {}
-    opts.setdefault("num_gpus", num_gpus)
+    opts = dict(options.preflight) if isinstance(options.preflight, Mapping) else {}
+    opts.setdefault("num_gpus", options.num_gpus)
+    opts.setdefault("resources", options.resources)
     doctor(sc, max(1, nodes), **opts).raise_for_failures()
 
 
