@@ -1,0 +1,41 @@
+"""Resources per role on Spark Connect (what Databricks serverless and standard access mode offer): the same
+profiles through ``mapInArrow(..., profile=)``, the coordinator's stage first, the other groups once it listens.
+
+A real local Spark Connect server with GPUs faked as in ``tests/test_role_resources.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cloudpickle
+import pytest
+
+from tests.conftest import NODE_ENV, connect_session
+from tests.test_role_resources import gpu_conf, grants, show_grant
+from tfos_nb import TFCluster
+
+pytestmark = pytest.mark.slow
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    session = connect_session(4, conf=gpu_conf(tmp_path_factory.mktemp("gpu-connect")))  # the coordinator takes one
+    yield session
+    session.stop()
+
+
+def test_ps_on_cpu_and_workers_on_gpus_over_spark_connect(spark, no_leaks):
+    cluster = TFCluster.run(spark, show_grant, {}, 3, num_ps=1, env={**NODE_ENV, "PATH": "/usr/bin:/bin"},
+                            resources="ps: cpus=1; worker: cpus=1 gpus=1")
+    views = {n.label: n for n in cluster.nodes}
+    cluster.shutdown(timeout=60)
+    seen = grants(cluster)
+    assert seen["ps:0"]["visible"] == "" and seen["ps:0"]["resources"] == {}
+    w0, w1 = seen["worker:0"]["resources"]["gpu"], seen["worker:1"]["resources"]["gpu"]
+    assert len(w0) == len(w1) == 1 and w0 != w1
+    assert seen["worker:0"]["visible"] == w0[0] and seen["worker:1"]["visible"] == w1[0]
+    # the notebook's mirror of the coordinator's state carries each node's grant
+    assert views["worker:0"].grant.resources == (("gpu", tuple(w0)),)
+    assert views["ps:0"].grant.profile_id not in (None, views["worker:0"].grant.profile_id)
