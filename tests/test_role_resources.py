@@ -12,6 +12,7 @@ import sys
 
 import cloudpickle
 import pytest
+from pyspark.sql import SparkSession
 
 from tests.conftest import NODE_ENV, spark_session
 from tfos_nb import TFCluster
@@ -43,7 +44,9 @@ def gpu_conf(tmp_dir) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def sc(tmp_path_factory):
-    spark = spark_session(3, conf=gpu_conf(tmp_path_factory.mktemp("gpu")))
+    # as tests/test_recovery.py's: backups every half second at least, and a lost executor's tasks tried again
+    spark = spark_session(3, conf={**gpu_conf(tmp_path_factory.mktemp("gpu")), "spark.task.maxFailures": "4",
+                                   "spark.executorEnv.TFOS_NB_BACKUP_MIN_S": "0.5"})
     yield spark.sparkContext
     spark.stop()
 
@@ -81,43 +84,6 @@ def test_ps_on_cpu_and_workers_on_gpus_with_task_profiles(sc, no_leaks):
     assert w_grant.profile_id is not None and w_grant.profile_id != ps_grant.profile_id
     assert views["worker:1"].grant.profile_id == w_grant.profile_id
     assert f"gpu {seen['worker:0']['resources']['gpu'][0]}" in w_grant.text()
-
-
-def executor_profiles(sc) -> dict[str, int]:
-    """Spark's own record: each live executor's ResourceProfile id (the status store the Spark UI reads)."""
-    summaries = sc._jsc.sc().statusStore().executorList(True)
-    out = {}
-    for i in range(summaries.size()):
-        e = summaries.apply(i)
-        if e.id() != "driver":
-            out[e.id()] = int(e.resourceProfileId())
-    return out
-
-
-def test_with_dynamic_allocation_each_role_gets_executors_of_its_profile(tmp_path_factory, no_leaks):
-    """Dynamic allocation on (shuffle tracking, no executor at the start): the launch stages bring executors of
-    the ps's and of the workers' profiles; each node runs on one of its own profile (no barrier stage: Spark
-    cannot combine one with dynamic allocation; the reservation joins the nodes)."""
-    conf = {**gpu_conf(tmp_path_factory.mktemp("gpu-dyn")),
-            "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-            "spark.dynamicAllocation.initialExecutors": "0", "spark.dynamicAllocation.minExecutors": "0"}
-    spark = spark_session(3, conf=conf)
-    try:
-        sc = spark.sparkContext
-        cluster = TFCluster.run(sc, show_grant, {}, 3, num_ps=1, env={**NODE_ENV, "PATH": "/usr/bin:/bin"},
-                                resources={"ps": {"cpus": 1, "memory": "512m"},
-                                           "worker": {"cpus": 1, "gpus": 1, "memory": "512m"}})
-        views = {n.label: n for n in cluster.nodes}
-        profiles = executor_profiles(sc)
-        cluster.shutdown(timeout=60)
-        seen = grants(cluster)
-    finally:
-        spark.stop()
-    ps, w0, w1 = views["ps:0"], views["worker:0"], views["worker:1"]
-    assert ps.grant.profile_id != w0.grant.profile_id == w1.grant.profile_id, views
-    assert {profiles[v.executor_id] for v in (ps, w0, w1)} == {ps.grant.profile_id, w0.grant.profile_id}, profiles
-    assert profiles[ps.executor_id] == ps.grant.profile_id and profiles[w0.executor_id] == w0.grant.profile_id
-    assert seen["ps:0"]["visible"] == "" and seen["worker:0"]["resources"]["gpu"] != seen["worker:1"]["resources"]["gpu"]
 
 
 @pytest.mark.parametrize(("resources", "message"), [
@@ -161,3 +127,33 @@ def test_the_doctor_names_what_the_cluster_cannot_give(sc):
     good = doctor(sc, nodes=3, resources="ps: cpus=1; worker: gpus=1")
     assert [(c.status, c.detail) for c in good.checks if c.area == "resources"] == [
         ("OK", "resources per role (ps: cpus=1; worker: gpus=1): the configuration can give them")]
+
+
+def test_a_lost_executor_is_replaced_and_its_node_resumes_with_the_same_profile(sc, tmp_path, no_leaks):
+    """``run_job(retries=1)`` with the chief and worker on GPUs: the worker's executor JVM killed inside epoch 2
+    (after a backup); Spark starts another executor, attempt 2 launches the same profile there, the node gets a GPU
+    again, and every row is trained once per epoch."""
+    from tests.test_recovery import BATCH, CI_EPOCHS, PAUSE_S, ROWS, Killer, audit, audit_frame, audit_fun
+
+    out, root = tmp_path / "out", tmp_path / "backups"
+    out.mkdir()
+    df = audit_frame(SparkSession(sc), skew=False)
+    ids = [r.id for r in df.select("id").collect()]
+    killer = Killer(sc, str(root), str(out), 1, "worker0", 3)
+    seen = []
+    args = {"dir": str(out), "rows": ROWS, "batch": BATCH, "epochs": CI_EPOCHS, "pause": PAUSE_S}
+    outcome = TFCluster.run_job(sc, audit_fun, args, 2, master_node="chief", data=df, num_epochs=CI_EPOCHS,
+                                env=NODE_ENV, retries=1, backup_dir=str(root), resources="worker: cpus=1 gpus=1",
+                                on_state=lambda state: seen.append(state))
+    killer.join()
+    assert killer.error is None, killer.error
+    assert outcome.status.state == "finished" and outcome.attempts == 2, outcome
+    trial = audit(out, ids, killer, CI_EPOCHS)
+    assert (trial["duplicates"], trial["missing"]) == (0, 0), trial
+    first, second = (json.loads((out / f"a{a}-worker0.json").read_text())["executor"] for a in (1, 2))
+    assert second != first  # the killed executor is gone: attempt 2's worker runs on its replacement
+    last = seen[-1].snapshot()
+    worker = next(n for n in last.nodes if n.label == "worker:0")
+    chief = next(n for n in last.nodes if n.label == "chief:0")
+    assert worker.executor_id == second and worker.grant.profile_id == chief.grant.profile_id is not None
+    assert len(dict(worker.grant.resources)["gpu"]) == 1
