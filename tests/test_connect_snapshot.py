@@ -53,6 +53,7 @@ def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
          reports=[{"step": 3, "time": 1.0, "metrics": {"loss": 0.5}}])
     beat(ctl, 1, state="failed", error="ValueError: x", tail=["Traceback", "ValueError: x"], exit_code=1)
     ctl.open_epoch()
+    state.nodes[0].grant = cluster_state.Grant(1, (("gpu", ("3",)),), 2)  # what Spark gave its task (resources=)
     mirror_state = cluster_state.ClusterState("c1", "demo", ROLES)
     mirror = snapshot.Mirror(mirror_state)
     got_logs = []
@@ -63,8 +64,9 @@ def test_snapshot_json_round_trip_mirrors_nodes_logs_and_history():
     assert view.state == orig.state == cluster_state.C_FAILED and view.error == orig.error
     assert view.feed_epoch == 1 and mirror.feed_errors == ["e"] and mirror.lost_feeds == 1
     for a, b in zip(view.nodes, orig.nodes):
-        assert (a.state, a.host, a.port, a.step, a.metrics, a.error, a.tail, a.exit_code) == \
-               (b.state, b.host, b.port, b.step, b.metrics, b.error, b.tail, b.exit_code)
+        assert (a.state, a.host, a.port, a.step, a.metrics, a.error, a.tail, a.exit_code, a.grant) == \
+               (b.state, b.host, b.port, b.step, b.metrics, b.error, b.tail, b.exit_code, b.grant)
+    assert view.nodes[0].grant.text() == "1 cpu · gpu 3 · profile 2"
     assert mirror_state.logs(0) == ["a", "b"] and got_logs == [("chief:0", ["a", "b"])]
     assert mirror_state.history() == state.history()
 

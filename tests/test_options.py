@@ -147,3 +147,12 @@ def test_resources_need_a_cluster_manager_and_apply_to_clusters_only():
                       "scheduling", "use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources=")]
     with pytest.raises(ValueError, match="resources= does not apply to parallel runs"):
         TFParallel.run(None, lambda args, ctx: None, {}, 2, resources={"worker": {"gpus": 1}})
+
+
+def test_a_jobs_mlflow_params_take_its_options_resources_as_the_magic_spells_them():
+    from tfos_nb.runtime.driver.tracking import option_facts
+
+    options = JobOptions(name="digits", seed=3, resources={"worker": {"gpus": 1, "cpus": 2}, "ps": {"cpus": 1}})
+    assert option_facts(options) == {"name": "digits", "seed": 3, "deterministic": False,
+                                     "resources": "ps: cpus=1; worker: cpus=2 gpus=1"}
+    assert option_facts(JobOptions())["resources"] is None

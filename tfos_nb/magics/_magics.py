@@ -16,6 +16,7 @@ from ..runtime.driver.options import SHRINK_AFTER_S, ClusterShape, JobOptions, R
 from ..runtime.driver.parallel import runs as parallel
 from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
 from ..runtime.driver.start import add_start_listener, remove_start_listener
+from ..runtime.driver.tracking import option_facts
 from . import _cell_panel, _doctor, _render, _views
 from ._cell_options import (
     Namespace,
@@ -272,9 +273,8 @@ class TFOSMagics(Magics):
             except ValueError as exc:
                 raise usage(str(exc)) from None
         run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "cluster", sc=sc, tf_args=args,
-                       shape=shape, name=name, log_dir=opts.logdir,
-                       input_mode=int(data is not None), num_epochs=epochs, retries=opts.retries, seed=opts.seed,
-                       deterministic=opts.deterministic)
+                       shape=shape, log_dir=opts.logdir, input_mode=int(data is not None), num_epochs=epochs,
+                       retries=opts.retries, **{**option_facts(options), "name": name})
         handle = ClusterHandle(name, sc=sc, fn=fn, args=args, shape=shape, options=options, policy=policy,
                                tracking=run, data=data, epochs=epochs, validation=validation,
                                tensorboard=opts.tensorboard, log_dir=opts.logdir, evaluator_grace=self.evaluator_grace,

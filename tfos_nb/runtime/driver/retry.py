@@ -223,10 +223,10 @@ def run_job(
                                  start_args.pop("eval_node", False))
     policy.check(options)
     facts = {"sc": sc, "tf_args": tf_args, "shape": shape, "input_mode": InputMode.SPARK if training.data is not None
-             else start_args.get("input_mode"), "log_dir": start_args.get("log_dir"), "name": options.name,
+             else start_args.get("input_mode"), "log_dir": start_args.get("log_dir"),
              "num_epochs": training.num_epochs if "num_epochs" in given else None,
              "batch_rows": training.batch_rows if "batch_rows" in given else None, "retries": policy.retries,
-             "seed": options.seed, "deterministic": options.deterministic}
+             **experiment_tracking.option_facts(options)}
     tracking, owned = experiment_tracking.resolve(options.mlflow, "cluster", facts)
     job = Attempts(sc, map_fun, tf_args, shape, options, training, policy, tracking=tracking, start_args=start_args)
     started = time.monotonic()

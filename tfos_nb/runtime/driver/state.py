@@ -83,10 +83,14 @@ class Grant:
 
     @classmethod
     def of(cls, fields: dict[str, Any]) -> Grant:
-        """A Grant from its fields as JSON has them (the Connect coordinator's snapshot)."""
-        resources = fields.get("resources") or ()
-        return cls(fields.get("cpus"), tuple((str(k), tuple(str(a) for a in v)) for k, v in resources),
+        """A Grant from :meth:`to_dict`'s fields (the Connect coordinator's snapshot)."""
+        resources = fields.get("resources") or {}
+        return cls(fields.get("cpus"), tuple((str(k), tuple(str(a) for a in v)) for k, v in sorted(resources.items())),
                    fields.get("profile_id"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: ``{"cpus", "resources": {name: [addresses]}, "profile_id"}``."""
+        return {"cpus": self.cpus, "resources": {k: list(v) for k, v in self.resources}, "profile_id": self.profile_id}
 
     def text(self) -> str:
         """``1 cpu · gpu 0 · profile 2``; "" when Spark said nothing."""

@@ -73,7 +73,7 @@ def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[in
                 failed=None if n.failed_at is None else now - n.failed_at,
                 logs=logs, logs_count=logs_count,
                 reports=[remote.Report(time=t, step=step, metrics=metrics) for t, step, metrics in hist],
-                history_count=h_seen + len(hist), grant=dataclasses.asdict(n.grant)))
+                history_count=h_seen + len(hist), grant=n.grant.to_dict()))
         return remote.ClusterSnapshot(
             state=state.state, error=state.error, feed_epoch=state.feed_epoch, epoch_done=state.epoch_done,
             stop_requested=state.stop_requested, kill_requested=state.kill_requested, nodes=nodes,

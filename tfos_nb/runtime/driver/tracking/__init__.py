@@ -165,13 +165,21 @@ def job_run(wanted: Request | JobRun, kind: str, a: Mapping[str, Any]) -> tuple[
     if kind == "parallel":
         return JobRun(wanted, name, kind, {**versions(a["sc"])}, trials=_trials(a)), True
     params = _cluster_params(a)
-    for key in ("num_epochs", "batch_rows", "retries", "seed", "deterministic"):
+    for key in ("num_epochs", "batch_rows", "retries", "seed", "deterministic", "resources"):
         if a.get(key) is not None and a.get(key) is not False:
             params[f"tfos_nb.{key}"] = a[key]
     run = JobRun(wanted, name, kind, params)
     run.export_dir = _get(a["tf_args"], "export_dir")
     run.log_dir = a.get("log_dir")
     return run, True
+
+
+def option_facts(options: Any) -> dict[str, Any]:
+    """What a run's parameters take from a job's options (``JobOptions``): its name, seed, deterministic mode and
+    resources per role (as the magic spells them)."""
+    resources = options.resources.text() if options.resources is not None else None
+    return {"name": options.name, "seed": options.seed, "deterministic": options.deterministic,
+            "resources": resources}
 
 
 def resolve(setting: Any, kind: str, facts: Mapping[str, Any]) -> tuple[JobRun | None, bool]:
@@ -190,11 +198,9 @@ def tracked_start(kind: str, facts: Mapping[str, Any], options: Any, start: Call
     get its id through ``env``, and the job is attached through ``on_start`` as it is announced
     (before anything launches; classic and Spark Connect alike).  A run started here ends with
     the job; a :class:`JobRun` passed in (a retrying owner's) is only attached.  ``facts``: what the
-    run's parameters are made of (``sc``, ``tf_args``, a cluster's ``shape``…; the options' ``name``,
-    ``seed`` and ``deterministic`` are added).
+    run's parameters are made of (``sc``, ``tf_args``, a cluster's ``shape``…; :func:`option_facts` are added).
     """
-    run, owned = resolve(options.mlflow, kind, {**facts, "name": options.name, "seed": options.seed,
-                                                "deterministic": options.deterministic})
+    run, owned = resolve(options.mlflow, kind, {**facts, **option_facts(options)})
     if run is None:
         return start(options)
     user_on_start = options.on_start
