@@ -19,16 +19,25 @@ pytestmark = pytest.mark.slow
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    session = connect_session(4, conf=gpu_conf(tmp_path_factory.mktemp("gpu-connect")))  # the coordinator takes one
+DYNAMIC = {"spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+           "spark.dynamicAllocation.initialExecutors": "0", "spark.dynamicAllocation.minExecutors": "0"}
+
+
+@pytest.fixture(params=["task profiles", "dynamic allocation"])
+def spark(request, tmp_path_factory):
+    """A local Connect server of 4 one-core executors (the coordinator takes a slot): fixed, or brought by dynamic
+    allocation (no barrier stage, so the coordinator's task launches alone, before the other nodes)."""
+    conf = gpu_conf(tmp_path_factory.mktemp("gpu-connect"))
+    session = connect_session(4, conf={**conf, **(DYNAMIC if request.param == "dynamic allocation" else {})})
     yield session
     session.stop()
 
 
 def test_ps_on_cpu_and_workers_on_gpus_over_spark_connect(spark, no_leaks):
+    dynamic = spark.conf.get("spark.dynamicAllocation.enabled", "false") == "true"
+    memory = " memory=512m" if dynamic else ""
     cluster = TFCluster.run(spark, show_grant, {}, 3, num_ps=1, env={**NODE_ENV, "PATH": "/usr/bin:/bin"},
-                            resources="ps: cpus=1; worker: cpus=1 gpus=1")
+                            resources=f"ps: cpus=1{memory}; worker: cpus=1 gpus=1{memory}")
     views = {n.label: n for n in cluster.nodes}
     cluster.shutdown(timeout=60)
     seen = grants(cluster)

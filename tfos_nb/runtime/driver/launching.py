@@ -81,7 +81,7 @@ class Launch:
             frame = session.range(0, n, 1, n).mapInArrow(launcher, LAUNCH_SCHEMA, barrier=self._barrier, **extra)
             return [messages.LaunchStatus.from_dict(json.loads(r["s"])) for r in frame.collect()]
 
-        who = ", ".join(self._labels[i] for i in stage.nodes)
+        who = ", ".join(self._labels[i] for i in stage.nodes) if len(stage.nodes) <= 4 else f"{n} nodes"
         asks = f" ({stage.request.text()})" if not stage.request.empty else ""
         suffix = "launch" if not grouped else f"launch-{self.stages.index(stage)}"
         stage.job = self._job.spark_job(suffix, f"tfos_nb {self._job.name}: start {who}{asks}", launch)
