@@ -57,8 +57,6 @@ class Launch:
         self.stages = stages
         self._barrier = barrier
         self._labels = labels
-        self._statuses: list[messages.LaunchStatus] = []
-        self._error: BaseException | None = None
 
     def start(self) -> Launch:
         first = self.stages[:1] if self._meta.get("coordinator") else self.stages
