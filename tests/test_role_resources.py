@@ -157,3 +157,14 @@ def test_a_lost_executor_is_replaced_and_its_node_resumes_with_the_same_profile(
     chief = next(n for n in last.nodes if n.label == "chief:0")
     assert worker.executor_id == second and worker.grant.profile_id == chief.grant.profile_id is not None
     assert len(dict(worker.grant.resources)["gpu"]) == 1
+
+
+def test_a_setting_reads_the_same_from_a_context_and_from_its_session(sc):
+    """The one settings reader takes a SparkContext or a classic SparkSession (a retried job's backups ask the master
+    of whatever the user passed: a session read as "" made them think the nodes were on other hosts)."""
+    from tfos_nb.runtime.driver.slots import conf_value, session_master
+
+    session = SparkSession(sc)
+    assert conf_value(session, "spark.master") == conf_value(sc, "spark.master") == sc.master
+    assert session_master(session) == session_master(sc) == sc.master
+    assert conf_value(session, "spark.executor.resource.gpu.amount") == "1"

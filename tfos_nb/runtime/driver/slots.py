@@ -31,9 +31,10 @@ def fixed_slots(sc: Any) -> int | None:
 
 
 def conf_value(spark: Any, key: str) -> str | None:
-    """A setting of a SparkContext or a Spark Connect session (None: unset, or hidden by a hosted session)."""
+    """A setting of a SparkContext, or of a SparkSession (classic or Spark Connect); None: unset, or hidden by a
+    hosted session."""
     try:
-        value = spark.conf.get(key, None) if is_connect(spark) else spark.getConf().get(key, None)
+        value = spark.getConf().get(key, None) if hasattr(spark, "getConf") else spark.conf.get(key, None)
     except Exception:  # noqa: BLE001 - a hosted session may hide it
         return None
     return None if value is None else str(value)
