@@ -15,7 +15,7 @@ from ..sessions import is_connect
 from . import state as cluster_state
 from .controller import Controller
 from .job import DriverJob
-from .slots import require_classic
+from .slots import dynamic_allocation, require_classic
 
 
 def new_job(sc: Any, state: cluster_state.ClusterState, controller: Controller, *, runs: bool = False,
@@ -35,7 +35,7 @@ def new_job(sc: Any, state: cluster_state.ClusterState, controller: Controller, 
 
         return (ConnectRunsJob if runs else ConnectDriverJob)(sc, state, RemoteController(state, controller), **kw)
     require_classic(sc, "a status tracker and job groups" if runs else "RDDs, barrier tasks")
-    if not runs and not profiles and str(sc.getConf().get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+    if not runs and not profiles and dynamic_allocation(sc):
         msg = ("tfos_nb needs a fixed set of executors: set spark.dynamicAllocation.enabled=false, or give the roles "
                "their resources (resources=), whose stages bring executors of their own")
         raise ValueError(msg)

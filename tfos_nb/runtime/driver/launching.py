@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..executor.launch import LAUNCH_SCHEMA, make_launcher
 from ..protocol import messages
 from .resources import Request, Resources, offer_text, problems
-from .slots import conf_value, session_master
+from .slots import conf_value, dynamic_allocation, session_master
 
 if TYPE_CHECKING:
     from .job import DriverJob
@@ -126,10 +126,8 @@ class Launch:
         if not out:
             return ""
         names = tuple(name for s in self.stages for name, _ in s.request.amounts) or ("gpu",)
-        return "; ".join(out) + f"; the executors offer {offer_text(self._conf, session_master(self._job.sc), names)}"
-
-    def _conf(self, key: str) -> str | None:
-        return conf_value(self._job.sc, key)
+        offer = offer_text(_conf_reader(self._job.sc), session_master(self._job.sc), names)
+        return "; ".join(out) + f"; the executors offer {offer}"
 
     def forget(self) -> None:
         for s in self.stages:
@@ -168,10 +166,6 @@ def check(sc: Any, resources: Resources, roles: list[tuple[str, int]]) -> None:
     found = problems(resources, roles, _conf_reader(sc), session_master(sc))
     if found:
         raise ValueError("; ".join(f"{what}: {fix}" for what, fix in found))
-
-
-def dynamic_allocation(sc: Any) -> bool:
-    return str(conf_value(sc, "spark.dynamicAllocation.enabled") or "false").lower() == "true"
 
 
 def _conf_reader(sc: Any) -> Callable[[str], str | None]:

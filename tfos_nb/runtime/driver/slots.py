@@ -41,13 +41,18 @@ def conf_value(spark: Any, key: str) -> str | None:
 
 
 
+def dynamic_allocation(spark: Any) -> bool:
+    """Whether the session's executors come and go (``spark.dynamicAllocation.enabled``)."""
+    return str(conf_value(spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true"
+
+
 def connect_slots(spark: Any) -> tuple[int, int] | None:
     """(task slots, executors) as the session's configuration gives them, or None when it does not say.
 
     A Connect client cannot ask the scheduler, so this reads the master URL (``local[N]``,
     ``local-cluster[N,C,M]``) or a fixed ``spark.executor.instances`` × ``spark.executor.cores``.
     """
-    if str(conf_value(spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
+    if dynamic_allocation(spark):
         return None
     master = conf_value(spark, "spark.master") or ""
     cpus = max(1, int(conf_value(spark, "spark.task.cpus") or 1))

@@ -20,12 +20,12 @@ from .backends import new_job
 from .cluster import InputMode, TFCluster
 from .controller import new_cluster
 from .job import DriverJob, add_start_listener, remove_start_listener
-from .launching import Launch, dynamic_allocation
+from .launching import Launch
 from .launching import stages as launch_stages
 from .node_output import with_stderr
 from .options import ClusterShape, JobOptions
 from .roles import trainers_finished
-from .slots import available_slots, expected_slots, spark_context
+from .slots import available_slots, dynamic_allocation, expected_slots, spark_context
 from .tracking import tracked_start
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run", "start_cluster"]
