@@ -26,8 +26,9 @@ class _Distribution(Distribution):
         return bool(self.has_data_files())
 
 
-NOTEBOOK = ["ipython>=8", "ipykernel>=6", "traitlets>=5", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"]
-EXAMPLES = ["scikit-learn>=1.2"]  # tfos_nb.examples: the digits data set ships inside scikit-learn
+# The floors are what scripts/check_floor.sh installs (requirements-floor.txt): tested, not guessed.
+NOTEBOOK = ["ipython>=8.18", "ipykernel>=6.29", "traitlets>=5.14", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"]
+EXAMPLES = ["scikit-learn>=1.2.2"]  # tfos_nb.examples: the digits data set ships inside scikit-learn
 MLFLOW = ["mlflow-skinny>=2.16"]  # experiment tracking: the MLflow client only (the notebook logs; nodes need nothing)
 
 setup(
@@ -46,16 +47,18 @@ setup(
         # pip install "tf-keras~=X.Y.0"; a node without it fails at once saying so (executor/keras_flavour.py)
         "tensorboard>=2.16",  # TensorFlow 2.21 no longer pulls it in; nodes start it on the chief
         "cloudpickle>=3.0",
-        "pyarrow>=14",
+        "pyarrow>=14.0.2",
         "numpy>=1.26",
         "pandas>=2.0,<3",  # pyspark 4.3 does not fully support pandas 3
     ],
     extras_require={
         "notebook": NOTEBOOK,
-        "connect": ["pyspark[connect]>=3.5"],  # Spark Connect sessions (Databricks serverless, standard access)
+        # Spark Connect sessions (Databricks serverless, standard access): 4.0 is the floor tested
+        # (requirements-floor-connect.txt); its client needs protobuf >= 5, so TensorFlow >= 2.18 beside it
+        "connect": ["pyspark[connect]>=4.0"],
         "examples": EXAMPLES,
         "mlflow": MLFLOW,
-        "all": NOTEBOOK + EXAMPLES + MLFLOW + ["pyspark[connect]>=3.5"],
+        "all": NOTEBOOK + EXAMPLES + MLFLOW + ["pyspark[connect]>=4.0"],
     },
     # Enables the TensorBoard proxy server extension on install (jupyter server extension list);
     # editable installs too, through _Distribution.

@@ -181,7 +181,10 @@ def test_numpy_values_go_back_and_others_are_dropped_with_a_line(capsys):
 # -- a real kernel, read by a client that drops what hosted notebooks drop ------------------------------
 QUIET_CELL = """%%tfos_cluster --workers 1 --name quiet
 import tensorflow as tf
-tf.config.list_physical_devices()  # the native start-up lines (cuInit on a CPU machine)
+import os
+tf.config.list_physical_devices()  # the native start-up lines (cuInit on a CPU machine, TensorFlow >= 2.18)
+# the line TensorFlow 2.21 prints there, written as its C++ logging writes it: TensorFlow 2.16 prints none here
+os.write(2, b"E0000 00:00:1732271234.567890    1234 cuda_executor.cc:1228] failed call to cuInit: UNKNOWN ERROR (303)\\n")
 print("user line from", ctx.job_name, flush=True)
 for step in range(1, 21):
     ctx.report(step=step, total_steps=20, loss=float("nan") if step == 10 else 1.0 / step)

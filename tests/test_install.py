@@ -146,3 +146,29 @@ def test_editable_install_enables_the_extension(sandbox):
     where = _run([str(sandbox["python"]), "-c", "import tfos_nb.tbproxy; print(tfos_nb.tbproxy.__file__)"],
                  sandbox["cwd"], sandbox["env"])
     assert where.strip() == str(sandbox["src"] / "tfos_nb" / "tbproxy" / "__init__.py"), where
+
+
+def test_installing_the_wheel_leaves_the_installed_tensorflow_and_spark_alone(tmp_path):
+    """``pip install tfos_nb[notebook,examples]`` where TensorFlow, tf-keras and pyspark are installed changes none
+    of them: TensorFlow 2.21 / pyspark 4.3 in the suite, TensorFlow 2.16.1 / pyspark 3.5.0 in the floor tier
+    (scripts/check_floor.sh runs this test there). pip resolves the wheel against this environment and reports what
+    it would install (``--dry-run --report``); before tf-keras left the requirements it upgraded TensorFlow."""
+    from importlib.metadata import version
+
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
+         tmp_path, dict(os.environ))
+    (wheel,) = dist.glob("tfos_nb-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        metadata = whl.read(next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    requires = re.findall(r"^Requires-Dist: ([\w.-]+)", metadata, re.M)
+    # tf-keras X.Y requires tensorflow X.Y: a requirement on it, whatever its range, let pip upgrade TensorFlow
+    assert "tensorflow" in requires and not {"tf-keras", "tf_keras", "keras"} & set(requires), requires
+    report = tmp_path / "report.json"
+    _run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report),
+          f"tfos_nb[notebook,examples] @ {wheel.as_uri()}"], tmp_path, dict(os.environ))
+    planned = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+               for item in json.loads(report.read_text())["install"]}
+    assert planned.pop("tfos-nb") == tfos_nb.__version__, planned
+    kept = {name: version(name) for name in ("tensorflow", "tf-keras", "tensorboard", "pyspark", "numpy", "pandas")}
+    assert not set(planned) & set(kept), (planned, kept)  # nothing of the stack is installed over what is there

@@ -219,10 +219,18 @@ def test_an_older_pyspark_is_refused_naming_itself_and_the_fix(version):
     assert _spark.connect_refusal(version) == OLD_PYSPARK.replace("3.5.3", version)
 
 
-def test_the_installed_pyspark_may_run_the_embedded_connect_server():
+def test_the_installed_pyspark_runs_the_embedded_connect_server_from_4_0_and_refuses_it_before(monkeypatch):
+    """pyspark 4.3 in the suite; 3.5.0 in the floor tier (scripts/check_floor.sh), where a real session is refused."""
     import pyspark
 
-    assert _spark.connect_refusal(pyspark.__version__) is None, pyspark.__version__
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        assert _spark.connect_refusal(pyspark.__version__) is None, pyspark.__version__
+        return
+    monkeypatch.setattr(_spark, "find_spark_context", lambda ns: None)  # whatever Spark an earlier module left
+    with pytest.raises(RuntimeError) as info:
+        _spark.spark_session(2, connect=True)
+    assert str(info.value) == OLD_PYSPARK.replace("3.5.3", pyspark.__version__)
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_LOCAL_REMOTE" not in os.environ
 
 
 def test_an_old_pyspark_refuses_connect_before_anything_starts(ip, monkeypatch, capsys):

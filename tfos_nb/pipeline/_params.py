@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 
 from ..runtime.args import Namespace
 from ..runtime.sessions import is_connect
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; only annotations use it
 
 _FNS_DIR = "tfos_nb_callables"  # the older saveAsPickleFile format: read on classic sessions only
 _FNS_TABLE = "tfos_nb_fns"  # one-row parquet table, binary column ``fns``
@@ -302,9 +305,8 @@ class TFParams(Params):
     def merge_args_params(self) -> Namespace:
         """A copy of ``args`` updated with every Param that is set or has a default, by its snake_case name.
 
-        A Param wins over an ``args`` key of the same name even when only defaulted, as in
-        TensorFlowOnSpark; a Param with neither value nor default (``ModelDir``, ``ExportDir``,
-        ``TFRecordDir``, ``InputMapping`` …) is ``None`` unless ``args`` has the key.
+        A Param wins over an ``args`` key of its name even when only defaulted (TensorFlowOnSpark's rule); one with
+        neither value nor default (``ModelDir``, ``ExportDir``, ``InputMapping`` …) is ``None`` unless in ``args``.
         """
         merged = Namespace(self.args)
         for param in self.params:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from pyspark.ml.param import Params, TypeConverters
 
 from ._params import _accessors, _param
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; only annotations use it
 
 
 class HasRetries(Params):

@@ -9,11 +9,14 @@ the chief's last Keras ``val_*`` values in its ``ValidationMetrics`` Param, save
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from pyspark.ml.param import Params
 
 from ._params import TFTypeConverters, _accessors, _param
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+; only annotations use it
 
 SPLIT_SEED = 20170101  # the fraction's randomSplit seed: the same rows validate at every fit of the same data
 

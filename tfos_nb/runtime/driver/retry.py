@@ -20,6 +20,7 @@ enough executors, a reservation timeout) and ``KeyboardInterrupt``.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -267,9 +268,18 @@ def attempts(attempt_once: Callable[[int], T], retries: int, *, failures: list[s
         except TFClusterError as exc:
             if stopped() or attempt > retries:
                 if failures:
-                    exc.add_note(f"(attempt {attempt} of {retries + 1}; earlier attempts: {'; '.join(failures)})")
+                    _add_note(exc, f"(attempt {attempt} of {retries + 1}; earlier attempts: {'; '.join(failures)})")
                 raise
             failures.append((str(exc).splitlines() or [type(exc).__name__])[0])
             attempt += 1
             if on_retry is not None:
                 on_retry(attempt, exc)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11+); on 3.10 the same ``__notes__`` list, which its tracebacks do not print
+    (the cell's output has said each earlier attempt's failure as it happened)."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
