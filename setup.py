@@ -40,7 +40,6 @@ setup(
     packages=find_packages(include=["tfos_nb", "tfos_nb.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "pyspark>=3.5",  # barrier stages, mapInArrow; arrow_udf (4.1) is used when present, pandas_udf before
         "tensorflow>=2.16",
         # not tf-keras: each tf-keras X.Y needs tensorflow X.Y, and pip, free to pick the newest, upgraded an
         # installed TensorFlow to match it. keras="tf_keras" (the default) needs the one for your TensorFlow:
@@ -52,13 +51,16 @@ setup(
         "pandas>=2.0,<3",  # pyspark 4.3 does not fully support pandas 3
     ],
     extras_require={
+        # not a requirement: a platform's own Spark (Databricks, EMR, Dataproc) is not always a pip distribution, and
+        # pip would install PyPI's pyspark over it. 3.5: barrier mapInArrow; arrow_udf (4.1) when present.
+        "spark": ["pyspark>=3.5"],
         "notebook": NOTEBOOK,
         # Spark Connect sessions (Databricks serverless, standard access): 4.0 is the floor tested
         # (requirements-floor-connect.txt); its client needs protobuf >= 5, so TensorFlow >= 2.18 beside it
         "connect": ["pyspark[connect]>=4.0"],
         "examples": EXAMPLES,
         "mlflow": MLFLOW,
-        "all": NOTEBOOK + EXAMPLES + MLFLOW + ["pyspark[connect]>=4.0"],
+        "all": ["pyspark[connect]>=4.0", *NOTEBOOK, *EXAMPLES, *MLFLOW],
     },
     # Enables the TensorBoard proxy server extension on install (jupyter server extension list);
     # editable installs too, through _Distribution.

@@ -63,7 +63,7 @@ print(f'tfos_nb floor tier: Python {sys.version.split()[0]}, pyspark {pyspark.__
 }
 
 PY=$(find_python)
-setup .venv-floor requirements-floor.txt notebook,examples
+setup .venv-floor requirements-floor.txt spark,notebook,examples
 setup .venv-floor-connect requirements-floor-connect.txt notebook,examples,connect
 run .venv-floor \
   tests/test_runtime_spark.py::test_mwms_chief_and_two_workers_from_dataframe \

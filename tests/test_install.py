@@ -149,7 +149,7 @@ def test_editable_install_enables_the_extension(sandbox):
 
 
 def test_installing_the_wheel_leaves_the_installed_tensorflow_and_spark_alone(tmp_path):
-    """``pip install tfos_nb[notebook,examples]`` where TensorFlow, tf-keras and pyspark are installed changes none
+    """``pip install tfos_nb[spark,notebook,examples]`` where TensorFlow, tf-keras and pyspark are installed changes none
     of them: TensorFlow 2.21 / pyspark 4.3 in the suite, TensorFlow 2.16.1 / pyspark 3.5.0 in the floor tier
     (scripts/check_floor.sh runs this test there). pip resolves the wheel against this environment and reports what
     it would install (``--dry-run --report``); before tf-keras left the requirements it upgraded TensorFlow."""
@@ -166,7 +166,7 @@ def test_installing_the_wheel_leaves_the_installed_tensorflow_and_spark_alone(tm
     assert "tensorflow" in requires and not {"tf-keras", "tf_keras", "keras"} & set(requires), requires
     report = tmp_path / "report.json"
     _run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report),
-          f"tfos_nb[notebook,examples] @ {wheel.as_uri()}"], tmp_path, dict(os.environ))
+          f"tfos_nb[spark,notebook,examples] @ {wheel.as_uri()}"], tmp_path, dict(os.environ))
     planned = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
                for item in json.loads(report.read_text())["install"]}
     assert planned.pop("tfos-nb") == tfos_nb.__version__, planned

@@ -233,6 +233,20 @@ def test_the_installed_pyspark_runs_the_embedded_connect_server_from_4_0_and_ref
     assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ and "SPARK_LOCAL_REMOTE" not in os.environ
 
 
+def test_without_pyspark_the_embedded_spark_names_the_extra(ip, monkeypatch):
+    """pyspark is the ``spark`` extra (a platform's own Spark is not always a pip distribution): a kernel with no
+    Spark session and no pyspark gets one sentence naming it, from the magic (UsageError) and from Python."""
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # what `import pyspark` meets where it is not installed
+    monkeypatch.setattr(_spark, "find_spark_context", lambda ns: None)
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("tfos_cluster", "--workers 1 --name no_pyspark", "pass")
+    assert str(info.value) == _spark.NO_PYSPARK
+    assert "pip install 'tfos_nb[spark]'" in _spark.NO_PYSPARK
+    with pytest.raises(RuntimeError) as info:
+        _spark.spark_session(2)
+    assert str(info.value) == _spark.NO_PYSPARK
+
+
 def test_an_old_pyspark_refuses_connect_before_anything_starts(ip, monkeypatch, capsys):
     """The magics say it as a one-line UsageError, the Python API as a RuntimeError: no notice, no JVM, no
     environment of a Spark Connect server."""

@@ -104,8 +104,17 @@ def _pyspark_version() -> str:
     return str(pyspark.__version__)
 
 
+NO_PYSPARK = ("tfos_nb: no Spark session in this kernel, and no pyspark to start an embedded one: pip install "
+              "'tfos_nb[spark]', or run the notebook where your platform's Spark is (Databricks, EMR, Dataproc)")
+
+
 def _refusal(connect: bool | None) -> str | None:
-    """:func:`connect_refusal` for the installed pyspark where the embedded Spark is to be a Connect server."""
+    """Why the embedded Spark cannot start, or None: no pyspark (the ``spark`` extra), or :func:`connect_refusal`
+    for the installed pyspark where the embedded Spark is to be a Connect server."""
+    try:
+        import pyspark  # noqa: F401 - a platform's own, or the extra's
+    except ImportError:
+        return NO_PYSPARK
     return connect_refusal(_pyspark_version()) if _wants_connect(connect) else None
 
 
@@ -122,8 +131,8 @@ def start_embedded(nodes: int, master_template: str, connect: bool | None = None
     and so tfos_nb's control server and the nodes' data servers and TensorBoard, which
     take the driver's address.  A notebook's own Spark session keeps its own settings.
 
-    Raises ``RuntimeError`` for a Connect server on pyspark < 4.0 (:func:`connect_refusal`), before
-    anything starts.
+    Raises ``RuntimeError`` without pyspark, and for a Connect server on pyspark < 4.0 (:func:`connect_refusal`),
+    before anything starts.
     """
     refusal = _refusal(connect)
     if refusal:
