@@ -27,7 +27,7 @@ class _Distribution(Distribution):
 
 
 # The floors are what scripts/check_floor.sh installs (requirements-floor.txt): tested, not guessed.
-NOTEBOOK = ["ipython>=8.18", "ipykernel>=6.29", "traitlets>=5.14", "jupyter_server>=2.14", "ipywidgets>=8.1,<9"]
+NOTEBOOK = ["ipython>=8.18", "ipykernel>=6.29", "traitlets>=5.14", "jupyter_server>=2.18", "ipywidgets>=8.1,<9"]
 EXAMPLES = ["scikit-learn>=1.2.2"]  # tfos_nb.examples: the digits data set ships inside scikit-learn
 MLFLOW = ["mlflow-skinny>=2.16"]  # experiment tracking: the MLflow client only (the notebook logs; nodes need nothing)
 

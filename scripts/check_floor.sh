@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The floor of the support matrix (docs/getting-started.md, "Supported versions"): a slice of the test suite --
-# feeding, training and inference on real Spark, the pipeline, a training cell in a real kernel with its panel,
-# and Spark Connect -- on the lowest versions setup.py admits, in two environments of their own on Python 3.10:
+# The floor of the support matrix (docs/getting-started.md, "Supported versions"): the fast tier and a slice of the
+# slow one -- feeding, training and inference on real Spark, the pipeline, a training cell in a real kernel with its
+# panel, and Spark Connect -- on the lowest versions setup.py admits, in two environments of their own on Python 3.10:
 #   .venv-floor          requirements-floor.txt: pyspark 3.5.0, TensorFlow 2.16.1 + tf-keras 2.16.0, pandas 2.0.3,
 #                        pyarrow 14.0.2, numpy 1.26.4, IPython 8.18 (the suite itself runs the newest: requirements.txt)
 #   .venv-floor-connect  requirements-floor-connect.txt: pyspark[connect] 4.0.0 with TensorFlow 2.18.1 (see there)
@@ -54,7 +54,7 @@ run() {  # run VENV PYTEST-ARGS...: pytest in VENV, its JVMs' late lines in VENV
   shift
   "$venv/bin/python" -c "import sys, pyspark, tensorflow as tf, pandas, pyarrow, numpy
 print(f'tfos_nb floor tier: Python {sys.version.split()[0]}, pyspark {pyspark.__version__}, TensorFlow {tf.__version__},'
-      f' pandas {pandas.__version__}, pyarrow {pyarrow.__version__}, numpy {numpy.__version__}')" 2>/dev/null
+      f' pandas {pandas.__version__}, pyarrow {pyarrow.__version__}, numpy {numpy.__version__}')" 2>/dev/null || true
   if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning "$@" 2>"$venv/pytest.log"; then
     echo "--- $venv/pytest.log" >&2
     cat "$venv/pytest.log" >&2
@@ -63,8 +63,11 @@ print(f'tfos_nb floor tier: Python {sys.version.split()[0]}, pyspark {pyspark.__
 }
 
 PY=$(find_python)
-setup .venv-floor requirements-floor.txt spark,notebook,examples
+setup .venv-floor requirements-floor.txt spark,notebook,examples,mlflow
 setup .venv-floor-connect requirements-floor-connect.txt notebook,examples,connect
+# the fast tier: all of it but the docs build (the suite's tools) and a test that needs the Connect client
+run .venv-floor -m "not slow" --ignore=tests/test_docs.py \
+  --deselect tests/test_connect_snapshot.py::test_is_connect_tells_connect_sessions_from_classic_ones "$@"
 run .venv-floor \
   tests/test_runtime_spark.py::test_mwms_chief_and_two_workers_from_dataframe \
   tests/test_runtime_spark.py::test_mwms_from_rdd_and_inference_in_order \

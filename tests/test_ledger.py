@@ -47,7 +47,7 @@ def test_original_and_kept_slices_agree_on_random_skips():
 
 
 def test_the_feeder_leaves_out_the_skipped_rows_across_its_batches():
-    batches = [pa.record_batch({"id": list(range(a, a + 4))}) for a in range(0, 12, 4)]
+    batches = [pa.RecordBatch.from_pydict({"id": list(range(a, a + 4))}) for a in range(0, 12, 4)]
     out = [v for b in without(batches, [(1, 2), (3, 6), (11, 20)]) for v in b.column(0).to_pylist()]
     assert out == [0, 2, 6, 7, 8, 9, 10]
 
