@@ -5,7 +5,8 @@
 #   .venv-floor          requirements-floor.txt: pyspark 3.5.0, TensorFlow 2.16.1 + tf-keras 2.16.0, pandas 2.0.3,
 #                        pyarrow 14.0.2, numpy 1.26.4, IPython 8.18 (the suite itself runs the newest: requirements.txt)
 #   .venv-floor-connect  requirements-floor-connect.txt: pyspark[connect] 4.0.0 with TensorFlow 2.18.1 (see there)
-# .ci/run runs it after the suite; by hand: bash scripts/check_floor.sh (about 1.5 GB of downloads the first time).
+# .ci/run runs it after the suite (`--setup` only sets the environments up: .ci/run does that while the suite runs);
+# by hand: bash scripts/check_floor.sh (about 1.5 GB of downloads the first time).
 # Each environment installs tfos_nb (-e) with its extras under the floor's constraints, and the test tools at the
 # suite's versions; the install is skipped while those files are unchanged. pytest's output is printed; the Spark
 # JVMs' shutdown lines after the last test (pyspark 3.5's standalone worker says it cannot relaunch executors
@@ -65,6 +66,7 @@ print(f'tfos_nb floor tier: Python {sys.version.split()[0]}, pyspark {pyspark.__
 PY=$(find_python)
 setup .venv-floor requirements-floor.txt spark,notebook,examples,mlflow
 setup .venv-floor-connect requirements-floor-connect.txt notebook,examples,connect
+if [ "${1:-}" = --setup ]; then exit 0; fi
 # the fast tier: all of it but the docs build (the suite's tools) and a test that needs the Connect client
 run .venv-floor -m "not slow" --ignore=tests/test_docs.py \
   --deselect tests/test_connect_snapshot.py::test_is_connect_tells_connect_sessions_from_classic_ones "$@"
