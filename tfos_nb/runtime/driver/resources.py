@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .slots import dynamic_in
+
 __all__ = ["ROLES", "Request", "Resources"]
 
 #: the roles a request may name; ``*`` is the default of every role, ``master`` is spelt ``chief``
@@ -230,7 +232,7 @@ def problems(resources: Resources, roles: list[tuple[str, int]] | None, conf: Ca
         return [(f"resources= needs a cluster manager, and Spark's local mode ({master}) has no stage-level "
                  "scheduling", "use local-cluster[N,C,MB], standalone, YARN or Kubernetes, or drop resources=")]
     out: list[tuple[str, str]] = []
-    dynamic = _dynamic(conf)
+    dynamic = dynamic_in(conf)
     cores = _int(conf("spark.executor.cores")) or _local_cluster_cores(master)
     wanted = None if roles is None else {"chief" if role == "master" else role for role, _ in roles}
     for role, req in resources.roles:
@@ -260,10 +262,6 @@ def problems(resources: Resources, roles: list[tuple[str, int]] | None, conf: Ca
     return out
 
 
-def _dynamic(conf: Callable[[str], str | None]) -> bool:
-    return str(conf("spark.dynamicAllocation.enabled") or "false").lower() == "true"
-
-
 def _int(value: str | None) -> int | None:
     return int(value) if value is not None and value.strip().isdigit() else None
 
@@ -289,4 +287,4 @@ def offer_text(conf: Callable[[str], str | None], master: str, names: tuple[str,
     for name in dict.fromkeys(names):
         amount = conf(f"spark.executor.resource.{name}.amount")
         parts.append(f"{name} {amount if amount is not None else 'none'}")
-    return ", ".join(parts) + f" (dynamic allocation {'on' if _dynamic(conf) else 'off'})"
+    return ", ".join(parts) + f" (dynamic allocation {'on' if dynamic_in(conf) else 'off'})"

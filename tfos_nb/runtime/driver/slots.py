@@ -43,7 +43,12 @@ def conf_value(spark: Any, key: str) -> str | None:
 
 def dynamic_allocation(spark: Any) -> bool:
     """Whether the session's executors come and go (``spark.dynamicAllocation.enabled``)."""
-    return str(conf_value(spark, "spark.dynamicAllocation.enabled") or "false").lower() == "true"
+    return dynamic_in(lambda key: conf_value(spark, key))
+
+
+def dynamic_in(conf: Callable[[str], str | None]) -> bool:
+    """:func:`dynamic_allocation` from a reader of settings (a session's, or a test's dict)."""
+    return str(conf("spark.dynamicAllocation.enabled") or "false").lower() == "true"
 
 
 def connect_slots(spark: Any) -> tuple[int, int] | None:
