@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.jupyter_server import JupyterServer, child_env, jupyter_server, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -175,21 +176,45 @@ def browser() -> Iterator[object]:
             ctx.close()
 
 
-# the notebook's session is ready with its kernel connected: the status bar says "Idle" from the first kernel_info
-# reply, before that; a run in between left the cell pending ([*]) for good with the kernel idle, in JupyterLab
-# (one CI run; JupyterLab's issue 11636 describes the same race after a restart) and in Notebook 7 (one CI run)
+# the notebook's session is ready once its kernel has answered a request through the page's own connection (a cell
+# run before that stayed [*] with the kernel idle, in CI, in JupyterLab and Notebook 7; jupyterlab#8490, #11636):
+# each poll asks (10 s a try); a connection down 30 s is reconnected, as a person would (Kernel > Reconnect);
+# window.__tfosSession keeps what was last seen, for the timeout's message
 SESSION_READY_JS = """async () => {
+    const d = window.__tfosSession = window.__tfosSession || {reconnects: 0, asked: 0, down: null};
     const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-    if (!w || !w.sessionContext) return false;
+    if (!w || !w.sessionContext) { d.why = 'no notebook widget'; return false; }
+    d.why = 'the session context is not ready';
     await w.sessionContext.ready;
     const k = w.sessionContext.session && w.sessionContext.session.kernel;
-    if (!k || k.connectionStatus !== 'connected' || k.status !== 'idle') return false;
-    // a round trip through the page's own connection: a request sent just after the socket connected can be lost
-    // (the cell then stays [*] with the kernel idle, seen in CI in both front-ends; jupyterlab#8490), so the page
-    // is ready once the kernel has answered it; an unanswered try is given 10 s, then the next poll asks again
+    if (!k) { d.why = 'no kernel in the session'; return false; }
+    d.status = k.status; d.connection = k.connectionStatus;
+    if (k.connectionStatus !== 'connected') {
+        d.why = 'kernel connection ' + k.connectionStatus;
+        d.down = d.down || Date.now();
+        if (Date.now() - d.down > 30000) { d.down = null; d.reconnects += 1; k.reconnect().catch(() => {}); }
+        return false;
+    }
+    d.down = null; d.asked += 1;
     const reply = await Promise.race([k.requestKernelInfo(), new Promise(r => setTimeout(() => r(null), 10000))]);
-    return !!reply && reply.content.status === 'ok';
+    d.status = k.status;
+    if (!reply || reply.content.status !== 'ok') { d.why = 'no kernel_info reply in 10 s'; return false; }
+    if (k.status !== 'idle') { d.why = 'kernel ' + k.status + ' after its reply'; return false; }
+    return true;
 }"""
+
+
+def session_ready(page, server: Lab, timeout_s: int = 180) -> None:
+    """Poll :data:`SESSION_READY_JS` (``page.evaluate`` awaits its promise: ``wait_for_function`` would not wait for
+    it, it returns at the first promise even when that resolves to false); a timeout says what the page saw last
+    and the server's kernels."""
+    if not wait_until(lambda: page.evaluate(SESSION_READY_JS), timeout_s, 1.0):
+        seen = page.evaluate("() => window.__tfosSession || null")
+        kernels = [(k.get("execution_state"), k.get("connections"), k.get("last_activity")) for k in server.api("api/kernels") or []]
+        raise AssertionError(f"the notebook's kernel was not ready in {timeout_s} s: the page saw {seen}; the "
+                             f"server's kernels (state, connections, last activity) {kernels}")
+
+
 # JupyterLab binds its keys once its shortcut settings are loaded (a request to the server, slow on a cold first run):
 # a Shift+Enter pressed before that runs nothing, and the cell's prompt stays empty (a CI run waited 300 s so)
 KEYS_READY_JS = """() => !!window.jupyterapp && window.jupyterapp.commands.keyBindings.some(
@@ -244,13 +269,7 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
     try:
         page.goto(f"{lab.url}lab/tree/browser.ipynb?token={lab.token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        # the kernel is connected and idle (the toolbar's indicator says idle before there is a kernel), by the page's
-        # cold-start deadline: one fresh-clone run waited over 120 s here, its kernel started and connected in 1 s
-        # by the server's log (cause not found; the same clone's rerun took 54 s for the whole test)
-        page.wait_for_function(
-            "() => Array.from(document.querySelectorAll('.jp-StatusBar-TextItem')).some(e => /\\| Idle$/.test(e.innerText))",
-        )
-        page.wait_for_function(SESSION_READY_JS)
+        session_ready(page, lab)  # by the page's cold-start deadline (fresh venv, no .pyc)
         page.wait_for_function(KEYS_READY_JS)
         # run both cells as a person would: into the first cell, Shift+Enter twice
         page.locator(".jp-Cell .jp-InputArea-editor").first.click()
@@ -348,7 +367,7 @@ def test_panel_in_notebook7(notebook7: Lab, browser, tmp_path: Path) -> None:
         wait_for(lambda: [s for s in notebook7.api("api/sessions") or []
                           if s["path"].endswith("browser.ipynb") and s["kernel"]["execution_state"] == "idle"],
                  120, "the notebook's kernel")
-        page.wait_for_function(SESSION_READY_JS, timeout=120_000)
+        session_ready(page, notebook7, 120)
         # the toolbar's ▶ (run and advance), not Shift+Enter: Notebook 7.6's shortcut settings fail to load now and
         # then (the page error ignored above), and a keystroke then runs nothing; the button's command always does
         run = page.locator('.jp-NotebookPanel-toolbar [data-command="notebook:run-cell-and-select-next"]').first
