@@ -177,28 +177,29 @@ def browser() -> Iterator[object]:
 
 
 # the notebook's session is ready once its kernel has answered a request through the page's own connection (a cell
-# run before that stayed [*] with the kernel idle, in CI, in JupyterLab and Notebook 7; jupyterlab#8490, #11636):
-# each poll asks (10 s a try); a connection down 30 s is reconnected, as a person would (Kernel > Reconnect);
-# window.__tfosSession keeps what was last seen, for the timeout's message
+# run before that stayed [*] with the kernel idle, in CI, in JupyterLab and Notebook 7). A page that connected while
+# its kernel was still starting (the server's log: a second "Nudge") can stay connected with no reply ever: each poll
+# asks (10 s a try); 3 unanswered tries or a connection down 30 s, and the page reconnects, as a person would (Kernel >
+# Reconnect); window.__tfosSession keeps what was seen, for the timeout's message
 SESSION_READY_JS = """async () => {
     const d = window.__tfosSession = window.__tfosSession || {reconnects: 0, asked: 0, down: null};
     const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
     if (!w || !w.sessionContext) { d.why = 'no notebook widget'; return false; }
-    d.why = 'the session context is not ready';
-    await w.sessionContext.ready;
+    d.why = 'the session context is not ready'; await w.sessionContext.ready;
     const k = w.sessionContext.session && w.sessionContext.session.kernel;
     if (!k) { d.why = 'no kernel in the session'; return false; }
     d.status = k.status; d.connection = k.connectionStatus;
     if (k.connectionStatus !== 'connected') {
-        d.why = 'kernel connection ' + k.connectionStatus;
-        d.down = d.down || Date.now();
+        d.why = 'kernel connection ' + k.connectionStatus; d.down = d.down || Date.now();
         if (Date.now() - d.down > 30000) { d.down = null; d.reconnects += 1; k.reconnect().catch(() => {}); }
         return false;
     }
     d.down = null; d.asked += 1;
     const reply = await Promise.race([k.requestKernelInfo(), new Promise(r => setTimeout(() => r(null), 10000))]);
     d.status = k.status;
-    if (!reply || reply.content.status !== 'ok') { d.why = 'no kernel_info reply in 10 s'; return false; }
+    if (!reply || reply.content.status !== 'ok') {  // 3 tries unanswered: reconnect
+        d.why = 'no kernel_info reply in 10 s'; d.unanswered = (d.unanswered || 0) + 1;
+        if (d.unanswered >= 3) { d.unanswered = 0; d.reconnects += 1; k.reconnect().catch(() => {}); } return false; }
     if (k.status !== 'idle') { d.why = 'kernel ' + k.status + ' after its reply'; return false; }
     return true;
 }"""
@@ -213,6 +214,7 @@ def session_ready(page, server: Lab, timeout_s: int = 180) -> None:
         kernels = [(k.get("execution_state"), k.get("connections"), k.get("last_activity")) for k in server.api("api/kernels") or []]
         raise AssertionError(f"the notebook's kernel was not ready in {timeout_s} s: the page saw {seen}; the "
                              f"server's kernels (state, connections, last activity) {kernels}")
+    print(f"\nthe notebook's kernel is ready: {page.evaluate('() => window.__tfosSession')}")
 
 
 # JupyterLab binds its keys once its shortcut settings are loaded (a request to the server, slow on a cold first run):
