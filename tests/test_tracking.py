@@ -463,6 +463,10 @@ def test_one_mlflow_run_per_job_from_a_notebook(mlflow_server, client, kernel_sp
         # ...beside the job's: Keras fit's own `workers` does not clash with tfos_nb.workers
         assert run.data.params["epochs"] == "2" and run.data.params["tfos_nb.workers"] == "2"
         assert "loss" in run.data.metrics
+        # where each node's time went over the attempt, as system metrics: four shares a node, summing to 1
+        for label in ("chief_0", "worker_0"):
+            shares = [run.data.metrics[f"system/time_{c}/{label}"] for c in ("input", "compute", "peers", "other")]
+            assert sum(shares) == pytest.approx(1.0) and min(shares) >= 0, (label, shares)
         text = _text(msgs)
         assert text.count("active after fit: False") == 2, text[-2000:]
         for node in ("chief", "worker"):  # a worker could have logged a run of its own: its autolog did nothing

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..runtime import step_time
 from ..runtime.driver import retry, stacks, start, state
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
 from ..runtime.driver.options import ClusterShape, JobOptions, RetryPolicy
@@ -255,22 +256,29 @@ class ClusterHandle(RunHandle):
 
         Columns ``node`` (``role:index``), ``role``, ``index``, ``attempt``, ``step``,
         ``time`` (seconds since the run started, by the node's clock), then one column
-        per metric (NaN where a report lacks it).  Like Ray Train's
-        ``Result.metrics_dataframe``; e.g. ``h.history.pivot_table(index="step",
-        columns="node", values="loss").plot()``.  Rows so far while the run goes on.
+        per metric (NaN where a report lacks it), then where the node's time went over
+        the last few seconds, as the panel showed it then: ``time_input``,
+        ``time_compute``, ``time_peers``, ``time_other`` (fractions summing to 1; NaN
+        before training began).  Like Ray Train's ``Result.metrics_dataframe``; e.g.
+        ``h.history.pivot_table(index="step", columns="node", values="loss").plot()``.
+        Rows so far while the run goes on.
         """
         import pandas as pd
 
         with self._lock:
             states = list(self._states)
         rows, metric_names = [], {}
+        fixed = ("node", "role", "index", "attempt", "step", "time")
+        shares_columns = [f"time_{c}" for c in step_time.CATEGORIES]
         for attempt, st in states:
-            for role, index, _node, t, step, metrics in st.history():
-                metric_names.update(dict.fromkeys(metrics))
-                rows.append({**metrics, "node": f"{role}:{index}", "role": role, "index": index, "attempt": attempt,
-                             "step": step, "time": None if t is None else t - self.started_at})
-        columns = ["node", "role", "index", "attempt", "step", "time",
-                   *(k for k in metric_names if k not in ("node", "role", "index", "attempt", "step", "time"))]
+            windows: dict[int, step_time.Window] = {}
+            for role, index, node, t, step, metrics, totals in st.history_with_times():
+                metric_names.update(dict.fromkeys(k for k in metrics if k not in shares_columns))
+                row = {**metrics, "node": f"{role}:{index}", "role": role, "index": index, "attempt": attempt,
+                       "step": step, "time": None if t is None else t - self.started_at}
+                shares = windows.setdefault(node, step_time.Window()).add(totals) if totals is not None else None
+                rows.append({**row, **{f"time_{c}": v for c, v in (shares or {}).items()}})
+        columns = [*fixed, *(k for k in metric_names if k not in fixed), *shares_columns]
         frame = pd.DataFrame(rows, columns=columns)
         frame["step"] = frame["step"].astype("Int64")
         return frame.sort_values(["attempt", "node", "time"], kind="stable", ignore_index=True)

@@ -30,7 +30,10 @@ _COLORS = {
     "stopped": "#6c71c4",
     "reserving": "#b58900",
 }
-COLUMNS = ("node", "host", "executor", "device", "resources", "state", "step", "steps/s", "metrics", "curve", "heartbeat")
+COLUMNS = ("node", "host", "executor", "device", "resources", "state", "step", "steps/s", "metrics", "curve", "heartbeat",
+           "time")
+# where a node's time went, the last few seconds (runtime.step_time's categories, in its order), and the bar's colours
+TIME_COLORS = {"input": "#b58900", "compute": "#268bd2", "peers": "#d33682", "other": "#93a1a1"}
 RUN_COLUMNS = ("state", "step", "steps/s", "metrics", "host", "executor", "device", "heartbeat")  # parallel runs
 
 
@@ -123,6 +126,9 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
         "curve_metric": getattr(node, "curve_metric", None) or "",
         "heartbeat": heartbeat,
         "missing_heartbeat": missing,
+        # where its time went: the largest share in words, and every share (fractions) for the bar and its title
+        "time": getattr(node, "time_sentence", "") if node.state in _LIVE or node.state == "finished" else "",
+        "time_shares": dict(getattr(node, "time_shares", None) or {}),
         "error": error,
         "tail": list(node.tail[-20:]) if node.state == "failed" else [],
     }
@@ -228,6 +234,8 @@ def text_line(model: Mapping[str, Any]) -> str:
                 text += f" ({_percent(r['progress'])})"
         if r["metrics"]:
             text += f" {r['metrics']}"
+        if r.get("time"):
+            text += f", {r['time']}"
         if r["missing_heartbeat"]:
             text += " (missing heartbeat)"
         if r["error"]:
@@ -263,6 +271,19 @@ def progress_bar(fraction: float | None, color: str = "#268bd2") -> str:
     return (f'<span title="{_percent(fraction)}" style="display:inline-block;width:60px;height:8px;background:#e4e4e4;'
             f'border-radius:2px;vertical-align:middle;margin-right:4px;overflow:hidden">'
             f'<span style="display:block;width:{pct}%;height:100%;background:{color}"></span></span>')
+
+
+def time_bar(shares: Mapping[str, float], width: int = 60) -> str:
+    """A small stacked bar of a node's time shares (input, compute, peers, other), its title every share in
+    words; "" without shares."""
+    if not shares:
+        return ""
+    title = ", ".join(f"{c} {round(shares.get(c, 0.0) * 100)}%" for c in TIME_COLORS)
+    parts = "".join(f'<span style="display:inline-block;width:{shares.get(c, 0.0) * width:.1f}px;height:100%;'
+                    f'background:{color}"></span>' for c, color in TIME_COLORS.items() if shares.get(c, 0.0) > 0)
+    return (f'<span title="{_e(title)}" style="display:inline-block;width:{width}px;height:8px;background:#e4e4e4;'
+            f'border-radius:2px;vertical-align:middle;margin-right:4px;overflow:hidden;white-space:nowrap;'
+            f'line-height:0">{parts}</span>')
 
 
 def sparkline(values: list[float], label: str = "", width: int = 90, height: int = 20) -> str:
@@ -327,6 +348,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
         columns = tuple(c for c in columns if c != "curve")  # nothing reported yet: no empty column
     if not any(r.get("resources") for r in model["rows"]):
         columns = tuple(c for c in columns if c != "resources")  # no per-role profile: no empty column
+    if not any(r.get("time") for r in model["rows"]):
+        columns = tuple(c for c in columns if c != "time")  # no node in training yet
     headers = {"curve": curves.pop() if len(curves) == 1 else "curve"}
     out = ['<div class="tfos-panel" style="font-family:monospace;font-size:12px">', "<div>" + " &middot; ".join(head) + "</div>"]
     if model["error"]:
@@ -353,6 +376,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
                 cells.append(progress_bar(r.get("progress"), color) + _e(r[c]))
             elif c == "curve":
                 cells.append(sparkline(r.get("curve") or [], r.get("curve_metric", "")))
+            elif c == "time":
+                cells.append(time_bar(r.get("time_shares") or {}) + _e(r.get("time", "")))
             elif c == "heartbeat" and r["missing_heartbeat"]:
                 cells.append(f'<span style="color:#dc322f">{_e(r[c])}</span>')
             else:

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .. import step_time
 from ..executor import phases
 from . import stalls
 
@@ -137,6 +138,8 @@ class NodeView:
     where: str = ""  # its main thread's place in the user's code, when it is there (executor.phases.where)
     feeders: tuple[tuple[int, str, float], ...] = ()  # feeding tasks open to it: (partition, executor, seconds open)
     grant: Grant = Grant()  # what Spark gave its launch task (cpus, resource addresses, profile)
+    time_shares: dict[str, float] | None = None  # where its time went, the last few seconds (step_time.shares)
+    time_sentence: str = ""  # the largest share in words: "waits for input 62%" (step_time.sentence)
 
     @property
     def label(self) -> str:
@@ -185,7 +188,11 @@ class NodeRecord:
         self.total_epochs: int | None = None
         self.rate: float | None = None
         self._rate_points: deque[tuple[float, int]] = deque(maxlen=256)
-        self.history: deque[tuple[float | None, int | None, dict[str, Any]]] = deque(maxlen=HISTORY_KEPT)
+        # (node's time, step, metrics, step_time totals or None)
+        self.history: deque[tuple[float | None, int | None, dict[str, Any], dict[str, float] | None]] = \
+            deque(maxlen=HISTORY_KEPT)
+        self._time_window = step_time.Window()
+        self.time_shares: dict[str, float] | None = None  # where its time went, the last few seconds (step_time)
         self.curve: list[float] = []
         self._curve_stride = 1
         self._curve_seen = 0
@@ -282,6 +289,8 @@ class NodeRecord:
             where=self.where if self.state not in TERMINAL else "",
             feeders=feeders,
             grant=self.grant,
+            time_shares=dict(self.time_shares) if self.time_shares else None,
+            time_sentence=step_time.sentence(self.time_shares) if self.time_shares else "",
         )
 
 
@@ -425,7 +434,10 @@ class ClusterState:
             t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
             raw = r.get("metrics")
             metrics: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            node.history.append((t, step if isinstance(step, int) else None, metrics))
+            totals = step_time.valid(r.get("times"))
+            node.history.append((t, step if isinstance(step, int) else None, metrics, totals))
+            if totals is not None:
+                node.time_shares = node._time_window.add(totals) or node.time_shares
             if isinstance(step, int):
                 if node._rate_points and step < node._rate_points[-1][1]:
                     node._rate_points.clear()  # a new run (retry) or a reset counter
@@ -446,9 +458,14 @@ class ClusterState:
 
     def history(self) -> list[tuple[str, int, int, float | None, int | None, dict[str, Any]]]:
         """Every recorded report: ``(role, task_index, node index, time, step, metrics)``, node by node."""
+        return [h[:6] for h in self.history_with_times()]
+
+    def history_with_times(self) -> list[tuple[str, int, int, float | None, int | None, dict[str, Any],
+                                               dict[str, float] | None]]:
+        """:meth:`history`'s rows with each report's :mod:`..step_time` totals (None where it carried none)."""
         with self.lock:
-            return [(n.job_name, n.task_index, n.index, t, step, dict(metrics))
-                    for n in self.nodes for t, step, metrics in n.history]
+            return [(n.job_name, n.task_index, n.index, t, step, dict(metrics), totals)
+                    for n in self.nodes for t, step, metrics, totals in n.history]
 
     def values(self) -> dict[str, Any]:
         """What each node's function returned (plain data), by ``role:index``; nodes that returned nothing left out."""

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .. import step_time
 from ..protocol import pipes
 from ..protocol.pipes import jsonable as _jsonable
 from .feed import DataFeed
@@ -90,7 +91,7 @@ class Reporter:
         now = time.monotonic()
         with self._lock:
             self._pending = report
-            self._batch.append({"step": report.get("step"), "time": report.get("time"), "metrics": report.get("metrics")})
+            self._batch.append({k: report.get(k) for k in ("step", "time", "metrics", "times") if k in report})
             wait = self._min_dt - (now - self._last)
             if wait > 0:
                 if self._timer is None:
@@ -221,11 +222,12 @@ class NodeContext:
         clean = {k: _jsonable(v) if not isinstance(v, (int, float, str)) else v for k, v in metrics.items()}
         # NaN/inf (a diverging loss) would make the supervisor's heartbeat unencodable (strict JSON): None
         clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in clean.items()}
-        self._reporter.progress(
-            {"step": None if step is None else int(step), "total_steps": self._total_steps,
-             "total_epochs": self._total_epochs, "metrics": clean,
-             "time": time.time()}
-        )
+        report: dict[str, Any] = {"step": None if step is None else int(step), "total_steps": self._total_steps,
+                  "total_epochs": self._total_epochs, "metrics": clean, "time": time.time()}
+        times = step_time.CLOCK.totals()  # once training began (the progress callback's steps)
+        if times is not None:
+            report["times"] = times
+        self._reporter.progress(report)
 
     def progress_callback(self, every_n_steps: int = 1) -> Any:
         """A Keras callback that reports the global step and the batch's logs."""

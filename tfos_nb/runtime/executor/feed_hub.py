@@ -28,11 +28,13 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
+from .. import step_time
 from ..batches import columns
 from ..batches import results as inference_results
 from ..protocol import dataplane
@@ -382,7 +384,9 @@ class FeedHub:
                         break  # this node's share of the epoch is all taken
                     if ahead.still(epoch is not None and self._ahead(epoch[0])):
                         raise self._out_of_step(epoch[0] if epoch else 0)
+                    since = time.perf_counter()
                     self._cond.wait(0.5)
+                    step_time.CLOCK.waited(since)  # a step waiting for Spark's rows: the panel's "input" share
                     continue
                 q = self._queues[gen]
                 kind, conn, batch = q.popleft()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .. import step_time
+
 FLUSH_S = 0.1  # the Reporter writes at most 10 times a second anyway
 PENDING_MAX = 1000  # steps kept between flushes, whatever the time
 
@@ -100,7 +102,11 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
             if not self._implements_train_batch_hooks() and self.params.get("steps"):
                 self.step = epoch * int(self.params["steps"])
 
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            step_time.CLOCK.begin()  # where the step's time goes (the panel's time column)
+
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            step_time.CLOCK.end()
             self.step += 1
             if self.step % every_n_steps == 0:
                 # epoch k of n, counted from 1 as Keras' own "Epoch k/n" (and the epoch-end report) count it

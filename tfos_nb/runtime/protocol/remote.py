@@ -121,6 +121,7 @@ class Report(Body):
     time: float | None
     step: int | None
     metrics: dict[str, Any]
+    times: dict[str, Any] = dataclasses.field(default_factory=dict)  # runtime.step_time's totals ({}: none)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,7 +72,8 @@ def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[in
                 still=None if n.moved_at is None else now - n.moved_at,  # an age: the clocks differ
                 failed=None if n.failed_at is None else now - n.failed_at,
                 logs=logs, logs_count=logs_count,
-                reports=[remote.Report(time=t, step=step, metrics=metrics) for t, step, metrics in hist],
+                reports=[remote.Report(time=t, step=step, metrics=metrics, times=totals or {})
+                         for t, step, metrics, totals in hist],
                 history_count=h_seen + len(hist), grant=n.grant.to_dict()))
         return remote.ClusterSnapshot(
             state=state.state, error=state.error, feed_epoch=state.feed_epoch, epoch_done=state.epoch_done,

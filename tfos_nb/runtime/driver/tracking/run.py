@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ... import net, private
+from ... import net, private, step_time
 from ...executor.mlflow_node import URI_ENV, chief_index
 from .. import state as cluster_state
 
@@ -282,12 +282,11 @@ class JobRun:
                 m = self._metric(prefix + str(key), value, t, at)
                 if m is not None:
                     metrics.append(m)
-        for n in view.nodes:
-            if n.steps_per_sec is not None:
-                m = self._metric(f"system/steps_per_sec/{n.job_name}_{n.task_index}", n.steps_per_sec,
-                                 time.time(), attempt - 1)
-                if m is not None:
-                    metrics.append(m)
+        metrics += [m for n in view.nodes if n.steps_per_sec is not None and (m := self._metric(
+            f"system/steps_per_sec/{n.job_name}_{n.task_index}", n.steps_per_sec, time.time(), attempt - 1))]
+        metrics += [m for (role, task_index), shares in step_time.per_node(state.history_with_times()).items()
+                    for category, share in shares.items()  # where each node's time went over the attempt
+                    if (m := self._metric(f"system/time_{category}/{role}_{task_index}", share, time.time(), attempt - 1))]
         self._log_metrics(self.run_id, metrics)
 
     def _log_trials(self, state: cluster_state.ClusterState, view: cluster_state.ClusterView) -> None:
