@@ -283,7 +283,6 @@ def test_panel_and_tensorboard_in_jupyterlab(lab: Lab, browser, tmp_path: Path) 
         page.keyboard.press("Shift+Enter")
         page.wait_for_selector(".jp-Cell:nth-child(2) .jp-InputPrompt:has-text('[*]')")
 
-        # one row per node, the right roles, then a step count that grows
         page.wait_for_function(f"() => ({ROWS_JS})().filter(r => /^running\\b/.test(r[4]) && /^\\d+/.test(r[5])).length === 2",
                                timeout=240_000)  # fmt: skip
         rows = page.evaluate(ROWS_JS)
