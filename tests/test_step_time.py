@@ -143,6 +143,39 @@ def test_a_connect_notebooks_mirror_shows_the_same_shares():
     assert mine.time_shares == theirs.time_shares and mine.time_sentence == theirs.time_sentence == "waits on peers 75%"
 
 
+def test_a_step_stuck_on_its_input_shows_from_the_clock_ticks_without_a_report():
+    """A node waiting inside a step reports no step; its phase frames (each second) carry its clocks: kept as rows of
+    their own once no report is as fresh, so the panel and the history say where that time goes, and a Connect
+    notebook's mirror says the same."""
+    state, ctl, book = coordinator_state()
+    beat(ctl, 0, reports=[{"step": 1, "time": 100.0, "metrics": {"loss": 0.9}, "times": totals(0, 0, 0, 0)},
+                          {"step": 50, "time": 105.0, "metrics": {"loss": 0.5}, "times": totals(5, 4, 0, 3.5)}],
+         phase={"phase": "training", "still_s": 0, "times": totals(5.05, 4, 0, 3.5)})  # as fresh: no row
+    assert state.snapshot().nodes[0].time_sentence == "computes 70%"
+    for k in range(1, 6):  # then 5 s inside one step, waiting for rows: no report, a tick a second
+        beat(ctl, 0, phase={"phase": "waiting for data", "still_s": k, "times": totals(5 + k, 4 + k, k, 3.5)})
+    beat(ctl, 0, phase={"phase": "waiting for data", "still_s": 5, "times": totals(9.5, 8.5, 4.5, 3.5)})  # older
+    node = state.snapshot().nodes[0]
+    assert node.time_sentence == "waits for input 100%", node.time_shares
+    rows = state.history_with_times()
+    assert [(r[3], r[4], r[5]) for r in rows[2:]] == [(100.0 + 5 + k, None, {}) for k in range(1, 6)]  # the node's clock
+    assert [r[4] for r in state.history()] == [1, 50]  # the reports alone, as before
+    mirror_state = cluster_state.ClusterState("c1", "demo", [("chief", 0), ("worker", 0)])
+    snapshot.Mirror(mirror_state).apply(travel(snapshot.take(state, book, [0, 0], [0, 0], [], 0)))
+    assert mirror_state.snapshot().nodes[0].time_shares == node.time_shares
+
+
+def test_a_late_report_leaves_the_window_and_a_relaunched_process_starts_it_again():
+    window = step_time.Window(seconds=5)
+    window.add(totals(0, 0, 0, 0))
+    newest = window.add(totals(10, 10, 10, 0))
+    assert window.add(totals(9, 9, 9, 0)) is None  # held back behind a newer tick: nothing new
+    assert window.add(totals(11, 11, 10, 1)) == step_time.shares(totals(0, 0, 0, 0), totals(11, 11, 10, 1))
+    assert newest is not None
+    assert window.add(totals(2, 2, 0, 2)) is None  # far older: a new process's clock, the window begins again
+    assert window.add(totals(3, 3, 0, 3))["compute"] == pytest.approx(1.0)
+
+
 def test_each_nodes_shares_over_the_whole_attempt_for_mlflow():
     rows = [("chief", 0, 0, 1.0, 1, {}, None), ("chief", 0, 0, 2.0, 2, {}, totals(0, 0, 0, 0)),
             ("worker", 0, 1, 2.0, 2, {}, totals(0, 0, 0, 0)), ("chief", 0, 0, 3.0, 3, {}, totals(4, 4, 0, 1)),

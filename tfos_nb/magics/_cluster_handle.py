@@ -259,7 +259,10 @@ class ClusterHandle(RunHandle):
         per metric (NaN where a report lacks it), then where the node's time went over
         the last few seconds, as the panel showed it then: ``time_input``,
         ``time_compute``, ``time_peers``, ``time_other`` (fractions summing to 1; NaN
-        before training began).  Like Ray Train's ``Result.metrics_dataframe``; e.g.
+        before training began).  A node that reports nothing for a second once it trains
+        (a step stuck on its input or its peers, a long callback) adds a row a second with
+        no step and no metrics: its clocks, so that the time columns say where that time
+        went.  Like Ray Train's ``Result.metrics_dataframe``; e.g.
         ``h.history.pivot_table(index="step", columns="node", values="loss").plot()``.
         Rows so far while the run goes on.
         """

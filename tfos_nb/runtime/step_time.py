@@ -29,6 +29,7 @@ from typing import Any
 CATEGORIES = ("input", "compute", "peers", "other")
 WINDOW_S = 5.0  # the shares the panel shows: over the last few seconds of the node's reports (as steps/s)
 TOTALS = ("wall", "step", "input", "cpu")
+LATE_S = 5.0  # totals this much older than the newest are a new process's (its clock began again), not late ones
 #: what a share is called in one sentence ("worker:1 waits for input 62%")
 PHRASES = {"input": "waits for input", "compute": "computes", "peers": "waits on peers", "other": "outside steps"}
 
@@ -135,7 +136,9 @@ class Window:
         """Add a report's totals; the shares from the oldest report at least ``seconds`` back (or the first) to
         this one (None for the first report, or one with no time since)."""
         if self._points and totals["wall"] < self._points[-1]["wall"]:
-            self._points.clear()  # the node's clock started again: a retried attempt
+            if totals["wall"] > self._points[-1]["wall"] - LATE_S:
+                return None  # arrived after a newer one (a report held back behind a clock tick): nothing new
+            self._points.clear()  # the node's clock started again: a relaunched process
         self._points.append(totals)
         while len(self._points) > 2 and self._points[1]["wall"] <= totals["wall"] - self.seconds:
             self._points.popleft()

@@ -47,6 +47,7 @@ C_STOPPED = "stopped"
 
 LOG_LINES_KEPT = 2000
 HISTORY_KEPT = 100_000  # reports kept per node for the metric history (the oldest go first)
+TICK_GAP_S = 0.9  # a node's clocks with no report for this long are kept as a row of their own (record_tick)
 CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole run, thinned)
 RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
 
@@ -192,6 +193,7 @@ class NodeRecord:
         self.history: deque[tuple[float | None, int | None, dict[str, Any], dict[str, float] | None]] = \
             deque(maxlen=HISTORY_KEPT)
         self._time_window = step_time.Window()
+        self._last_clock: tuple[float, dict[str, float]] | None = None  # (node's time, totals) of the last kept
         self.time_shares: dict[str, float] | None = None  # where its time went, the last few seconds (step_time)
         self.curve: list[float] = []
         self._curve_stride = 1
@@ -438,6 +440,7 @@ class ClusterState:
             node.history.append((t, step if isinstance(step, int) else None, metrics, totals))
             if totals is not None:
                 node.time_shares = node._time_window.add(totals) or node.time_shares
+                node._last_clock = (t, totals)
             if isinstance(step, int):
                 if node._rate_points and step < node._rate_points[-1][1]:
                     node._rate_points.clear()  # a new run (retry) or a reset counter
@@ -456,9 +459,24 @@ class ClusterState:
         if rate is not None:
             node.rate = rate
 
+    def record_tick(self, node: NodeRecord, times: object) -> None:
+        """The node process's clocks from its phase frame (each second, lock held): kept as a history row of their
+        own (no step, no metrics) when no report carried clocks for :data:`TICK_GAP_S`, as while a step is stuck on
+        its input or its peers: the panel's and the history's shares then say where that time goes."""
+        totals = step_time.valid(times)
+        if totals is None or node._last_clock is None:
+            return
+        t, last = node._last_clock
+        if totals["wall"] - last["wall"] < TICK_GAP_S:
+            return  # the reports are as fresh (an older tick arriving after them is ignored)
+        node._last_clock = (t + totals["wall"] - last["wall"], totals)  # the node's clock, as its reports' times
+        node.history.append((node._last_clock[0], None, {}, totals))
+        node.time_shares = node._time_window.add(totals) or node.time_shares
+
     def history(self) -> list[tuple[str, int, int, float | None, int | None, dict[str, Any]]]:
-        """Every recorded report: ``(role, task_index, node index, time, step, metrics)``, node by node."""
-        return [h[:6] for h in self.history_with_times()]
+        """Every recorded report: ``(role, task_index, node index, time, step, metrics)``, node by node (the clocks'
+        rows of :meth:`record_tick` left out)."""
+        return [h[:6] for h in self.history_with_times() if h[4] is not None or h[5]]
 
     def history_with_times(self) -> list[tuple[str, int, int, float | None, int | None, dict[str, Any],
                                                dict[str, float] | None]]:

@@ -18,6 +18,7 @@ import threading
 import traceback
 from typing import Any
 
+from .. import step_time
 from ..protocol import pipes
 from . import keras3_mwms, keras_epochs, keras_flavour, phases, seeding
 from .context import Reporter
@@ -129,9 +130,12 @@ def main(role_cls: type[ChildRole]) -> int:
     stdin.close()
     sys.stdin = open(os.devnull)  # noqa: SIM115 - user code must not read the owner's pipe
     reporter = Reporter(os.fdopen(int(os.environ["TFOS_REPORT_FD"]), "w", buffering=1))
-    watcher = phases.PhaseWatcher(
-        lambda phase, moved_at, where: reporter.send(pipes.Phase(phase=phase, moved_at=moved_at, where=where,
-                                                                 stacks=stacks)))
+
+    def send_phase(phase: str, moved_at: float, where: str) -> None:  # with the step clock: a stuck step shows too
+        reporter.send(pipes.Phase(phase=phase, moved_at=moved_at, where=where, stacks=stacks,
+                                  times=step_time.CLOCK.totals() or {}))
+
+    watcher = phases.PhaseWatcher(send_phase)
     reporter.on_step = watcher.stepped
     watcher.start()
     role = role_cls(start.info, reporter)

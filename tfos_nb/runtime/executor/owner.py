@@ -250,7 +250,7 @@ class ChildOwner:
                         if str(msg.phase) != self.phase.get("phase") and len(self.phases_seen) < 100:
                             self.phases_seen.append(str(msg.phase))  # a short phase between two beats is seen too
                         self.phase = {"phase": str(msg.phase), "moved_at": float(msg.moved_at),
-                                      "where": str(msg.where)[:200]}
+                                      "where": str(msg.where)[:200], "times": msg.times}
                         self.phase_at, self._frozen_read = time.monotonic(), False
                         self.stacks_ready = self.stacks_ready or bool(msg.stacks)
                 self.wake.set()

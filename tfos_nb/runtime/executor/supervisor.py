@@ -188,7 +188,7 @@ class Supervisor(ChildOwner):
             phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
         if phase:  # an age, not the node's clock: the driver's clock may differ
             phase = {"phase": phase["phase"], "still_s": max(0.0, time.time() - phase["moved_at"]), "seen": seen,
-                     "where": phase.get("where", "")}
+                     "where": phase.get("where", ""), "times": phase.get("times") or {}}
         if self.gpus and self.gpus[0].get("index") is not None and not final:
             report["gpus"] = self._gpu_usage()
         tb = self.tensorboard

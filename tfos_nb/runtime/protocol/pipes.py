@@ -132,13 +132,16 @@ class FeedOpened(Frame):
 class Phase(Frame):
     """Where the child is (one of ``executor.phases.PHASES``) and when its main thread last moved
     (``moved_at``, its ``time.time()``); ``where``: its main thread's place in the user's code, if it is there
-    (``executor.phases.where``); ``stacks``: it dumps its stacks on the owner's signal."""
+    (``executor.phases.where``); ``stacks``: it dumps its stacks on the owner's signal; ``times``: its
+    :mod:`..step_time` totals now (``{}`` before its first step), so that a node stuck inside a step, which reports
+    no step, still shows where that time goes."""
 
     kind: ClassVar[str] = "phase"
     phase: str = ""
     moved_at: float = 0.0
     where: str = ""
     stacks: bool = False
+    times: dict[str, Any] = field(default_factory=dict)
 
 
 # -- the owner's commands (the child's stdin, after the blob and Start) -----------------------
