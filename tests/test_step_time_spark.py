@@ -152,7 +152,7 @@ def test_injected_slowdowns_are_named_on_the_right_node_within_30_s(ip, spark, t
             wait_until(named, DEADLINE_S, 0.25, what=f"trial {trial}: {kind} on {node or 'the feed'} named as {want};"
                        f" the panel says { {lab: n.time_sentence for lab, n in nodes().items()} }")
             seen.append((kind, node, round(time.monotonic() - t0, 1),
-                         {lab: n.time_sentence for lab, n in nodes().items()}))
+                         {lab: {c: round(v, 2) for c, v in (n.time_shares or {}).items()} for lab, n in nodes().items()}))
         step = max(n.step or 0 for n in nodes().values())
         control(path, stop_at=step + 300)  # past every node's step now: both read it before they get there
         stopping = time.monotonic()
