@@ -45,6 +45,23 @@ def test_the_clock_counts_steps_and_the_feeds_waits_inside_them_only():
     assert got["cpu"] > 0, got  # the busy loops ran on this process's CPU (as much as a busy machine gave it)
 
 
+def test_the_clock_stops_when_training_ends_and_goes_on_without_the_gap_at_the_next_fit():
+    clock = step_time.StepClock()
+    clock.begin()
+    clock.end()
+    clock.pause()  # Keras' on_train_end: an export after fit is not training time
+    frozen = clock.totals()
+    deadline = time.perf_counter() + 0.05
+    while time.perf_counter() < deadline:  # the function exports, on this process's CPU
+        pass
+    assert clock.totals() == frozen
+    clock.begin()  # a second fit
+    clock.end()
+    again = clock.totals()
+    assert again is not None and frozen is not None
+    assert again["wall"] - frozen["wall"] < 0.04 and again["cpu"] - frozen["cpu"] < 0.04, (frozen, again)
+
+
 def test_a_step_under_way_counts_up_to_now_and_threads_may_wait_at_once():
     clock = step_time.StepClock()
     clock.begin()

@@ -165,6 +165,7 @@ def test_injected_slowdowns_are_named_on_the_right_node_within_30_s(ip, spark, t
     for kind, node, took, sentences in seen:
         print(f"\n{kind:8} {node or 'feed':9} named after {took:4.1f} s: {sentences}")
     h = handle.history  # the panel's last figures are the history's last row's
+    assert h["step"].notna().all()  # one row per report: the clocks a stuck step sent count in the next row
     for n in handle.status().nodes:
         rows = h[(h["node"] == n.label) & h["time_input"].notna()]
         last = {c: float(rows.iloc[-1][f"time_{c}"]) for c in step_time.CATEGORIES}

@@ -259,10 +259,9 @@ class ClusterHandle(RunHandle):
         per metric (NaN where a report lacks it), then where the node's time went over
         the last few seconds, as the panel showed it then: ``time_input``,
         ``time_compute``, ``time_peers``, ``time_other`` (fractions summing to 1; NaN
-        before training began).  A node that reports nothing for a second once it trains
-        (a step stuck on its input or its peers, a long callback) adds a row a second with
-        no step and no metrics: its clocks, so that the time columns say where that time
-        went.  Like Ray Train's ``Result.metrics_dataframe``; e.g.
+        before training began; while a node is stuck inside a step its clocks still arrive
+        each second, so the next report's columns count that time).  Like Ray Train's
+        ``Result.metrics_dataframe``; e.g.
         ``h.history.pivot_table(index="step", columns="node", values="loss").plot()``.
         Rows so far while the run goes on.
         """
@@ -276,10 +275,12 @@ class ClusterHandle(RunHandle):
         for attempt, st in states:
             windows: dict[int, step_time.Window] = {}
             for role, index, node, t, step, metrics, totals in st.history_with_times():
+                shares = windows.setdefault(node, step_time.Window()).add(totals) if totals is not None else None
+                if step is None and not metrics:
+                    continue  # a node's clocks alone (state.record_tick): in the next report's time columns
                 metric_names.update(dict.fromkeys(k for k in metrics if k not in shares_columns))
                 row = {**metrics, "node": f"{role}:{index}", "role": role, "index": index, "attempt": attempt,
                        "step": step, "time": None if t is None else t - self.started_at}
-                shares = windows.setdefault(node, step_time.Window()).add(totals) if totals is not None else None
                 rows.append({**row, **{f"time_{c}": v for c, v in (shares or {}).items()}})
         columns = [*fixed, *(k for k in metric_names if k not in fixed), *shares_columns]
         frame = pd.DataFrame(rows, columns=columns)

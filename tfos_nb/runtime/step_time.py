@@ -44,6 +44,7 @@ class StepClock:
         self._in_step: float | None = None
         self._step = 0.0
         self._input = 0.0
+        self._paused: tuple[float, float] | None = None  # (perf_counter, process_time) when training ended
 
     @property
     def started(self) -> bool:
@@ -55,6 +56,10 @@ class StepClock:
         with self._lock:
             if self._t0 is None:
                 self._t0, self._cpu0 = now, time.process_time()
+            elif self._paused is not None:  # another fit: the time between the two is not training time
+                self._t0 += now - self._paused[0]
+                self._cpu0 += time.process_time() - self._paused[1]
+            self._paused = None
             self._in_step = now
 
     def end(self) -> None:
@@ -63,6 +68,14 @@ class StepClock:
         with self._lock:
             if self._in_step is not None:
                 self._step += now - self._in_step
+                self._in_step = None
+
+    def pause(self) -> None:
+        """Training ended (Keras' ``on_train_end``): the totals stop until the next step begins, so an export or
+        the function's return is not counted as time outside steps."""
+        with self._lock:
+            if self._t0 is not None and self._paused is None:
+                self._paused = (time.perf_counter(), time.process_time())
                 self._in_step = None
 
     def waited(self, since: float) -> None:
@@ -76,12 +89,14 @@ class StepClock:
     def totals(self) -> dict[str, float] | None:
         """``wall``, ``step``, ``input``, ``cpu`` so far (a step under way counts up to now); None before the first
         step."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         with self._lock:
             if self._t0 is None:
                 return None
+            if self._paused is not None:
+                now, cpu = self._paused
             step = self._step + (now - self._in_step if self._in_step is not None else 0.0)
-            return {"wall": now - self._t0, "step": step, "input": self._input, "cpu": time.process_time() - self._cpu0}
+            return {"wall": now - self._t0, "step": step, "input": self._input, "cpu": cpu - self._cpu0}
 
 
 #: this process's clock: the feed adds its waits, the progress callback its steps, ``ctx.report`` sends the totals

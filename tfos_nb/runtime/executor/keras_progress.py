@@ -125,6 +125,7 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
                 self._backup.epoch_end(self.model, epoch, self.step)
 
         def on_train_end(self, logs: Any = None) -> None:
+            step_time.CLOCK.pause()  # an export after fit is not training time
             self._flush()
             if self._backup is not None:
                 self._backup.end(self.model)
