@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.test_connect_snapshot import beat, coordinator_state, travel
+from tfos_nb.magics import _render
 from tfos_nb.runtime import step_time
 from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.connect import snapshot
@@ -139,6 +140,8 @@ def test_the_state_keeps_the_shares_and_the_view_and_panel_show_them():
     assert ">time</th>" in html and 'title="input 60%, compute 20%, peers 10%, other 10%"' in html
     assert "waits for input 60%" in html
     assert "chief:0 running step 10 loss 0.4, waits for input 60%" in _view.text_line(model)
+    assert _render.node_line(chief_view := st.snapshot().nodes[0]).endswith("loss 0.4, waits for input 60%")  # %tfos_status
+    assert "waits" not in _render.node_line(st.snapshot().nodes[1]) and chief_view.time_sentence
 
 
 def test_the_panel_has_no_time_column_before_any_node_trains():

@@ -22,7 +22,7 @@ def format_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
 
 
 def node_line(node: Any) -> str:
-    """``chief:0 running (training) step 40/300 loss 0.31``"""
+    """``chief:0 running (training) step 40/300 loss 0.31, waits for input 62%``"""
     text = f"{node.label} {node.state}"
     if getattr(node, "phase", None):
         text += f" ({node.phase})"
@@ -33,7 +33,8 @@ def node_line(node: Any) -> str:
         text += f" step {node.step}" + (f"/{node.total_steps}" if node.total_steps else "")
     metrics = format_metrics({k: v for k, v in node.metrics.items() if k != "epoch"})
     stall = f" STALLED: {node.stall}" if getattr(node, "stall", None) else ""
-    return f"{text} {metrics}".rstrip() + stall
+    took = f", {node.time_sentence}" if getattr(node, "time_sentence", "") else ""  # where its time goes (step_time)
+    return f"{text} {metrics}".rstrip() + took + stall
 
 
 def status_table(rows: Iterable[tuple[str, str, int, float | None, str]]) -> str:
