@@ -26,6 +26,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import harness  # noqa: E402 - the benchmarks' own helpers, beside this script
 
 SETUP = """
 import os, sys, time
@@ -79,7 +81,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--master", default="local-cluster[2,1,1024]")
     p.add_argument("--renderer", default="auto")
-    p.add_argument("--out", default=None, help="also write the markdown table here")
+    p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "b4b-latest.md"),
+                   help="the markdown report (every run's figures beside it, .json)")
     opts = p.parse_args()
 
     from jupyter_client.manager import start_new_kernel
@@ -89,12 +92,13 @@ def main() -> None:
     km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=ROOT, stdout=log, stderr=log)
     try:
         timed(kc, SETUP.format(master=opts.master, renderer=opts.renderer), timeout=600)
-        timed(kc, API)  # warm-ups: the first start imports and forks what later ones reuse
-        timed(kc, CELL)
+        done = [("api", "warm-up", {"s": timed(kc, API)}),  # the first start imports and forks what later ones reuse
+                ("cell", "warm-up", {"s": timed(kc, CELL)})]
         api, cell = [], []
-        for _ in range(opts.runs):
+        for i in range(opts.runs):
             api.append(timed(kc, API))
             cell.append(timed(kc, CELL))
+            done += [("api", f"run {i + 1}", {"s": api[-1]}), ("cell", f"run {i + 1}", {"s": cell[-1]})]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=False)
@@ -113,11 +117,9 @@ def main() -> None:
         "",
         f"command: {' '.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text + "\n")
+    harness.write_report("\n".join(lines) + "\n", opts.out)
+    harness.write_runs(opts.out, "B4b", done, {"api": "TFCluster.run + shutdown in a cell", "cell": "%%tfos_cluster cell"},
+                       setting=lines[0].split("; ", 1)[1], command_line=lines[-1][len("command: "):])
 
 
 if __name__ == "__main__":

@@ -122,6 +122,8 @@ def main(argv=None):
     p.add_argument("--executor-memory", default="2048m")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--only", default="", help="comma-separated name prefixes of the variants to run")
+    p.add_argument("--out", default=os.path.join(harness.HERE, "results", "b3-latest.md"),
+                   help="the markdown report (every run's figures beside it, .json)")
     opts = p.parse_args(argv)
     sys.path.insert(0, harness.ROOT)
     harness.ship_by_value(data)  # the rows' generator
@@ -137,11 +139,13 @@ def main(argv=None):
     if opts.only:
         names = [n for n in names if n.startswith(tuple(opts.only.split(",")))]
     cold = {n: [] for n in names}
+    done = []  # (variant, run, metrics) in the order they ran: the results file's runs
     for r in range(opts.cold_runs):
         for name in names if r % 2 == 0 else names[::-1]:
             spark, df = start_spark(opts)
             try:
                 cold[name].append(timed(VARIANTS[name], df, export))
+                done.append((name, f"run {r + 1}", {"cold s": cold[name][-1]}))
             finally:
                 spark.stop()
             print(f"cold {name}: {cold[name][-1]:.2f} s", file=sys.stderr)
@@ -149,17 +153,18 @@ def main(argv=None):
     spark, df = start_spark(opts)
     try:
         for name in names:
-            timed(VARIANTS[name], df, export)  # warm-up
+            done.append((name, "warm-up", {"warm s": timed(VARIANTS[name], df, export)}))
         for r in range(opts.runs):
             for name in names if r % 2 == 0 else names[::-1]:
                 warm[name].append(timed(VARIANTS[name], df, export))
+                done.append((name, f"run {r + 1}", {"warm s": warm[name][-1]}))
                 print(f"warm {name}: {warm[name][-1]:.2f} s", file=sys.stderr)
     finally:
         spark.stop()
 
-    lines = [f"B3 batch inference — {_dt.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
-             f"{os.cpu_count()} cores, {opts.master}, {opts.rows:,} rows × {FEATURES} float32, "
-             f"MLP 784-128-10 SavedModel, batch {BATCH}",
+    setting = (f"{os.cpu_count()} cores, {opts.master}, {opts.rows:,} rows × {FEATURES} float32, "
+               f"MLP 784-128-10 SavedModel, batch {BATCH}")
+    lines = [f"B3 batch inference — {_dt.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, {setting}",
              "",
              "| | variant | median s | range s | rows/s | n | ratio vs predict_batch_udf | ratio vs TFoS |",
              "|---|---|---|---|---|---|---|---|"]
@@ -169,8 +174,9 @@ def main(argv=None):
                 lines.append(row(name, res[name], opts.rows, res, kind))
     lines += ["", "Targets (B3): warm ≥ 1.0× predict_batch_udf rows/s and ≥ 4× TFoS's; cold ≤ 1.2× predict_batch_udf's "
               "time. Ratios: warm = rows/s ÷ the reference's rows/s (higher is better); cold = seconds ÷ the "
-              "reference's seconds (lower is better)."]
-    print("\n".join(lines))
+              "reference's seconds (lower is better).", "", "command: " + harness.command(argv)]
+    harness.write_report("\n".join(lines) + "\n", opts.out)
+    harness.write_runs(opts.out, "B3", done, {}, setting=setting, command_line=harness.command(argv))
 
 
 if __name__ == "__main__":

@@ -434,6 +434,10 @@ def main(argv=None):
             lines += ["", "Row-count checks that did not match:"] + ["- " + n for n in notes]
         try:
             harness.write_report("\n".join(lines) + "\n", opts.out)
+            if not interrupted:
+                harness.write_runs(opts.out, "B1/B4a", rounds, {v[0]: "%s: %s" % (v[1], v[2]) for v in VARIANTS},
+                                   setting=next(ln for ln in lines if ln.startswith("- setting: "))[11:],
+                                   command_line=os.environ.get("BENCH_CMD") or harness.command())
             log.info("wrote %s", opts.out)
         except Exception as e:
             log.error("could not write %s: %s", opts.out, e)

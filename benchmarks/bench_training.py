@@ -46,6 +46,7 @@ from unittest import mock
 
 import data
 import harness
+import memory
 import model as model_module
 import native
 from model import accuracy as model_accuracy
@@ -377,6 +378,16 @@ def table(rounds, opts, phases=None):
             rng(key, "fit s") + " s" if f is not None else "", "%d" % st if st else "", med(key, "accuracy"),
             "%.2f×" % (w / native_wall) if native_wall and key != "native" else "",
             "%.2f×" % (f / native_fit) if native_fit and f is not None and key != "native" else ""))
+    cpu_lines = []
+    for key in rounds.results:
+        st = med(key, "steps")
+        if not st:
+            continue
+        parts = [(g, med(key, f"cpu {g} s")) for g, _ in memory.CPU_GROUPS] + [("the machine", med(key, "cpu s"))]
+        cpu_lines.append("%s: %s" % (key, ", ".join("%s %.1f" % (g, 1000 * v / st) for g, v in parts if v is not None)))
+    if cpu_lines:
+        lines += ["", "CPU a training step (ms, medians over the runs, whole run; the processes by group, and the "
+                  "machine's busy time):", ""] + ["- " + c for c in cpu_lines]
     steps = [(k, med(k, "step ms")) for k in ("native", "tfos_nb") if med(k, "step ms")]
     if steps:
         lines += ["", "a training step (ms, the chief, epochs after the first): " + ", ".join("%s %.1f" % kv for kv in steps)]
@@ -389,6 +400,18 @@ def table(rounds, opts, phases=None):
             lines += ["", "tfos_nb phases of that run (s; node phases from node 0): " + ", ".join(
                 "%s %.1f" % kv for kv in phases.items())]
     return "\n".join(lines)
+
+
+def with_cpu(run):
+    """``run()``'s metrics plus the CPU seconds each group of processes used during it (``memory.CPU_GROUPS``:
+    the nodes or native workers, the feeding Python workers, the JVMs, the driver)."""
+    sampler = memory.Sampler(interval=0.25)
+    sampler.start()
+    try:
+        m = run()
+    finally:
+        sampler.stop()
+    return {**m, **sampler.cpu_by_group()}
 
 
 def main(argv=None):
@@ -421,7 +444,7 @@ def main(argv=None):
         "%s: %s" % (type(e).__name__, str(e).strip().splitlines()[:1])).replace("|", "/"))
     try:
         bench.start()
-        rounds.run(opts.only, lambda key, _label: getattr(bench, VARIANTS[key][1])(**VARIANTS[key][2]))
+        rounds.run(opts.only, lambda key, _label: with_cpu(lambda: getattr(bench, VARIANTS[key][1])(**VARIANTS[key][2])))
         if opts.breakdown and "tfos_nb" in opts.only and "tfos_nb" not in rounds.failures:
             try:
                 m = bench.tfos_nb(breakdown=True)
@@ -440,6 +463,8 @@ def main(argv=None):
     text = "\n\n".join([head, table(rounds, opts, getattr(bench, "phases", None)), harness.every_run(rounds),
                          "command: " + harness.command(argv)]) + "\n"
     harness.write_report(text, opts.out)
+    harness.write_runs(opts.out, "B2", rounds, {k: v[0] for k, v in VARIANTS.items()},
+                       setting=head.split(" — ", 1)[1].split("; ", 1)[1], command_line=harness.command(argv))
     return 1 if rounds.failures else 0
 
 

@@ -7,7 +7,9 @@
   each run, a wait for a quiet machine with the machine's CPU during the run recorded;
 * ``Spread``: a variant's runs -- min, median, max, the fastest run -- and ``Ratio``: median against median
   and fastest against fastest;
-* ``table``, ``every_run``, ``machine_lines``, ``command``, ``write_report``: the markdown report.
+* ``table``, ``every_run``, ``machine_lines``, ``command``, ``write_report``: the markdown report;
+* ``write_runs``: every run's figures beside the report (``NAME.json`` next to ``NAME.md``): what
+  ``benchmarks/table.py`` builds the one current table of the docs and the README from.
 
 Benchmarks are scripts: this directory is on ``sys.path`` when one runs, so they ``import harness``.
 """
@@ -15,6 +17,7 @@ Benchmarks are scripts: this directory is on ``sys.path`` when one runs, so they
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
 import os
 import platform
@@ -259,7 +262,7 @@ class Rounds:
         if self.settle:
             cpu1, steal1 = _cpu_seconds()
             span = (time.perf_counter() - t0) * (os.cpu_count() or 1)
-            m.update({"settle s": waited, "cpu busy %": 100 * (cpu1 - cpu0) / span,
+            m.update({"settle s": waited, "cpu s": cpu1 - cpu0, "cpu busy %": 100 * (cpu1 - cpu0) / span,
                       "cpu steal %": 100 * (steal1 - steal0) / span})
         log.info("%s [%s]: %s", key, label, ", ".join("%s=%.3f" % kv for kv in m.items() if kv[1] is not None))
         self.runs.append((key, label, m))
@@ -415,3 +418,29 @@ def write_report(text: str, path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
+
+
+def write_runs(report_path: str, benchmark: str, rounds: Rounds | Sequence[tuple[str, str, Mapping[str, Any]]],
+               labels: Mapping[str, str], *, setting: str, command_line: str) -> str:
+    """Every run (``rounds``, or ``(variant, run, metrics)`` in the order they ran; warm-ups labelled "warm-up"),
+    as JSON beside the markdown report (``x.md`` -> ``x.json``); returns its path.  ``labels``: each variant's name
+    in words."""
+    path = os.path.splitext(report_path)[0] + ".json"
+    done = rounds.runs if isinstance(rounds, Rounds) else list(rounds)
+    doc = {
+        "benchmark": benchmark,
+        "date": now_utc(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(terse=True),
+                    "python": platform.python_version()},
+        "setting": setting,
+        "command": command_line,
+        "variants": {k: labels.get(k, k) for k in dict.fromkeys(key for key, _, _ in done)},
+        "runs": [{"variant": key, "run": label, "metrics": {k: v for k, v in m.items() if isinstance(v, (int, float))}}
+                 for key, label, m in done],
+        "failures": dict(rounds.failures) if isinstance(rounds, Rounds) else {},
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    return path

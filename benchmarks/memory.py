@@ -76,7 +76,16 @@ def classify(proc, root_pid: int) -> str | None:
         except Exception:
             parent = ""
         return "Python worker" if "pyspark.daemon" in parent else "pyspark.daemon"
+    if any(os.path.basename(a) == "native.py" for a in cmd):
+        return "native worker"
     return "other: " + os.path.basename(cmd[0]) if cmd else None
+
+
+#: the CPU report's groups of kinds: who trains, who feeds, the JVMs, the driver
+CPU_GROUPS = (("nodes", ("node process", "node supervisor", "native worker")),
+              ("feeders", ("Python worker", "pyspark.daemon")),
+              ("JVMs", ("executor JVM", "driver JVM")),
+              ("driver", ("driver (Python)",)))
 
 
 class Sampler(threading.Thread):
@@ -91,6 +100,7 @@ class Sampler(threading.Thread):
         self.procs: dict[int, dict] = {}
         self.stop_event = threading.Event()
         self.samples = 0
+        self._first_walk = True  # processes already there count only the CPU they use from here on
 
     def _walk(self):
         import psutil
@@ -105,15 +115,20 @@ class Sampler(threading.Thread):
                 if kind is None:
                     continue
                 self.procs[p.pid] = {"kind": kind, "proc": p, "peak": 0, "hwm": 0, "first": time.time(),
-                                     "exec": self._executor_of(p)}
+                                     "exec": self._executor_of(p), "cpu0": None if self._first_walk else 0.0}
+        self._first_walk = False
         for pid, info in self.procs.items():
             if info.get("gone"):
                 continue
             try:
                 rss = info["proc"].memory_info().rss
+                times = info["proc"].cpu_times()
             except psutil.Error:
                 info["gone"] = True
                 continue
+            info["cpu"] = times.user + times.system  # its last reading: what it used after it is lost
+            if info["cpu0"] is None:
+                info["cpu0"] = info["cpu"]
             info["peak"] = max(info["peak"], rss)
             info["hwm"] = max(info["hwm"], _hwm(pid))
             info["last"] = time.time()
@@ -141,6 +156,16 @@ class Sampler(threading.Thread):
         self.stop_event.set()
         self.join(timeout=10)
         self._walk()
+
+    def cpu_by_group(self) -> dict[str, float]:
+        """CPU seconds (user + system) each group of :data:`CPU_GROUPS` used while sampled, as ``cpu GROUP s``; a
+        process's CPU after its last sample (at most one interval's) is not counted."""
+        out = {f"cpu {name} s": 0.0 for name, _ in CPU_GROUPS}
+        for info in self.procs.values():
+            for name, kinds in CPU_GROUPS:
+                if info["kind"].startswith(kinds) and info.get("cpu") is not None:
+                    out[f"cpu {name} s"] += info["cpu"] - (info["cpu0"] or 0.0)
+        return out
 
     def report(self) -> list[dict]:
         return [{"kind": i["kind"], "exec": i["exec"], "pid": pid, "peak": i["peak"], "hwm": i["hwm"]}

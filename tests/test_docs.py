@@ -80,39 +80,6 @@ def test_notebook_pages_are_the_notebooks(page):
             assert not errors, f"a cell of docs/notebooks/{page} failed: {errors[0].get('ename')}"
 
 
-def test_the_readme_benchmark_figures_are_measured_ones():
-    """Each figure of the README's benchmark table (a ratio, seconds, MiB) is in a results file of benchmarks/results/."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
-    figures = {f for row in section.splitlines() if row.startswith("| ") and "---" not in row
-               for f in re.findall(r"\+?\d+\.\d+(?:×| s)|\d+ MiB", row)}
-    assert len(figures) >= 8, figures
-    results = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "benchmarks" / "results").glob("*.md"))
-    unmeasured = sorted(f for f in figures if f not in results)
-    assert not unmeasured, f"README benchmark figures in no benchmarks/results/*.md file: {unmeasured}"
-
-
-def test_the_keras3_benchmark_table_is_its_results_file():
-    """docs/benchmarks.md's Keras 3 table: its seconds are b2-keras3.md's, and its ratios are recomputed here from
-    that file's runs (fit, fastest vs fastest and median vs median, Keras 3 over tf_keras)."""
-    import statistics
-
-    doc = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    table = doc.split("**The model written for Keras 3**", 1)[1].split("\n\n", 2)[1]
-    results = (REPO / "benchmarks" / "results" / "b2-keras3.md").read_text(encoding="utf-8")
-    fits: dict[str, list[float]] = {}
-    for variant, fit in re.findall(r"^\| (\w+) \| run \d+ \| [\d.]+ \| ([\d.]+) \|", results, flags=re.M):
-        fits.setdefault(variant, []).append(float(fit))
-    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r][1:]
-    for row in rows:
-        for figure in re.findall(r"\d+\.\d+ s|\d+\.\d+–\d+\.\d+", row):
-            assert figure in results, (figure, row)
-    for base, new, row in (("single", "single_keras3", rows[1]), ("tfos_nb", "tfos_nb_keras3", rows[3])):
-        fastest = min(fits[new]) / min(fits[base])
-        median = statistics.median(fits[new]) / statistics.median(fits[base])
-        assert f"{fastest:.2f}×, {median:.2f}×" in row, (fastest, median, row)
-
-
 def test_the_recovery_figures_are_their_results_files():
     """docs/reliability.md's recovery table: the audit's figures are recovery-audit.md's, and the backups' cost
     ratios are recomputed here from b2-backup.md's runs (fit, fastest vs fastest and median vs median), deterministic

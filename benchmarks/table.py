@@ -1,0 +1,278 @@
+"""The one current table of benchmark figures, built from every run in the results files.
+
+    python benchmarks/table.py           # rewrite the table in docs/benchmarks.md and the README's rows
+    python benchmarks/table.py --check   # exit 1, naming the file, if either differs from the results files
+
+Each benchmark script writes ``benchmarks/results/NAME.json`` beside its report (``harness.write_runs``): every run's
+figures, warm-ups marked.  :data:`ROWS` says which of them the table shows and against what; the figures are
+computed here, from the runs (never copied by hand): every counted run in the order it ran, the median with the
+range, and the ratio to the reference both median against median and fastest run against fastest run (on a shared
+2-core machine a median of a few runs flatters whichever side was steadier).  Earlier figures live in the
+changelog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
+README = os.path.join(ROOT, "README.md")
+DOCS_MARKERS = ("<!-- benchmarks-table: start (benchmarks/table.py writes it) -->", "<!-- benchmarks-table: end -->")
+README_MARKERS = ("<!-- benchmarks-readme: start (benchmarks/table.py writes it) -->", "<!-- benchmarks-readme: end -->")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a variant's metric in a results file, against a reference variant of the same file."""
+
+    benchmark: str  # what is measured, in words
+    results: str  # the results file (benchmarks/results/...json)
+    variant: str
+    metric: str  # as the benchmark recorded it: "rows/s", "fit s", "start+shutdown s"
+    reference: str | None  # the variant it is compared with (None: none)
+    against: str  # the reference in words
+    target: str = ""
+    readme: str = ""  # the README's name for it (empty: the docs' table only)
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric.endswith("/s")
+
+
+ROWS: tuple[Row, ...] = (
+    Row("B1 feeding a DataFrame to 2 nodes", "latest.json", "b1_nb_df", "rows/s", "b1_tfos", "TensorFlowOnSpark 2.2.5",
+        "≥ 10×", readme="feeding a DataFrame (B1)"),
+    Row("B1 feeding a DataFrame to 2 nodes", "latest.json", "b1_nb_df", "rows/s", "b1_ceiling",
+        "Spark alone: `df.mapInArrow` → numpy", "≥ 0.5×"),
+    Row("B1 feeding an RDD to 2 nodes", "latest.json", "b1_nb_rdd", "rows/s", "b1_tfos", "TensorFlowOnSpark 2.2.5"),
+    Row("B1 feeding an RDD to 2 nodes", "latest.json", "b1_nb_rdd", "rows/s", "b1_rdd_ceiling",
+        "Spark alone: `rdd.mapPartitions` → numpy batches"),
+    Row("B4a cluster start + shutdown, 2 nodes", "latest.json", "b4a_nb", "start+shutdown s", "b4a_tfos",
+        "TensorFlowOnSpark 2.2.5", "≤ 5 s, ≤ 0.5×", readme="cluster start + shutdown, 2 nodes (B4a)"),
+    Row("B2 training, MLP, 40k rows, 2 nodes: `model.fit`", "b2-latest.json", "tfos_nb", "fit s", "native_untuned",
+        "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.05×", readme="training on 2 nodes (B2), fit"),
+    Row("B2 training, MLP, 40k rows, 2 nodes: wall", "b2-latest.json", "tfos_nb", "wall s", "native_untuned",
+        "native MultiWorkerMirroredStrategy, the same tf.data settings", readme="training on 2 nodes (B2), wall"),
+    Row("B2 training, `as_dataset(cache=True)`: `model.fit`", "b2-latest.json", "tfos_nb_cache", "fit s",
+        "native_untuned", "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.02×",
+        readme="training with `cache=True` (B2), fit"),
+    Row("B2 training: the machine's CPU-seconds a step, whole run", "b2-latest.json", "tfos_nb", "cpu ms/step",
+        "native_untuned", "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.05×",
+        readme="training on 2 nodes (B2), CPU a step"),
+    Row("B2 training, as written: `model.fit`", "b2-latest.json", "tfos_nb", "fit s", "native",
+        "native MultiWorkerMirroredStrategy, default tf.data settings"),
+    Row("B2 the model written for Keras 3 (`import keras`): `model.fit`", "b2-keras3.md", "tfos_nb_keras3", "fit s",
+        "tfos_nb", "the same program on tf_keras (Keras 2)"),
+    Row("B2 Keras 3 in one process, no tfos_nb: `model.fit`", "b2-keras3.md", "single_keras3", "fit s", "single",
+        "the same program on tf_keras (Keras 2)"),
+    Row("B3 inference, 100k rows, warm: `TFModel.transform`", "b3-latest.json", "tfos_nb TFModel.transform", "warm s",
+        "predict_batch_udf", "Spark's `predict_batch_udf`", "≤ 1.0×", readme="inference, `TFModel.transform` (B3), warm"),
+    Row("B3 inference, 100k rows, cold (a new Spark application)", "b3-latest.json", "tfos_nb TFModel.transform",
+        "cold s", "predict_batch_udf", "Spark's `predict_batch_udf`", "≤ 1.2×"),
+    Row("B4b a `%%tfos_cluster` cell, 2 nodes", "b4b-latest.json", "cell", "s", "api",
+        "the same `TFCluster.run` + `shutdown()` in a cell", "≤ +0.5 s", readme="a `%%tfos_cluster` cell (B4b)"),
+)
+
+
+def load(name: str, results: str | None = None) -> dict[str, Any]:
+    """A results file: ``NAME.json`` (``harness.write_runs``), or a B2 report from before those (``NAME.md``) read
+    from its "Every run, in order" table."""
+    with open(os.path.join(results or RESULTS, name)) as f:
+        return json.load(f) if name.endswith(".json") else _every_run_table(f.read(), name)
+
+
+def _every_run_table(text: str, name: str) -> dict[str, Any]:
+    lines = text.splitlines()
+    head = next((i for i, ln in enumerate(lines) if ln.startswith("| variant | run |")), None)
+    if head is None:
+        raise ValueError(f"{name}: no table of every run")
+    columns = [c.strip() for c in lines[head].strip("|").split("|")]
+    out = []
+    for line in lines[head + 2:]:
+        if not line.startswith("| "):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        metrics = {k: float(v) for k, v in zip(columns[2:], cells[2:]) if k.endswith(" s") and v}
+        out.append({"variant": cells[0], "run": cells[1], "metrics": metrics})
+    date = lines[0].split(" — ", 1)[1].split(",", 1)[0] if " — " in lines[0] else "?"
+    return {"date": date, "runs": out}
+
+
+def _cpu_per_step(m: Mapping[str, float]) -> float | None:
+    """The machine's busy CPU time over the run (every process either side uses: nodes, feeders, Python workers,
+    JVMs, the driver), in ms per training step."""
+    cpu, steps = m.get("cpu s"), m.get("steps")
+    return 1000.0 * cpu / steps if cpu is not None and steps else None
+
+
+DERIVED = {"cpu ms/step": _cpu_per_step}  # metrics computed from a run's recorded ones
+
+
+def runs(doc: Mapping[str, Any], variant: str, metric: str) -> list[float]:
+    """The counted runs of ``variant`` (warm-ups left out), in the order they ran."""
+    out = []
+    for r in doc["runs"]:
+        if r["variant"] != variant or r["run"] == "warm-up":
+            continue
+        value = DERIVED[metric](r["metrics"]) if metric in DERIVED else r["metrics"].get(metric)
+        if value is not None:
+            out.append(float(value))
+    return out
+
+
+def fastest(values: Sequence[float], higher_is_better: bool) -> float:
+    return max(values) if higher_is_better else min(values)
+
+
+def fmt(value: float, metric: str, scale: float | None = None) -> str:
+    """A figure as the table writes it: rows/s whole, other figures with 2 decimals under 10 (``scale``: the row's
+    largest figure, so that one row keeps one precision) and 1 from there."""
+    if metric.endswith("/s"):
+        return f"{value:,.0f}"
+    return f"{value:.2f}" if (value if scale is None else scale) < 10 else f"{value:.1f}"
+
+
+def unit(metric: str) -> str:
+    return metric.rsplit(" ", 1)[-1] if " " in metric else metric
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A row's figures, computed from the runs."""
+
+    row: Row
+    values: list[float]
+    median: float
+    best: float
+    ratio_median: float | None
+    ratio_fastest: float | None
+    n_ref: int
+
+
+def figures(row: Row, results: str | None = None) -> Figures:
+    doc = load(row.results, results)
+    values = runs(doc, row.variant, row.metric)
+    if not values:
+        raise ValueError(f"{row.results}: no counted run of {row.variant!r} has {row.metric!r}")
+    med, best = statistics.median(values), fastest(values, row.higher_is_better)
+    ratio_median = ratio_fastest = None
+    ref: list[float] = []
+    if row.reference:
+        ref = runs(doc, row.reference, row.metric)
+        if not ref:
+            raise ValueError(f"{row.results}: no counted run of the reference {row.reference!r} has {row.metric!r}")
+        ratio_median = med / statistics.median(ref)
+        ratio_fastest = best / fastest(ref, row.higher_is_better)
+    return Figures(row, values, med, best, ratio_median, ratio_fastest, len(ref))
+
+
+def ratio(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}×"
+
+
+def docs_table(results: str | None = None) -> str:
+    lines = ["| benchmark | every run (in order) | median (range) | against | median / median | fastest / fastest "
+             "| target | results |", "|---|---|---|---|---|---|---|---|"]
+    for row in ROWS:
+        f = figures(row, results)
+        u, top = unit(row.metric), max(f.values)
+        lines.append(
+            f"| {row.benchmark} | {' · '.join(fmt(v, row.metric, top) for v in f.values)} {u} "
+            f"| {fmt(f.median, row.metric, top)} {u} ({fmt(min(f.values), row.metric, top)}–{fmt(top, row.metric)}) "
+            f"| {row.against} | {ratio(f.ratio_median)} | {ratio(f.ratio_fastest)} | {row.target} "
+            f"| `{row.results}` |")
+    if any(row.results == CPU_FILE for row in ROWS):
+        lines += ["", cpu_table(results)]
+    dates = sorted({load(name, results)["date"] for name in dict.fromkeys(r.results for r in ROWS)})
+    lines += ["", "Runs of " + ", ".join(dates) + "; each results file has its command and setting, its report "
+              "(`.md`) the machine. A ratio under 1 is faster for times, over 1 for rows/s."]
+    return "\n".join(lines)
+
+
+CPU_FILE, CPU_VARIANTS = "b2-latest.json", (("native_untuned", "native, the same tf.data settings"),
+                                             ("tfos_nb", "tfos_nb, every epoch through Spark"),
+                                             ("tfos_nb_cache", "tfos_nb, `cache=True`"))
+CPU_GROUPS = (("nodes", "the nodes (native: its 2 processes)"), ("feeders", "feeding Python workers"),
+              ("JVMs", "the JVMs (executors, driver)"), ("driver", "the driver (Python)"))
+
+
+def cpu_table(results: str | None = None) -> str:
+    """B2's CPU a training step by group of processes (medians over the runs; ``memory.CPU_GROUPS``)."""
+    doc = load(CPU_FILE, results)
+    lines = ["B2, CPU milliseconds a training step, whole run (medians of the runs in `%s`):" % CPU_FILE, "",
+             "| variant | " + " | ".join(words for _, words in CPU_GROUPS) + " | the machine, all processes |",
+             "|---|" + "---|" * (len(CPU_GROUPS) + 1)]
+    for variant, words in CPU_VARIANTS:
+        cells = []
+        for group in [g for g, _ in CPU_GROUPS] + [None]:
+            values = [1000.0 * r["metrics"]["cpu s" if group is None else f"cpu {group} s"] / r["metrics"]["steps"]
+                      for r in doc["runs"] if r["variant"] == variant and r["run"] != "warm-up"]
+            cells.append(f"{statistics.median(values):.1f}" if values else "")
+        lines.append(f"| {words} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_table(results: str | None = None) -> str:
+    lines = ["| | tfos_nb: median of the runs (fastest) | against it: median, fastest | against |", "|---|---|---|---|"]
+    for row in ROWS:
+        if not row.readme:
+            continue
+        f = figures(row, results)
+        u, top = unit(row.metric), max(f.values)
+        lines.append(f"| {row.readme} | {fmt(f.median, row.metric, top)} {u} ({fmt(f.best, row.metric, top)}) "
+                     f"| {ratio(f.ratio_median)}, {ratio(f.ratio_fastest)} | {row.against} |")
+    return "\n".join(lines)
+
+
+def replaced(text: str, markers: tuple[str, str], block: str, path: str) -> str:
+    start, end = markers
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise ValueError(f"{path}: needs the markers {start!r} and {end!r} once each")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{block}\n{end}{tail}"
+
+
+def targets(results: str | None = None) -> dict[str, str]:
+    """Each file's text with its table as the results files give it."""
+    out = {}
+    for path, markers, block in ((DOCS, DOCS_MARKERS, docs_table(results)),
+                                 (README, README_MARKERS, readme_table(results))):
+        with open(path) as f:
+            out[path] = replaced(f.read(), markers, block, path)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a file's table differs from the results files")
+    opts = p.parse_args(argv)
+    stale = []
+    for path, text in targets().items():
+        with open(path) as f:
+            if f.read() == text:
+                continue
+        if opts.check:
+            stale.append(os.path.relpath(path, ROOT))
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+            print(f"wrote {os.path.relpath(path, ROOT)}")
+    if stale:
+        print(f"not the results files' figures: {', '.join(stale)} (run: python benchmarks/table.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The one benchmark table: the docs' and the README's figures are what ``benchmarks/table.py`` computes from every
+run in the results files (never typed by hand), with the ratio fastest against fastest beside the median."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_table():
+    spec = importlib.util.spec_from_file_location("bench_table", ROOT / "benchmarks" / "table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+table = load_table()
+
+
+def test_the_docs_and_the_readme_show_the_results_files_figures():
+    assert table.main(["--check"]) == 0  # else: python benchmarks/table.py, and commit the files it rewrote
+    docs, readme = (ROOT / "docs" / "benchmarks.md").read_text(), (ROOT / "README.md").read_text()
+    for row in table.ROWS:  # each row's median, recomputed here from the file's runs, is in the docs' table
+        values = counted_runs(ROOT / "benchmarks" / "results" / row.results, row.variant, row.metric)
+        assert values, row
+        median = table.fmt(statistics.median(values), row.metric, max(values))
+        assert f"| {median} {table.unit(row.metric)} (" in docs, row
+        if row.readme:
+            assert f"| {row.readme} | {median} " in readme, row
+
+
+def counted_runs(path: Path, variant: str, metric: str) -> list[float]:
+    """The runs of a results file, read here independently of benchmarks/table.py: the JSON's, or a B2 report's
+    "Every run" table (variant, run, wall s, fit s, ...)."""
+    if path.suffix == ".md":
+        column = {"wall s": 2, "fit s": 3}[metric]
+        every = re.findall(r"^\| (\w+) \| run \d+ \| ([\d.]+) \| ([\d.]+) \|", path.read_text(), flags=re.M)
+        return [float(cells[column - 1]) for cells in every if cells[0] == variant]
+    doc = json.loads(path.read_text())
+    out = []
+    for r in doc["runs"]:
+        if r["variant"] != variant or r["run"] == "warm-up":
+            continue
+        m = r["metrics"]
+        if metric == "cpu ms/step":
+            out.append(1000 * m["cpu s"] / m["steps"])
+        elif metric in m:  # B3's runs are cold or warm
+            out.append(m[metric])
+    return out
+
+
+def test_ratios_are_median_against_median_and_fastest_against_fastest(tmp_path):
+    doc = {"date": "2026-11-27 08:00 UTC", "runs": [
+        {"variant": "mine", "run": "warm-up", "metrics": {"fit s": 99.0}},  # not counted
+        {"variant": "mine", "run": "run 1", "metrics": {"fit s": 20.0}},
+        {"variant": "ref", "run": "run 1", "metrics": {"fit s": 15.0}},
+        {"variant": "mine", "run": "run 2", "metrics": {"fit s": 16.0}},
+        {"variant": "ref", "run": "run 2", "metrics": {"fit s": 30.0}},
+        {"variant": "mine", "run": "run 3", "metrics": {"fit s": 18.0}},
+        {"variant": "ref", "run": "run 3", "metrics": {"fit s": 16.0}}]}
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    row = table.Row("B2 fit", "x.json", "mine", "fit s", "ref", "native")
+    f = table.figures(row, str(tmp_path))
+    assert f.values == [20.0, 16.0, 18.0] and f.median == 18.0 and f.best == 16.0
+    assert f.ratio_median == pytest.approx(18.0 / 16.0) and f.ratio_fastest == pytest.approx(16.0 / 15.0)
+    rate = table.Row("B1", "x.json", "mine", "fit s", None, "")
+    assert table.figures(rate, str(tmp_path)).ratio_median is None
+    with pytest.raises(ValueError, match="no counted run of 'other'"):
+        table.figures(table.Row("B1", "x.json", "other", "fit s", None, ""), str(tmp_path))
+
+
+def test_a_stale_figure_is_caught(tmp_path, monkeypatch):
+    doc = {"date": "2026-11-27 08:00 UTC", "runs": [{"variant": v, "run": "run 1", "metrics": {"s": t}}
+                                                     for v, t in (("nb", 0.8), ("tfos", 11.2))]}
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(table, "RESULTS", str(tmp_path))
+    monkeypatch.setattr(table, "ROWS", (table.Row("B4a", "x.json", "nb", "s", "tfos", "TFoS", readme="start"),))
+    docs = tmp_path / "benchmarks.md"
+    start, end = table.DOCS_MARKERS
+    docs.write_text(f"# Benchmarks\n\n{start}\n| B1 | 1.23 s |\n{end}\n\nprose\n")
+    monkeypatch.setattr(table, "DOCS", str(docs))
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    monkeypatch.setattr(table, "README", str(readme))
+    assert table.main(["--check"]) == 1
+    assert table.main([]) == 0
+    text = docs.read_text()
+    assert "1.23 s" not in text and text.startswith("# Benchmarks\n\n") and text.endswith(f"{end}\n\nprose\n")
+    assert "| B4a | 0.80 s | 0.80 s (0.80–0.80) | TFoS | 0.07× | 0.07× |" in text
+    assert "| start | 0.80 s (0.80) | 0.07×, 0.07× | TFoS |" in readme.read_text()
+    assert table.main(["--check"]) == 0
