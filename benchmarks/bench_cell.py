@@ -105,9 +105,11 @@ def main() -> None:
         log.close()
 
     a, c = statistics.median(api), statistics.median(cell)
+    setting = f"master {opts.master}, renderer {opts.renderer}; 1 warm-up + {opts.runs} alternating runs"
+    command = harness.command()
     lines = [
         f"B4b cell overhead — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
-        f"{platform.machine()}; master {opts.master}, renderer {opts.renderer}; 1 warm-up + {opts.runs} alternating runs",
+        f"{platform.machine()}; {setting}",
         "",
         "| variant | median | range |",
         "|---|---|---|",
@@ -115,11 +117,11 @@ def main() -> None:
         f"| %%tfos_cluster cell | {c:.2f} s | {min(cell):.2f}–{max(cell):.2f} s |",
         f"| **overhead** (cell − API, medians) | **{c - a:+.2f} s** | target ≤ 0.5 s: {'met' if c - a <= 0.5 else 'not met'} |",
         "",
-        f"command: {' '.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}",
+        f"command: {command}",
     ]
     harness.write_report("\n".join(lines) + "\n", opts.out)
     harness.write_runs(opts.out, "B4b", done, {"api": "TFCluster.run + shutdown in a cell", "cell": "%%tfos_cluster cell"},
-                       setting=lines[0].split("; ", 1)[1], command_line=lines[-1][len("command: "):])
+                       setting=setting, command_line=command)
 
 
 if __name__ == "__main__":

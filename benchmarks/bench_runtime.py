@@ -413,11 +413,12 @@ def main(argv=None):
     finally:
         table = build_table(rounds, selected)
         lines = ["# B1 feeding throughput / B4a control plane — tfos_nb vs TensorFlowOnSpark 2.2.5", ""]
+        setting = ("master `%s`, spark.executor.memory=%s, spark.ui.enabled=false, executors' "
+                   "TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=OMP_NUM_THREADS=1; %d rows x %d float32 + int label, "
+                   "%d partitions, cached and counted; batch %d; 1 warm-up + %d alternating runs per variant" % (
+                       opts.master, opts.executor_memory, opts.rows, NUM_FEATURES, opts.partitions, BATCH, opts.runs))
         lines += harness.machine_lines(("pyspark", "tensorflowonspark", "tfos_nb", "pyarrow", "numpy")) + [
-            "- setting: master `%s`, spark.executor.memory=%s, spark.ui.enabled=false, executors' "
-            "TF_NUM_INTRAOP_THREADS=TF_NUM_INTEROP_THREADS=OMP_NUM_THREADS=1; %d rows x %d float32 + int label, "
-            "%d partitions, cached and counted; batch %d; 1 warm-up + %d alternating runs per variant" % (
-                opts.master, opts.executor_memory, opts.rows, NUM_FEATURES, opts.partitions, BATCH, opts.runs)]
+            "- setting: " + setting]
         lines += ["- total wall: %.0f s" % (time.perf_counter() - t_all), "", table, ""]
         lines += [
             "Ratios are median/median. B1 `rows/s` ratio > 1 means faster than the reference; for seconds "
@@ -436,7 +437,7 @@ def main(argv=None):
             harness.write_report("\n".join(lines) + "\n", opts.out)
             if not interrupted:
                 harness.write_runs(opts.out, "B1/B4a", rounds, {v[0]: "%s: %s" % (v[1], v[2]) for v in VARIANTS},
-                                   setting=next(ln for ln in lines if ln.startswith("- setting: "))[11:],
+                                   setting=setting,
                                    command_line=os.environ.get("BENCH_CMD") or harness.command())
             log.info("wrote %s", opts.out)
         except Exception as e:

@@ -456,15 +456,14 @@ def main(argv=None):
         if bench.spark is not None:
             bench.spark.stop()
         shutil.rmtree(bench.tmp, ignore_errors=True)
-    head = ("B2 training parity — %s, %s cores, %s; %s model; %d rows × %d float32, %d epochs, "
-            "global batch %d, %d nodes (MWMS), %s; medians of %d") % (
-        harness.now_utc(), os.cpu_count(), platform.machine(),
+    setting = "%s model; %d rows × %d float32, %d epochs, global batch %d, %d nodes (MWMS), %s; medians of %d" % (
         opts.model, opts.rows, FEATURES, opts.epochs, GLOBAL_BATCH, NODES, opts.master, opts.runs)
+    head = "B2 training parity — %s, %s cores, %s; %s" % (harness.now_utc(), os.cpu_count(), platform.machine(), setting)
     text = "\n\n".join([head, table(rounds, opts, getattr(bench, "phases", None)), harness.every_run(rounds),
                          "command: " + harness.command(argv)]) + "\n"
     harness.write_report(text, opts.out)
     harness.write_runs(opts.out, "B2", rounds, {k: v[0] for k, v in VARIANTS.items()},
-                       setting=head.split(" — ", 1)[1].split("; ", 1)[1], command_line=harness.command(argv))
+                       setting=setting, command_line=harness.command(argv))
     return 1 if rounds.failures else 0
 
 

@@ -14,15 +14,19 @@ changelog.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # the benchmarks' own helpers, beside this script (also when a test loads it by path)
+    sys.path.insert(0, HERE)
+import harness  # noqa: E402
+
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
@@ -87,8 +91,13 @@ ROWS: tuple[Row, ...] = (
 def load(name: str, results: str | None = None) -> dict[str, Any]:
     """A results file: ``NAME.json`` (``harness.write_runs``), or a B2 report from before those (``NAME.md``) read
     from its "Every run, in order" table."""
-    with open(os.path.join(results or RESULTS, name)) as f:
-        return json.load(f) if name.endswith(".json") else _every_run_table(f.read(), name)
+    return _read(os.path.join(results or RESULTS, name))
+
+
+@functools.cache
+def _read(path: str) -> dict[str, Any]:  # several rows read one file: once
+    with open(path) as f:
+        return json.load(f) if path.endswith(".json") else _every_run_table(f.read(), os.path.basename(path))
 
 
 def _every_run_table(text: str, name: str) -> dict[str, Any]:
@@ -108,14 +117,14 @@ def _every_run_table(text: str, name: str) -> dict[str, Any]:
     return {"date": date, "runs": out}
 
 
-def _cpu_per_step(m: Mapping[str, float]) -> float | None:
-    """The machine's busy CPU time over the run (every process either side uses: nodes, feeders, Python workers,
-    JVMs, the driver), in ms per training step."""
-    cpu, steps = m.get("cpu s"), m.get("steps")
-    return 1000.0 * cpu / steps if cpu is not None and steps else None
+def per_step(m: Mapping[str, float], seconds: str) -> float | None:
+    """A run's ``seconds`` metric in ms per training step (``cpu s``: the machine's busy CPU time over the run, every
+    process either side uses; ``cpu GROUP s``: one group's)."""
+    value, steps = m.get(seconds), m.get("steps")
+    return 1000.0 * value / steps if value is not None and steps else None
 
 
-DERIVED = {"cpu ms/step": _cpu_per_step}  # metrics computed from a run's recorded ones
+DERIVED = {"cpu ms/step": lambda m: per_step(m, "cpu s")}  # metrics computed from a run's recorded ones
 
 
 def runs(doc: Mapping[str, Any], variant: str, metric: str) -> list[float]:
@@ -128,10 +137,6 @@ def runs(doc: Mapping[str, Any], variant: str, metric: str) -> list[float]:
         if value is not None:
             out.append(float(value))
     return out
-
-
-def fastest(values: Sequence[float], higher_is_better: bool) -> float:
-    return max(values) if higher_is_better else min(values)
 
 
 def fmt(value: float, metric: str, scale: float | None = None) -> str:
@@ -164,16 +169,16 @@ def figures(row: Row, results: str | None = None) -> Figures:
     values = runs(doc, row.variant, row.metric)
     if not values:
         raise ValueError(f"{row.results}: no counted run of {row.variant!r} has {row.metric!r}")
-    med, best = statistics.median(values), fastest(values, row.higher_is_better)
+    mine = harness.Spread(values, row.higher_is_better)
     ratio_median = ratio_fastest = None
     ref: list[float] = []
     if row.reference:
         ref = runs(doc, row.reference, row.metric)
         if not ref:
             raise ValueError(f"{row.results}: no counted run of the reference {row.reference!r} has {row.metric!r}")
-        ratio_median = med / statistics.median(ref)
-        ratio_fastest = best / fastest(ref, row.higher_is_better)
-    return Figures(row, values, med, best, ratio_median, ratio_fastest, len(ref))
+        got = mine.ratio(harness.Spread(ref, row.higher_is_better))
+        ratio_median, ratio_fastest = got.median, got.fastest
+    return Figures(row, values, mine.median, mine.fastest, ratio_median, ratio_fastest, len(ref))
 
 
 def ratio(x: float | None) -> str:
@@ -214,10 +219,10 @@ def cpu_table(results: str | None = None) -> str:
              "|---|" + "---|" * (len(CPU_GROUPS) + 1)]
     for variant, words in CPU_VARIANTS:
         cells = []
-        for group in [g for g, _ in CPU_GROUPS] + [None]:
-            values = [1000.0 * r["metrics"]["cpu s" if group is None else f"cpu {group} s"] / r["metrics"]["steps"]
-                      for r in doc["runs"] if r["variant"] == variant and r["run"] != "warm-up"]
-            cells.append(f"{statistics.median(values):.1f}" if values else "")
+        for seconds in [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"]:
+            got = harness.median(per_step(r["metrics"], seconds) for r in doc["runs"]
+                                 if r["variant"] == variant and r["run"] != "warm-up")
+            cells.append("" if got is None else f"{got:.1f}")
         lines.append(f"| {words} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
