@@ -293,6 +293,24 @@ class Bench:
                            **{k: v for k, v in chief.items() if k != "enter"}, "shutdown()": t_shutdown}
         return res
 
+    def spark_read(self):
+        """Spark alone, the floor of any program that reads the DataFrame from Spark every epoch: each epoch, the
+        same cached DataFrame read by Python workers (``mapInArrow``, Spark's Arrow path, as tfos_nb's feeding
+        tasks read it) that count its rows and drop them.  No TensorFlow; ``steps`` is the training run's."""
+        def sink(batches):
+            import pyarrow as pa
+
+            n = 0
+            for b in batches:
+                n += b.num_rows
+            yield pa.RecordBatch.from_pydict({"n": [n]}, schema=pa.schema([("n", pa.int64())]))
+
+        t0 = time.perf_counter()
+        rows = sum(sum(r["n"] for r in self.df.mapInArrow(sink, "n long").collect()) for _ in range(self.opts.epochs))
+        wall = time.perf_counter() - t0
+        assert rows == self.opts.rows * self.opts.epochs, rows
+        return {"wall s": wall, "steps": -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs}
+
     def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False):
         """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
 
@@ -340,6 +358,7 @@ VARIANTS = {
     "native_b128": ("native MWMS with .batch(%d) on each worker (a global batch of %d: half the steps)"
                     % (GLOBAL_BATCH, GLOBAL_BATCH * NODES), "native", {"per_worker_batch": GLOBAL_BATCH}),
     "tfos_nb": ("tfos_nb (as_dataset + model.fit)", "tfos_nb", {}),
+    "spark_read": ("Spark alone: every epoch's rows read into Python workers and dropped (no training)", "spark_read", {}),
     "tfos_nb_cache": ("tfos_nb, as_dataset(cache=True): one epoch fed, replayed on the nodes", "tfos_nb", {"cache": True}),
     "tfos_nb_keras3": ("tfos_nb, the model written for Keras 3 (import keras)", "tfos_nb", {"keras3": True}),
     "single_keras3": ("single-process Keras 3", "single", {"keras3": True}),
@@ -373,9 +392,11 @@ def table(rounds, opts, phases=None):
             continue
         f = med(key, "fit s")
         st = med(key, "steps")
-        lines.append("| %s | %.1f s | %s s | %s | %s | %s | %.3f | %s | %s |" % (
+        acc = med(key, "accuracy")
+        lines.append("| %s | %.1f s | %s s | %s | %s | %s | %s | %s | %s |" % (
             VARIANTS[key][0], w, rng(key, "wall s"), "%.1f s" % f if f is not None else "",
-            rng(key, "fit s") + " s" if f is not None else "", "%d" % st if st else "", med(key, "accuracy"),
+            rng(key, "fit s") + " s" if f is not None else "", "%d" % st if st else "",
+            "%.3f" % acc if acc is not None else "",
             "%.2f×" % (w / native_wall) if native_wall and key != "native" else "",
             "%.2f×" % (f / native_fit) if native_fit and f is not None and key != "native" else ""))
     cpu_lines = []
@@ -384,10 +405,13 @@ def table(rounds, opts, phases=None):
         if not st:
             continue
         parts = [(g, med(key, f"cpu {g} s")) for g, _ in memory.CPU_GROUPS] + [("the machine", med(key, "cpu s"))]
-        cpu_lines.append("%s: %s" % (key, ", ".join("%s %.1f" % (g, 1000 * v / st) for g, v in parts if v is not None)))
+        jvm = [(k, med(key, f"cpu JVM {k} s")) for k in [*(k for k, _ in memory.JVM_THREADS), "other"]]
+        cpu_lines.append("%s: %s (JVMs' threads: %s)" % (
+            key, ", ".join("%s %.2f" % (g, 1000 * v / st) for g, v in parts if v is not None),
+            ", ".join("%s %.2f" % (k, 1000 * v / st) for k, v in jvm if v is not None)))
     if cpu_lines:
-        lines += ["", "CPU a training step (ms, medians over the runs, whole run; the processes by group, and the "
-                  "machine's busy time):", ""] + ["- " + c for c in cpu_lines]
+        lines += ["", "CPU a training step (ms, medians over the runs, whole run; the processes by group, the "
+                  "machine's busy time, and the Spark JVMs' CPU by thread):", ""] + ["- " + c for c in cpu_lines]
     steps = [(k, med(k, "step ms")) for k in ("native", "tfos_nb") if med(k, "step ms")]
     if steps:
         lines += ["", "a training step (ms, the chief, epochs after the first): " + ", ".join("%s %.1f" % kv for kv in steps)]
@@ -408,10 +432,13 @@ def with_cpu(run):
     sampler = memory.Sampler(interval=0.25)
     sampler.start()
     try:
+        before = memory.jvm_threads()
         m = run()
+        jvm = memory.jvm_threads_used(before, memory.jvm_threads())
     finally:
         sampler.stop()
-    return {**m, **sampler.cpu_by_group()}
+    log.info("CPU s by kind of process: %s", ", ".join("%s %.2f" % kv for kv in sorted(sampler.cpu_by_kind().items())))
+    return {**m, **sampler.cpu_by_group(), **jvm}
 
 
 def main(argv=None):

@@ -88,6 +88,51 @@ CPU_GROUPS = (("nodes", ("node process", "node supervisor", "native worker")),
               ("driver", ("driver (Python)",)))
 
 
+#: the JVMs' threads by what they do, from their names (``/proc/PID/task/TID/comm``, 15 characters): Spark's task
+#: threads (reading the cache, writing Arrow to the Python workers), the JIT compilers, the garbage collectors; the
+#: rest (RPC, heartbeats, the scheduler, py4j) is "other"
+JVM_THREADS = (("tasks", ("Executor task",)), ("JIT", ("C1 CompilerThre", "C2 CompilerThre", "Sweeper thread")),
+               ("GC", ("GC Thread", "G1 ")))
+
+
+def _spark_jvms() -> list[int]:
+    """This process's Spark JVMs: the driver's and the executors' (descendants that are ``java``)."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "java"]
+    except psutil.Error:
+        return []
+
+
+def jvm_threads() -> dict[str, float]:
+    """CPU seconds so far of the Spark JVMs' threads, summed by :data:`JVM_THREADS` class (and ``other``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {name: 0.0 for name, _ in JVM_THREADS} | {"other": 0.0}
+    for pid in _spark_jvms():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended
+                continue
+            kind = next((k for k, prefixes in JVM_THREADS if name.startswith(prefixes)), "other")
+            out[kind] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return out
+
+
+def jvm_threads_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The JVMs' CPU between two :func:`jvm_threads` readings, as ``cpu JVM KIND s`` metrics (a thread that ended
+    in between is not counted: Spark's task and compiler threads live as long as their JVM)."""
+    return {f"cpu JVM {k} s": max(0.0, after[k] - before.get(k, 0.0)) for k in after}
+
+
 class Sampler(threading.Thread):
     """Every ``interval`` s: the driver's descendants, classified; each one's largest RSS and last VmHWM."""
 
@@ -165,6 +210,15 @@ class Sampler(threading.Thread):
             for name, kinds in CPU_GROUPS:
                 if info["kind"].startswith(kinds) and info.get("cpu") is not None:
                     out[f"cpu {name} s"] += info["cpu"] - (info["cpu0"] or 0.0)
+        return out
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        """CPU seconds each kind of process (``classify``) used while sampled, for the log."""
+        out: dict[str, float] = {}
+        for info in self.procs.values():
+            if info.get("cpu") is not None:
+                kind = info["kind"].split(" JVM ")[0] + (" JVM" if " JVM " in info["kind"] else "")
+                out[kind] = out.get(kind, 0.0) + info["cpu"] - (info["cpu0"] or 0.0)
         return out
 
     def report(self) -> list[dict]:

@@ -43,7 +43,8 @@ class Row:
     results: str  # the results file (benchmarks/results/...json)
     variant: str
     metric: str  # as the benchmark recorded it: "rows/s", "fit s", "start+shutdown s"
-    reference: str | None  # the variant it is compared with (None: none)
+    reference: str | tuple[str, ...] | None  # the variant it is compared with (None: none); several: their sum, round
+    # by round (the training alone plus Spark's own read of the same rows: the least a Spark-fed trainer can use)
     against: str  # the reference in words
     target: str = ""
     readme: str = ""  # the README's name for it (empty: the docs' table only)
@@ -73,8 +74,21 @@ ROWS: tuple[Row, ...] = (
     Row("B2 training: the machine's CPU-seconds a step, whole run", "b2-latest.json", "tfos_nb", "cpu ms/step",
         "native_untuned", "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.05×",
         readme="training on 2 nodes (B2), CPU a step"),
+    Row("B2 training: the machine's CPU-seconds a step, whole run", "b2-latest.json", "tfos_nb", "cpu ms/step",
+        ("native_untuned", "spark_read"), "the same native run plus Spark alone reading each epoch into Python "
+        "(the least any trainer fed by Spark every epoch uses)"),
     Row("B2 training, as written: `model.fit`", "b2-latest.json", "tfos_nb", "fit s", "native",
         "native MultiWorkerMirroredStrategy, default tf.data settings"),
+    Row("B2 training, MLP, 160k rows: `model.fit`", "b2-160k.json", "tfos_nb", "fit s", "native_untuned",
+        "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.03×"),
+    Row("B2 training, MLP, 160k rows: CPU-seconds a step", "b2-160k.json", "tfos_nb", "cpu ms/step",
+        "native_untuned", "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.05×"),
+    Row("B2 training, MLP, 160k rows: CPU-seconds a step", "b2-160k.json", "tfos_nb", "cpu ms/step",
+        ("native_untuned", "spark_read"), "the same native run plus Spark alone reading each epoch into Python"),
+    Row("B2 training, CNN, 20k rows: `model.fit`", "b2-cnn.json", "tfos_nb", "fit s", "native_untuned",
+        "native MultiWorkerMirroredStrategy, the same tf.data settings", "≤ 1.02×"),
+    Row("B2 training, CNN, 20k rows: CPU-seconds a step", "b2-cnn.json", "tfos_nb", "cpu ms/step",
+        ("native_untuned", "spark_read"), "the same native run plus Spark alone reading each epoch into Python"),
     Row("B2 the model written for Keras 3 (`import keras`): `model.fit`", "b2-keras3.md", "tfos_nb_keras3", "fit s",
         "tfos_nb", "the same program on tf_keras (Keras 2)"),
     Row("B2 Keras 3 in one process, no tfos_nb: `model.fit`", "b2-keras3.md", "single_keras3", "fit s", "single",
@@ -139,6 +153,15 @@ def runs(doc: Mapping[str, Any], variant: str, metric: str) -> list[float]:
     return out
 
 
+def reference_runs(doc: Mapping[str, Any], reference: str | tuple[str, ...], metric: str) -> list[float]:
+    """The reference's counted runs; for several variants, the sum of their runs of the same round (the i-th of
+    each: the benchmarks run the variants in rounds), as many as the variant with the fewest has."""
+    if isinstance(reference, str):
+        return runs(doc, reference, metric)
+    each = [runs(doc, variant, metric) for variant in reference]
+    return [sum(rnd) for rnd in zip(*each)]
+
+
 def fmt(value: float, metric: str, scale: float | None = None) -> str:
     """A figure as the table writes it: rows/s whole, other figures with 2 decimals under 10 (``scale``: the row's
     largest figure, so that one row keeps one precision) and 1 from there."""
@@ -173,7 +196,7 @@ def figures(row: Row, results: str | None = None) -> Figures:
     ratio_median = ratio_fastest = None
     ref: list[float] = []
     if row.reference:
-        ref = runs(doc, row.reference, row.metric)
+        ref = reference_runs(doc, row.reference, row.metric)
         if not ref:
             raise ValueError(f"{row.results}: no counted run of the reference {row.reference!r} has {row.metric!r}")
         got = mine.ratio(harness.Spread(ref, row.higher_is_better))
@@ -205,25 +228,39 @@ def docs_table(results: str | None = None) -> str:
 
 
 CPU_FILE, CPU_VARIANTS = "b2-latest.json", (("native_untuned", "native, the same tf.data settings"),
+                                             ("spark_read", "Spark alone: each epoch read into Python, dropped"),
                                              ("tfos_nb", "tfos_nb, every epoch through Spark"),
                                              ("tfos_nb_cache", "tfos_nb, `cache=True`"))
 CPU_GROUPS = (("nodes", "the nodes (native: its 2 processes)"), ("feeders", "feeding Python workers"),
               ("JVMs", "the JVMs (executors, driver)"), ("driver", "the driver (Python)"))
+JVM_THREADS = (("tasks", "Spark's task threads"), ("JIT", "JIT compilers"), ("GC", "garbage collectors"),
+               ("other", "the rest (RPC, scheduler, py4j)"))
 
 
 def cpu_table(results: str | None = None) -> str:
-    """B2's CPU a training step by group of processes (medians over the runs; ``memory.CPU_GROUPS``)."""
+    """B2's CPU a training step by group of processes, and the JVMs' by thread (medians over the runs;
+    ``memory.CPU_GROUPS``, ``memory.JVM_THREADS``)."""
     doc = load(CPU_FILE, results)
+
+    def cells(variant: str, metrics: Sequence[str]) -> list[str]:
+        out = []
+        for seconds in metrics:
+            got = harness.median(per_step(r["metrics"], seconds) for r in doc["runs"]
+                                 if r["variant"] == variant and r["run"] != "warm-up")
+            out.append("" if got is None else f"{got:.1f}")
+        return out
+
+    present = [(v, words) for v, words in CPU_VARIANTS if runs(doc, v, "cpu s")]
     lines = ["B2, CPU milliseconds a training step, whole run (medians of the runs in `%s`):" % CPU_FILE, "",
              "| variant | " + " | ".join(words for _, words in CPU_GROUPS) + " | the machine, all processes |",
              "|---|" + "---|" * (len(CPU_GROUPS) + 1)]
-    for variant, words in CPU_VARIANTS:
-        cells = []
-        for seconds in [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"]:
-            got = harness.median(per_step(r["metrics"], seconds) for r in doc["runs"]
-                                 if r["variant"] == variant and r["run"] != "warm-up")
-            cells.append("" if got is None else f"{got:.1f}")
-        lines.append(f"| {words} | " + " | ".join(cells) + " |")
+    lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"])) + " |"
+              for v, words in present]
+    lines += ["", "The JVMs' part of it, by thread (ms a training step):", "",
+              "| variant | " + " | ".join(words for _, words in JVM_THREADS) + " |",
+              "|---|" + "---|" * len(JVM_THREADS)]
+    lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu JVM {k} s" for k, _ in JVM_THREADS])) + " |"
+              for v, words in present]
     return "\n".join(lines)
 
 

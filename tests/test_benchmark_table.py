@@ -79,6 +79,23 @@ def test_ratios_are_median_against_median_and_fastest_against_fastest(tmp_path):
         table.figures(table.Row("B1", "x.json", "other", "fit s", None, ""), str(tmp_path))
 
 
+def test_a_reference_of_several_variants_is_their_sum_round_by_round(tmp_path):
+    """Training alone plus Spark alone reading the rows: run i of one plus run i of the other, then median and
+    fastest of those sums (not the sum of two medians)."""
+    doc = {"date": "2026-11-27 08:00 UTC", "runs": [
+        {"variant": "read", "run": "warm-up", "metrics": {"cpu s": 50.0, "steps": 10}},
+        {"variant": "mine", "run": "run 1", "metrics": {"cpu s": 0.30, "steps": 10}},
+        {"variant": "native", "run": "run 1", "metrics": {"cpu s": 0.20, "steps": 10}},
+        {"variant": "read", "run": "run 1", "metrics": {"cpu s": 0.06, "steps": 10}},
+        {"variant": "mine", "run": "run 2", "metrics": {"cpu s": 0.28, "steps": 10}},
+        {"variant": "native", "run": "run 2", "metrics": {"cpu s": 0.25, "steps": 10}},
+        {"variant": "read", "run": "run 2", "metrics": {"cpu s": 0.01, "steps": 10}}]}
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    f = table.figures(table.Row("B2 CPU", "x.json", "mine", "cpu ms/step", ("native", "read"), "both"), str(tmp_path))
+    assert f.n_ref == 2  # 26 and 26 ms a step: the warm-up not counted
+    assert f.ratio_fastest == pytest.approx(28.0 / 26.0) and f.ratio_median == pytest.approx(29.0 / 26.0)
+
+
 def test_a_stale_figure_is_caught(tmp_path, monkeypatch):
     doc = {"date": "2026-11-27 08:00 UTC", "runs": [{"variant": v, "run": "run 1", "metrics": {"s": t}}
                                                      for v, t in (("nb", 0.8), ("tfos", 11.2))]}

@@ -49,7 +49,8 @@ CELL = textwrap.dedent("""
             if ctx.job_name == "worker" and step == 5:
                 on_epoch_end()
 """)
-TIMEOUT_S = 60  # the cell's --timeout: the job is torn down then, and its message says where it was stuck
+TIMEOUT_S = 45  # the cell's --timeout (after the flag, due 20 s after the last step): the job is torn down then, and its
+# message says where it was stuck
 
 
 @pytest.fixture(scope="module")
