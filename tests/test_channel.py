@@ -51,6 +51,34 @@ def test_idle_connections_are_closed_at_the_deadline_and_do_not_keep_a_peer_out(
         s.close()
 
 
+def test_a_burst_of_peers_that_send_at_once_is_served_whole(server):
+    """Hundreds of nodes registering at the same moment (a launch stage of 512 tasks; the scale benchmark found
+    this): each sends its frame as soon as it connects, so none may be closed as an idle connection to make room
+    -- before the fix, the accept loop took the whole backlog before reading any of it and closed all but the
+    last CAP as "too many unverified connections"."""
+    n = 40 * CAP
+    start = threading.Barrier(n)
+    errors: list[str] = []
+
+    def node(i: int) -> None:
+        client = ControlClient(codec(f"node{i}"), server.address, timeout=30)
+        start.wait()
+        try:
+            if not client.request(messages.AwaitSpec(node=i)).ok:
+                errors.append(f"node {i}: refused")
+        except OSError as exc:
+            errors.append(f"node {i}: {exc!r}")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, f"{len(errors)} of {n} peers were not served, e.g. {errors[:3]}"
+
+
 def test_a_byte_at_a_time_sender_is_cut_at_the_first_frame_deadline(server):
     frame = codec("slow").encode(messages.Register(node=0, host="h" * 200, port=1, executor_id="0", pid=1))
     with socket.create_connection(server.address, timeout=5) as s:

@@ -10,7 +10,7 @@ Anyone who can reach the port can connect, so what a connection costs before it
 proves it holds the cluster's secret (its first verified frame) is bounded: it
 must complete that frame within :data:`FIRST_FRAME_DEADLINE_S` of being
 accepted, at most :data:`MAX_UNVERIFIED` such connections are kept (a new one
-beyond that closes the oldest), and when the process runs out of file
+beyond that closes the oldest, once a read of it found no verified frame), and when the process runs out of file
 descriptors the server stops accepting for ``net.ACCEPT_BACKOFF_S`` instead of
 retrying at once.  Verified connections (supervisors, feeding tasks) are never
 timed out.
@@ -102,7 +102,7 @@ class ControlServer:
                 listener.close()
                 msg = f"the control server cannot listen on {self._host}: {exc.strerror or exc}"
                 raise OSError(exc.errno, msg) from exc
-            listener.listen(128)
+            listener.listen(socket.SOMAXCONN)  # a launch of hundreds of nodes connects at once
             listener.setblocking(False)
             self._listener = listener
             self._wake_r, self._wake_w = socket.socketpair()
@@ -230,8 +230,13 @@ class ControlServer:
             self._accept_failing = False
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if len(self._unverified) >= self._max_unverified:
-                self._drop_unverified(next(iter(self._unverified)), "too many unverified connections")
+            while len(self._unverified) >= self._max_unverified:
+                # A burst of peers (hundreds of nodes registering at once) fills the cap before any of them was
+                # read: the oldest is read first, and closed only when it still has not proved itself.
+                oldest = next(iter(self._unverified))
+                self._read(oldest)
+                if oldest in self._unverified:
+                    self._drop_unverified(oldest, "too many unverified connections")
             conn = _Conn(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + self._first_frame_deadline)
             self._unverified[conn] = None
             self._sel.register(sock, selectors.EVENT_READ, conn)
