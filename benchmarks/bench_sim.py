@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""B6 -- the driver at scale: ``TFCluster.run`` and ``shutdown()`` of 64 to 512 simulated nodes (``sim_nodes.py``).
+
+The real driver (control server, controller, state, reservation, shutdown) in this process, on a local Spark
+session; the launch stage replaced by :class:`sim_nodes.SimLaunch`, whose nodes, 8 processes of threads, register,
+heartbeat twice a second with a step every 50-200 ms, and stop when told.  For each size: the time from ``run()``
+until it returned (every node registered, the spec sent, every node running), the driver process's CPU (% of one
+core) and RSS over ``--steady`` s of training, every request's round trip as the nodes saw it (p50, p99: the
+driver decodes, records and answers each), and ``shutdown()``'s time; then the growth per node.
+
+    .venv/bin/python benchmarks/bench_sim.py --nodes 64,128,256,512
+
+Writes ``benchmarks/results/b6-latest.md`` (and ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from unittest import mock
+
+import harness
+import sim_nodes
+
+
+def noop(args, ctx):  # never runs: the simulated nodes do not run the function
+    pass
+
+
+def one_size(sc, n: int, steady: float) -> dict[str, float]:
+    import psutil
+
+    from tfos_nb import TFCluster
+    from tfos_nb.runtime.driver import job as job_module
+    from tfos_nb.runtime.driver import start as start_module
+
+    me = psutil.Process()
+    sim_nodes.SimLaunch.started = []
+    with mock.patch.object(start_module, "Launch", sim_nodes.SimLaunch), \
+            mock.patch.object(job_module.DriverJob, "wait_for_slots", lambda self, needed, timeout: None):
+        t0 = time.perf_counter()
+        try:
+            cluster = TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
+                                    master_node="chief", reservation_timeout=60)
+        except BaseException:
+            sim_nodes.SimLaunch.kill_all()
+            raise
+        up = time.perf_counter() - t0
+        try:
+            time.sleep(2.0)  # a benchmark's settling time: the first reports' burst passes
+            c0, w0 = sum(me.cpu_times()[:2]), time.perf_counter()
+            time.sleep(steady)
+            cpu = 100.0 * (sum(me.cpu_times()[:2]) - c0) / (time.perf_counter() - w0)
+            rss = me.memory_info().rss / 2**20
+            t1 = time.perf_counter()
+        finally:
+            cluster.shutdown(timeout=120)
+        down = time.perf_counter() - t1
+    rtts, errors = [], []
+    try:
+        for proc in sim_nodes.SimLaunch.started:  # told to stop by shutdown(): they end within a heartbeat
+            out, _ = proc.communicate(timeout=60)
+            last = out.strip().splitlines()[-1] if out.strip() else "{}"
+            stats = json.loads(last)
+            rtts += stats.get("rtts", [])
+            errors += stats.get("errors", [])
+    finally:
+        sim_nodes.SimLaunch.kill_all()
+    rtts.sort()
+    states = sorted({node.state for node in cluster.nodes})
+    steps = sum(node.step or 0 for node in cluster.nodes)
+    history = len(cluster.state.history())
+    return {"nodes": n, "run s": up, "driver cpu %": cpu, "driver rss MiB": rss,
+            "rtt p50 ms": 1000 * rtts[len(rtts) // 2] if rtts else float("nan"),
+            "rtt p99 ms": 1000 * rtts[int(len(rtts) * 0.99)] if rtts else float("nan"),
+            "requests": len(rtts), "steps": steps, "history rows": history, "shutdown s": down, "node errors": len(errors),
+            "states": " ".join(states), "first error": errors[0] if errors else ""}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--nodes", default="64,128,256,512")
+    p.add_argument("--steady", type=float, default=10.0, help="seconds of training over which the CPU is measured")
+    p.add_argument("--processes", type=int, default=8, help="processes hosting the simulated nodes")
+    p.add_argument("--out", default=os.path.join(harness.HERE, "results", "b6-latest.md"))
+    opts = p.parse_args(argv)
+    sim_nodes.SimLaunch.processes = opts.processes
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[1]").appName("tfos_nb-bench-sim")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    rows = []
+    try:
+        for n in (int(x) for x in opts.nodes.split(",")):
+            row = one_size(spark.sparkContext, n, opts.steady)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        spark.stop()
+    keys = ["nodes", "run s", "driver cpu %", "driver rss MiB", "rtt p50 ms", "rtt p99 ms", "requests", "steps",
+            "history rows", "shutdown s", "node errors", "states"]
+    lines = ["B6 the driver at scale, simulated nodes — %s, %s cores, %s" % (harness.now_utc(), os.cpu_count(),
+                                                                           platform.machine()), "",
+             "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        lines.append("| " + " | ".join(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+    if len(rows) > 1:
+        a, b = rows[0], rows[-1]
+        dn = b["nodes"] - a["nodes"]
+        lines += ["", "growth per node from %d to %d nodes: %s" % (a["nodes"], b["nodes"], ", ".join(
+            "%s %+.4f" % (k, (b[k] - a[k]) / dn) for k in ("run s", "driver cpu %", "driver rss MiB", "rtt p99 ms",
+                                                            "shutdown s")))]
+    errs = [r["first error"] for r in rows if r["first error"]]
+    if errs:
+        lines += ["", "first node error at each size that had one: " + "; ".join(errs)]
+    lines += ["", "command: " + harness.command(argv)]
+    harness.write_report("\n".join(lines) + "\n", opts.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(main())
