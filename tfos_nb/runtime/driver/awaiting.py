@@ -12,6 +12,24 @@ if TYPE_CHECKING:
     from .job import DriverJob
 
 
+#: nodes named one by one in a reservation timeout; beyond it the rest are counted by state
+NAMED_NODES = 12
+
+
+def waited_for(nodes: list[Any]) -> str:
+    """The nodes a reservation still waits for, as its timeout names them: each with its state, and beyond
+    :data:`NAMED_NODES` of them (a launch of hundreds) the first ones and the rest counted by state."""
+    named = [f"{n.label} ({n.state})" for n in nodes[:NAMED_NODES]]
+    rest = nodes[NAMED_NODES:]
+    if not rest:
+        return ", ".join(named)
+    counts: dict[str, int] = {}
+    for n in rest:
+        counts[n.state] = counts.get(n.state, 0) + 1
+    by_state = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    return f"{len(nodes)} nodes: {', '.join(named)} and {len(rest)} more ({by_state})"
+
+
 def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: float) -> None:
     """Return once the launch stage ``launch`` (of ``meta``) is over and every node of ``job`` runs its function.
 
@@ -42,10 +60,10 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
         if launched and all(n.state in (cluster_state.RUNNING, cluster_state.FINISHED, cluster_state.STOPPED) for n in view.nodes):
             return
         if time.monotonic() > deadline:
-            missing = [f"{n.label} ({n.state})" for n in view.nodes if n.state not in (cluster_state.RUNNING, cluster_state.FINISHED)]
+            missing = waited_for([n for n in view.nodes if n.state not in (cluster_state.RUNNING, cluster_state.FINISHED)])
             waiting = launch.waiting() if hasattr(launch, "waiting") else ""
             stage = "" if launched else f" ({waiting or 'the launch stage is not over'})"
-            msg = (f"reservation timed out after {timeout:.0f} s: waiting for {', '.join(missing)}{stage}. "
+            msg = (f"reservation timed out after {timeout:.0f} s: waiting for {missing}{stage}. "
                    f"Are there enough free executor slots{job.reach_hint}?")
             raise TimeoutError(msg)
         with state.changed:
