@@ -273,3 +273,48 @@ def test_ask_answers_are_typed_and_refused_naming_the_field():
                        ([], "Answer: body is not an object")]:
         with pytest.raises(messages.ProtocolError, match=re.escape(field)):
             read_answer(json.dumps(bad), remote.EpochOpened)
+
+
+def test_the_mirror_follows_a_full_history_whose_oldest_rows_are_dropped(monkeypatch):
+    """A node's history keeps its last rows (state.history_kept); once it is full, the mirror still gets each new
+    report once -- before, its count ran past the kept rows and it got none again."""
+    monkeypatch.setattr(cluster_state, "HISTORY_KEPT", 5)
+    monkeypatch.setattr(cluster_state, "HISTORY_TOTAL", 8)
+    monkeypatch.setattr(cluster_state, "HISTORY_MIN", 3)
+    state, ctl, book = coordinator_state()
+    mirror_state = cluster_state.ClusterState("c1", "demo", ROLES)
+    mirror = snapshot.Mirror(mirror_state)
+    steps = 0
+    for burst in (4, 3, 6, 1):  # the chief's history (5 rows) fills, then drops its oldest, between snapshots
+        beat(ctl, 0, reports=[{"step": steps + k, "time": float(steps + k), "metrics": {"loss": 1.0}}
+                              for k in range(1, burst + 1)])
+        steps += burst
+        mirror.apply(travel(snapshot.take(state, book, mirror.logs_seen, mirror.history_seen, [], 0)))
+        assert [h[4] for h in mirror_state.history() if h[2] == 0] == list(range(max(1, steps - 4), steps + 1))
+    assert mirror.history_seen[0] == steps  # every report the chief sent, counted once
+    assert state.nodes[0].history_dropped == steps - 5
+
+
+def test_a_large_cluster_keeps_the_chiefs_whole_history_and_shares_the_rest():
+    roles = [("ps", 0), ("chief", 0)] + [("worker", i) for i in range(510)]
+    kept = cluster_state.history_kept(roles)
+    assert kept[1] == cluster_state.HISTORY_KEPT  # the chief, wherever it is in the roles
+    others = (cluster_state.HISTORY_TOTAL - cluster_state.HISTORY_KEPT) // 511
+    assert kept[0] == kept[2] == kept[-1] == others
+    assert sum(kept) <= cluster_state.HISTORY_TOTAL
+    assert cluster_state.history_kept([("chief", 0), ("worker", 0)]) == [cluster_state.HISTORY_KEPT] * 2  # as before
+    assert cluster_state.history_kept([("ps", 0), ("worker", 0)])[1] == cluster_state.HISTORY_KEPT  # TFoS, no chief
+
+
+def test_the_docs_state_the_history_kept():
+    from pathlib import Path
+
+    from tfos_nb.magics._cluster_handle import ClusterHandle
+
+    root = Path(__file__).resolve().parent.parent
+    at_512 = cluster_state.history_kept([("chief", 0)] + [("worker", i) for i in range(511)])[1]
+    for text in (" ".join(ClusterHandle.history.__doc__.split()), " ".join((root / "docs" / "notebooks.md").read_text().split())):
+        assert f"last {cluster_state.HISTORY_KEPT:,} reports" in text
+        assert f"share of {cluster_state.HISTORY_TOTAL - cluster_state.HISTORY_KEPT:,} (512 nodes: {at_512} each)" in text
+        assert "more than 4 nodes" in text and (cluster_state.HISTORY_TOTAL - cluster_state.HISTORY_KEPT) // 3 == \
+            cluster_state.HISTORY_KEPT  # up to 4 nodes every node keeps HISTORY_KEPT

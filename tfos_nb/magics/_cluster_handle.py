@@ -263,7 +263,9 @@ class ClusterHandle(RunHandle):
         each second, so the next report's columns count that time).  Like Ray Train's
         ``Result.metrics_dataframe``; e.g.
         ``h.history.pivot_table(index="step", columns="node", values="loss").plot()``.
-        Rows so far while the run goes on.
+        Rows so far while the run goes on.  Kept: the chief's last 100,000 reports, and
+        on a cluster of more than 4 nodes each other node's last share of 300,000 (512
+        nodes: 587 each), so the history of hundreds of nodes stays near 250 MB.
         """
         import pandas as pd
 

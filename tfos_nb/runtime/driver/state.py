@@ -47,6 +47,21 @@ C_STOPPED = "stopped"
 
 LOG_LINES_KEPT = 2000
 HISTORY_KEPT = 100_000  # reports kept per node for the metric history (the oldest go first)
+# Every node's history together: a row is about 600 bytes (a report with two metrics and its clocks), so a cluster
+# keeps at most about 250 MB of it.  The chief keeps HISTORY_KEPT; the other nodes share the rest, HISTORY_KEPT
+# each up to 4 nodes, fewer beyond (512 nodes: the last 587 reports of each worker), never under HISTORY_MIN.
+HISTORY_TOTAL = 400_000
+HISTORY_MIN = 500
+
+
+def history_kept(roles: list[tuple[str, int]]) -> list[int]:
+    """Reports kept in each node's history: :data:`HISTORY_KEPT` for the chief (the first chief or master, else the
+    first worker, else the first node) and the rest of :data:`HISTORY_TOTAL` shared by the others."""
+    jobs = [job for job, _ in roles]
+    chief = next((i for i, job in enumerate(jobs) if job in ("chief", "master")),
+                 next((i for i, job in enumerate(jobs) if job == "worker"), 0))
+    share = max(HISTORY_MIN, min(HISTORY_KEPT, (HISTORY_TOTAL - HISTORY_KEPT) // max(1, len(roles) - 1)))
+    return [HISTORY_KEPT if i == chief else share for i in range(len(roles))]
 TICK_GAP_S = 0.9  # a node's clocks with no report for this long are kept as a row of their own (record_tick)
 CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole run, thinned)
 RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
@@ -170,7 +185,7 @@ class ClusterView:
 class NodeRecord:
     """What the driver knows of one node, updated under the state's lock; :class:`NodeView` is its snapshot."""
 
-    def __init__(self, index: int, job_name: str, task_index: int) -> None:
+    def __init__(self, index: int, job_name: str, task_index: int, history_kept: int = HISTORY_KEPT) -> None:
         self.index = index
         self.job_name = job_name
         self.task_index = task_index
@@ -191,7 +206,8 @@ class NodeRecord:
         self._rate_points: deque[tuple[float, int]] = deque(maxlen=256)
         # (node's time, step, metrics, step_time totals or None)
         self.history: deque[tuple[float | None, int | None, dict[str, Any], dict[str, float] | None]] = \
-            deque(maxlen=HISTORY_KEPT)
+            deque(maxlen=history_kept)
+        self.history_dropped = 0  # rows gone from the front of a full history (the Connect mirror counts on it)
         self._time_window = step_time.Window()
         self._last_clock: tuple[float, dict[str, float]] | None = None  # (node's time, totals) of the last kept
         self.time_shares: dict[str, float] | None = None  # where its time went, the last few seconds (step_time)
@@ -224,6 +240,12 @@ class NodeRecord:
     @property
     def label(self) -> str:
         return f"{self.job_name}:{self.task_index}"
+
+    def keep(self, row: tuple[float | None, int | None, dict[str, Any], dict[str, float] | None]) -> None:
+        """Append ``row`` to the history; a full one drops its oldest row (counted in ``history_dropped``)."""
+        if len(self.history) == self.history.maxlen:
+            self.history_dropped += 1
+        self.history.append(row)
 
     def add_curve_point(self, value: float) -> None:
         """One reported value; the curve keeps every ``stride``-th, halved (stride doubled) when it gets long."""
@@ -306,7 +328,8 @@ class ClusterState:
         self.name = name
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self.nodes = [NodeRecord(i, job, idx) for i, (job, idx) in enumerate(roles)]
+        kept = history_kept(roles)
+        self.nodes = [NodeRecord(i, job, idx, kept[i]) for i, (job, idx) in enumerate(roles)]
         self.state = C_RESERVING
         self.error: str | None = None
         self.started_at = time.time()
@@ -437,7 +460,7 @@ class ClusterState:
             raw = r.get("metrics")
             metrics: dict[str, Any] = raw if isinstance(raw, dict) else {}
             totals = step_time.valid(r.get("times"))
-            node.history.append((t, step if isinstance(step, int) else None, metrics, totals))
+            node.keep((t, step if isinstance(step, int) else None, metrics, totals))
             if totals is not None:
                 node.time_shares = node._time_window.add(totals) or node.time_shares
                 node._last_clock = (t, totals)
@@ -470,7 +493,7 @@ class ClusterState:
         if totals["wall"] - last["wall"] < TICK_GAP_S:
             return  # the reports are as fresh (an older tick arriving after them is ignored)
         node._last_clock = (t + totals["wall"] - last["wall"], totals)  # the node's clock, as its reports' times
-        node.history.append((node._last_clock[0], None, {}, totals))
+        node.keep((node._last_clock[0], None, {}, totals))
         node.time_shares = node._time_window.add(totals) or node.time_shares
 
     def history(self) -> list[tuple[str, int, int, float | None, int | None, dict[str, Any]]]:

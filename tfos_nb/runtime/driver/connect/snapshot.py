@@ -13,6 +13,7 @@ Nothing here unpickles.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from ...protocol import remote
 from .. import state as cluster_state
@@ -64,7 +65,8 @@ def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[in
             seen = logs_seen[n.index] if n.index < len(logs_seen) else 0
             logs, logs_count = logbook.since(n.index, seen)
             h_seen = history_seen[n.index] if n.index < len(history_seen) else 0
-            hist = list(n.history)[h_seen : h_seen + MAX_REPORTS]
+            start = max(0, h_seen - n.history_dropped)  # rows dropped from a full history are not sent again
+            hist = list(itertools.islice(n.history, start, start + MAX_REPORTS))
             nodes.append(remote.NodeSnapshot(
                 **{k: getattr(n, k) for k in _NODE_FIELDS}, tail=list(n.tail), gpus=list(n.gpus),
                 metrics=dict(n.metrics), rate=n.rate,
@@ -74,7 +76,7 @@ def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[in
                 logs=logs, logs_count=logs_count,
                 reports=[remote.Report(time=t, step=step, metrics=metrics, times=totals or {})
                          for t, step, metrics, totals in hist],
-                history_count=h_seen + len(hist), grant=n.grant.to_dict()))
+                history_count=n.history_dropped + start + len(hist), grant=n.grant.to_dict()))
         return remote.ClusterSnapshot(
             state=state.state, error=state.error, feed_epoch=state.feed_epoch, epoch_done=state.epoch_done,
             stop_requested=state.stop_requested, kill_requested=state.kill_requested, nodes=nodes,
