@@ -5,8 +5,8 @@ The real driver (control server, controller, state, reservation, shutdown) in th
 session; the launch stage replaced by :class:`sim_nodes.SimLaunch`, whose nodes, 8 processes of threads, register,
 heartbeat twice a second with a step every 50-200 ms, and stop when told.  For each size: the time from ``run()``
 until it returned (every node registered, the spec sent, every node running), the driver process's CPU (% of one
-core) and RSS over ``--steady`` s of training, every request's round trip as the nodes saw it (p50, p99: the
-driver decodes, records and answers each), and ``shutdown()``'s time; then the growth per node.
+core) and RSS over ``--steady`` s of training, the round trip of the heartbeats sent in that window as the nodes saw
+it (p50, p99: the driver decodes, records and answers each), and ``shutdown()``'s time; then the growth per node.
 
     .venv/bin/python benchmarks/bench_sim.py --nodes 64,128,256,512
 
@@ -52,9 +52,10 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
         up = time.perf_counter() - t0
         try:
             time.sleep(2.0)  # a benchmark's settling time: the first reports' burst passes
-            c0, w0 = sum(me.cpu_times()[:2]), time.perf_counter()
+            c0, w0, since = sum(me.cpu_times()[:2]), time.perf_counter(), time.time()
             time.sleep(steady)
             cpu = 100.0 * (sum(me.cpu_times()[:2]) - c0) / (time.perf_counter() - w0)
+            until = time.time()
             rss = me.memory_info().rss / 2**20
             t1 = time.perf_counter()
         finally:
@@ -66,7 +67,7 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
             out, _ = proc.communicate(timeout=60)
             last = out.strip().splitlines()[-1] if out.strip() else "{}"
             stats = json.loads(last)
-            rtts += stats.get("rtts", [])
+            rtts += [rtt for sent, rtt in stats.get("rtts", []) if since <= sent <= until]  # the steady window's
             errors += stats.get("errors", [])
     finally:
         sim_nodes.SimLaunch.kill_all()
@@ -77,8 +78,45 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
     return {"nodes": n, "run s": up, "driver cpu %": cpu, "driver rss MiB": rss,
             "rtt p50 ms": 1000 * rtts[len(rtts) // 2] if rtts else float("nan"),
             "rtt p99 ms": 1000 * rtts[int(len(rtts) * 0.99)] if rtts else float("nan"),
-            "requests": len(rtts), "steps": steps, "history rows": history, "shutdown s": down, "node errors": len(errors),
+            "heartbeats": len(rtts), "steps": steps, "history rows": history, "shutdown s": down, "node errors": len(errors),
             "states": " ".join(states), "first error": errors[0] if errors else ""}
+
+
+def failure(sc, n: int, after: float) -> dict[str, float]:
+    """One node (the last worker) fails ``after`` s into training: the time from its failure's heartbeat leaving
+    it until the driver's state names it failed, and until ``shutdown()`` raised that error (the notebook's
+    message), each from the node's send."""
+    from tfos_nb import TFCluster
+    from tfos_nb.runtime.driver import job as job_module
+    from tfos_nb.runtime.driver import start as start_module
+
+    sim_nodes.SimLaunch.started = []
+    options = dict(sim_nodes.SimLaunch.options)
+    sim_nodes.SimLaunch.options = {**options, "fail_node": n - 1, "fail_after": after}
+    try:
+        with mock.patch.object(start_module, "Launch", sim_nodes.SimLaunch), \
+                mock.patch.object(job_module.DriverJob, "wait_for_slots", lambda self, needed, timeout: None):
+            cluster = TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
+                                    master_node="chief", reservation_timeout=60)
+            deadline = time.monotonic() + after + 60
+            while cluster.status().state != "failed" and time.monotonic() < deadline:
+                time.sleep(0.005)  # polling the state, as the panel does: the benchmark's resolution
+            named = time.time()
+            error = ""
+            try:
+                cluster.shutdown(timeout=60)
+            except Exception as exc:
+                error = str(exc).splitlines()[0]
+            raised = time.time()
+        failed = []
+        for proc in sim_nodes.SimLaunch.started:
+            out, _ = proc.communicate(timeout=60)
+            failed += json.loads(out.strip().splitlines()[-1]).get("failed", [])
+    finally:
+        sim_nodes.SimLaunch.options = options
+        sim_nodes.SimLaunch.kill_all()
+    sent = min(failed) if failed else float("nan")
+    return {"failure named s": named - sent, "failure raised s": raised - sent, "failure": error}
 
 
 def main(argv=None) -> int:
@@ -97,12 +135,13 @@ def main(argv=None) -> int:
     try:
         for n in (int(x) for x in opts.nodes.split(",")):
             row = one_size(spark.sparkContext, n, opts.steady)
+            row.update(failure(spark.sparkContext, n, 2.0))
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
         spark.stop()
-    keys = ["nodes", "run s", "driver cpu %", "driver rss MiB", "rtt p50 ms", "rtt p99 ms", "requests", "steps",
-            "history rows", "shutdown s", "node errors", "states"]
+    keys = ["nodes", "run s", "driver cpu %", "driver rss MiB", "rtt p50 ms", "rtt p99 ms", "heartbeats", "steps",
+            "history rows", "shutdown s", "failure named s", "failure raised s", "node errors", "states"]
     lines = ["B6 the driver at scale, simulated nodes — %s, %s cores, %s" % (harness.now_utc(), os.cpu_count(),
                                                                            platform.machine()), "",
              "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -114,11 +153,17 @@ def main(argv=None) -> int:
         lines += ["", "growth per node from %d to %d nodes: %s" % (a["nodes"], b["nodes"], ", ".join(
             "%s %+.4f" % (k, (b[k] - a[k]) / dn) for k in ("run s", "driver cpu %", "driver rss MiB", "rtt p99 ms",
                                                             "shutdown s")))]
+    lines += ["", "the failure as shutdown() raised it: " + (rows[-1]["failure"] if rows else "")]
     errs = [r["first error"] for r in rows if r["first error"]]
     if errs:
         lines += ["", "first node error at each size that had one: " + "; ".join(errs)]
     lines += ["", "command: " + harness.command(argv)]
     harness.write_report("\n".join(lines) + "\n", opts.out)
+    setting = "simulated nodes in %d processes, a step every 50-200 ms, heartbeats every 0.5 s, %g s steady" % (
+        opts.processes, opts.steady)
+    harness.write_runs(opts.out, "B6", [(f"{r['nodes']} nodes", "run 1", r) for r in rows],
+                       {f"{r['nodes']} nodes": f"{r['nodes']} simulated nodes" for r in rows},
+                       setting=setting, command_line=harness.command(argv))
     return 0
 
 

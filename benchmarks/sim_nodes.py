@@ -7,8 +7,8 @@ Each simulated node does what a node's supervisor does on the wire (``executor/s
 ``hb_interval`` s (the launch's, 0.5 s) carrying its progress reports since the last beat — a step every
 ``step_ms`` ms (drawn between the two bounds) with a loss and an accuracy — its clocks (``times``), and an output
 line every ``log_every`` steps; it ends with a last heartbeat ``finished`` (its function's return value) when the
-driver says stop, after ``steps`` steps, or ``failed`` at step ``fail_at`` (node ``fail_node``).  Each request's
-round trip (the driver decodes, records and answers it) is kept, and printed as JSON when the process ends.
+driver says stop, after ``steps`` steps, or ``failed`` ``fail_after`` s into training (node ``fail_node``).  Each heartbeat's
+round trip (the driver decodes, records and answers it), with when it was sent, is printed as JSON at the end.
 
 :class:`SimLaunch` stands in for the Spark launch stage (``runtime/driver/launching.Launch``) in the benchmark's
 process: given the launch's meta, it starts the processes that host the nodes and reports each node started, as
@@ -32,8 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts: list[float],
-          errors: list[str]) -> None:
+def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts: list[tuple[float, float]],
+          errors: list[str], failed: list[float]) -> None:
     from tfos_nb.runtime.protocol import messages
     from tfos_nb.runtime.protocol.channel import ControlClient
 
@@ -42,9 +42,10 @@ def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts
     rng = random.Random(index)
 
     def request(msg: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time()
         reply = client.request(msg)
-        rtts.append(time.perf_counter() - t0)
+        if isinstance(msg, messages.Heartbeat):  # (when it was sent, its round trip)
+            rtts.append((w0, time.perf_counter() - t0))
         return reply
 
     try:
@@ -61,7 +62,7 @@ def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts
                 raise RuntimeError(reply.error)
             time.sleep(messages.Retry.from_dict(reply.body).retry)
         lo, hi = opts["step_ms"]
-        steps, fail_at = opts["steps"], opts["fail_at"] if index == opts["fail_node"] else None
+        steps, fail_after = opts["steps"], opts["fail_after"] if index == opts["fail_node"] else None
         step, t_step, t0 = 0, time.time(), time.time()
         outcome = None
         while outcome is None:
@@ -76,9 +77,9 @@ def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts
                                           "cpu": 0.5 * wall}})
                 if opts["log_every"] and step % opts["log_every"] == 0:
                     logs.append(f"step {step}: loss {1.0 / step:.4f}")
-                if fail_at is not None and step >= fail_at:
-                    outcome = "failed"
-                    break
+            if fail_after is not None and now - t0 >= fail_after:
+                outcome = "failed"
+                failed.append(time.time())  # when its failure left: the benchmark times the driver's naming it
             if outcome is None and step >= steps:
                 outcome = "finished"
             state = outcome or "running"
@@ -114,9 +115,10 @@ def serve() -> int:
     job = json.loads(sys.stdin.readline())
     meta = messages.LaunchMeta.parse(job["meta"])
     go = threading.Event()
-    rtts: list[float] = []
+    rtts: list[tuple[float, float]] = []
     errors: list[str] = []
-    threads = [threading.Thread(target=_node, args=(meta, i, job, go, rtts, errors), daemon=True)
+    failed: list[float] = []
+    threads = [threading.Thread(target=_node, args=(meta, i, job, go, rtts, errors, failed), daemon=True)
                for i in job["nodes"]]
     for t in threads:
         t.start()
@@ -124,7 +126,7 @@ def serve() -> int:
     go.set()
     for t in threads:
         t.join()
-    print(json.dumps({"rtts": rtts, "errors": errors}), flush=True)
+    print(json.dumps({"rtts": rtts, "errors": errors, "failed": failed}), flush=True)
     return 0
 
 
@@ -132,7 +134,7 @@ class SimLaunch:
     """In place of ``Launch``: the nodes of ``meta`` started in ``SimLaunch.processes`` processes (see the module)."""
 
     processes = 8
-    options: dict[str, Any] = {"steps": 10**9, "step_ms": (50, 200), "log_every": 50, "fail_at": None,
+    options: dict[str, Any] = {"steps": 10**9, "step_ms": (50, 200), "log_every": 50, "fail_after": None,
                                "fail_node": -1}
     started: list[subprocess.Popen] = []  # every host process of the run: the benchmark waits for them, or kills them
 

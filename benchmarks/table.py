@@ -221,6 +221,8 @@ def docs_table(results: str | None = None) -> str:
             f"| `{row.results}` |")
     if any(row.results == CPU_FILE for row in ROWS):
         lines += ["", cpu_table(results)]
+    if os.path.exists(os.path.join(results or RESULTS, SCALE_FILE)):
+        lines += ["", scale_table(results)]
     dates = sorted({load(name, results)["date"] for name in dict.fromkeys(r.results for r in ROWS)})
     lines += ["", "Runs of " + ", ".join(dates) + "; each results file has its command and setting, its report "
               "(`.md`) the machine. A ratio under 1 is faster for times, over 1 for rows/s."]
@@ -261,6 +263,25 @@ def cpu_table(results: str | None = None) -> str:
               "|---|" + "---|" * len(JVM_THREADS)]
     lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu JVM {k} s" for k, _ in JVM_THREADS])) + " |"
               for v, words in present]
+    return "\n".join(lines)
+
+
+SCALE_FILE = "b6-latest.json"
+SCALE_COLUMNS = (("nodes", "nodes", "{:.0f}"), ("run s", "`run()` returned (s)", "{:.2f}"),
+                 ("driver cpu %", "driver CPU, % of a core", "{:.1f}"), ("driver rss MiB", "driver RSS (MiB)", "{:.0f}"),
+                 ("rtt p50 ms", "heartbeat p50 (ms)", "{:.1f}"), ("rtt p99 ms", "heartbeat p99 (ms)", "{:.1f}"),
+                 ("shutdown s", "`shutdown()` (s)", "{:.2f}"), ("failure named s", "a failure named (s)", "{:.2f}"),
+                 ("failure raised s", "its error raised (s)", "{:.2f}"))
+
+
+def scale_table(results: str | None = None) -> str:
+    """B6: the driver with simulated nodes, one row a size (``benchmarks/bench_sim.py``)."""
+    doc = load(SCALE_FILE, results)
+    lines = [f"B6, the driver with simulated nodes ({doc['setting']}; `{SCALE_FILE}`):", "",
+             "| " + " | ".join(words for _, words, _ in SCALE_COLUMNS) + " |", "|" + "---|" * len(SCALE_COLUMNS)]
+    for r in doc["runs"]:
+        m = r["metrics"]
+        lines.append("| " + " | ".join(form.format(m[k]) if k in m else "" for k, _, form in SCALE_COLUMNS) + " |")
     return "\n".join(lines)
 
 

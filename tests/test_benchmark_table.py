@@ -116,3 +116,15 @@ def test_a_stale_figure_is_caught(tmp_path, monkeypatch):
     assert "| B4a | 0.80 s | 0.80 s (0.80–0.80) | TFoS | 0.07× | 0.07× |" in text
     assert "| start | 0.80 s (0.80) | 0.07×, 0.07× | TFoS |" in readme.read_text()
     assert table.main(["--check"]) == 0
+
+
+def test_the_scale_table_shows_each_size_as_measured():
+    """B6's rows on the Benchmarks page are the results file's, recomputed here: each size's nodes, run() and
+    shutdown() times, as formatted there."""
+    doc = json.loads((ROOT / "benchmarks" / "results" / table.SCALE_FILE).read_text())
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert len(doc["runs"]) >= 4  # 64 to 512 nodes
+    for r in doc["runs"]:
+        m = r["metrics"]
+        assert f"| {m['nodes']:.0f} | {m['run s']:.2f} | {m['driver cpu %']:.1f} | " in docs, r
+        assert f" | {m['shutdown s']:.2f} | {m['failure named s']:.2f} | {m['failure raised s']:.2f} |" in docs, r
