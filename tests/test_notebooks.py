@@ -117,7 +117,9 @@ def _assert_history_is_the_models(cell) -> None:
             if r["node"] == node:
                 by_step.setdefault(r["step"], []).append(r)
         first = by_step[min(by_step)][0]
-        assert first["loss"] < 3.0, first  # a 10-class cross-entropy starts near ln(10) = 2.3
+        # a 10-class cross-entropy starts near ln(10) = 2.3 (3.06 seen from an unlucky initialisation); the sum
+        # over 2 replicas this guards against starts near 4.6, and no lower than 2 x 2.0
+        assert first["loss"] < 3.8, first
         for step, pair in by_step.items():
             if len(pair) == 2:  # the step's own report, then the epoch's
                 ends += 1

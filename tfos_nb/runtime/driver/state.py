@@ -46,12 +46,15 @@ C_FAILED = "failed"
 C_STOPPED = "stopped"
 
 LOG_LINES_KEPT = 2000
-HISTORY_KEPT = 100_000  # reports kept per node for the metric history (the oldest go first)
+HISTORY_KEPT = 100_000  # reports kept in the chief's metric history (the oldest go first)
 # Every node's history together: a row is about 600 bytes (a report with two metrics and its clocks), so a cluster
 # keeps at most about 250 MB of it.  The chief keeps HISTORY_KEPT; the other nodes share the rest, HISTORY_KEPT
 # each up to 4 nodes, fewer beyond (512 nodes: the last 587 reports of each worker), never under HISTORY_MIN.
 HISTORY_TOTAL = 400_000
 HISTORY_MIN = 500
+TICK_GAP_S = 0.9  # a node's clocks with no report for this long are kept as a row of their own (record_tick)
+CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole run, thinned)
+RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
 
 
 def history_kept(roles: list[tuple[str, int]]) -> list[int]:
@@ -62,9 +65,6 @@ def history_kept(roles: list[tuple[str, int]]) -> list[int]:
                  next((i for i, job in enumerate(jobs) if job == "worker"), 0))
     share = max(HISTORY_MIN, min(HISTORY_KEPT, (HISTORY_TOTAL - HISTORY_KEPT) // max(1, len(roles) - 1)))
     return [HISTORY_KEPT if i == chief else share for i in range(len(roles))]
-TICK_GAP_S = 0.9  # a node's clocks with no report for this long are kept as a row of their own (record_tick)
-CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole run, thinned)
-RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
 
 
 def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
