@@ -31,36 +31,42 @@ def noop(args, ctx):  # never runs: the simulated nodes do not run the function
     pass
 
 
-def one_size(sc, n: int, steady: float) -> dict[str, float]:
-    import psutil
-
+def run_simulated(sc, n: int):
+    """``TFCluster.run`` of ``n`` nodes whose launch stage is :class:`sim_nodes.SimLaunch` (no executor slots
+    waited for); its host processes are killed when the run fails."""
     from tfos_nb import TFCluster
     from tfos_nb.runtime.driver import job as job_module
     from tfos_nb.runtime.driver import start as start_module
 
-    me = psutil.Process()
     sim_nodes.SimLaunch.started = []
     with mock.patch.object(start_module, "Launch", sim_nodes.SimLaunch), \
             mock.patch.object(job_module.DriverJob, "wait_for_slots", lambda self, needed, timeout: None):
-        t0 = time.perf_counter()
         try:
-            cluster = TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
-                                    master_node="chief", reservation_timeout=60)
+            return TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
+                                 master_node="chief", reservation_timeout=60)
         except BaseException:
             sim_nodes.SimLaunch.kill_all()
             raise
-        up = time.perf_counter() - t0
-        try:
-            time.sleep(2.0)  # a benchmark's settling time: the first reports' burst passes
-            c0, w0, since = sum(me.cpu_times()[:2]), time.perf_counter(), time.time()
-            time.sleep(steady)
-            cpu = 100.0 * (sum(me.cpu_times()[:2]) - c0) / (time.perf_counter() - w0)
-            until = time.time()
-            rss = me.memory_info().rss / 2**20
-            t1 = time.perf_counter()
-        finally:
-            cluster.shutdown(timeout=120)
-        down = time.perf_counter() - t1
+
+
+def one_size(sc, n: int, steady: float) -> dict[str, float]:
+    import psutil
+
+    me = psutil.Process()
+    t0 = time.perf_counter()
+    cluster = run_simulated(sc, n)
+    up = time.perf_counter() - t0
+    try:
+        time.sleep(2.0)  # a benchmark's settling time: the first reports' burst passes
+        c0, w0, since = sum(me.cpu_times()[:2]), time.perf_counter(), time.time()
+        time.sleep(steady)
+        cpu = 100.0 * (sum(me.cpu_times()[:2]) - c0) / (time.perf_counter() - w0)
+        until = time.time()
+        rss = me.memory_info().rss / 2**20
+        t1 = time.perf_counter()
+    finally:
+        cluster.shutdown(timeout=120)
+    down = time.perf_counter() - t1
     rtts, errors = [], []
     try:
         for proc in sim_nodes.SimLaunch.started:  # told to stop by shutdown(): they end within a heartbeat
@@ -86,28 +92,20 @@ def failure(sc, n: int, after: float) -> dict[str, float]:
     """One node (the last worker) fails ``after`` s into training: the time from its failure's heartbeat leaving
     it until the driver's state names it failed, and until ``shutdown()`` raised that error (the notebook's
     message), each from the node's send."""
-    from tfos_nb import TFCluster
-    from tfos_nb.runtime.driver import job as job_module
-    from tfos_nb.runtime.driver import start as start_module
-
-    sim_nodes.SimLaunch.started = []
     options = dict(sim_nodes.SimLaunch.options)
     sim_nodes.SimLaunch.options = {**options, "fail_node": n - 1, "fail_after": after}
     try:
-        with mock.patch.object(start_module, "Launch", sim_nodes.SimLaunch), \
-                mock.patch.object(job_module.DriverJob, "wait_for_slots", lambda self, needed, timeout: None):
-            cluster = TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
-                                    master_node="chief", reservation_timeout=60)
-            deadline = time.monotonic() + after + 60
-            while cluster.status().state != "failed" and time.monotonic() < deadline:
-                time.sleep(0.005)  # polling the state, as the panel does: the benchmark's resolution
-            named = time.time()
-            error = ""
-            try:
-                cluster.shutdown(timeout=60)
-            except Exception as exc:
-                error = str(exc).splitlines()[0]
-            raised = time.time()
+        cluster = run_simulated(sc, n)
+        deadline = time.monotonic() + after + 60
+        while cluster.status().state != "failed" and time.monotonic() < deadline:
+            time.sleep(0.005)  # polling the state, as the panel does: the benchmark's resolution
+        named = time.time()
+        error = ""
+        try:
+            cluster.shutdown(timeout=60)
+        except Exception as exc:
+            error = str(exc).splitlines()[0]
+        raised = time.time()
         failed = []
         for proc in sim_nodes.SimLaunch.started:
             out, _ = proc.communicate(timeout=60)
