@@ -23,3 +23,18 @@ def test_hundreds_of_nodes_are_named_up_to_the_limit_and_counted_beyond_it():
     assert text.count("(pending)") == NAMED_NODES
     assert text.endswith(f" and {500 - NAMED_NODES} more (pending {300 - NAMED_NODES}, registered 200)")
     assert len(text) < 400
+
+
+def test_the_architecture_page_states_the_bounds_the_code_has():
+    """The "At scale" section's figures are the constants: the unverified-connection bound, the nodes a timeout
+    names, and the history each node keeps."""
+    from pathlib import Path
+
+    from tfos_nb.runtime.driver import state as cluster_state
+    from tfos_nb.runtime.protocol.channel import MAX_UNVERIFIED
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text().split())
+    assert f"secret ({MAX_UNVERIFIED} at once" in text
+    assert f"names the first {NAMED_NODES} nodes it waits for" in text
+    assert (f"The chief keeps its last {cluster_state.HISTORY_KEPT:,} and the other nodes share "
+            f"{cluster_state.HISTORY_TOTAL - cluster_state.HISTORY_KEPT:,} beyond 4 nodes") in text
