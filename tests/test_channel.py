@@ -39,8 +39,8 @@ def test_idle_connections_are_closed_at_the_deadline_and_do_not_keep_a_peer_out(
     # a peer that sends its frame at once is served whatever the flood (the oldest idle ones make room)
     client = ControlClient(codec("node"), server.address, timeout=5)
     assert client.request(messages.AwaitSpec(node=0)).ok
-    # beyond the cap, the oldest are closed at once: at most CAP are held
-    assert wait_until(lambda: sum(closed_by_server(s) for s in idle) >= 2 * CAP, DEADLINE / 2), "no cap"
+    # beyond the cap, the oldest are closed once a tenth of the deadline old: at most CAP are held
+    assert wait_until(lambda: sum(closed_by_server(s) for s in idle) >= 2 * CAP, DEADLINE * 0.8), "no cap"
     # and the rest at the deadline (the select loop wakes for it; 3 s of margin for a loaded machine)
     assert wait_until(lambda: all(closed_by_server(s) for s in idle), DEADLINE + 3.0), (
         f"idle connections still open {time.monotonic() - started:.1f} s after they connected")
@@ -77,6 +77,33 @@ def test_a_burst_of_peers_that_send_at_once_is_served_whole(server):
     for t in threads:
         t.join(60)
     assert not errors, f"{len(errors)} of {n} peers were not served, e.g. {errors[:3]}"
+
+
+def test_peers_whose_frames_come_a_moment_after_their_connections_are_all_served():
+    """Hundreds of nodes connect before any frame arrives (a launch of 512 tasks on loaded executors; the scale
+    benchmark failed 1 run in 3 this way): the server holds MAX_UNVERIFIED of them and waits for their frames, the
+    rest queued in the listen backlog, instead of accepting them all and closing the oldest idle ones at once."""
+    srv = ControlServer(codec("driver"), lambda msg: messages.Reply(ok=True), "127.0.0.1", max_unverified=CAP)
+    srv.start()
+    n = 40 * CAP
+    socks = []
+    try:
+        for _ in range(n):  # every peer connects first ...
+            socks.append(socket.create_connection(srv.address, timeout=30))
+        for i, s in enumerate(socks):  # ... then each sends its first frame
+            s.sendall(codec(f"node{i}").encode(messages.AwaitSpec(node=i)))
+        refused = []
+        for i, s in enumerate(socks):
+            try:
+                reply = codec(f"node{i}").decode(messages.read_frame(s))
+                assert isinstance(reply, messages.Reply) and reply.ok
+            except (OSError, messages.ProtocolError) as exc:
+                refused.append(f"node {i}: {exc!r}")
+        assert not refused, f"{len(refused)} of {n} peers were closed unserved, e.g. {refused[:3]}"
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
 
 
 def test_a_byte_at_a_time_sender_is_cut_at_the_first_frame_deadline(server):

@@ -36,20 +36,25 @@ Handler = Callable[[messages.Message], messages.Reply]
 # A peer sends its first frame as soon as it connects; this bounds how long a connection that never
 # sends a complete, verified one (idle, or a byte at a time) holds a descriptor and its buffer.
 FIRST_FRAME_DEADLINE_S = 10.0
-# Unverified connections kept at once (each may buffer up to MAX_FRAME): beyond it the oldest is closed,
-# so a flood of idle connections cannot keep a peer that sends its frame at once from being served.
+# Unverified connections kept at once (each may buffer up to MAX_FRAME): beyond it the oldest is closed once it
+# is EVICT_AFTER (a share of the deadline) old, so a flood of idle connections cannot keep a peer that sends its
+# frame at once from being served; a younger one is waited for, the listener paused and the rest queued in its
+# backlog (hundreds of nodes connect at once, each frame a moment behind its connection).
 MAX_UNVERIFIED = 32
+EVICT_AFTER = 0.1  # of the first-frame deadline: 1 s by default
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "peer", "deadline")
+    __slots__ = ("sock", "inbuf", "outbuf", "peer", "since", "deadline", "events")
 
-    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, peer: str, since: float, deadline: float) -> None:
         self.sock = sock
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.peer = peer
+        self.since = since  # when it was accepted
         self.deadline: float | None = deadline  # None once it sent a verified frame
+        self.events = selectors.EVENT_READ  # what the selector watches it for
 
 
 class ControlServer:
@@ -71,6 +76,7 @@ class ControlServer:
         self._unverified: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # oldest first
         self._accept_paused_until: float | None = None
         self._accept_failing = False
+        self._paused_full = False  # accepting paused until an unverified connection proves itself, goes or ages
         self._handler = handler
         self._on_tick = on_tick
         self._host = host
@@ -198,9 +204,42 @@ class ControlServer:
                 break
             self._drop_unverified(conn, f"no valid frame within {self._first_frame_deadline:g} s")
         if self._accept_paused_until is not None and now >= self._accept_paused_until:
-            self._accept_paused_until = None
-            assert self._sel is not None and self._listener is not None
-            self._sel.register(self._listener, selectors.EVENT_READ, None)
+            self._resume_accepting()
+
+    def _pause_accepting(self, until: float, *, full: bool) -> None:
+        assert self._sel is not None and self._listener is not None
+        self._sel.unregister(self._listener)
+        self._accept_paused_until = until
+        self._paused_full = full
+
+    def _resume_accepting(self) -> None:
+        assert self._sel is not None and self._listener is not None
+        self._accept_paused_until = None
+        self._paused_full = False
+        self._sel.register(self._listener, selectors.EVENT_READ, None)
+
+    def _unverified_gone(self, conn: _Conn) -> None:
+        """``conn`` proved itself or was closed: when accepting waits for room, there is room now."""
+        if conn in self._unverified:
+            del self._unverified[conn]
+            if self._paused_full:
+                self._resume_accepting()
+
+    def _room_for_one_more(self) -> bool:
+        """Room for one more unverified connection: the oldest, read first (its frame may have come), is closed
+        when it is :data:`EVICT_AFTER` of the deadline old; a younger one is waited for -- accepting pauses until
+        it is that old, or until a connection proves itself or closes."""
+        while len(self._unverified) >= self._max_unverified:
+            oldest = next(iter(self._unverified))
+            self._read(oldest)
+            if oldest not in self._unverified:
+                continue
+            evict_at = oldest.since + EVICT_AFTER * self._first_frame_deadline
+            if time.monotonic() < evict_at:
+                self._pause_accepting(evict_at, full=True)
+                return False
+            self._drop_unverified(oldest, "too many unverified connections")
+        return True
 
     def _drop_unverified(self, conn: _Conn, why: str) -> None:
         self.timed_out += 1
@@ -209,7 +248,7 @@ class ControlServer:
 
     def _accept(self) -> None:
         assert self._listener is not None and self._sel is not None
-        while True:
+        while self._room_for_one_more():
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -224,26 +263,20 @@ class ControlServer:
                     log.warning("tfos_nb control server: cannot accept connections (%s); retrying every %g s",
                                 exc, ACCEPT_BACKOFF_S)
                 self._accept_failing = True
-                self._sel.unregister(self._listener)
-                self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF_S
+                self._pause_accepting(time.monotonic() + ACCEPT_BACKOFF_S, full=False)
                 return
             self._accept_failing = False
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while len(self._unverified) >= self._max_unverified:
-                # A burst of peers (hundreds of nodes registering at once) fills the cap before any of them was
-                # read: the oldest is read first, and closed only when it still has not proved itself.
-                oldest = next(iter(self._unverified))
-                self._read(oldest)
-                if oldest in self._unverified:
-                    self._drop_unverified(oldest, "too many unverified connections")
-            conn = _Conn(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + self._first_frame_deadline)
+            now = time.monotonic()
+            conn = _Conn(sock, f"{addr[0]}:{addr[1]}", now, now + self._first_frame_deadline)
             self._unverified[conn] = None
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._read(conn)  # its frame is often there already: verified before the next one is accepted
 
     def _close(self, conn: _Conn) -> None:
         assert self._sel is not None
-        self._unverified.pop(conn, None)
+        self._unverified_gone(conn)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -286,7 +319,7 @@ class ControlServer:
                 return
             if conn.deadline is not None:  # it holds the secret: no deadline from now on
                 conn.deadline = None
-                self._unverified.pop(conn, None)
+                self._unverified_gone(conn)
             self.accepted += 1
             try:
                 reply = self._handler(msg)
@@ -307,8 +340,11 @@ class ControlServer:
             self._close(conn)
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbuf else 0)
+        if events == conn.events:
+            return  # a reply sent whole, as most are: no system call to say so again
         try:
             self._sel.modify(conn.sock, events, conn)
+            conn.events = events
         except (KeyError, ValueError):
             pass
 
