@@ -65,7 +65,13 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
         rss = me.memory_info().rss / 2**20
         t1 = time.perf_counter()
     finally:
-        cluster.shutdown(timeout=120)
+        snapshots = []  # what shutdown() asks of the state while every node heartbeats (each a copy of all nodes)
+        take = cluster.state.snapshot
+        cluster.state.snapshot = lambda: (snapshots.append(1), take())[1]
+        try:
+            cluster.shutdown(timeout=120)
+        finally:
+            del cluster.state.snapshot
     down = time.perf_counter() - t1
     rtts, errors = [], []
     try:
@@ -84,7 +90,8 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
     return {"nodes": n, "run s": up, "driver cpu %": cpu, "driver rss MiB": rss,
             "rtt p50 ms": 1000 * rtts[len(rtts) // 2] if rtts else float("nan"),
             "rtt p99 ms": 1000 * rtts[int(len(rtts) * 0.99)] if rtts else float("nan"),
-            "heartbeats": len(rtts), "steps": steps, "history rows": history, "shutdown s": down, "node errors": len(errors),
+            "heartbeats": len(rtts), "steps": steps, "history rows": history, "shutdown s": down,
+            "shutdown snapshots": len(snapshots), "node errors": len(errors),
             "states": " ".join(states), "first error": errors[0] if errors else ""}
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from tfos_nb.runtime.driver import state as cluster_state
@@ -88,6 +89,7 @@ def test_snapshot_is_a_protocol_type_parsed_strictly():
     snap = snapshot.take(state, book, [0, 0], [0, 0], ["e"], 1, {"1": remote.StreamCounts(rows=3, batches=1)})
     assert travel(snap) == snap and isinstance(snap.nodes[0].reports[0], remote.Report)
     assert snap.nodes[0].logs == ["a"] and snap.nodes[0].reports[0].step == 3
+    assert snap.to_dict() == dataclasses.asdict(snap)  # the wire's shallow dict: asdict's, nested bodies and all
 
     data = json.loads(json.dumps(snap.to_dict()))
     del data["feed_epoch"]

@@ -71,6 +71,20 @@ def test_senders_whose_messages_went_stale_are_forgotten_and_their_replays_still
         server.decode(data)
 
 
+def test_a_cluster_of_more_live_senders_than_the_prune_size_does_not_walk_the_table_on_every_message(monkeypatch):
+    """512 nodes heartbeating: each message used to scan every sender (O(nodes) a message, O(nodes²) a second)."""
+    server = codec("server")
+    walks = []
+    forget = server._forget_stale_senders
+    monkeypatch.setattr(server, "_forget_stale_senders", lambda: (walks.append(len(server._seen)), forget()))
+    senders = [codec() for _ in range(2 * messages.SEEN_PRUNE_AT)]
+    for _ in range(3):  # three rounds of heartbeats from every node
+        for sender in senders:
+            server.decode(frame_body(sender.encode(messages.AwaitSpec(node=0))))
+    assert len(server._seen) == len(senders)
+    assert len(walks) <= 2, f"the table was walked {len(walks)} times for {3 * len(senders)} messages"
+
+
 def _signed(env: dict) -> bytes:
     body = json.dumps(env).encode()
     return messages.sign(SECRET, body) + body

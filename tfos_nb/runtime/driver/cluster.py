@@ -18,13 +18,14 @@ from typing import Any
 
 from ..executor.feeder import make_arrow_inferer, make_rdd_inferer
 from . import stacks, state
+from .awaiting import waited_for
 from .batch_feed import BatchFeed, refuse_dstream, require_batch_rows, require_default_queue
 from .cluster_sets import feed_set, named_sets, warn_unread_sets
 from .cluster_streams import ClusterStreams, require_sink
 from .control_plane import ControlPlane
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for
 from .job import DriverJob
-from .roles import awaited
+from .roles import awaited, awaited_nodes
 from .streaming import StreamingFeed, is_streaming, require_stream
 
 log = logging.getLogger(__name__)
@@ -276,23 +277,27 @@ class TFCluster:
         try:
             self._controller.request_stop()
             deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
-            while True:
-                view = self.state.snapshot()
-                if view.state == state.C_FAILED:
-                    raise error_for(view)
-                trainers = [n for n in view.nodes if awaited(self.state.nodes, n)]
-                if all(n.state in state.TERMINAL for n in trainers):
+            while True:  # woken by every heartbeat: the nodes' states are read, no snapshot is made
+                with self.state.lock:
+                    failed = self.state.state == state.C_FAILED
+                    waiting = [n for n in awaited_nodes(self.state.nodes) if n.state not in state.TERMINAL]
+                if failed:
+                    raise error_for(self.state.snapshot())
+                if not waiting:
                     break
                 if deadline is not None and time.monotonic() > deadline:
-                    waiting = [n.label for n in trainers if n.state not in state.TERMINAL]
-                    msg = f"shutdown timed out after {timeout:.0f} s waiting for {', '.join(waiting)} to finish"
+                    with self.state.lock:
+                        named = waited_for(waiting)
+                    msg = f"shutdown timed out after {timeout:.0f} s waiting for {named} to finish"
                     raise TimeoutError(msg)
                 with self.state.changed:
                     self.state.changed.wait(0.2)
             end = time.monotonic() + (grace_secs or 0)
             while time.monotonic() < end:  # the evaluator's grace: until it returned, failed, or the grace is over
-                view = self.state.snapshot()
-                if view.state == state.C_FAILED or all(n.state in state.TERMINAL for n in view.nodes if n.job_name == "evaluator"):
+                with self.state.lock:
+                    over = self.state.state == state.C_FAILED or all(
+                        n.state in state.TERMINAL for n in self.state.nodes if n.job_name == "evaluator")
+                if over:
                     break
                 with self.state.changed:
                     self.state.changed.wait(min(0.2, max(0.0, end - time.monotonic())))

@@ -22,15 +22,24 @@ def awaited(nodes: Iterable[Any], node: Any) -> bool:
     serve (``server.join()``): shutdown waits for the chief.  Otherwise it waits
     for every chief/worker.  ps and evaluator nodes are stopped, never awaited.
     """
-    roles = {n.job_name for n in nodes}
+    return node.job_name in _awaited_roles({n.job_name for n in nodes})
+
+
+def _awaited_roles(roles: set[str]) -> tuple[str, ...]:
     if "ps" in roles and roles & {"chief", "master"}:
-        return node.job_name in ("chief", "master")
-    return node.job_name in FEEDABLE
+        return ("chief", "master")
+    return FEEDABLE
+
+
+def awaited_nodes(nodes: list[Any]) -> list[Any]:
+    """The nodes of ``nodes`` (the whole cluster) that shutdown waits for: :func:`awaited` of each, in one pass."""
+    roles = _awaited_roles({n.job_name for n in nodes})
+    return [n for n in nodes if n.job_name in roles]
 
 
 def trainers_finished(nodes: list[Any]) -> bool:
     """A cluster ends FINISHED when every node shutdown waits for finished."""
-    trainers = [n for n in nodes if awaited(nodes, n)]
+    trainers = awaited_nodes(nodes)
     return bool(trainers) and all(n.state == state.FINISHED for n in trainers)
 
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
-from .fields import ProtocolError, from_dict
+from .fields import ProtocolError, from_dict, to_plain_dict
 
 _B = TypeVar("_B", bound="Body")
 
@@ -44,7 +44,7 @@ class Body:
     NESTED: ClassVar[dict[str, type[Body]]] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_plain_dict(self)
 
     @classmethod
     def from_dict(cls: type[_B], data: Any) -> _B:

@@ -59,3 +59,31 @@ def from_dict(cls: type[_T], data: dict[str, Any]) -> _T:
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ProtocolError(f"{cls.__name__}: missing field {f.name!r}")
     return cls(**kwargs)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_plain_dict(value)
+    if isinstance(value, (list, tuple)) and any(dataclasses.is_dataclass(v) for v in value):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict) and any(dataclasses.is_dataclass(v) for v in value.values()):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def to_plain_dict(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(obj)`` for the wire without its deep copy: each field's value as it is, a dataclass
+    (alone, in a list or as a dict value) as its own dict.  The containers are the message's own (messages are
+    frozen and nothing changes them once sent); asdict's copying was a third of the control server's CPU with
+    512 nodes heartbeating."""
+    return {name: _plain(getattr(obj, name)) for name in _field_names(type(obj))}

@@ -47,7 +47,7 @@ from .bodies import (  # re-exported: every wire type is reachable as messages.X
     Retry,
     error_kind,
 )
-from .fields import ProtocolError
+from .fields import ProtocolError, to_plain_dict
 from .fields import from_dict as _from_dict
 
 PROTOCOL_VERSION = 2  # 2: typed reply bodies, epoch (was gen) in heartbeat commands, FeedRelease.error_kind
@@ -83,7 +83,7 @@ class Message:
             _TYPES[cls.TYPE] = cls
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_plain_dict(self)
 
 
 # Node -> driver -------------------------------------------------------------
@@ -217,6 +217,7 @@ class Codec:
         self._seq = 0
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[int, float]] = {}  # sender -> (last seq, newest ts)
+        self._prune_at = SEEN_PRUNE_AT  # the table's size at which stale senders are next forgotten
 
     def encode(self, msg: Message) -> bytes:
         with self._lock:
@@ -268,8 +269,11 @@ class Codec:
             if seq <= last:
                 raise ProtocolError("replayed message")
             self._seen[sender] = (seq, max(newest, ts))
-            if len(self._seen) > SEEN_PRUNE_AT:
+            if len(self._seen) > self._prune_at:
                 self._forget_stale_senders()
+                # next time at twice the senders still remembered: a cluster of more live nodes than
+                # SEEN_PRUNE_AT does not walk the table on every message (amortised O(1))
+                self._prune_at = max(SEEN_PRUNE_AT, 2 * len(self._seen))
         cls = _TYPES.get(str(env.get("type")))
         if cls is None:
             raise ProtocolError(f"unknown message type {env.get('type')!r}")
