@@ -393,6 +393,18 @@ def test_stacks_of_nodes_without_a_process_say_why():
     assert stacks.collect(ctl.state, ctl) == {"chief:0": "(chief:0 has no process yet: registering)"}
 
 
+def test_a_stall_line_names_a_few_of_the_hundreds_of_nodes_that_have_not_reached_it_and_counts_the_rest():
+    from tfos_nb.runtime.driver.stalls import NAMED_BEHIND
+
+    ctl, clock = started_cluster([("chief", 0)] + [("worker", i) for i in range(200)])
+    beat(ctl, 0, phases.STRATEGY, still=5.0)
+    for i in range(1, 201):
+        beat(ctl, i, phases.IMPORTING)
+    line = ctl.state.snapshot().stalls[0]
+    named = ", ".join(f"worker:{i} (importing TensorFlow)" for i in range(NAMED_BEHIND))
+    assert line.endswith(f"— {named} and {200 - NAMED_BEHIND} more have not reached it"), line
+
+
 # -- Spark Connect: the mirror gets the phases, and flags stalls itself ---------------------------------
 def test_connect_mirror_carries_phases_and_stalls():
     ctl, clock = started_cluster([("chief", 0), ("worker", 0)])

@@ -106,7 +106,7 @@ def follow(magics: PanelSettings, handle: Any) -> None:
 
     def render(final: bool = False) -> None:
         nonlocal progress, next_progress
-        if renderer is None:
+        if renderer is None or not (final or renderer.due()):
             return
         view = handle.final_status() if final else handle.status()
         if view is None:
@@ -125,7 +125,7 @@ def follow(magics: PanelSettings, handle: Any) -> None:
     try:
         while not handle.join(0.1):
             drain(magics, handle)
-            if tensorboard is None and handle.tensorboard_url and handle.status() is not None:
+            if tensorboard is None and handle.tensorboard_url:
                 from .. import tensorboard as notebook_tensorboard
 
                 tensorboard = handle.tensorboard_url  # the node's own address: seldom reachable from a browser

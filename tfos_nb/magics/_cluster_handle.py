@@ -242,8 +242,8 @@ class ClusterHandle(RunHandle):
 
     @property
     def tensorboard_url(self) -> str | None:
-        view = self.status()
-        return view.tensorboard if view is not None else None
+        st = self._cstate
+        return st.tensorboard() if st is not None else None  # the chief's address, not a snapshot of every node
 
     @property
     def result(self) -> dict[str, Any]:

@@ -158,6 +158,7 @@ class Renderer:
         self._lock = threading.Lock()
         self._pending: tuple[Any, JobProgress | None] | None = None
         self._last_push: float | None = None
+        self._last_look: float | None = None  # when a snapshot was last turned into a model (pushed or the same)
         self._last_model: dict[str, Any] | None = None
         self._finished = False
         self.pushes = 0
@@ -198,6 +199,12 @@ class Renderer:
     def finished(self) -> bool:
         return self._finished
 
+    def due(self) -> bool:
+        """Whether a snapshot given now would be looked at (``interval`` passed since the last one was): a caller
+        that polls skips making one otherwise (a snapshot copies every node)."""
+        with self._lock:
+            return not self._finished and (self._last_look is None or self._clock() - self._last_look >= self.interval)
+
     def _maybe_push(self) -> None:
         now = self._clock()
         if self._last_push is not None and now - self._last_push < self.interval:
@@ -206,6 +213,7 @@ class Renderer:
         view, progress = self._pending
         self._pending = None
         model = panel_model(view, progress)
+        self._last_look = now
         if model == self._last_model:
             return
         self._last_push = now

@@ -10,30 +10,25 @@ module cover what every user sees.
 from __future__ import annotations
 
 import dataclasses
-import html
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+from ._groups import GROUP_ABOVE, group_text, grouped, groups_html, outliers
+from ._html import STATE_COLORS as _COLORS
+from ._html import badge as _badge
+from ._html import esc as _e
+from ._html import num as _num
+from ._html import percent as _percent
+from ._html import progress_bar, sparkline, time_bar
 
 __all__ = ["HEARTBEAT_MISSING_S", "JobProgress", "panel_html", "panel_model", "proxy_route", "state_key", "tensorboard_link", "text_line"]
 
 HEARTBEAT_MISSING_S = 5.0  # a live node silent for longer is flagged
 _LIVE = frozenset({"registered", "starting", "running"})
 _TERMINAL_CLUSTER = frozenset({"finished", "failed", "stopped"})
-_COLORS = {
-    "pending": "#888",
-    "registered": "#888",
-    "starting": "#b58900",
-    "running": "#268bd2",
-    "finished": "#2aa198",
-    "failed": "#dc322f",
-    "stopped": "#6c71c4",
-    "reserving": "#b58900",
-}
 COLUMNS = ("node", "host", "executor", "device", "resources", "state", "step", "steps/s", "metrics", "curve", "heartbeat",
            "time")
-# where a node's time went, the last few seconds (runtime.step_time's categories, in its order), and the bar's colours
-TIME_COLORS = {"input": "#b58900", "compute": "#268bd2", "peers": "#d33682", "other": "#93a1a1"}
 RUN_COLUMNS = ("state", "step", "steps/s", "metrics", "host", "executor", "device", "heartbeat")  # parallel runs
 
 
@@ -44,14 +39,6 @@ class JobProgress:
     done: int
     total: int
     failed: int = 0
-
-
-def _num(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def metric_order(key: str) -> tuple[bool, str, bool]:
@@ -88,19 +75,21 @@ def _progress(node: Any) -> float | None:
     return 1.0 if node.state == "finished" else max(0.0, min(1.0, done))
 
 
-def _percent(fraction: float | None) -> str:
-    return "" if fraction is None else f"{int(fraction * 100)}%"
-
-
 def _grant(node: Any) -> str:
     grant = getattr(node, "grant", None)
     return grant.text() if grant is not None and grant.profile_id is not None else ""
 
 
+def missing_heartbeat(node: Any, cluster_live: bool = True) -> bool:
+    """A live node of a live cluster silent for longer than :data:`HEARTBEAT_MISSING_S`."""
+    age = node.last_heartbeat_age
+    return bool(cluster_live and node.state in _LIVE and age is not None and age > HEARTBEAT_MISSING_S)
+
+
 def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
     """One node's row: display strings plus the flags the renderers colour by."""
     age = node.last_heartbeat_age
-    missing = bool(cluster_live and node.state in _LIVE and age is not None and age > HEARTBEAT_MISSING_S)
+    missing = missing_heartbeat(node, cluster_live)
     heartbeat = "" if age is None or node.state not in _LIVE else f"{age:.1f} s ago"
     if missing:
         heartbeat += " (missing heartbeat)"
@@ -135,7 +124,9 @@ def node_row(node: Any, cluster_live: bool = True) -> dict[str, Any]:
 
 
 def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any]:
-    """The whole panel as a JSON-able dict (header + one row per node)."""
+    """The whole panel as a JSON-able dict: a header, and a row per node -- or, for more than
+    :data:`~._groups.GROUP_ABOVE` nodes, a row per role and state (``groups``) and the nodes worth a look
+    (``rows``, each with ``why``; ``outliers_hidden`` more)."""
     live = view.state not in _TERMINAL_CLUSTER
     model = {
         "name": view.name,
@@ -154,12 +145,21 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
         "tensorboard_error": _tensorboard_error(view),
         "error": (str(view.error).strip().splitlines() or [""])[0] if view.error else "",
         "final": not live,
-        "rows": [node_row(n, live) for n in view.nodes],
+        "nodes_total": len(view.nodes),
         # the job's MLflow run in the tracking UI (experiment tracking), when it is tracked
         "tracking_url": _web_url(getattr(view, "tracking_url", None)),
     }
-    if hasattr(view, "params"):  # parallel runs (runtime.parallel.ParallelView)
+    if hasattr(view, "params"):  # parallel runs (runtime.parallel.ParallelView): a row each, as a results table
+        model["rows"] = [node_row(n, live) for n in view.nodes]
         _add_runs(model, view)
+    elif len(view.nodes) > GROUP_ABOVE:
+        missing = [missing_heartbeat(n, live) for n in view.nodes]
+        shown, hidden = outliers(view.nodes, missing)
+        model["groups"] = grouped(view.nodes, missing, metric_order, _num)
+        model["rows"] = [{**node_row(n, live), "why": why} for n, why in shown]
+        model["outliers_hidden"] = hidden
+    else:
+        model["rows"] = [node_row(n, live) for n in view.nodes]
     return model
 
 
@@ -212,8 +212,9 @@ def _add_runs(model: dict[str, Any], view: Any) -> None:
 
 def state_key(model: Mapping[str, Any]) -> tuple[Any, ...]:
     """What counts as a state change for the text back-end (not steps, not elapsed time)."""
-    return (model["state"], tuple((r["node"], r["state"], r.get("phase"), bool(r.get("stall")), r["missing_heartbeat"])
-                                  for r in model["rows"]))
+    groups = tuple((g["role"], g["state"], g["nodes"], g["missing"]) for g in model.get("groups", ()))
+    return (model["state"], groups, tuple((r["node"], r["state"], r.get("phase"), bool(r.get("stall")),
+                                           r["missing_heartbeat"], r.get("why")) for r in model["rows"]))
 
 
 def text_line(model: Mapping[str, Any]) -> str:
@@ -222,6 +223,7 @@ def text_line(model: Mapping[str, Any]) -> str:
     if model["tasks"]:
         head += f", {model['tasks']}"
     parts = [head]
+    parts += [group_text(g) for g in model.get("groups", ())]
     for r in model["rows"]:
         text = f"{r['node']} {r['state']}"
         if r.get("params"):
@@ -242,7 +244,11 @@ def text_line(model: Mapping[str, Any]) -> str:
             text += f": {r['error']}"
         if r.get("stall"):
             text += f" — STALLED: {r['stall']}"
+        if r.get("why") and r["why"] not in ("failed", "stalled", "missing heartbeat", r["node"].split(":")[0]):
+            text += f" [{r['why']}]"
         parts.append(text)
+    if model.get("outliers_hidden"):
+        parts.append(f"and {model['outliers_hidden']} more nodes worth a look (NAME.nodes has every node)")
     if model["error"] and not any(r["error"] for r in model["rows"]):
         parts.append(model["error"])
     if model.get("tensorboard_error"):
@@ -252,52 +258,6 @@ def text_line(model: Mapping[str, Any]) -> str:
     if model.get("tracking_url") and model["final"]:
         parts.append(f"MLflow run {model['tracking_url']}")
     return " | ".join(parts)
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _badge(state: str) -> str:
-    color = _COLORS.get(state, "#888")
-    return f'<span style="color:{color};font-weight:bold">{_e(state)}</span>'
-
-
-def progress_bar(fraction: float | None, color: str = "#268bd2") -> str:
-    """A small inline progress bar (plain HTML, inline styles), or "" when the total is unknown."""
-    if fraction is None:
-        return ""
-    pct = f"{fraction * 100:.1f}".rstrip("0").rstrip(".")
-    return (f'<span title="{_percent(fraction)}" style="display:inline-block;width:60px;height:8px;background:#e4e4e4;'
-            f'border-radius:2px;vertical-align:middle;margin-right:4px;overflow:hidden">'
-            f'<span style="display:block;width:{pct}%;height:100%;background:{color}"></span></span>')
-
-
-def time_bar(shares: Mapping[str, float], width: int = 60) -> str:
-    """A small stacked bar of a node's time shares (input, compute, peers, other), its title every share in
-    words; "" without shares."""
-    if not shares:
-        return ""
-    title = ", ".join(f"{c} {round(shares.get(c, 0.0) * 100)}%" for c in TIME_COLORS)
-    parts = "".join(f'<span style="display:inline-block;width:{shares.get(c, 0.0) * width:.1f}px;height:100%;'
-                    f'background:{color}"></span>' for c, color in TIME_COLORS.items() if shares.get(c, 0.0) > 0)
-    return (f'<span title="{_e(title)}" style="display:inline-block;width:{width}px;height:8px;background:#e4e4e4;'
-            f'border-radius:2px;vertical-align:middle;margin-right:4px;overflow:hidden;white-space:nowrap;'
-            f'line-height:0">{parts}</span>')
-
-
-def sparkline(values: list[float], label: str = "", width: int = 90, height: int = 20) -> str:
-    """An inline SVG line of ``values`` (drawn by the browser; no image), or "" with fewer than two points."""
-    if len(values) < 2:
-        return ""
-    lo, hi = min(values), max(values)
-    span = (hi - lo) or 1.0
-    step = (width - 2) / (len(values) - 1)
-    points = " ".join(f"{1 + i * step:.1f},{1 + (height - 2) * (hi - v) / span:.1f}" for i, v in enumerate(values))
-    title = f"{label} {_num(values[0])} → {_num(values[-1])} ({len(values)} points)".strip()
-    return (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" style="vertical-align:middle">'
-            f"<title>{_e(title)}</title>"
-            f'<polyline fill="none" stroke="#268bd2" stroke-width="1.5" points="{points}"/></svg>')
 
 
 def proxy_route(cluster_id: str) -> str | None:
@@ -343,6 +303,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
     n_params = len(model["param_keys"]) if runs else 0
     result_col = [model["metric"]] if runs and model["metric"] else []
     columns = (*COLUMNS[:1], *model["param_keys"], *result_col, *RUN_COLUMNS) if runs else COLUMNS
+    if "groups" in model:
+        columns = (COLUMNS[0], "why", *COLUMNS[1:])  # the nodes below the groups, and why each is listed
     curves = {r.get("curve_metric") for r in model["rows"] if len(r.get("curve") or ()) >= 2}
     if not curves:
         columns = tuple(c for c in columns if c != "curve")  # nothing reported yet: no empty column
@@ -356,6 +318,8 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
         out.append(f'<div style="color:#dc322f">{_e(model["error"])}</div>')
     if model.get("tensorboard_error"):
         out.append(f'<div style="color:#b58900">{_e(model["tensorboard_error"])}</div>')
+    if "groups" in model:
+        out.append(groups_html(model))
     out.append('<table style="border-collapse:collapse"><thead><tr>')
     out += [f'<th style="text-align:left;padding:1px 6px">{_e(headers.get(c, c))}</th>' for c in columns]
     out.append("</tr></thead><tbody>")
@@ -392,5 +356,9 @@ def panel_html(model: Mapping[str, Any], *, tensorboard: bool = True) -> str:
             if r["tail"]:
                 tail = "<details><summary>log tail</summary><pre>" + _e("\n".join(r["tail"])) + "</pre></details>"
             out.append(f'<tr><td colspan="{len(columns)}" style="color:#dc322f;padding:1px 6px">{_e(r["error"])}{tail}</td></tr>')
-    out.append("</tbody></table></div>")
+    out.append("</tbody></table>")
+    if model.get("outliers_hidden"):
+        out.append(f'<div style="color:#657b83">and {model["outliers_hidden"]} more nodes worth a look '
+                   "(<code>NAME.nodes</code> has every node)</div>")
+    out.append("</div>")
     return "".join(out)

@@ -427,6 +427,7 @@ class Controller:
                 changed = True
         if changed:
             st.notify()
+        st.tell_held()
 
     # -- feeding ------------------------------------------------------------------
     def _sample_for(self, node: cluster_state.NodeRecord, msg: messages.Heartbeat) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from ..executor import phases
 
 TRAINERS = ("chief", "master", "worker")
+NAMED_BEHIND = 8  # nodes a stall line names as not having reached its phase; the rest are counted
 DEFAULT_STALL_AFTER = 20.0  # a stuck job is named within 30 s (the flag says; it ends nothing)
 
 WHERE = {
@@ -81,7 +82,9 @@ def stall_line(node: Any, nodes: Sequence[Any], stall_after: float | None, pendi
     behind = [n for n in nodes if n is not node and n.job_name in TRAINERS and n.phase is not None
               and (r := phases.rank(n.phase)) is not None and here is not None and r < here]
     if behind:
-        who = ", ".join(f"{n.label} ({n.phase})" for n in behind)
+        who = ", ".join(f"{n.label} ({n.phase})" for n in behind[:NAMED_BEHIND])
+        if len(behind) > NAMED_BEHIND:  # hundreds of workers still importing TensorFlow: a line, not a page
+            who += f" and {len(behind) - NAMED_BEHIND} more"
         line += f" — {who} {'has' if len(behind) == 1 else 'have'} not reached it"
     return line
 

@@ -54,6 +54,10 @@ HISTORY_TOTAL = 400_000
 HISTORY_MIN = 500
 TICK_GAP_S = 0.9  # a node's clocks with no report for this long are kept as a row of their own (record_tick)
 CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole run, thinned)
+# listeners (the panels) hear of changes at most this often; a change held back is told at the next change after
+# the interval or at the control server's tick (twice a second), and a change of the cluster's state at once:
+# 512 nodes heartbeating are 1,000 changes a second, each a snapshot of every node for whoever listens
+LISTEN_INTERVAL_S = 0.1
 RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
 
 
@@ -350,6 +354,8 @@ class ClusterState:
         self.feed_pending: tuple[int, ...] = ()  # partitions of the open epochs no feeding task has asked a node for
         self._listeners: list[Callable[[ClusterState], None]] = []
         self._log_listeners: list[Callable[[str, list[str]], None]] = []
+        self._told: tuple[str, float] | None = None  # the cluster state and time (monotonic) listeners last heard
+        self._untold = False  # a change notify() held back from them
 
     # -- listeners -------------------------------------------------------
     def add_listener(self, fn: Callable[[ClusterState], None]) -> None:
@@ -365,16 +371,29 @@ class ClusterState:
         with self.lock:
             self._log_listeners.append(fn)
 
-    def notify(self) -> None:
-        """Wake waiters and tell listeners; listener errors never break the runtime."""
+    def notify(self, *, hold: bool = True) -> None:
+        """Wake waiters and tell listeners (at most every :data:`LISTEN_INTERVAL_S` while the cluster's state
+        stays the same, unless ``hold`` is False); listener errors never break the runtime."""
         with self.lock:
             self.changed.notify_all()
+            now = time.monotonic()
+            if hold and self._told is not None and self._told[0] == self.state and now - self._told[1] < LISTEN_INTERVAL_S:
+                self._untold = True
+                return
+            self._told, self._untold = (self.state, now), False
             listeners = list(self._listeners)
         for fn in listeners:
             try:
                 fn(self)
             except Exception:  # noqa: BLE001 - a UI bug must not kill training
                 pass
+
+    def tell_held(self) -> None:
+        """Tell listeners of a change :meth:`notify` held back (the control server's tick, twice a second)."""
+        with self.lock:
+            if not self._untold:
+                return
+        self.notify(hold=False)
 
     def emit_logs(self, label: str, lines: list[str]) -> None:
         with self.lock:
@@ -390,11 +409,16 @@ class ClusterState:
     def ended(self) -> bool:
         return self.state in (C_FAILED, C_STOPPED, C_FINISHED)
 
+    def tensorboard(self) -> str | None:
+        """The address of the TensorBoard a node started (the chief's), None before."""
+        with self.lock:
+            return next((n.tensorboard for n in self.nodes if n.tensorboard), None)
+
     def snapshot(self) -> ClusterView:
         now = self.clock()
         with self.lock:
             end = self.ended_at if self.ended_at is not None else now
-            tb = next((n.tensorboard for n in self.nodes if n.tensorboard), None)
+            tb = self.tensorboard()
             tb_error = next((n.tensorboard_error for n in self.nodes if n.tensorboard_error), None)
             live = self.state in (C_RESERVING, C_RUNNING)
             open_to: dict[int, list[tuple[int, str, float]]] = {}
