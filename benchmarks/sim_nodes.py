@@ -7,7 +7,10 @@ Each simulated node does what a node's supervisor does on the wire (``executor/s
 ``hb_interval`` s (the launch's, 0.5 s) carrying its progress reports since the last beat — a step every
 ``step_ms`` ms (drawn between the two bounds) with a loss and an accuracy — its clocks (``times``), and an output
 line every ``log_every`` steps; it ends with a last heartbeat ``finished`` (its function's return value) when the
-driver says stop, after ``steps`` steps, or ``failed`` ``fail_after`` s into training (node ``fail_node``).  Each heartbeat's
+driver says stop, after ``steps`` steps, or ``failed`` ``fail_after`` s into training (node ``fail_node``); the nodes
+in ``slow`` take four times as long a step.  ``stop_ends``: the driver's stop (``shutdown()``) ends a node as a
+function that checks ``ctx.should_stop()`` would; without it, a node runs its ``steps`` and returns, as a
+TensorFlow-mode function does while the cell waits for it.  Each heartbeat's
 round trip (the driver decodes, records and answers it), with when it was sent, is printed as JSON at the end.
 
 :class:`SimLaunch` stands in for the Spark launch stage (``runtime/driver/launching.Launch``) in the benchmark's
@@ -62,6 +65,8 @@ def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts
                 raise RuntimeError(reply.error)
             time.sleep(messages.Retry.from_dict(reply.body).retry)
         lo, hi = opts["step_ms"]
+        if index in opts.get("slow", ()):  # a straggler: steps four times as long
+            lo, hi = 4 * lo, 4 * hi
         steps, fail_after = opts["steps"], opts["fail_after"] if index == opts["fail_node"] else None
         step, t_step, t0 = 0, time.time(), time.time()
         outcome = None
@@ -93,7 +98,7 @@ def _node(meta: Any, index: int, opts: dict[str, Any], go: threading.Event, rtts
             if outcome is not None:
                 break
             cmd = messages.BeatCommand.from_dict(reply.body) if reply.ok else messages.BeatCommand()
-            if cmd.stop or cmd.kill:
+            if (cmd.stop and opts.get("stop_ends", True)) or cmd.kill:
                 request(messages.Heartbeat(node=index, state="finished" if cmd.stop else "stopped",
                                            child_pid=os.getpid(), returned={"value": step} if cmd.stop else {},
                                            exit_code=0 if cmd.stop else -9))
@@ -135,7 +140,7 @@ class SimLaunch:
 
     processes = 8
     options: dict[str, Any] = {"steps": 10**9, "step_ms": (50, 200), "log_every": 50, "fail_after": None,
-                               "fail_node": -1}
+                               "fail_node": -1, "slow": [], "stop_ends": True}
     started: list[subprocess.Popen] = []  # every host process of the run: the benchmark waits for them, or kills them
 
     def __init__(self, job: Any, meta: dict[str, Any], blob: bytes, stages: list[Any], *, barrier: bool,

@@ -77,7 +77,7 @@ def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
     Time is the node's clock at each report, so nodes in lock-step show the same
     rate whatever the delays between the node and the driver.
     """
-    pts = list(points)
+    pts = points if isinstance(points, (list, deque)) else list(points)  # a node's own deque: no copy a heartbeat
     if len(pts) < 2:
         return None
     t_end, s_end = pts[-1]
@@ -500,7 +500,8 @@ class ClusterState:
             value = metrics.get(node.curve_metric) if node.curve_metric else None
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 node.add_curve_point(float(value))
-        while node._rate_points and node._rate_points[-1][0] - node._rate_points[0][0] > 2 * RATE_WINDOW_S:
+        # the points of the window and the one before it: window_rate's scan ends at the first point
+        while len(node._rate_points) > 2 and node._rate_points[-1][0] - node._rate_points[1][0] > RATE_WINDOW_S:
             node._rate_points.popleft()
         rate = window_rate(node._rate_points)
         if rate is not None:
