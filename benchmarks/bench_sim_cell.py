@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -143,9 +144,8 @@ def main(argv=None) -> int:
     assert status == "ok", [m[3] for m in messages if m[1] == "error"]
     updates = [m for m in messages if m[1] == "comm_msg" and m[3]["data"].get("method") == "update"
                and "value" in m[3]["data"].get("state", {})]
-    running = next((t for t, _, _, c in updates if "running" in c["data"]["state"]["value"]
-                    and "grouped by role" in c["data"]["state"]["value"]
-                    and "starting" not in c["data"]["state"]["value"]), None)
+    header = re.compile(r"<b>sim</b> &middot; <span[^>]*>running</span>")  # the cluster runs: every node does
+    running = next((t for t, _, _, c in updates if header.search(c["data"]["state"]["value"])), None)
     if running is None:  # no panel (--renderer none): the nodes run 10 s after the cell started, at 512
         assert opts.renderer != "widget", "the panel never showed the nodes running"
         running = t0 + 7.0

@@ -129,3 +129,33 @@ def test_a_polling_panel_makes_a_snapshot_only_when_the_renderer_would_look_at_i
     assert not renderer.due()
     renderer.finish(cluster(*nodes_of(4), state="finished"))
     assert not renderer.due()
+
+
+def test_a_waiter_that_reads_every_node_looks_at_most_every_look_every_s_however_often_the_nodes_change():
+    """shutdown(), a reservation and a feed's end wait on the state; before, each heartbeat (1,000 a second from
+    512 nodes) woke them to read or copy every node."""
+    import threading
+    import time
+
+    from tfos_nb.runtime.driver import state as cluster_state
+
+    st = cluster_state.ClusterState("c1", "digits", [("chief", 0)] + [("worker", i) for i in range(511)])
+    done = threading.Event()
+
+    def heartbeats() -> None:  # the load: a change every half millisecond, as a control server's thread makes them
+        pace = threading.Event()  # never set: its timeout paces the load, it synchronises nothing
+        for _ in range(1_000):
+            pace.wait(0.0005)
+            st.notify()
+        done.set()
+
+    looks, looked = 0, 0.0
+    beating = threading.Thread(target=heartbeats)
+    t0 = time.monotonic()
+    beating.start()
+    while not done.is_set():
+        looks += 1  # the waiter reads every node here
+        looked = st.wait_a_change(0.2, looked)
+    elapsed = time.monotonic() - t0
+    beating.join()
+    assert looks <= elapsed / cluster_state.LOOK_EVERY_S + 2, (looks, elapsed)

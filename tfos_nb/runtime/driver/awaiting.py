@@ -41,6 +41,7 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
     state = job.state
     deadline = time.monotonic() + timeout
     launched = False
+    looked = 0.0
     while True:
         view = state.snapshot()
         if view.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED):  # a node's start failed, or the job was cancelled
@@ -66,5 +67,4 @@ def await_running(job: DriverJob, meta: dict[str, Any], launch: Any, timeout: fl
             msg = (f"reservation timed out after {timeout:.0f} s: waiting for {missing}{stage}. "
                    f"Are there enough free executor slots{job.reach_hint}?")
             raise TimeoutError(msg)
-        with state.changed:
-            state.changed.wait(0.1)
+        looked = state.wait_a_change(0.1, looked)

@@ -212,9 +212,9 @@ class BatchFeed:
                 # node process is reported at once, a dead supervisor after the heartbeat timeout), so the error
                 # names the node and its cause rather than a broken connection.
                 deadline = time.monotonic() + ctl.heartbeat_timeout + 2
+                looked = 0.0
                 while view.state != cluster_state.C_FAILED and time.monotonic() < deadline:
-                    with state.changed:
-                        state.changed.wait(0.2)
+                    looked = state.wait_a_change(0.2, looked)
                     view = state.snapshot()
             if view.state == cluster_state.C_FAILED:
                 self._job.close()

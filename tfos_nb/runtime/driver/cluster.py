@@ -277,7 +277,8 @@ class TFCluster:
         try:
             self._controller.request_stop()
             deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
-            while True:  # woken by every heartbeat: the nodes' states are read, no snapshot is made
+            looked = 0.0
+            while True:  # the nodes' states are read, no snapshot is made
                 with self.state.lock:
                     failed = self.state.state == state.C_FAILED
                     waiting = [n for n in awaited_nodes(self.state.nodes) if n.state not in state.TERMINAL]
@@ -290,8 +291,7 @@ class TFCluster:
                         named = waited_for(waiting)
                     msg = f"shutdown timed out after {timeout:.0f} s waiting for {named} to finish"
                     raise TimeoutError(msg)
-                with self.state.changed:
-                    self.state.changed.wait(0.2)
+                looked = self.state.wait_a_change(0.2, looked)
             end = time.monotonic() + (grace_secs or 0)
             while time.monotonic() < end:  # the evaluator's grace: until it returned, failed, or the grace is over
                 with self.state.lock:
@@ -299,8 +299,7 @@ class TFCluster:
                         n.state in state.TERMINAL for n in self.state.nodes if n.job_name == "evaluator")
                 if over:
                     break
-                with self.state.changed:
-                    self.state.changed.wait(min(0.2, max(0.0, end - time.monotonic())))
+                looked = self.state.wait_a_change(min(0.2, max(0.0, end - time.monotonic())), looked)
             self.close()
             view = self.state.snapshot()
             if view.state == state.C_FAILED:

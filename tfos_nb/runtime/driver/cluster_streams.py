@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 from ..executor.stream_feeder import make_batch_feeder
 from .batch_feed import BatchFeed
 from .job import DriverJob
-from .roles import awaited
 from .streaming import StreamingFeed, apply_writer_options, checkpoint_dir, sink_writer
 
 __all__ = ["ClusterStreams", "require_sink"]
@@ -124,10 +123,6 @@ class ClusterStreams:
     def closed(self) -> bool:
         """Whether the cluster is torn down."""
         return self._job.closed
-
-    def waits_for(self, node: Any) -> bool:
-        """Whether the cluster's end waits for ``node``'s function to return (see :func:`.roles.awaited`)."""
-        return awaited(self.state.nodes, node)
 
     def close(self, wait: float | None = None) -> None:
         """Tear the cluster down (a feed saw it fail, or was interrupted)."""

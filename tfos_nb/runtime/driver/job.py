@@ -286,11 +286,12 @@ class DriverJob:
     def _wait_nodes_ended(self, wait: float) -> None:
         """Wait up to ``wait`` s until no node of the state is live."""
         deadline = time.monotonic() + wait
+        looked = 0.0
         while time.monotonic() < deadline:
-            if not [n for n in self.state.snapshot().nodes if n.state in LIVE]:
-                return
-            with self.state.changed:
-                self.state.changed.wait(0.1)
+            with self.state.lock:
+                if not [n for n in self.state.nodes if n.state in LIVE]:
+                    return
+            looked = self.state.wait_a_change(0.1, looked)
 
     def _atexit(self) -> None:
         self.close(wait=5.0)

@@ -7,7 +7,7 @@ executor, so this module imports nothing but the node states.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import state
@@ -31,7 +31,7 @@ def _awaited_roles(roles: set[str]) -> tuple[str, ...]:
     return FEEDABLE
 
 
-def awaited_nodes(nodes: list[Any]) -> list[Any]:
+def awaited_nodes(nodes: Sequence[Any]) -> list[Any]:
     """The nodes of ``nodes`` (the whole cluster) that shutdown waits for: :func:`awaited` of each, in one pass."""
     roles = _awaited_roles({n.job_name for n in nodes})
     return [n for n in nodes if n.job_name in roles]

@@ -58,6 +58,9 @@ CURVE_POINTS = 120  # at most this many points in a node's loss curve (the whole
 # the interval or at the control server's tick (twice a second), and a change of the cluster's state at once:
 # 512 nodes heartbeating are 1,000 changes a second, each a snapshot of every node for whoever listens
 LISTEN_INTERVAL_S = 0.1
+# a waiter that reads every node (shutdown(), a reservation, train()'s end) looks at most this often: every
+# heartbeat is a change, 1,000 a second from 512 nodes (ClusterState.wait_a_change)
+LOOK_EVERY_S = 0.05
 RATE_WINDOW_S = 5.0  # steps/s: measured over the reports of the last few seconds
 
 
@@ -387,6 +390,18 @@ class ClusterState:
                 fn(self)
             except Exception:  # noqa: BLE001 - a UI bug must not kill training
                 pass
+
+    def wait_a_change(self, timeout: float, looked: float) -> float:
+        """Wait until the state changes or ``timeout`` s pass -- after what is left of :data:`LOOK_EVERY_S` since
+        ``looked`` (when the caller last read the state, monotonic), so that it reads at most that often; returns
+        the time to pass as ``looked`` next (now)."""
+        rest = min(timeout, looked + LOOK_EVERY_S - time.monotonic())
+        if rest > 0:
+            time.sleep(rest)  # the nodes changed since: the caller reads them all now, not at each heartbeat
+        else:
+            with self.changed:
+                self.changed.wait(timeout)
+        return time.monotonic()
 
     def tell_held(self) -> None:
         """Tell listeners of a change :meth:`notify` held back (the control server's tick, twice a second)."""

@@ -40,6 +40,7 @@ from ..protocol.remote import StreamCounts
 from . import state as cluster_state
 from .control_plane import ControlPlane
 from .errors import error_for, python_error_line
+from .roles import awaited_nodes
 
 __all__ = ["StreamingFeed"]
 
@@ -58,7 +59,6 @@ class FeedOwner(Protocol):
 
     @property
     def closed(self) -> bool: ...
-    def waits_for(self, node: Any) -> bool: ...
     def close(self, wait: float | None = None) -> None: ...
     def stop_feeds(self) -> None: ...
     def stream_ended(self, feed: StreamingFeed) -> None: ...
@@ -209,6 +209,7 @@ class StreamingFeed:
         deadline = None if timeout is None else time.monotonic() + timeout
         cluster = self._cluster
         state = cluster.state
+        looked = 0.0
         try:
             while True:
                 view = state.snapshot()
@@ -216,15 +217,14 @@ class StreamingFeed:
                     break
                 if cluster.closed or view.state in (cluster_state.C_STOPPED, cluster_state.C_FINISHED):
                     break
-                trainers = [n for n in view.nodes if cluster.waits_for(n)]
+                trainers = awaited_nodes(view.nodes)
                 if trainers and all(n.state in cluster_state.TERMINAL for n in trainers):
                     break
                 if not self.is_active:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     return False
-                with state.changed:
-                    state.changed.wait(_POLL_S)
+                looked = state.wait_a_change(_POLL_S, looked)
         except KeyboardInterrupt:
             self.stop()
             cluster.close()

@@ -201,6 +201,7 @@ class ParallelRuns:
             self.start()
         assert self._spark_job is not None
         deadline = None if timeout is None else time.monotonic() + timeout
+        looked = 0.0
         try:
             while True:
                 view = self.state.snapshot()
@@ -210,8 +211,7 @@ class ParallelRuns:
                     self.close()
                     msg = f"parallel runs {self.name} did not finish within {timeout:g} s and were stopped"
                     raise TimeoutError(msg)
-                with self.state.changed:
-                    self.state.changed.wait(0.2)
+                looked = self.state.wait_a_change(0.2, looked)
             return self._finish()
         except KeyboardInterrupt:
             self.close()
