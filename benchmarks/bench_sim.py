@@ -31,6 +31,9 @@ def noop(args, ctx):  # never runs: the simulated nodes do not run the function
     pass
 
 
+MLFLOW: dict | None = None  # --mlflow: the run's experiment tracking (TFCluster.run's mlflow=)
+
+
 def run_simulated(sc, n: int):
     """``TFCluster.run`` of ``n`` nodes whose launch stage is :class:`sim_nodes.SimLaunch` (no executor slots
     waited for); its host processes are killed when the run fails."""
@@ -43,16 +46,66 @@ def run_simulated(sc, n: int):
             mock.patch.object(job_module.DriverJob, "wait_for_slots", lambda self, needed, timeout: None):
         try:
             return TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
-                                 master_node="chief", reservation_timeout=60)
+                                 master_node="chief", reservation_timeout=60,
+                                 **({"mlflow": MLFLOW} if MLFLOW else {"mlflow": False}))
         except BaseException:
             sim_nodes.SimLaunch.kill_all()
             raise
 
 
+def render(cluster, times: int = 20) -> tuple[float, float, float]:
+    """The median ms of a snapshot of the state and of the panel's model and HTML made from it, and the HTML's kB."""
+    import statistics
+
+    from tfos_nb.widgets import panel_html, panel_model
+
+    snaps, panels = [], []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        view = cluster.state.snapshot()
+        t1 = time.perf_counter()
+        html = panel_html(panel_model(view))
+        panels.append(time.perf_counter() - t1)
+        snaps.append(t1 - t0)
+    return 1000 * statistics.median(snaps), 1000 * statistics.median(panels), len(html.encode()) / 1000
+
+
+class Batches:
+    """MlflowClient.log_batch, counted: calls, metrics, and the seconds they took (the tracking server's load)."""
+
+    def __init__(self) -> None:
+        self.calls, self.metrics, self.seconds = 0, 0, 0.0
+
+    def patch(self):
+        from mlflow.tracking import MlflowClient
+
+        real = MlflowClient.log_batch
+
+        def log_batch(client, run_id, metrics=(), *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return real(client, run_id, metrics, *args, **kwargs)
+            finally:
+                self.calls += 1
+                self.metrics += len(metrics)
+                self.seconds += time.perf_counter() - t0
+
+        return mock.patch.object(MlflowClient, "log_batch", log_batch)
+
+
 def one_size(sc, n: int, steady: float) -> dict[str, float]:
+    import contextlib
+
     import psutil
 
     me = psutil.Process()
+    batches = Batches()
+    tracked = batches.patch() if MLFLOW else contextlib.nullcontext()
+    with tracked:
+        return _one_size(sc, n, steady, me, batches)
+
+
+def _one_size(sc, n: int, steady: float, me, batches: Batches) -> dict[str, float]:
     t0 = time.perf_counter()
     cluster = run_simulated(sc, n)
     up = time.perf_counter() - t0
@@ -63,6 +116,7 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
         cpu = 100.0 * (sum(me.cpu_times()[:2]) - c0) / (time.perf_counter() - w0)
         until = time.time()
         rss = me.memory_info().rss / 2**20
+        snapshot_ms, panel_ms, panel_kb = render(cluster)
         t1 = time.perf_counter()
     finally:
         snapshots = []  # what shutdown() asks of the state while every node heartbeats (each a copy of all nodes)
@@ -90,8 +144,10 @@ def one_size(sc, n: int, steady: float) -> dict[str, float]:
     return {"nodes": n, "run s": up, "driver cpu %": cpu, "driver rss MiB": rss,
             "rtt p50 ms": 1000 * rtts[len(rtts) // 2] if rtts else float("nan"),
             "rtt p99 ms": 1000 * rtts[int(len(rtts) * 0.99)] if rtts else float("nan"),
-            "heartbeats": len(rtts), "steps": steps, "history rows": history, "shutdown s": down,
+            "heartbeats": len(rtts), "steps": steps, "snapshot ms": snapshot_ms, "panel ms": panel_ms,
+            "panel kB": panel_kb, "history rows": history, "shutdown s": down,
             "shutdown snapshots": len(snapshots), "node errors": len(errors),
+            "mlflow calls": batches.calls, "mlflow metrics": batches.metrics, "mlflow s": batches.seconds,
             "states": " ".join(states), "first error": errors[0] if errors else ""}
 
 
@@ -129,9 +185,21 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", default="64,128,256,512")
     p.add_argument("--steady", type=float, default=10.0, help="seconds of training over which the CPU is measured")
     p.add_argument("--processes", type=int, default=8, help="processes hosting the simulated nodes")
+    p.add_argument("--mlflow", action="store_true",
+                   help="track each run in MLflow (a SQLite store in a temporary folder): its log_batch calls")
     p.add_argument("--out", default=os.path.join(harness.HERE, "results", "b6-latest.md"))
     opts = p.parse_args(argv)
     sim_nodes.SimLaunch.processes = opts.processes
+    global MLFLOW
+    if opts.mlflow:
+        import tempfile
+
+        store = tempfile.mkdtemp(prefix="tfos-b6-mlflow-")
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}/mlflow.db"
+        import mlflow
+
+        mlflow.create_experiment("b6", artifact_location=f"file://{store}/artifacts")  # not ./mlruns
+        MLFLOW = {"experiment": "b6"}
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[1]").appName("tfos_nb-bench-sim")
@@ -146,7 +214,8 @@ def main(argv=None) -> int:
     finally:
         spark.stop()
     keys = ["nodes", "run s", "driver cpu %", "driver rss MiB", "rtt p50 ms", "rtt p99 ms", "heartbeats", "steps",
-            "history rows", "shutdown s", "failure named s", "failure raised s", "node errors", "states"]
+            "history rows", "snapshot ms", "panel ms", "panel kB", "shutdown s", "failure named s", "failure raised s",
+            "node errors", "states"] + (["mlflow calls", "mlflow metrics", "mlflow s"] if opts.mlflow else [])
     lines = ["B6 the driver at scale, simulated nodes — %s, %s cores, %s" % (harness.now_utc(), os.cpu_count(),
                                                                            platform.machine()), "",
              "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]

@@ -270,8 +270,16 @@ SCALE_FILE = "b6-latest.json"
 SCALE_COLUMNS = (("nodes", "nodes", "{:.0f}"), ("run s", "`run()` returned (s)", "{:.2f}"),
                  ("driver cpu %", "driver CPU, % of a core", "{:.1f}"), ("driver rss MiB", "driver RSS (MiB)", "{:.0f}"),
                  ("rtt p50 ms", "heartbeat p50 (ms)", "{:.1f}"), ("rtt p99 ms", "heartbeat p99 (ms)", "{:.1f}"),
+                 ("snapshot ms", "a snapshot (ms)", "{:.1f}"), ("panel ms", "the panel from it (ms)", "{:.1f}"),
+                 ("panel kB", "the panel (kB)", "{:.1f}"),
                  ("shutdown s", "`shutdown()` (s)", "{:.2f}"), ("failure named s", "a failure named (s)", "{:.2f}"),
-                 ("failure raised s", "its error raised (s)", "{:.2f}"))
+                 ("failure raised s", "its error raised (s)", "{:.2f}"), ("mlflow calls", "MLflow calls", "{:.0f}"),
+                 ("mlflow metrics", "MLflow metrics", "{:.0f}"))
+CELL_FILE = "b6-cell.json"
+CELL_COLUMNS = (("nodes", "nodes", "{:.0f}"), ("kernel cpu %", "kernel CPU, % of a core", "{:.1f}"),
+                ("panel updates/s", "panel updates a second", "{:.1f}"), ("panel kB/s", "panel kB a second", "{:.1f}"),
+                ("largest update kB", "largest update (kB)", "{:.1f}"), ("output lines/s", "output lines a second", "{:.0f}"),
+                ("output kB/s", "output kB a second", "{:.1f}"), ("all iopub kB/s", "all the kernel sent, kB a second", "{:.1f}"))
 
 
 def scale_table(results: str | None = None) -> str:
@@ -282,6 +290,14 @@ def scale_table(results: str | None = None) -> str:
     for r in doc["runs"]:
         m = r["metrics"]
         lines.append("| " + " | ".join(form.format(m[k]) if k in m else "" for k, _, form in SCALE_COLUMNS) + " |")
+    if os.path.exists(os.path.join(results or RESULTS, CELL_FILE)):
+        cell = load(CELL_FILE, results)
+        lines += ["", f"B6, a `%%tfos_cluster` cell of simulated nodes in a real kernel, the panel on, measured from the "
+                      f"front-end's side ({cell['setting']}; `{CELL_FILE}`):", "",
+                  "| " + " | ".join(words for _, words, _ in CELL_COLUMNS) + " |", "|" + "---|" * len(CELL_COLUMNS)]
+        for r in cell["runs"]:
+            m = r["metrics"]
+            lines.append("| " + " | ".join(form.format(m[k]) if k in m else "" for k, _, form in CELL_COLUMNS) + " |")
     return "\n".join(lines)
 
 

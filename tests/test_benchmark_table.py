@@ -128,3 +128,19 @@ def test_the_scale_table_shows_each_size_as_measured():
         m = r["metrics"]
         assert f"| {m['nodes']:.0f} | {m['run s']:.2f} | {m['driver cpu %']:.1f} | " in docs, r
         assert f" | {m['shutdown s']:.2f} | {m['failure named s']:.2f} | {m['failure raised s']:.2f} |" in docs, r
+
+
+def test_the_scale_figures_in_the_prose_are_the_measured_ones():
+    """The architecture page's and the notebooks guide's B6 figures (CPU at 512 and 1,024 nodes, the cell's kernel,
+    MLflow's calls, a panel update's size) are the results files', rounded as written; the cell's table is its file's."""
+    scale = {r["metrics"]["nodes"]: r["metrics"] for r in
+             json.loads((ROOT / "benchmarks" / "results" / table.SCALE_FILE).read_text())["runs"]}
+    cell = json.loads((ROOT / "benchmarks" / "results" / table.CELL_FILE).read_text())["runs"][0]["metrics"]
+    arch = " ".join((ROOT / "docs" / "architecture.md").read_text().split())
+    guide = " ".join((ROOT / "docs" / "notebooks.md").read_text().split())
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert f"At 512 nodes the driver uses about {scale[512]['driver cpu %']:.0f} %" in arch
+    assert f"about {cell['kernel cpu %']:.0f} %; at 1,024 the driver uses {scale[1024]['driver cpu %']:.0f} %" in arch
+    assert f"in batches of 1,000 metrics: {scale[1024]['mlflow calls']:.0f} calls for 1,024 nodes" in arch
+    assert f"At 512 nodes an update is about {cell['largest update kB']:.0f} kB" in guide
+    assert f"| {cell['nodes']:.0f} | {cell['kernel cpu %']:.1f} | {cell['panel updates/s']:.1f} | {cell['panel kB/s']:.1f} |" in docs

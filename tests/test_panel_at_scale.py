@@ -62,7 +62,7 @@ def test_512_nodes_are_grouped_by_role_and_state_and_the_nodes_worth_a_look_list
     html = panel_html(model)
     # a push's worth: at two a second, under 50 kB/s to the front-end (a row a node made 0.5 MB)
     assert len(html.encode()) < 25_000, len(html.encode())
-    assert "512 nodes, grouped by role and state. Below: chief:0; 4 nodes failed, stalled" in html
+    assert "512 nodes, grouped by role and state. Below: chief:0, and 4 nodes worth a look (failed, stalled" in html
     assert "RuntimeError: boom" in html and "no step for 25 s" in html
     text = text_line(model)
     assert "worker running ×510 step" in text and "worker:4 running" in text and "[slow: 2.0 steps/s" in text
@@ -81,7 +81,7 @@ def test_up_to_group_above_nodes_each_has_its_row_and_one_more_groups_them():
     assert [r["node"] for r in panel_model(cluster(*nodes_of(GROUP_ABOVE)))["rows"]][-1] == f"worker:{GROUP_ABOVE - 2}"
     model = panel_model(cluster(*nodes_of(GROUP_ABOVE + 1)))
     assert [r["node"] for r in model["rows"]] == ["chief:0"] and "groups" in model
-    assert "no node failed, stalled, with a missing heartbeat or slow" in panel_html(model)
+    assert "Below: chief:0; no node is failed, stalled, silent or slow." in panel_html(model)
 
 
 def test_the_text_renderer_prints_a_line_when_a_group_changes_not_at_every_step():

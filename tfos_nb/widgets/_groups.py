@@ -168,6 +168,8 @@ def worth_a_look(model: Mapping[str, Any]) -> str:
     coordinators = [r["node"] for r in model["rows"] if r["why"] in ("chief", "master")]
     others = len(model["rows"]) - len(coordinators) + model.get("outliers_hidden", 0)
     head = f"{model['nodes_total']} nodes, grouped by role and state. "
-    found = (f"{others} node{'s' if others != 1 else ''} failed, stalled, with a missing heartbeat or slow"
-             if others else "no node failed, stalled, with a missing heartbeat or slow")
-    return head + (f"Below: {', '.join(coordinators)}; {found}." if coordinators else f"Below: {found}.")
+    if not others:
+        found = "no node is failed, stalled, silent or slow"
+        return head + (f"Below: {', '.join(coordinators)}; {found}." if coordinators else f"{found[0].upper()}{found[1:]}.")
+    found = f"{others} node{'s' if others != 1 else ''} worth a look (failed, stalled, silent or slow)"
+    return head + (f"Below: {', '.join(coordinators)}, and {found}." if coordinators else f"Below: {found}.")

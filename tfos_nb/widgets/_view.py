@@ -132,8 +132,8 @@ def panel_model(view: Any, progress: JobProgress | None = None) -> dict[str, Any
         "name": view.name,
         "state": view.state,
         "elapsed": f"{view.elapsed:.1f} s",
-        "tasks": None
-        if progress is None
+        "tasks": None  # no Spark task yet (none asked for, or the launch not submitted): nothing to count
+        if progress is None or not progress.total
         else f"{progress.done}/{progress.total} tasks" + (f", {progress.failed} failed" if progress.failed else ""),
         "rows_fed": view.rows_fed,
         "cluster_id": view.cluster_id,
