@@ -70,6 +70,33 @@ def render(cluster, times: int = 20) -> tuple[float, float, float]:
     return 1000 * statistics.median(snaps), 1000 * statistics.median(panels), len(html.encode()) / 1000
 
 
+def assignments(n: int, partitions: int = 4000) -> float:
+    """Feeding tasks' requests handled a second: a controller of ``n`` running nodes (InputMode.SPARK, in this
+    process, no sockets) hands out an epoch of ``partitions`` partitions, each asked for and released as a feeding
+    task does (FeedAssign, FeedRelease)."""
+    from tfos_nb.runtime.driver.controller import new_cluster
+    from tfos_nb.runtime.driver.options import JobOptions
+    from tfos_nb.runtime.protocol import messages
+
+    ctl = new_cluster([("chief", 0)] + [("worker", i) for i in range(n - 1)], {},
+                      JobOptions(name="b6", num_gpus=0, heartbeat_timeout=600), input_mode_spark=True,
+                      tensorboard=False, log_dir=None)
+    for i in range(n):
+        ctl.handle(messages.Register(node=i, host="127.0.0.1", port=4000 + i, executor_id=str(i), pid=1))
+    for i in range(n):
+        ctl.handle(messages.AwaitSpec(node=i))
+        ctl.handle(messages.Heartbeat(node=i, state="running", data_port=5000 + i))
+    epoch = ctl.open_epoch(remaining=0)
+    ctl.set_feed_tasks(epoch, partitions)
+    t0 = time.perf_counter()
+    for p in range(partitions):
+        reply = ctl.handle(messages.FeedAssign(partition=p, gen=epoch, host="127.0.0.1", executor_id=str(p % n),
+                                               mode="train"))
+        node = messages.FeedAssignment.from_dict(reply.body).node
+        ctl.handle(messages.FeedRelease(partition=p, gen=epoch, node=node, rows=64))
+    return partitions / (time.perf_counter() - t0)
+
+
 class Batches:
     """MlflowClient.log_batch, counted: calls, metrics, and the seconds they took (the tracking server's load)."""
 
@@ -208,13 +235,14 @@ def main(argv=None) -> int:
     try:
         for n in (int(x) for x in opts.nodes.split(",")):
             row = one_size(spark.sparkContext, n, opts.steady)
+            row["assignments/s"] = assignments(n)
             row.update(failure(spark.sparkContext, n, 2.0))
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
         spark.stop()
     keys = ["nodes", "run s", "driver cpu %", "driver rss MiB", "rtt p50 ms", "rtt p99 ms", "heartbeats", "steps",
-            "history rows", "snapshot ms", "panel ms", "panel kB", "shutdown s", "failure named s", "failure raised s",
+            "history rows", "snapshot ms", "panel ms", "panel kB", "assignments/s", "shutdown s", "failure named s", "failure raised s",
             "node errors", "states"] + (["mlflow calls", "mlflow metrics", "mlflow s"] if opts.mlflow else [])
     lines = ["B6 the driver at scale, simulated nodes — %s, %s cores, %s" % (harness.now_utc(), os.cpu_count(),
                                                                            platform.machine()), "",

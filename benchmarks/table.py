@@ -272,6 +272,7 @@ SCALE_COLUMNS = (("nodes", "nodes", "{:.0f}"), ("run s", "`run()` returned (s)",
                  ("rtt p50 ms", "heartbeat p50 (ms)", "{:.1f}"), ("rtt p99 ms", "heartbeat p99 (ms)", "{:.1f}"),
                  ("snapshot ms", "a snapshot (ms)", "{:.1f}"), ("panel ms", "the panel from it (ms)", "{:.1f}"),
                  ("panel kB", "the panel (kB)", "{:.1f}"),
+                 ("assignments/s", "feed assignments a second", "{:.0f}"),
                  ("shutdown s", "`shutdown()` (s)", "{:.2f}"), ("failure named s", "a failure named (s)", "{:.2f}"),
                  ("failure raised s", "its error raised (s)", "{:.2f}"), ("mlflow calls", "MLflow calls", "{:.0f}"),
                  ("mlflow metrics", "MLflow metrics", "{:.0f}"))

@@ -87,6 +87,7 @@ class Controller:
         self._assigned: dict[int, int] = {}  # node -> partitions handed out
         self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
         self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
+        state.pending_from(lambda: self._shares.pending(state.epoch_done))
         self._sets = FeedSets()  # named feeds: sets fed once (a validation set), kept by the nodes
         # (epoch, partition) cut short or asked for again -> (its node, rows that reached it if known, when heard of)
         self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
@@ -339,7 +340,6 @@ class Controller:
         with self.state.lock:
             self.state.epoch_done = max(self.state.epoch_done, epoch)
             self._shares.forget_through(self.state.epoch_done)
-            self.state.feed_pending = tuple(self._shares.pending(self.state.epoch_done))
         self.state.notify()
 
     def set_feed_tasks(self, epoch: int, tasks: int) -> None:
@@ -347,7 +347,6 @@ class Controller:
         with self.state.lock:
             if epoch > self.state.epoch_done:
                 self._shares.set_tasks(epoch, tasks)
-                self.state.feed_pending = tuple(self._shares.pending(self.state.epoch_done))
 
     def feeding_started(self, epoch: int) -> bool:
         """Whether a feeding task of ``epoch`` has asked for a node: its job's feeding stage runs (not a stage before it)."""
@@ -535,7 +534,6 @@ class Controller:
         self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
         if msg.mode == "train" and msg.gen > st.epoch_done:
             self._shares.handed_out(msg.gen, msg.partition, node.index)
-            st.feed_pending = tuple(self._shares.pending(st.epoch_done))
         st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
         log.debug("%s partition %d of epoch %d (executor %s) goes to %s%s", msg.mode, msg.partition, msg.gen,
                   msg.executor_id or "?", node.label, f", after partition {after}" if after >= 0 else "")

@@ -21,7 +21,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import step_time
@@ -354,11 +354,27 @@ class ClusterState:
         self.stall_after: float | None = stalls.DEFAULT_STALL_AFTER  # seconds without moving that flag a node
         # feeding tasks connected to a node now: (feed, gen, partition) -> (node index, executor id, since (clock))
         self.feeding: dict[tuple[str, int, int], tuple[int, str, float]] = {}
-        self.feed_pending: tuple[int, ...] = ()  # partitions of the open epochs no feeding task has asked a node for
+        self._feed_pending: tuple[int, ...] = ()  # see feed_pending
+        self._pending_source: Callable[[], Iterable[int]] | None = None
         self._listeners: list[Callable[[ClusterState], None]] = []
         self._log_listeners: list[Callable[[str, list[str]], None]] = []
         self._told: tuple[str, float] | None = None  # the cluster state and time (monotonic) listeners last heard
         self._untold = False  # a change notify() held back from them
+
+    @property
+    def feed_pending(self) -> tuple[int, ...]:
+        """The partitions of the open epochs no feeding task has asked a node for (the stall lines name them): the
+        controller's count, read when asked (a snapshot), not at each of an epoch's thousands of hand-outs."""
+        with self.lock:
+            return tuple(self._pending_source()) if self._pending_source is not None else self._feed_pending
+
+    @feed_pending.setter
+    def feed_pending(self, value: Iterable[int]) -> None:  # the Spark Connect mirror's, from a snapshot
+        self._feed_pending, self._pending_source = tuple(value), None
+
+    def pending_from(self, source: Callable[[], Iterable[int]]) -> None:
+        """Where :attr:`feed_pending` comes from (the controller's epoch shares; called with the lock held)."""
+        self._pending_source = source
 
     # -- listeners -------------------------------------------------------
     def add_listener(self, fn: Callable[[ClusterState], None]) -> None:
