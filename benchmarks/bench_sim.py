@@ -97,6 +97,43 @@ def assignments(n: int, partitions: int = 4000) -> float:
     return partitions / (time.perf_counter() - t0)
 
 
+def history_memory(n: int) -> tuple[float, int]:
+    """The metric history's memory (MB, tracemalloc) and rows once every node reported past what it keeps: the
+    chief 100,000 steps, each other node 1,000 more than its share (reports as the simulated nodes send them)."""
+    import tracemalloc
+
+    from tfos_nb.runtime.driver import state as cluster_state
+
+    roles = [("chief", 0)] + [("worker", i) for i in range(n - 1)]
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        st = cluster_state.ClusterState("b6", "b6", roles)
+        for node in st.nodes:
+            steps = 100_000 if node.index == 0 else node.history.maxlen + 1_000
+            for first in range(0, steps, 500):
+                st.record_reports(node, [{"step": k, "time": 1e9 + k / 8, "metrics": {"loss": 1.0 / k, "accuracy": 0.5},
+                                          "times": {"wall": k / 8, "step": 0.9 * k / 8, "input": 0.1 * k / 8,
+                                                    "cpu": 0.5 * k / 8}}
+                                         for k in range(first + 1, min(first + 501, steps + 1))])
+        used = tracemalloc.get_traced_memory()[0] - base
+        rows = sum(len(node.history) for node in st.nodes)
+    finally:
+        tracemalloc.stop()
+    return used / 1e6, rows
+
+
+def history_memory_apart(n: int) -> tuple[float, int]:
+    """:func:`history_memory` in a process of its own: its hundreds of MB do not stay in this one's RSS."""
+    import subprocess
+
+    code = f"import json, bench_sim; print(json.dumps(bench_sim.history_memory({n})))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=harness.HERE, capture_output=True, text=True, check=True,
+                         timeout=600, env={**os.environ, "PYTHONPATH": harness.ROOT})
+    mb, rows = json.loads(out.stdout.strip().splitlines()[-1])
+    return mb, rows
+
+
 class Batches:
     """MlflowClient.log_batch, counted: calls, metrics, and the seconds they took (the tracking server's load)."""
 
@@ -236,13 +273,15 @@ def main(argv=None) -> int:
         for n in (int(x) for x in opts.nodes.split(",")):
             row = one_size(spark.sparkContext, n, opts.steady)
             row["assignments/s"] = assignments(n)
+            row["history MB"], row["history rows kept"] = history_memory_apart(n)
             row.update(failure(spark.sparkContext, n, 2.0))
             print(json.dumps(row), flush=True)
             rows.append(row)
     finally:
         spark.stop()
     keys = ["nodes", "run s", "driver cpu %", "driver rss MiB", "rtt p50 ms", "rtt p99 ms", "heartbeats", "steps",
-            "history rows", "snapshot ms", "panel ms", "panel kB", "assignments/s", "shutdown s", "failure named s", "failure raised s",
+            "history rows", "snapshot ms", "panel ms", "panel kB", "assignments/s", "history rows kept", "history MB",
+            "shutdown s", "failure named s", "failure raised s",
             "node errors", "states"] + (["mlflow calls", "mlflow metrics", "mlflow s"] if opts.mlflow else [])
     lines = ["B6 the driver at scale, simulated nodes — %s, %s cores, %s" % (harness.now_utc(), os.cpu_count(),
                                                                            platform.machine()), "",

@@ -48,7 +48,7 @@ spark = (SparkSession.builder.master("local[{nodes}]").appName("tfos_nb-bench-si
 %config TFOSMagics.renderer = {renderer!r}
 %config TFOSMagics.log_lines = {log_lines!r}
 """
-CELL = """%%tfos_cluster --workers {nodes} --name sim
+CELL = """%%tfos_cluster --workers {nodes} --name sim {background}
 pass  # the simulated nodes do not run the cell's function
 """
 
@@ -70,9 +70,11 @@ def kernel(tmp: str):
     return km, kc
 
 
-def run_cell(kc, pid: int, code: str, timeout: float) -> tuple[list[tuple[float, str, int, dict]], list[tuple[float, float]], str]:
+def run_cell(kc, pid: int, code: str, timeout: float, background: bool = False,
+             ) -> tuple[list[tuple[float, str, int, dict]], list[tuple[float, float]], str]:
     """Execute ``code``; every iopub message of it as (time, type, bytes, content), the kernel's CPU seconds
-    sampled every 0.25 s as (time, cpu), and the reply's status."""
+    sampled every 0.25 s as (time, cpu), and the reply's status.  ``background``: the cell returns at once and its
+    panel goes on from another thread; read until the panel's output shows the final table."""
     import psutil
 
     proc = psutil.Process(pid)
@@ -92,9 +94,12 @@ def run_cell(kc, pid: int, code: str, timeout: float) -> tuple[list[tuple[float,
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         kind = msg["msg_type"]
-        if kind == "status" and msg["content"]["execution_state"] == "idle":
+        if kind == "status" and msg["content"]["execution_state"] == "idle" and not background:
             break
         messages.append((time.monotonic(), kind, len(json.dumps(msg["content"])), msg["content"]))
+        if background and kind == "update_display_data" and \
+                msg["content"]["data"].get("text/plain", "").startswith(("sim: finished", "sim: failed")):
+            break  # the --background panel's final table
     reply = kc.get_shell_msg(timeout=60)
     return messages, cpu, reply["content"]["status"]
 
@@ -123,6 +128,7 @@ def main(argv=None) -> int:
     p.add_argument("--steady", type=float, default=15.0, help="seconds of training measured")
     p.add_argument("--renderer", default="widget", help="TFOSMagics.renderer (none: what the panel costs)")
     p.add_argument("--no-log-lines", action="store_true", help="TFOSMagics.log_lines = False (what printing costs)")
+    p.add_argument("--background", action="store_true", help="a --background cell (its panel fed by the handle)")
     p.add_argument("--screenshot", default="", help="draw one live panel update (PNG) here")
     p.add_argument("--out", default=os.path.join(harness.HERE, "results", "b6-cell.md"))
     opts = p.parse_args(argv)
@@ -134,8 +140,9 @@ def main(argv=None) -> int:
                                                      renderer=opts.renderer, log_lines=not opts.no_log_lines), timeout=300)
             assert reply["content"]["status"] == "ok", reply["content"]
             t0 = time.monotonic()
-            messages, cpu, status = run_cell(kc, km.provisioner.process.pid, CELL.format(nodes=opts.nodes),
-                                             timeout=opts.steady + 240)
+            messages, cpu, status = run_cell(kc, km.provisioner.process.pid, CELL.format(nodes=opts.nodes,
+                                                                                background="--background" if opts.background else ""),
+                                             timeout=opts.steady + 240, background=opts.background)
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
@@ -155,7 +162,7 @@ def main(argv=None) -> int:
     lines = [m for m in inside if m[1] == "stream"]
     row = {
         "nodes": opts.nodes,
-        "panel": opts.renderer,
+        "panel": opts.renderer + (" --background" if opts.background else ""),
         "output lines": not opts.no_log_lines,
         "up s": running - t0,
         "kernel cpu %": rate(cpu, w0, w1),

@@ -273,6 +273,7 @@ SCALE_COLUMNS = (("nodes", "nodes", "{:.0f}"), ("run s", "`run()` returned (s)",
                  ("snapshot ms", "a snapshot (ms)", "{:.1f}"), ("panel ms", "the panel from it (ms)", "{:.1f}"),
                  ("panel kB", "the panel (kB)", "{:.1f}"),
                  ("assignments/s", "feed assignments a second", "{:.0f}"),
+                 ("history MB", "history, full (MB)", "{:.0f}"),
                  ("shutdown s", "`shutdown()` (s)", "{:.2f}"), ("failure named s", "a failure named (s)", "{:.2f}"),
                  ("failure raised s", "its error raised (s)", "{:.2f}"), ("mlflow calls", "MLflow calls", "{:.0f}"),
                  ("mlflow metrics", "MLflow metrics", "{:.0f}"))

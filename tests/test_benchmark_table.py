@@ -143,4 +143,8 @@ def test_the_scale_figures_in_the_prose_are_the_measured_ones():
     assert f"about {cell['kernel cpu %']:.0f} %; at 1,024 the driver uses {scale[1024]['driver cpu %']:.0f} %" in arch
     assert f"in batches of 1,000 metrics: {scale[1024]['mlflow calls']:.0f} calls for 1,024 nodes" in arch
     assert f"At 512 nodes an update is about {cell['largest update kB']:.0f} kB" in guide
+    assert f"about {round(scale[512]['assignments/s'], -3):,.0f} a second at 512 nodes" in arch
+    assert f"about {round(scale[1024]['history MB'], -2):.0f} MB at 1,024 nodes" in arch
+    assert f"of 1,024 near {round(scale[1024]['history MB'], -2):.0f} MB" in guide
+    assert f"near {round(scale[512]['history MB'], -1):.0f} MB" in guide
     assert f"| {cell['nodes']:.0f} | {cell['kernel cpu %']:.1f} | {cell['panel updates/s']:.1f} | {cell['panel kB/s']:.1f} |" in docs

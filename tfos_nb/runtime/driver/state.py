@@ -48,7 +48,7 @@ C_STOPPED = "stopped"
 LOG_LINES_KEPT = 2000
 HISTORY_KEPT = 100_000  # reports kept in the chief's metric history (the oldest go first)
 # Every node's history together: a row is about 600 bytes (a report with two metrics and its clocks), so a cluster
-# keeps at most about 250 MB of it.  The chief keeps HISTORY_KEPT; the other nodes share the rest, HISTORY_KEPT
+# keeps at most about 260 MB of it.  The chief keeps HISTORY_KEPT; the other nodes share the rest, HISTORY_KEPT
 # each up to 4 nodes, fewer beyond (512 nodes: the last 587 reports of each worker), never under HISTORY_MIN.
 HISTORY_TOTAL = 400_000
 HISTORY_MIN = 500
