@@ -47,7 +47,7 @@ def run_simulated(sc, n: int):
         try:
             return TFCluster.run(sc, noop, {}, n, num_ps=0, input_mode=TFCluster.InputMode.TENSORFLOW,
                                  master_node="chief", reservation_timeout=60,
-                                 **({"mlflow": MLFLOW} if MLFLOW else {"mlflow": False}))
+                                 mlflow=MLFLOW or False)
         except BaseException:
             sim_nodes.SimLaunch.kill_all()
             raise
