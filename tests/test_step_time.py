@@ -203,3 +203,23 @@ def test_each_nodes_shares_over_the_whole_attempt_for_mlflow():
     got = step_time.per_node(rows)
     assert list(got) == [("chief", 0)]  # the worker has one report: no time between
     assert got[("chief", 0)] == pytest.approx({"input": 0.6, "compute": 0.2, "peers": 0.1, "other": 0.1})
+
+
+def test_the_latest_report_every_heartbeat_carries_is_kept_once_with_clock_rows_between():
+    """A supervisor's heartbeat carries its latest report beside the new ones: a beat with no new report (the
+    node in its validation pass, a tick a second) kept that latest report again once a clock row stood last in
+    the history -- one step with two identical rows (seen in the quickstart's history: 11 epoch ends for 10)."""
+    state, ctl, book = coordinator_state()
+    latest = {"step": 7, "time": 100.0, "metrics": {"loss": 0.5}, "times": totals(5, 4, 0, 3.5)}
+    beat(ctl, 0, report=latest, reports=[{"step": 6, "time": 99.0, "metrics": {"loss": 0.6}, "times": totals(4, 3, 0, 3)},
+                                         latest], phase={"phase": "training", "still_s": 0, "times": totals(5, 4, 0, 3.5)})
+    for k in range(1, 4):  # validating: no new report, the same latest one, a clock row each second
+        beat(ctl, 0, report=latest, phase={"phase": "training", "still_s": k, "times": totals(5 + k, 4, 0, 3.5 + k)})
+    assert [r[4] for r in state.history()] == [6, 7]
+    assert [r[4] for r in state.history_with_times()] == [6, 7, None, None, None]
+    # a peer that sends only its latest report (a parallel run's task) still has each new one kept, once
+    later = {"step": 8, "time": 104.0, "metrics": {"loss": 0.4}}
+    beat(ctl, 1, report=later)
+    beat(ctl, 1, report=later)
+    beat(ctl, 1, report={**later, "step": 9, "time": 105.0})
+    assert [(r[2], r[4]) for r in state.history() if r[2] == 1] == [(1, 8), (1, 9)]

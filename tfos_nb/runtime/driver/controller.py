@@ -221,7 +221,7 @@ class Controller:
                     node.gpus = msg.report["gpus"]
             if msg.reports:
                 st.record_reports(node, msg.reports)
-            elif msg.report.get("time") is not None and (not node.history or node.history[-1][0] != msg.report["time"]):
+            elif msg.report.get("time") is not None and msg.report["time"] != node.last_report_time:
                 st.record_reports(node, [msg.report])  # a peer that sends only its latest report (parallel runs)
             st.record_tick(node, msg.phase.get("times"))  # after the reports: the node's clocks a second apart
             if "value" in msg.returned:

@@ -243,6 +243,9 @@ class NodeRecord:
         self.stacks_asked = 0  # the last stack dump asked of it (Controller.request_stacks)
         self.sample_seen = 0  # the feed sample its supervisor relayed to it (ClusterState.feed_sample_id)
         self.stacks: tuple[int, str] = (0, "")  # the last dump it sent: (id, text)
+        # the "time" of the last report kept: every heartbeat carries the latest one, kept again only if new (a
+        # clock row of record_tick may stand last in the history)
+        self.last_report_time: object = None
 
     @property
     def label(self) -> str:
@@ -516,6 +519,7 @@ class ClusterState:
             metrics: dict[str, Any] = raw if isinstance(raw, dict) else {}
             totals = step_time.valid(r.get("times"))
             node.keep((t, step if isinstance(step, int) else None, metrics, totals))
+            node.last_report_time = r.get("time")
             if totals is not None:
                 node.time_shares = node._time_window.add(totals) or node.time_shares
                 node._last_clock = (t, totals)
