@@ -292,3 +292,47 @@ def test_kill_tree_stops_a_child_that_does_not_lead_its_own_process_group():
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def _frames_read(owner: ChildOwner, *frames) -> None:
+    """``frames`` written to the owner's report pipe and read to the pipe's end, as its reader thread reads them."""
+    from tfos_nb.runtime.protocol import pipes
+
+    read_fd, write_fd = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(write_fd, "wb") as w:
+            for f in frames:
+                w.write(pipes.encode(f))
+
+    writer = threading.Thread(target=write)  # more than a pipe's buffer: written while read
+    writer.start()
+    owner._read_reports(read_fd)  # returns at the pipe's end
+    writer.join()
+
+
+def test_progress_and_phase_frames_wait_for_the_next_beat_and_an_end_wakes_the_owner():
+    """A node reporting each step wrote ~10 report frames a second, and each woke the supervisor into a heartbeat
+    of its own: ~11 beats a second, each decoded and handled by the driver, for what 2 a second carry (its reports
+    kept until the beat).  Progress and phase frames now wait for the beat; what ends the child, a stack dump and a
+    backlog of reports that a beat could not carry still wake it."""
+    from tfos_nb.runtime.executor.supervisor import Supervisor
+    from tfos_nb.runtime.protocol import pipes
+
+    owner = ChildOwner(None, 0, "run:0", hb_interval=0.5, driver_timeout=5)
+    owner.keep_history = Supervisor.keep_history
+    report = {"step": 3, "time": 1.0, "metrics": {"loss": 0.5}}
+    _frames_read(owner, pipes.Ready(data_port=None))
+    assert owner.wake.is_set() and owner.running  # the child runs: told at once
+    owner.wake.clear()
+    _frames_read(owner, pipes.Report(report=report, batch=[report] * 8), pipes.Phase(phase="training", moved_at=1.0))
+    assert not owner.wake.is_set()
+    assert owner.report == report and len(owner.reports) == 8 and owner.phase["phase"] == "training"  # kept for the beat
+    _frames_read(owner, pipes.Phase(phase="training", moved_at=2.0, stacks=True))
+    assert owner.wake.is_set()  # a stack dump someone waits for
+    owner.wake.clear()
+    _frames_read(owner, *[pipes.Report(report=report, batch=[report] * 1000)] * 6)
+    assert owner.wake.is_set()  # more than a beat's worth queued
+    owner.wake.clear()
+    _frames_read(owner, pipes.Finished(value=None))
+    assert owner.wake.is_set() and owner.finished

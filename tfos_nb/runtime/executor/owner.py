@@ -30,6 +30,7 @@ from .threads import thread_env
 LOG_BYTES_PER_BEAT = 64 * 1024
 REPORT_BYTES_PER_BEAT = 256 * 1024  # the metric history; the rest goes with the next beats
 REPORTS_KEPT = 20000
+REPORTS_WAKE = REPORTS_KEPT // 4  # a backlog that beats at their own pace might not carry before the oldest drop
 TAIL_LINES = 100
 # A child whose function returned or raised but whose process lingers (TensorFlow's threads at exit,
 # an import lock held by a thread frozen at interpreter shutdown) is ended after this long.  The longer
@@ -226,6 +227,9 @@ class ChildOwner:
     def _read_reports(self, fd: int) -> None:
         try:
             for msg in pipes.messages(fd, self._bad_frame):
+                # what the driver should hear at once wakes the loop into a beat; progress and phases wait for the
+                # next beat (a node reporting each step wrote ~10 frames a second: a beat each, for what 2 carry)
+                wake = not isinstance(msg, (pipes.Report, pipes.Phase))
                 with self.lock:
                     if isinstance(msg, pipes.Ready):
                         self.data_port = msg.data_port
@@ -234,6 +238,7 @@ class ChildOwner:
                         self.report = dict(msg.report)
                         if self.keep_history:
                             self.reports.extend(msg.batch or [self.report])
+                            wake = len(self.reports) > REPORTS_WAKE  # more than the next beats carry in time
                     elif isinstance(msg, pipes.Failed):
                         self.error = str(msg.error)[:2000]
                         self.ended = True
@@ -253,7 +258,9 @@ class ChildOwner:
                                       "where": str(msg.where)[:200], "times": msg.times}
                         self.phase_at, self._frozen_read = time.monotonic(), False
                         self.stacks_ready = self.stacks_ready or bool(msg.stacks)
-                self.wake.set()
+                        wake = bool(msg.stacks)  # a stack dump someone waits for
+                if wake:
+                    self.wake.set()
         finally:
             os.close(fd)
 
