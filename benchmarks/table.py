@@ -17,6 +17,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -252,12 +253,22 @@ def cpu_table(results: str | None = None) -> str:
             out.append("" if got is None else f"{got:.1f}")
         return out
 
+    def feed_cells(variant: str) -> list[str]:
+        """The feed's CPU (feeding Python workers and JVMs) a 1,000 rows trained: a step trains a global batch."""
+        got = harness.median(1000.0 / batch * (per_step(r["metrics"], "cpu feeders s") + per_step(r["metrics"], "cpu JVMs s"))
+                             for r in doc["runs"] if r["variant"] == variant and r["run"] != "warm-up")
+        return ["" if got is None else f"{got:.1f}"]
+
+    batch = int(re.search(r"global batch (\d+)", doc["setting"]).group(1))
     present = [(v, words) for v, words in CPU_VARIANTS if runs(doc, v, "cpu s")]
-    lines = ["B2, CPU milliseconds a training step, whole run (medians of the runs in `%s`):" % CPU_FILE, "",
-             "| variant | " + " | ".join(words for _, words in CPU_GROUPS) + " | the machine, all processes |",
-             "|---|" + "---|" * (len(CPU_GROUPS) + 1)]
-    lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"])) + " |"
-              for v, words in present]
+    lines = ["B2, CPU milliseconds a training step, whole run (medians of the runs in `%s`; the last column: the "
+             "feeding Python workers' and the JVMs' CPU milliseconds a 1,000 rows trained, %d rows a step):"
+             % (CPU_FILE, batch), "",
+             "| variant | " + " | ".join(words for _, words in CPU_GROUPS)
+             + " | the machine, all processes | the feed, ms a 1,000 rows trained |",
+             "|---|" + "---|" * (len(CPU_GROUPS) + 2)]
+    lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"]) + feed_cells(v))
+              + " |" for v, words in present]
     lines += ["", "The JVMs' part of it, by thread (ms a training step):", "",
               "| variant | " + " | ".join(words for _, words in JVM_THREADS) + " |",
               "|---|" + "---|" * len(JVM_THREADS)]

@@ -148,3 +148,18 @@ def test_the_scale_figures_in_the_prose_are_the_measured_ones():
     assert f"of 1,024 near {round(scale[1024]['history MB'], -2):.0f} MB" in guide
     assert f"near {round(scale[512]['history MB'], -1):.0f} MB" in guide
     assert f"| {cell['nodes']:.0f} | {cell['kernel cpu %']:.1f} | {cell['panel updates/s']:.1f} | {cell['panel kB/s']:.1f} |" in docs
+
+
+def test_the_cpu_table_shows_each_groups_cpu_a_step_and_the_feeds_a_1000_rows_as_the_runs_measured():
+    """B2's CPU table (the deciding figure of the training benchmark): every cell recomputed here from the runs."""
+    doc = json.loads((ROOT / "benchmarks" / "results" / "b2-latest.json").read_text())
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    batch = int(re.search(r"global batch (\d+)", doc["setting"]).group(1))
+    for variant, words in table.CPU_VARIANTS:
+        ms = [{k: 1000.0 * v / r["metrics"]["steps"] for k, v in r["metrics"].items() if k.startswith("cpu ")}
+              for r in doc["runs"] if r["variant"] == variant and r["run"] != "warm-up"]
+        assert len(ms) == 5, variant
+        cells = [statistics.median(m[f"cpu {g} s"] for m in ms) for g in ("nodes", "feeders", "JVMs", "driver")]
+        cells.append(statistics.median(m["cpu s"] for m in ms))
+        cells.append(statistics.median((m["cpu feeders s"] + m["cpu JVMs s"]) * 1000 / batch for m in ms))
+        assert f"| {words} | " + " | ".join(f"{c:.1f}" for c in cells) + " |" in docs, (variant, cells)
