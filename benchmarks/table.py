@@ -19,7 +19,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,19 +245,18 @@ def cpu_table(results: str | None = None) -> str:
     ``memory.CPU_GROUPS``, ``memory.JVM_THREADS``)."""
     doc = load(CPU_FILE, results)
 
-    def cells(variant: str, metrics: Sequence[str]) -> list[str]:
-        out = []
-        for seconds in metrics:
-            got = harness.median(per_step(r["metrics"], seconds) for r in doc["runs"]
-                                 if r["variant"] == variant and r["run"] != "warm-up")
-            out.append("" if got is None else f"{got:.1f}")
-        return out
+    def cell(variant: str, of_run: Callable[[Mapping[str, float]], float | None]) -> str:
+        """The median over the variant's counted runs of ``of_run(metrics)``, as the table shows it."""
+        got = harness.median(of_run(r["metrics"]) for r in doc["runs"] if r["variant"] == variant and r["run"] != "warm-up")
+        return "" if got is None else f"{got:.1f}"
 
-    def feed_cells(variant: str) -> list[str]:
+    def cells(variant: str, metrics: Sequence[str]) -> list[str]:
+        return [cell(variant, lambda m, seconds=seconds: per_step(m, seconds)) for seconds in metrics]
+
+    def feed_per_1000_rows(m: Mapping[str, float]) -> float | None:
         """The feed's CPU (feeding Python workers and JVMs) a 1,000 rows trained: a step trains a global batch."""
-        got = harness.median(1000.0 / batch * (per_step(r["metrics"], "cpu feeders s") + per_step(r["metrics"], "cpu JVMs s"))
-                             for r in doc["runs"] if r["variant"] == variant and r["run"] != "warm-up")
-        return ["" if got is None else f"{got:.1f}"]
+        feeders, jvms = per_step(m, "cpu feeders s"), per_step(m, "cpu JVMs s")
+        return None if feeders is None or jvms is None else 1000.0 / batch * (feeders + jvms)
 
     batch = int(re.search(r"global batch (\d+)", doc["setting"]).group(1))
     present = [(v, words) for v, words in CPU_VARIANTS if runs(doc, v, "cpu s")]
@@ -267,7 +266,7 @@ def cpu_table(results: str | None = None) -> str:
              "| variant | " + " | ".join(words for _, words in CPU_GROUPS)
              + " | the machine, all processes | the feed, ms a 1,000 rows trained |",
              "|---|" + "---|" * (len(CPU_GROUPS) + 2)]
-    lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"]) + feed_cells(v))
+    lines += [f"| {words} | " + " | ".join(cells(v, [f"cpu {g} s" for g, _ in CPU_GROUPS] + ["cpu s"]) + [cell(v, feed_per_1000_rows)])
               + " |" for v, words in present]
     lines += ["", "The JVMs' part of it, by thread (ms a training step):", "",
               "| variant | " + " | ".join(words for _, words in JVM_THREADS) + " |",
