@@ -8,8 +8,9 @@ on the same held-out rows:
 
 * ``single``  -- ``model.fit`` in this process (the same Keras as the nodes: ``tf_keras``);
 * ``native``  -- the same program in 2 processes started by hand with ``TF_CONFIG``, each with its half
-  of the rows in memory, 64 rows a worker a step (``native_b128``: ``.batch(128)`` a worker, a global
-  batch of 256; ``native_untuned``: with the tf.data settings ``as_dataset`` gives, autotuning off);
+  of the rows in memory, 64 rows a worker a step, every row once an epoch (``native_b128``: 128 a worker, a
+  global batch of 256; ``native_untuned``: with the tf.data settings ``as_dataset`` gives, autotuning off;
+  ``native_generator``: untuned, the rows read through ``from_generator`` as ``as_dataset`` reads a feed);
 * ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
   node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
   MultiWorkerMirroredStrategy (``tfos_nb_cache``: ``as_dataset(cache=True)``, one epoch fed;
@@ -311,13 +312,13 @@ class Bench:
         assert rows == self.opts.rows * self.opts.epochs, rows
         return {"wall s": wall, "steps": -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs}
 
-    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False):
+    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, generator=False):
         """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
 
-        Each process batches its rows by ``per_worker_batch``: with auto-sharding off, MultiWorkerMirroredStrategy
-        trains each worker on its dataset's batch as it is (measured: ``.batch(128)`` gives 157 steps an epoch
-        at 40k rows, i.e. a global batch of 256), so the global batch of 128 -- what ``single`` and tfos_nb's
-        ``as_dataset(batch_size=128)`` train on, 313 steps an epoch -- is ``.batch(64)`` on each of 2 workers.
+        Each process trains ``per_worker_batch`` rows a step, every row of its half once an epoch
+        (``native.node``): 64 on each of 2 workers is the global batch of 128 that ``single`` and tfos_nb's
+        ``as_dataset(batch_size=128)`` train on.  ``generator``: the rows through ``from_generator``, a global batch
+        an element, as ``as_dataset`` reads a feed.
         """
         run_dir = tempfile.mkdtemp(dir=self.tmp)
         export_dir = self._export_dir("native")
@@ -325,6 +326,7 @@ class Bench:
             self.native_halves = native.write_shares(self.x_train, self.y_train, NODES, self.tmp)
         wall, chief = native.train(self.native_halves, run_dir, {
             "batch": per_worker_batch, "epochs": self.opts.epochs, "model": self.opts.model, "untuned": untuned,
+            "generator": GLOBAL_BATCH if generator else 0,
             "export_dir": export_dir})
         return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir), "steps": chief["steps"],
                 **({"step ms": 1000 * chief["step"]} if chief["step"] else {})}
@@ -355,7 +357,10 @@ VARIANTS = {
     "native": ("native MWMS (the same program, %d processes started by hand with TF_CONFIG)" % NODES, "native", {}),
     "native_untuned": ("native MWMS with tfos_nb's tf.data settings (autotuning off, on the per-device prefetch too)",
                        "native", {"untuned": True}),
-    "native_b128": ("native MWMS with .batch(%d) on each worker (a global batch of %d: half the steps)"
+    "native_generator": ("native MWMS reading its rows in memory through from_generator, a batch of %d an element "
+                         "(as as_dataset reads a feed), tfos_nb's tf.data settings" % GLOBAL_BATCH, "native",
+                         {"untuned": True, "generator": True}),
+    "native_b128": ("native MWMS with %d rows a worker a step (a global batch of %d: half the steps)"
                     % (GLOBAL_BATCH, GLOBAL_BATCH * NODES), "native", {"per_worker_batch": GLOBAL_BATCH}),
     "tfos_nb": ("tfos_nb (as_dataset + model.fit)", "tfos_nb", {}),
     "spark_read": ("Spark alone: every epoch's rows read into Python workers and dropped (no training)", "spark_read", {}),
