@@ -14,7 +14,10 @@ strategy without ``TF_CONFIG``, one worker), each training on ``--steps`` batche
   ``feed.as_dataset(128)`` is; the strategy then splits each batch between the 2 workers' replicas
   (64 rows a step each) and asks the workers every step whether all of them still have data;
 * ``generator_known``: the same generator wrapped in ``assert_cardinality(steps)``: of known length, its
-  batches are not split (128 rows a step each, half the Keras steps).
+  batches are split as well (64 rows a step each), but Keras counts the epoch in the unsplit batches and
+  stops there: half the Keras steps, half the rows.
+
+On 2 workers the strategy splits every batch between the replicas: ``slices`` trains 32 rows a replica a step.
 
 Each worker warms up (20 steps), reads its RSS, trains, reads its RSS and high-water mark again and
 counts the steps Keras ran (a callback).  Growth per step = (RSS after - RSS before) / steps.
@@ -73,7 +76,7 @@ def worker(dataset: str, steps: int) -> None:
 
             spec = (tf.TensorSpec((None, 784), tf.float32), tf.TensorSpec((None,), tf.int32))
             ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
-            if dataset == "generator_known":  # the same, of known length: the strategy no longer splits a batch
+            if dataset == "generator_known":  # the same, of known length: Keras stops after `n` unsplit batches
                 ds = ds.apply(tf.data.experimental.assert_cardinality(n))
         opts = tf.data.Options()
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -141,8 +144,8 @@ def main() -> None:
     cmd = "PYTHONPATH=. .venv-bench/bin/python benchmarks/bench_mwms_memory.py " + " ".join(sys.argv[1:])
     text = "\n".join([
         f"B5 native reference (MWMS memory against steps, no Spark) -- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{os.cpu_count()} cores; MLP 784-128-10, Adam, tf_keras, 64 rows a worker a step "
-        "(generator with 1 worker, generator_known: 128), 1 intra-op thread",
+        f"{os.cpu_count()} cores; MLP 784-128-10, Adam, tf_keras; rows a replica a step: slices 64 on 1 worker "
+        "and 32 on 2, generator 128 on 1 worker and 64 on 2, generator_known 64 on 2; 1 intra-op thread",
         "",
         "| dataset | workers | Keras steps | RSS before fit (MiB) | after (MiB) | growth (MiB) | KiB a step | ms a step |",
         "|---|---|---|---|---|---|---|---|",

@@ -312,7 +312,7 @@ class Bench:
         assert rows == self.opts.rows * self.opts.epochs, rows
         return {"wall s": wall, "steps": -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs}
 
-    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, generator=False):
+    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, generator=False, known_length=False):
         """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
 
         Each process trains ``per_worker_batch`` rows a step, every row of its half once an epoch
@@ -326,7 +326,7 @@ class Bench:
             self.native_halves = native.write_shares(self.x_train, self.y_train, NODES, self.tmp)
         wall, chief = native.train(self.native_halves, run_dir, {
             "batch": per_worker_batch, "epochs": self.opts.epochs, "model": self.opts.model, "untuned": untuned,
-            "generator": GLOBAL_BATCH if generator else 0,
+            "generator": GLOBAL_BATCH if generator else 0, "known_length": known_length,
             "export_dir": export_dir})
         return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir), "steps": chief["steps"],
                 **({"step ms": 1000 * chief["step"]} if chief["step"] else {})}
@@ -360,6 +360,9 @@ VARIANTS = {
     "native_generator": ("native MWMS reading its rows in memory through from_generator, a batch of %d an element "
                          "(as as_dataset reads a feed), tfos_nb's tf.data settings" % GLOBAL_BATCH, "native",
                          {"untuned": True, "generator": True}),
+    "native_generator_steps": ("native MWMS reading its rows through from_generator, 64 rows a worker an element, "
+                               "repeated, with steps_per_epoch (its length told, as native's)", "native",
+                               {"untuned": True, "generator": True, "known_length": True}),
     "native_b128": ("native MWMS with %d rows a worker a step (a global batch of %d: half the steps)"
                     % (GLOBAL_BATCH, GLOBAL_BATCH * NODES), "native", {"per_worker_batch": GLOBAL_BATCH}),
     "tfos_nb": ("tfos_nb (as_dataset + model.fit)", "tfos_nb", {}),

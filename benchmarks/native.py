@@ -57,7 +57,8 @@ def node(spec_path: str) -> None:
     trains half of each worker's rows an epoch (measured: ``.batch(128)`` on 2 workers, 64 rows a replica, 16 steps
     for 2,000 rows a worker).  ``generator``: the rows through ``from_generator``, ``generator`` rows an element, as
     ``as_dataset`` reads a node's feed (the strategy splits each element across the replicas; its length is unknown,
-    so Keras reads to the end)."""
+    so Keras reads to the end, and the strategy asks every step whether each worker still has data); with ``steps``
+    as well, ``batch`` rows an element, repeated and handed over as the default's are (its length told)."""
     import numpy as np
     from model import build_model, later_epochs_timer
 
@@ -82,7 +83,19 @@ def node(spec_path: str) -> None:
         opts.autotune.enabled = False
         compat.untuned_device_prefetch()
     fit_args: dict[str, Any] = {}
-    if spec.get("generator"):
+    if spec.get("generator") and spec.get("steps"):  # through from_generator, its length told as native's is
+        batch = spec["batch"]
+
+        def replica_batches():
+            for i in range(0, len(y), batch):
+                yield x[i:i + batch], y[i:i + batch]
+
+        share = tf.data.Dataset.from_generator(replica_batches, output_signature=(
+            tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)),
+            tf.TensorSpec((None,), tf.as_dtype(y.dtype)))).repeat().with_options(opts)
+        ds = strategy.distribute_datasets_from_function(lambda _ctx: share)
+        fit_args["steps_per_epoch"] = spec["steps"]
+    elif spec.get("generator"):
         rows = spec["generator"]
 
         def batches():
@@ -137,11 +150,13 @@ def train(shares: Sequence[tuple[str, str]], run_dir: str, spec: dict[str, Any])
 
 def _train_once(shares: Sequence[tuple[str, str]], run_dir: str, spec: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     ports = free_ports(len(shares))
-    if not spec.get("generator"):  # every worker the same steps (its peers wait in each step's collective)
+    # a length told: every worker the same steps (its peers wait for it in each step's collective)
+    if not spec.get("generator") or spec.get("known_length"):
         import numpy as np
 
         rows = max(len(np.load(ys, mmap_mode="r")) for _, ys in shares)
         spec = {**spec, "steps": -(-rows // spec["batch"])}
+        spec.pop("known_length", None)
     env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
                TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
     procs, outs = [], []
