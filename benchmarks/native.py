@@ -82,32 +82,22 @@ def node(spec_path: str) -> None:
 
         opts.autotune.enabled = False
         compat.untuned_device_prefetch()
-    fit_args: dict[str, Any] = {}
-    if spec.get("generator") and spec.get("steps"):  # through from_generator, its length told as native's is
-        batch = spec["batch"]
-
-        def replica_batches():
-            for i in range(0, len(y), batch):
-                yield x[i:i + batch], y[i:i + batch]
-
-        share = tf.data.Dataset.from_generator(replica_batches, output_signature=(
-            tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)),
-            tf.TensorSpec((None,), tf.as_dtype(y.dtype)))).repeat().with_options(opts)
-        ds = strategy.distribute_datasets_from_function(lambda _ctx: share)
-        fit_args["steps_per_epoch"] = spec["steps"]
-    elif spec.get("generator"):
-        rows = spec["generator"]
-
-        def batches():
+    def through_generator(rows: int) -> Any:  # the rows through from_generator, `rows` an element
+        def elements():
             for i in range(0, len(y), rows):
                 yield x[i:i + rows], y[i:i + rows]
 
-        ds = tf.data.Dataset.from_generator(batches, output_signature=(
-            tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)),
-            tf.TensorSpec((None,), tf.as_dtype(y.dtype)))).with_options(opts)
-    else:
-        batch = spec["batch"]
-        share = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat().with_options(opts)
+        return tf.data.Dataset.from_generator(elements, output_signature=(
+            tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.as_dtype(y.dtype))))
+
+    fit_args: dict[str, Any] = {}
+    if spec.get("generator") and not spec.get("steps"):  # as as_dataset: of unknown length, split by the strategy
+        ds = through_generator(spec["generator"]).with_options(opts)
+    else:  # each worker's own rows, `batch` a replica, its length told
+        if spec.get("generator"):
+            share = through_generator(spec["batch"]).repeat().with_options(opts)
+        else:
+            share = tf.data.Dataset.from_tensor_slices((x, y)).batch(spec["batch"]).repeat().with_options(opts)
         ds = strategy.distribute_datasets_from_function(lambda _ctx: share)
         fit_args["steps_per_epoch"] = spec["steps"]
     timer = later_epochs_timer(tf.keras)
