@@ -10,7 +10,8 @@ on the same held-out rows:
 * ``native``  -- the same program in 2 processes started by hand with ``TF_CONFIG``, each with its half
   of the rows in memory, 64 rows a worker a step, every row once an epoch (``native_b128``: 128 a worker, a
   global batch of 256; ``native_untuned``: with the tf.data settings ``as_dataset`` gives, autotuning off;
-  ``native_generator``: untuned, the rows read through ``from_generator`` as ``as_dataset`` reads a feed);
+  ``native_generator``: untuned, the rows read through ``from_generator`` as ``as_dataset`` reads a feed;
+  ``native_generator_steps``: the same, its length told; ``native_generator_chunks``: 8 batches a Python call);
 * ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
   node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
   MultiWorkerMirroredStrategy (``tfos_nb_cache``: ``as_dataset(cache=True)``, one epoch fed;
@@ -312,7 +313,8 @@ class Bench:
         assert rows == self.opts.rows * self.opts.epochs, rows
         return {"wall s": wall, "steps": -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs}
 
-    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, generator=False, known_length=False):
+    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, generator=False, known_length=False,
+               chunk=1):
         """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
 
         Each process trains ``per_worker_batch`` rows a step, every row of its half once an epoch
@@ -326,7 +328,7 @@ class Bench:
             self.native_halves = native.write_shares(self.x_train, self.y_train, NODES, self.tmp)
         wall, chief = native.train(self.native_halves, run_dir, {
             "batch": per_worker_batch, "epochs": self.opts.epochs, "model": self.opts.model, "untuned": untuned,
-            "generator": GLOBAL_BATCH if generator else 0, "known_length": known_length,
+            "generator": GLOBAL_BATCH if generator else 0, "known_length": known_length, "chunk": chunk,
             "export_dir": export_dir})
         return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir), "steps": chief["steps"],
                 **({"step ms": 1000 * chief["step"]} if chief["step"] else {})}
@@ -363,6 +365,9 @@ VARIANTS = {
     "native_generator_steps": ("native MWMS reading its rows through from_generator, 64 rows a worker an element, "
                                "repeated, with steps_per_epoch (its length told, as native's)", "native",
                                {"untuned": True, "generator": True, "known_length": True}),
+    "native_generator_chunks": ("native MWMS reading its rows through from_generator, 8 batches of %d a Python call, "
+                                "batched again by tf.data (of unknown length, as as_dataset)" % GLOBAL_BATCH, "native",
+                                {"untuned": True, "generator": True, "chunk": 8}),
     "native_b128": ("native MWMS with %d rows a worker a step (a global batch of %d: half the steps)"
                     % (GLOBAL_BATCH, GLOBAL_BATCH * NODES), "native", {"per_worker_batch": GLOBAL_BATCH}),
     "tfos_nb": ("tfos_nb (as_dataset + model.fit)", "tfos_nb", {}),

@@ -92,7 +92,12 @@ def node(spec_path: str) -> None:
 
     fit_args: dict[str, Any] = {}
     if spec.get("generator") and not spec.get("steps"):  # as as_dataset: of unknown length, split by the strategy
-        ds = through_generator(spec["generator"]).with_options(opts)
+        rows, chunk = spec["generator"], spec.get("chunk", 1)
+        if chunk > 1:  # `chunk` batches a Python call, batched again by tf.data
+            ds = through_generator(rows * chunk).flat_map(
+                lambda a, b: tf.data.Dataset.from_tensor_slices((a, b)).batch(rows)).with_options(opts)
+        else:
+            ds = through_generator(rows).with_options(opts)
     else:  # each worker's own rows, `batch` a replica, its length told
         if spec.get("generator"):
             share = through_generator(spec["batch"]).repeat().with_options(opts)
