@@ -313,14 +313,12 @@ class Bench:
         assert rows == self.opts.rows * self.opts.epochs, rows
         return {"wall s": wall, "steps": -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs}
 
-    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, generator=False, known_length=False,
-               chunk=1):
+    def native(self, per_worker_batch=GLOBAL_BATCH // NODES, untuned=False, source="slices"):
         """The same program in NODES processes started by hand with TF_CONFIG, each with its half of the rows.
 
         Each process trains ``per_worker_batch`` rows a step, every row of its half once an epoch
         (``native.node``): 64 on each of 2 workers is the global batch of 128 that ``single`` and tfos_nb's
-        ``as_dataset(batch_size=128)`` train on.  ``generator``: the rows through ``from_generator``, a global batch
-        an element, as ``as_dataset`` reads a feed.
+        ``as_dataset(batch_size=128)`` train on.  ``source``: how a worker reads its rows (``native.INPUTS``).
         """
         run_dir = tempfile.mkdtemp(dir=self.tmp)
         export_dir = self._export_dir("native")
@@ -328,7 +326,7 @@ class Bench:
             self.native_halves = native.write_shares(self.x_train, self.y_train, NODES, self.tmp)
         wall, chief = native.train(self.native_halves, run_dir, {
             "batch": per_worker_batch, "epochs": self.opts.epochs, "model": self.opts.model, "untuned": untuned,
-            "generator": GLOBAL_BATCH if generator else 0, "known_length": known_length, "chunk": chunk,
+            "input": source,
             "export_dir": export_dir})
         return {"wall s": wall, "fit s": chief["fit"], "accuracy": self.accuracy(export_dir), "steps": chief["steps"],
                 **({"step ms": 1000 * chief["step"]} if chief["step"] else {})}
@@ -361,13 +359,13 @@ VARIANTS = {
                        "native", {"untuned": True}),
     "native_generator": ("native MWMS reading its rows in memory through from_generator, a batch of %d an element "
                          "(as as_dataset reads a feed), tfos_nb's tf.data settings" % GLOBAL_BATCH, "native",
-                         {"untuned": True, "generator": True}),
+                         {"untuned": True, "source": "generator"}),
     "native_generator_steps": ("native MWMS reading its rows through from_generator, 64 rows a worker an element, "
                                "repeated, with steps_per_epoch (its length told, as native's)", "native",
-                               {"untuned": True, "generator": True, "known_length": True}),
-    "native_generator_chunks": ("native MWMS reading its rows through from_generator, 8 batches of %d a Python call, "
-                                "batched again by tf.data (of unknown length, as as_dataset)" % GLOBAL_BATCH, "native",
-                                {"untuned": True, "generator": True, "chunk": 8}),
+                               {"untuned": True, "source": "generator_steps"}),
+    "native_generator_chunks": ("native MWMS reading its rows through from_generator, %d batches of %d a Python call, "
+                                "batched again by tf.data (of unknown length, as as_dataset)" % (native.CHUNK, GLOBAL_BATCH), "native",
+                                {"untuned": True, "source": "generator_chunks"}),
     "native_b128": ("native MWMS with %d rows a worker a step (a global batch of %d: half the steps)"
                     % (GLOBAL_BATCH, GLOBAL_BATCH * NODES), "native", {"per_worker_batch": GLOBAL_BATCH}),
     "tfos_nb": ("tfos_nb (as_dataset + model.fit)", "tfos_nb", {}),

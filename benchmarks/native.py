@@ -19,6 +19,12 @@ from typing import Any
 
 log = logging.getLogger("bench")
 
+# How a native worker reads its rows (``node``'s ``input``): ``slices`` (the default) and ``generator_steps`` tell the
+# strategy their length; ``generator`` and ``generator_chunks`` do not, as ``as_dataset`` does not
+INPUTS = ("slices", "generator", "generator_steps", "generator_chunks")
+LENGTH_TOLD = ("slices", "generator_steps")
+CHUNK = 8  # generator_chunks: global batches a Python call
+
 
 def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
@@ -55,14 +61,19 @@ def node(spec_path: str) -> None:
     Keras asks for with such a dataset.  Not ``model.fit`` on ``.batch(n)`` with auto-sharding off: the strategy
     splits each of those batches across all replicas, and Keras, which counts an epoch in the unsplit batches, then
     trains half of each worker's rows an epoch (measured: ``.batch(128)`` on 2 workers, 64 rows a replica, 16 steps
-    for 2,000 rows a worker).  ``generator``: the rows through ``from_generator``, ``generator`` rows an element, as
-    ``as_dataset`` reads a node's feed (the strategy splits each element across the replicas; its length is unknown,
-    so Keras reads to the end, and the strategy asks every step whether each worker still has data); with ``steps``
-    as well, ``batch`` rows an element, repeated and handed over as the default's are (its length told)."""
+    for 2,000 rows a worker).  ``input`` (:data:`INPUTS`) ``generator``: the rows through ``from_generator``, a
+    global batch an element, as ``as_dataset`` reads a node's feed (the strategy splits each element across the
+    replicas; its length is unknown, so Keras reads to the end, and the strategy asks every step whether each worker
+    still has data); ``generator_chunks``: the same, :data:`CHUNK` global batches a Python call, batched again by
+    tf.data; ``generator_steps``: ``batch`` rows an element, repeated and handed over as the default's are (its
+    length told)."""
     import numpy as np
     from model import build_model, later_epochs_timer
 
     spec = json.load(open(spec_path))
+    kind, batch = spec.get("input", "slices"), spec["batch"]
+    if kind not in INPUTS:
+        raise ValueError("native: input %r is none of %s" % (kind, ", ".join(INPUTS)))
     import tensorflow as tf
 
     try:
@@ -82,6 +93,7 @@ def node(spec_path: str) -> None:
 
         opts.autotune.enabled = False
         compat.untuned_device_prefetch()
+
     def through_generator(rows: int) -> Any:  # the rows through from_generator, `rows` an element
         def elements():
             for i in range(0, len(y), rows):
@@ -90,21 +102,19 @@ def node(spec_path: str) -> None:
         return tf.data.Dataset.from_generator(elements, output_signature=(
             tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype)), tf.TensorSpec((None,), tf.as_dtype(y.dtype))))
 
+    global_batch = batch * strategy.num_replicas_in_sync
     fit_args: dict[str, Any] = {}
-    if spec.get("generator") and not spec.get("steps"):  # as as_dataset: of unknown length, split by the strategy
-        rows, chunk = spec["generator"], spec.get("chunk", 1)
-        if chunk > 1:  # `chunk` batches a Python call, batched again by tf.data
-            ds = through_generator(rows * chunk).flat_map(
-                lambda a, b: tf.data.Dataset.from_tensor_slices((a, b)).batch(rows)).with_options(opts)
-        else:
-            ds = through_generator(rows).with_options(opts)
-    else:  # each worker's own rows, `batch` a replica, its length told
-        if spec.get("generator"):
-            share = through_generator(spec["batch"]).repeat().with_options(opts)
-        else:
-            share = tf.data.Dataset.from_tensor_slices((x, y)).batch(spec["batch"]).repeat().with_options(opts)
+    if kind in LENGTH_TOLD:  # each worker's own rows, `batch` a replica
+        share = (through_generator(batch) if kind == "generator_steps"
+                 else tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+        share = share.repeat().with_options(opts)
         ds = strategy.distribute_datasets_from_function(lambda _ctx: share)
         fit_args["steps_per_epoch"] = spec["steps"]
+    elif kind == "generator_chunks":  # CHUNK global batches a Python call, batched again by tf.data
+        ds = through_generator(global_batch * CHUNK).flat_map(
+            lambda a, b: tf.data.Dataset.from_tensor_slices((a, b)).batch(global_batch)).with_options(opts)
+    else:  # "generator", as as_dataset: a global batch an element, of unknown length, split by the strategy
+        ds = through_generator(global_batch).with_options(opts)
     timer = later_epochs_timer(tf.keras)
     t_fit = time.time()
     model.fit(ds, epochs=spec["epochs"], verbose=0, callbacks=[timer], **fit_args)
@@ -145,13 +155,11 @@ def train(shares: Sequence[tuple[str, str]], run_dir: str, spec: dict[str, Any])
 
 def _train_once(shares: Sequence[tuple[str, str]], run_dir: str, spec: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     ports = free_ports(len(shares))
-    # a length told: every worker the same steps (its peers wait for it in each step's collective)
-    if not spec.get("generator") or spec.get("known_length"):
+    if spec.get("input", "slices") in LENGTH_TOLD:  # every worker the same steps: its peers wait for it in each step
         import numpy as np
 
         rows = max(len(np.load(ys, mmap_mode="r")) for _, ys in shares)
         spec = {**spec, "steps": -(-rows // spec["batch"])}
-        spec.pop("known_length", None)
     env = dict(os.environ, TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1",
                TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
     procs, outs = [], []
