@@ -28,6 +28,10 @@ from .named_feeds import NamedFeeds, NamedReader
 
 log = logging.getLogger(__name__)
 
+#: ``as_dataset``: batches a Python call hands tf.data at most, when that many are already here (tf.data makes a
+#: tensor of each call's rows and slices the batches in C++: the per-call cost, paid once for them all)
+CHUNK = 8
+
 JAX_REFUSED = ("as_dataset(): Keras' JAX backend across processes (keras.distribution) needs the same number of "
                "batches on every process in every epoch, and a fed node's share of an epoch varies, so its peers "
                "would wait in a collective with no error: feed this job with the TensorFlow backend "
@@ -197,6 +201,10 @@ class DataFeed:
         Stages you add keep working (``num_parallel_calls=tf.data.AUTOTUNE`` then
         gets a fixed parallelism, not a tuned one); ``ds.with_options(o)`` with
         ``o.autotune.enabled = True`` turns it back on.
+
+        The rows reach tf.data through ``from_generator``, whose call costs Python and a tensor made from numpy:
+        a call hands over up to :data:`CHUNK` batches when they are all here already (never waiting for a later
+        one), and tf.data cuts them into the same batches in C++.
         """
         if cache and not epochs_bounded:  # refused before waiting for the first batch
             msg = "as_dataset(cache=True) keeps one epoch; it needs epochs_bounded=True"
@@ -222,26 +230,48 @@ class DataFeed:
                                    "as_dataset(shuffle=...)" if shuffle else "as_dataset(epochs_bounded=False)")
             elements = None
 
+        per_call = CHUNK if feed.train_mode else 1  # batches a call of the generator hands over, when they are here
+
         def gen() -> Iterator[Any]:
             refuse_jax_processes()  # initialize() after as_dataset(): refused at fit's first read
             epoch = [0]
-            index = 0
-            while True:
+            bound = epoch if epochs_bounded else None
+            index = 0  # the epoch's batches taken so far: the ledger's element index
+
+            def take_batch() -> Sequence[tuple[Any, pa.RecordBatch]]:
+                nonlocal index
                 spans: list[tuple[Conn, int, int]] | None = [] if elements is not None else None
-                pieces = feed._take(batch_size, epoch if epochs_bounded else None, spans)
+                pieces = feed._take(batch_size, bound, spans)
+                if pieces and elements is not None and spans is not None:  # logged before TensorFlow has the batch
+                    elements.element(epoch[0], index, [(c.partition, a, b) for c, start, end in spans
+                                                       for a, b in ledger.original(c.skip, start, end)])
+                index += bool(pieces)
+                return pieces
+
+            while True:
+                chunk: list[tuple[Any, pa.RecordBatch]] = []
+                pieces: Sequence[tuple[Any, pa.RecordBatch]] = ()
+                for taken in range(1, per_call + 1):
+                    pieces = take_batch()
+                    chunk.extend(pieces)
+                    # the chunk ends at the share's end or its short last batch, and never waits for a later batch
+                    if sum(p.num_rows for _, p in pieces) < batch_size or taken == per_call or \
+                            not feed._hub.ready(batch_size, bound):
+                        break
+                if chunk:
+                    yield feed._select(chunk, columns)
                 if not pieces:
                     if elements is not None:
                         elements.end(epoch[0], index)
                     if cache:  # later epochs replay the cache: nothing more to read
                         feed.terminate()
                     return
-                if elements is not None and spans is not None:  # logged before TensorFlow has the element
-                    elements.element(epoch[0], index, [(c.partition, a, b) for c, start, end in spans
-                                                       for a, b in ledger.original(c.skip, start, end)])
-                index += 1
-                yield feed._select(pieces, columns)
 
-        ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+        def split(*chunk: Any) -> Any:  # a chunk of whole batches (the share's last may be short) into batches
+            rows = chunk if isinstance(signature, tuple) else chunk[0]
+            return tf.data.Dataset.from_tensor_slices(rows).batch(batch_size)
+
+        ds = tf.data.Dataset.from_generator(gen, output_signature=signature).flat_map(split)
         setattr(ds, mlflow_datasets.MARK, True)  # a one-pass stream: MLflow must not iterate it for a digest
         if cache:
             ds = ds.cache()

@@ -356,6 +356,23 @@ class FeedHub:
         gens = [g for g, q in self._queues.items() if q and (limit is None or g <= limit)]
         return min(gens) if gens else None
 
+    def ready(self, n: int, epoch: list[int] | None = None) -> bool:
+        """Whether a read of ``n`` rows bounded as ``epoch`` would get them all without waiting: that many rows are
+        queued in the generations it may take (``as_dataset`` takes more batches at once only then)."""
+        limit = None if epoch is None else epoch[0]
+        with self._cond:
+            if self.stopped or self.closed:
+                return False
+            got = 0
+            for g, q in self._queues.items():
+                if limit is None or g <= limit:
+                    for kind, _, batch in q:
+                        if kind == "data":
+                            got += batch.num_rows
+                            if got >= n:
+                                return True
+            return False
+
     def take(self, n: int, train_mode: bool, epoch: list[int] | None = None,
              spans: list[tuple[Conn, int, int]] | None = None) -> list[tuple[Conn, pa.RecordBatch]]:
         """Up to ``n`` rows as (connection, batch slice) pieces; ``spans`` gets each piece's connection and its

@@ -217,7 +217,7 @@ class _Cursor:
 
 class NamedReader:
     """A ``DataFeed``'s source for a named feed, shaped as the reading side of :class:`~.feed_hub.FeedHub`
-    (``peek``, ``take``, ``drained``, ``close``, ``answer``): a bounded read (each ``as_dataset()``
+    (``peek``, ``take``, ``ready``, ``drained``, ``close``, ``answer``): a bounded read (each ``as_dataset()``
     iteration) is one pass from the first row; an unbounded one (``next_batch``) reads the share ``passes`` times."""
 
     out_of_step = None
@@ -237,6 +237,10 @@ class NamedReader:
         if pieces:
             return pieces[0][1]
         return feed_plan.sample_row(share.sample) if share.sample else None  # no row here: the set's shape
+
+    def ready(self, n: int, epoch: list[int] | None = None) -> bool:
+        """Always False: ``as_dataset`` reads a named set a batch at a time."""
+        return False
 
     def take(self, n: int, train_mode: bool, epoch: list[int] | None = None) -> list[tuple[None, pa.RecordBatch]]:
         if self._closed and epoch is None:
