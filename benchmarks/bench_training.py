@@ -10,7 +10,7 @@ on the same held-out rows:
 * ``native``  -- the same program in 2 processes started by hand with ``TF_CONFIG``, each with its half
   of the rows in memory, 64 rows a worker a step, every row once an epoch (``native_b128``: 128 a worker, a
   global batch of 256; ``native_untuned``: with the tf.data settings ``as_dataset`` gives, autotuning off;
-  ``native_generator``: untuned, the rows read through ``from_generator`` as ``as_dataset`` reads a feed;
+  ``native_generator``: untuned, the rows read through ``from_generator``, a batch a Python call;
   ``native_generator_steps``: the same, its length told; ``native_generator_chunks``: 8 batches a Python call);
 * ``tfos_nb`` -- its documented form: ``TFCluster.run`` + ``cluster.train(df, num_epochs=E)``, the
   node doing ``model.fit(ctx.get_data_feed().as_dataset(...), epochs=E)`` under
@@ -358,13 +358,16 @@ VARIANTS = {
     "native_untuned": ("native MWMS with tfos_nb's tf.data settings (autotuning off, on the per-device prefetch too)",
                        "native", {"untuned": True}),
     "native_generator": ("native MWMS reading its rows in memory through from_generator, a batch of %d an element "
-                         "(as as_dataset reads a feed), tfos_nb's tf.data settings" % GLOBAL_BATCH, "native",
+                         "(as as_dataset read a feed before it took 8 at once), tfos_nb's tf.data settings" % GLOBAL_BATCH, "native",
                          {"untuned": True, "source": "generator"}),
     "native_generator_steps": ("native MWMS reading its rows through from_generator, 64 rows a worker an element, "
                                "repeated, with steps_per_epoch (its length told, as native's)", "native",
                                {"untuned": True, "source": "generator_steps"}),
+    "native_once": ("native MWMS reading its rows from_tensor_slices, a global batch an element, its length made "
+                    "unknown (as as_dataset, with no Python in the pipeline)", "native", {"untuned": True, "source": "slices_once"}),
     "native_generator_chunks": ("native MWMS reading its rows through from_generator, %d batches of %d a Python call, "
-                                "batched again by tf.data (of unknown length, as as_dataset)" % (native.CHUNK, GLOBAL_BATCH), "native",
+                                "batched again by tf.data (of unknown length), as as_dataset reads a feed"
+                                % (native.CHUNK, GLOBAL_BATCH), "native",
                                 {"untuned": True, "source": "generator_chunks"}),
     "native_b128": ("native MWMS with %d rows a worker a step (a global batch of %d: half the steps)"
                     % (GLOBAL_BATCH, GLOBAL_BATCH * NODES), "native", {"per_worker_batch": GLOBAL_BATCH}),

@@ -20,8 +20,8 @@ from typing import Any
 log = logging.getLogger("bench")
 
 # How a native worker reads its rows (``node``'s ``input``): ``slices`` (the default) and ``generator_steps`` tell the
-# strategy their length; ``generator`` and ``generator_chunks`` do not, as ``as_dataset`` does not
-INPUTS = ("slices", "generator", "generator_steps", "generator_chunks")
+# strategy their length; ``slices_once``, ``generator`` and ``generator_chunks`` do not, as ``as_dataset`` does not
+INPUTS = ("slices", "slices_once", "generator", "generator_steps", "generator_chunks")
 LENGTH_TOLD = ("slices", "generator_steps")
 CHUNK = 8  # generator_chunks: global batches a Python call
 
@@ -66,7 +66,8 @@ def node(spec_path: str) -> None:
     replicas; its length is unknown, so Keras reads to the end, and the strategy asks every step whether each worker
     still has data); ``generator_chunks``: the same, :data:`CHUNK` global batches a Python call, batched again by
     tf.data; ``generator_steps``: ``batch`` rows an element, repeated and handed over as the default's are (its
-    length told)."""
+    length told); ``slices_once``: as ``generator`` with no Python, ``from_tensor_slices`` batched by the global
+    batch, its length made unknown by a ``filter`` that keeps every batch (what an unknown length costs alone)."""
     import numpy as np
     from model import build_model, later_epochs_timer
 
@@ -110,6 +111,9 @@ def node(spec_path: str) -> None:
         share = share.repeat().with_options(opts)
         ds = strategy.distribute_datasets_from_function(lambda _ctx: share)
         fit_args["steps_per_epoch"] = spec["steps"]
+    elif kind == "slices_once":  # as "generator" without Python: a global batch an element, its length made unknown
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).filter(
+            lambda *_: True).with_options(opts)
     elif kind == "generator_chunks":  # CHUNK global batches a Python call, batched again by tf.data
         ds = through_generator(global_batch * CHUNK).flat_map(
             lambda a, b: tf.data.Dataset.from_tensor_slices((a, b)).batch(global_batch)).with_options(opts)
