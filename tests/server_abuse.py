@@ -10,6 +10,7 @@ waits: its CPU time over a window tells a back-off from a spin.
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -79,6 +80,89 @@ def closed_by_server(sock: socket.socket) -> bool:
         return False
     except ConnectionResetError:
         return True
+
+
+class Flood:
+    """Connections opened by uid ``nobody`` at a steady rate (see :func:`flood_as_nobody`)."""
+
+    def __init__(self, pid: int, progress: int, seconds: float) -> None:
+        self._pid, self._progress, self._seconds = pid, progress, seconds
+        self._seen = 0
+        self._ended = False
+
+    def connected(self) -> int:
+        """How many connections it has opened so far."""
+        if self._progress >= 0:
+            try:
+                while chunk := os.read(self._progress, 65536):
+                    self._seen += len(chunk)
+            except BlockingIOError:
+                pass
+        return self._seen
+
+    def wait(self) -> int:
+        """Wait for the flood to end (it ends by itself); how many connections it opened."""
+        from tests.conftest import wait_until
+
+        if not self._ended:
+            ended = wait_until(lambda: os.waitpid(self._pid, os.WNOHANG)[0] == self._pid, self._seconds + 10)
+            if not ended:
+                os.kill(self._pid, 9)
+                os.waitpid(self._pid, 0)
+            self._ended = True
+            assert ended, "the flood did not end in time"
+        count = self.connected()
+        if self._progress >= 0:
+            os.close(self._progress)
+            self._progress = -1
+        return count
+
+
+@contextmanager
+def flood_as_nobody(port: int, rate: float, seconds: float, payload: bytes = b"", sources: int = 8) -> Iterator[Flood]:
+    """As uid ``nobody``: ``rate`` connections a second to 127.0.0.1:``port`` for ``seconds``, from ``sources``
+    source addresses (127.0.0.2, 127.0.0.3, …), each sending ``payload`` (nothing: an idle connection) and then
+    nothing more, all held open until the flood ends.  Bounded: ``rate * seconds`` connections, loopback only."""
+    as_nobody()
+    import fcntl
+
+    total = int(rate * seconds)
+    progress, report = os.pipe()
+
+    def work() -> None:
+        os.close(progress)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < total + 64:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, total + 64), hard))
+        held = []
+        start = time.monotonic()
+        while len(held) < total and time.monotonic() - start < seconds:
+            due = min(total, int((time.monotonic() - start) * rate) + 1)
+            while len(held) < due:
+                s = socket.socket()
+                held.append(s)
+                try:
+                    s.bind((f"127.0.0.{2 + len(held) % sources}", 0))
+                    s.settimeout(1.0)
+                    s.connect(("127.0.0.1", port))
+                    s.setblocking(False)
+                    if payload:
+                        s.send(payload)  # what the kernel takes at once; a closed connection takes nothing
+                except OSError:
+                    pass
+                os.write(report, b".")
+            time.sleep(0.002)  # the pace is the attack itself, not a wait for a condition
+        for s in held:
+            s.close()
+
+    pid = fork_as_nobody(work)
+    os.close(report)
+    fcntl.fcntl(progress, fcntl.F_SETFL, os.O_NONBLOCK)
+    flood = Flood(pid, progress, seconds)
+    try:
+        yield flood
+    finally:
+        flood.wait()
 
 
 def trickle(sock: socket.socket, data: bytes, every: float, limit: float) -> float | None:

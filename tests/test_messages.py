@@ -1,6 +1,7 @@
 import json
 import socket
 import struct
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -174,6 +175,125 @@ def test_server_survives_random_input(server, data):
     _raw(server.address, data)
     assert all(isinstance(x, messages.AwaitSpec) for x in server.seen)
     assert ControlClient(codec("probe"), server.address).request(messages.AwaitSpec(node=0)).ok
+
+
+def test_a_reply_names_the_request_it_answers_inside_its_signature():
+    node, driver = codec("node"), codec("driver")
+    frame, request_id = node.encode_request(messages.AwaitSpec(node=0))
+    msg, answers = driver.decode_request(frame_body(frame))
+    assert msg == messages.AwaitSpec(node=0) and answers == request_id
+    reply = frame_body(driver.encode(messages.Reply(ok=True, body={"x": 1}), answers=answers))
+    assert node.decode_reply(reply, request_id) == messages.Reply(ok=True, body={"x": 1})
+    with pytest.raises(messages.ProtocolError, match="a reply not for this request"):
+        codec("other").decode_reply(reply, codec("other").encode_request(messages.AwaitSpec(node=0))[1])
+    with pytest.raises(messages.ProtocolError, match="a reply where a request was expected"):
+        codec("server").decode(reply)  # nothing reads a reply without the request it answers
+    with pytest.raises(messages.ProtocolError, match="expected a reply"):
+        codec("n").decode_reply(frame_body(frame), request_id)
+    with pytest.raises(ValueError, match="names the request it answers"):
+        driver.encode(messages.Reply(ok=True))
+    tampered = bytearray(reply)
+    at = bytes(tampered).index(answers.encode())
+    tampered[at] ^= 1  # another request's id, without the secret: the signature no longer holds
+    with pytest.raises(messages.ProtocolError, match="bad signature"):
+        codec("n").decode_reply(bytes(tampered), bytes(tampered[at : at + len(answers)]).decode())
+
+
+class _Relay:
+    """Someone on the path between clients and the control server: it records every reply frame the server sends
+    (header included, as on the wire) and can answer a request with a recorded frame instead (``answer_with``), or
+    forward a request and keep its reply from the client, closing the client's connection (``withhold``)."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()
+        self.replies: list[bytes] = []
+        self.answer_with: bytes | None = None
+        self.withhold = False
+        self._socks: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed by close()
+                return
+            self._socks.append(conn)
+            t = threading.Thread(target=self._pump, args=(conn,), daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _pump(self, conn: socket.socket) -> None:
+        try:
+            with conn, socket.create_connection(self.upstream, timeout=5) as up:
+                self._socks.append(up)
+                self._forward(conn, up)
+        except OSError:  # the client went, or close() closed the sockets under it
+            return
+
+    def _forward(self, conn: socket.socket, up: socket.socket) -> None:
+        while True:
+            request = _whole_frame(conn)
+            if self.answer_with is not None:
+                conn.sendall(self.answer_with)
+                continue
+            up.sendall(request)
+            reply = _whole_frame(up)
+            self.replies.append(reply)
+            if self.withhold:
+                return
+            conn.sendall(reply)
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self._socks:
+            s.close()
+        for t in self._threads:
+            t.join(5)
+
+
+def _whole_frame(sock: socket.socket) -> bytes:
+    frame = messages.read_frame(sock)
+    return messages.HEADER.pack(len(frame)) + frame
+
+
+@pytest.fixture
+def relay(server):
+    r = _Relay(server.address)
+    yield r
+    r.close()
+
+
+def test_a_reply_captured_for_one_client_is_refused_by_another(server, relay):
+    """Every feeding task starts a fresh codec: a signed reply meant for one (a redirect, a skip, a kill) must not be
+    accepted by another as the answer to its own request."""
+    a = ControlClient(codec("feeder-p0"), relay.address, timeout=5)
+    b = ControlClient(codec("feeder-p1"), relay.address, timeout=5)
+    assert a.request(messages.AwaitSpec(node=0)).body == {"n": 1}  # the normal request and reply, through the path
+    relay.answer_with = relay.replies[-1]  # A's reply, as it was on the wire
+    with pytest.raises(messages.ProtocolError, match="a reply not for this request"):
+        b.request(messages.AwaitSpec(node=1))
+    assert b._sock is None  # and the connection it came on is closed
+    relay.answer_with = None
+    assert b.request(messages.AwaitSpec(node=2)).body == {"n": 2}  # B's own request, answered by the server
+    assert [m.node for m in server.seen] == [0, 2]
+
+
+def test_a_reply_is_refused_as_the_answer_to_a_later_request_of_the_same_client(server, relay):
+    """The path keeps a reply from its client, then hands it over as the answer to the client's next request."""
+    a = ControlClient(codec("feeder-p0"), relay.address, timeout=5)
+    relay.withhold = True
+    with pytest.raises(ConnectionError):
+        a.request(messages.AwaitSpec(node=0))  # the server answered; the client never saw it
+    relay.withhold, relay.answer_with = False, relay.replies[-1]
+    with pytest.raises(messages.ProtocolError, match="a reply not for this request"):
+        a.request(messages.AwaitSpec(node=1))
+    relay.answer_with = None
+    assert a.request(messages.AwaitSpec(node=2)).body == {"n": 2}
+    assert [m.node for m in server.seen] == [0, 2]
 
 
 # The node function is pickled on the driver and reaches the node inside Spark's own task

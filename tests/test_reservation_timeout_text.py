@@ -31,7 +31,7 @@ def test_the_architecture_page_states_the_bounds_the_code_has():
     from pathlib import Path
 
     from tfos_nb.runtime.driver import state as cluster_state
-    from tfos_nb.runtime.protocol.channel import MAX_UNVERIFIED
+    from tfos_nb.runtime.protocol.unverified import MAX_UNVERIFIED
 
     text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text().split())
     assert f"secret ({MAX_UNVERIFIED} at once" in text

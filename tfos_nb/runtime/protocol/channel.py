@@ -6,14 +6,15 @@ cluster to form polls (``AwaitSpec``) and gets ``ok=False, body={"retry": …}``
 until it is complete.  A frame that fails verification is logged, counted and
 its connection closed; the server goes on serving everybody else.
 
-Anyone who can reach the port can connect, so what a connection costs before it
-proves it holds the cluster's secret (its first verified frame) is bounded: it
-must complete that frame within :data:`FIRST_FRAME_DEADLINE_S` of being
-accepted, at most :data:`MAX_UNVERIFIED` such connections are kept (a new one
-beyond that closes the oldest, once a read of it found no verified frame), and when the process runs out of file
-descriptors the server stops accepting for ``net.ACCEPT_BACKOFF_S`` instead of
-retrying at once.  Verified connections (supervisors, feeding tasks) are never
-timed out.
+Anyone who can reach the port can connect: what a connection costs before it
+proves it holds the cluster's secret (its first verified frame) is bounded as
+:mod:`.unverified` explains -- a deadline, a pool whose oldest is closed at once
+when a new one comes, and a budget of buffered bytes -- and the server never
+stops accepting because of them.  The listener is read at most
+:data:`ACCEPTS_PER_WAKE` times a turn of the loop, so verified peers are served
+between batches of a flood; when the process runs out of file descriptors the
+server stops accepting for ``net.ACCEPT_BACKOFF_S`` instead of retrying at
+once.  Verified connections (supervisors, feeding tasks) are never timed out.
 """
 
 from __future__ import annotations
@@ -28,31 +29,24 @@ from collections.abc import Callable
 
 from ..net import ACCEPT_BACKOFF_S, ACCEPT_PER_CONNECTION
 from . import messages
+from .unverified import FIRST_FRAME_DEADLINE_S, REJECT_LOG_INTERVAL_S, UNVERIFIED_BYTES, Rejections, pool_size
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[messages.Message], messages.Reply]
 
-# A peer sends its first frame as soon as it connects; this bounds how long a connection that never
-# sends a complete, verified one (idle, or a byte at a time) holds a descriptor and its buffer.
-FIRST_FRAME_DEADLINE_S = 10.0
-# Unverified connections kept at once (each may buffer up to MAX_FRAME): beyond it the oldest is closed once it
-# is EVICT_AFTER (a share of the deadline) old, so a flood of idle connections cannot keep a peer that sends its
-# frame at once from being served; a younger one is waited for, the listener paused and the rest queued in its
-# backlog (hundreds of nodes connect at once, each frame a moment behind its connection).
-MAX_UNVERIFIED = 32
-EVICT_AFTER = 0.1  # of the first-frame deadline: 1 s by default
+ACCEPTS_PER_WAKE = 64  # then the loop serves the other ready connections before accepting more
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "peer", "since", "deadline", "events")
+    __slots__ = ("sock", "inbuf", "outbuf", "peer", "held", "deadline", "events")
 
-    def __init__(self, sock: socket.socket, peer: str, since: float, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
         self.sock = sock
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.peer = peer
-        self.since = since  # when it was accepted
+        self.held = 0  # bytes it counts in the server's unverified_bytes (while it is unverified)
         self.deadline: float | None = deadline  # None once it sent a verified frame
         self.events = selectors.EVENT_READ  # what the selector watches it for
 
@@ -68,15 +62,16 @@ class ControlServer:
         on_tick: Callable[[], None] | None = None,
         *,
         first_frame_deadline: float = FIRST_FRAME_DEADLINE_S,
-        max_unverified: int = MAX_UNVERIFIED,
+        max_unverified: int | None = None,
+        reject_log_interval: float = REJECT_LOG_INTERVAL_S,
     ) -> None:
         self._codec = codec
         self._first_frame_deadline = first_frame_deadline
-        self._max_unverified = max_unverified
+        self.max_unverified = pool_size() if max_unverified is None else max_unverified
         self._unverified: collections.OrderedDict[_Conn, None] = collections.OrderedDict()  # oldest first
         self._accept_paused_until: float | None = None
         self._accept_failing = False
-        self._paused_full = False  # accepting paused until an unverified connection proves itself, goes or ages
+        self._rejections = Rejections(log, reject_log_interval)
         self._handler = handler
         self._on_tick = on_tick
         self._host = host
@@ -90,6 +85,7 @@ class ControlServer:
         self.rejected = 0
         self.accepted = 0
         self.timed_out = 0  # unverified connections closed at the deadline or to make room
+        self.unverified_bytes = 0  # what unverified connections buffer together (at most UNVERIFIED_BYTES)
         self.accept_errors = 0
         self.address: tuple[str, int] | None = None
 
@@ -171,9 +167,11 @@ class ControlServer:
                         if mask & selectors.EVENT_WRITE and conn.sock.fileno() != -1:
                             self._write(conn)
                 self._expire(time.monotonic())
+                self._rejections.flush(time.monotonic())
         except Exception:  # pragma: no cover - a bug in the loop must not go unseen
             log.exception("control server loop crashed")
         finally:
+            self._rejections.flush(time.monotonic(), force=True)
             for key in list(sel.get_map().values()):
                 try:
                     key.fileobj.close()  # type: ignore[union-attr]
@@ -206,40 +204,39 @@ class ControlServer:
         if self._accept_paused_until is not None and now >= self._accept_paused_until:
             self._resume_accepting()
 
-    def _pause_accepting(self, until: float, *, full: bool) -> None:
+    def _pause_accepting(self, until: float) -> None:
         assert self._sel is not None and self._listener is not None
         self._sel.unregister(self._listener)
         self._accept_paused_until = until
-        self._paused_full = full
 
     def _resume_accepting(self) -> None:
         assert self._sel is not None and self._listener is not None
         self._accept_paused_until = None
-        self._paused_full = False
         self._sel.register(self._listener, selectors.EVENT_READ, None)
 
     def _unverified_gone(self, conn: _Conn) -> None:
-        """``conn`` proved itself or was closed: when accepting waits for room, there is room now."""
+        """``conn`` proved itself or was closed: it no longer counts against the pool nor the byte budget."""
         if conn in self._unverified:
             del self._unverified[conn]
-            if self._paused_full:
-                self._resume_accepting()
+            self.unverified_bytes -= conn.held
+            conn.held = 0
 
-    def _room_for_one_more(self) -> bool:
-        """Room for one more unverified connection: the oldest, read first (its frame may have come), is closed
-        when it is :data:`EVICT_AFTER` of the deadline old; a younger one is waited for -- accepting pauses until
-        it is that old, or until a connection proves itself or closes."""
-        while len(self._unverified) >= self._max_unverified:
+    def _make_room(self) -> None:
+        """Room in the pool for one more unverified connection: the oldest is read first (its frame may have come
+        since the selector said so), and closed if it still has not proved itself."""
+        while len(self._unverified) >= self.max_unverified:
             oldest = next(iter(self._unverified))
             self._read(oldest)
-            if oldest not in self._unverified:
-                continue
-            evict_at = oldest.since + EVICT_AFTER * self._first_frame_deadline
-            if time.monotonic() < evict_at:
-                self._pause_accepting(evict_at, full=True)
-                return False
-            self._drop_unverified(oldest, "too many unverified connections")
-        return True
+            if oldest in self._unverified:
+                self._drop_unverified(oldest, "too many unverified connections")
+
+    def _shed_bytes(self) -> None:
+        """Over :data:`UNVERIFIED_BYTES`: close the oldest unverified connections holding bytes until under it."""
+        for conn in list(self._unverified):
+            if self.unverified_bytes <= UNVERIFIED_BYTES:
+                return
+            if conn.held:
+                self._drop_unverified(conn, "too many bytes buffered by unverified connections")
 
     def _drop_unverified(self, conn: _Conn, why: str) -> None:
         self.timed_out += 1
@@ -248,7 +245,7 @@ class ControlServer:
 
     def _accept(self) -> None:
         assert self._listener is not None and self._sel is not None
-        while self._room_for_one_more():
+        for _ in range(ACCEPTS_PER_WAKE):
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -263,13 +260,13 @@ class ControlServer:
                     log.warning("tfos_nb control server: cannot accept connections (%s); retrying every %g s",
                                 exc, ACCEPT_BACKOFF_S)
                 self._accept_failing = True
-                self._pause_accepting(time.monotonic() + ACCEPT_BACKOFF_S, full=False)
+                self._pause_accepting(time.monotonic() + ACCEPT_BACKOFF_S)
                 return
             self._accept_failing = False
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            now = time.monotonic()
-            conn = _Conn(sock, f"{addr[0]}:{addr[1]}", now, now + self._first_frame_deadline)
+            self._make_room()
+            conn = _Conn(sock, f"{addr[0]}:{addr[1]}", time.monotonic() + self._first_frame_deadline)
             self._unverified[conn] = None
             self._sel.register(sock, selectors.EVENT_READ, conn)
             self._read(conn)  # its frame is often there already: verified before the next one is accepted
@@ -285,7 +282,7 @@ class ControlServer:
 
     def _reject(self, conn: _Conn, why: str) -> None:
         self.rejected += 1
-        log.warning("tfos_nb control server: rejected a message from %s: %s", conn.peer, why)
+        self._rejections.add(conn.peer, why, time.monotonic())
         self._close(conn)
 
     def _read(self, conn: _Conn) -> None:
@@ -300,6 +297,13 @@ class ControlServer:
             self._close(conn)
             return
         conn.inbuf += data
+        if conn.deadline is not None:
+            conn.held += len(data)
+            self.unverified_bytes += len(data)
+            if self.unverified_bytes > UNVERIFIED_BYTES:
+                self._shed_bytes()
+                if conn not in self._unverified:
+                    return
         while len(conn.inbuf) >= messages.HEADER.size:
             (n,) = messages.HEADER.unpack_from(conn.inbuf)
             if n > messages.MAX_FRAME:
@@ -310,7 +314,7 @@ class ControlServer:
             frame = bytes(conn.inbuf[messages.HEADER.size : messages.HEADER.size + n])
             del conn.inbuf[: messages.HEADER.size + n]
             try:
-                msg = self._codec.decode(frame)
+                msg, request_id = self._codec.decode_request(frame)
             except messages.ProtocolError as exc:
                 self._reject(conn, str(exc))
                 return
@@ -326,7 +330,7 @@ class ControlServer:
             except Exception as exc:  # a handler bug answers the request, not the server
                 log.exception("control handler failed on %s", msg.TYPE)
                 reply = messages.Reply(ok=False, error=f"{type(exc).__name__}: {exc}")
-            conn.outbuf += self._codec.encode(reply)
+            conn.outbuf += self._codec.encode(reply, answers=request_id)
             self._write(conn)
 
     def _write(self, conn: _Conn) -> None:
@@ -360,19 +364,19 @@ class ControlClient:
         self._lock = threading.Lock()
 
     def request(self, msg: messages.Message) -> messages.Reply:
+        """Send ``msg`` and return the reply to it: any other frame (a reply to another request, replayed or meant
+        for another peer, included) is a ``ProtocolError``, and closes the connection."""
         with self._lock:
             if self._sock is None:
                 self._sock = socket.create_connection(self._address, timeout=self._timeout)
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                self._sock.sendall(self._codec.encode(msg))
-                reply = self._codec.decode(messages.read_frame(self._sock))
+                frame, request_id = self._codec.encode_request(msg)
+                self._sock.sendall(frame)
+                return self._codec.decode_reply(messages.read_frame(self._sock), request_id)
             except BaseException:
                 self.close_locked()
                 raise
-        if not isinstance(reply, messages.Reply):
-            raise messages.ProtocolError(f"expected a reply, got {reply.TYPE}")
-        return reply
 
     def close_locked(self) -> None:
         if self._sock is not None:

@@ -8,7 +8,12 @@ to the executors inside Spark's task closure; it never crosses our sockets.
 Decoding is strict: the MAC is checked before the JSON is parsed, the envelope
 must carry the right protocol version and cluster id, a sender's sequence
 numbers must grow (replays are refused) and every message type is a frozen
-dataclass whose required fields are type-checked.  Unknown keys are ignored,
+dataclass whose required fields are type-checked.  A request's id is its
+sender and sequence number (the sender's name ends in 128 random bits); the
+reply to it names that id inside the signed envelope (``re``), and a client
+accepts a reply only as the answer to the very request it just sent
+(:meth:`Codec.decode_reply`), so a reply cannot be replayed to another peer or
+as the answer to a later request.  Unknown keys are ignored,
 so a newer peer can add fields.  Nothing here ever unpickles.
 
 A :class:`Reply` carries one typed body per request (:class:`NodeSpec`,
@@ -50,7 +55,7 @@ from .bodies import (  # re-exported: every wire type is reachable as messages.X
 from .fields import ProtocolError, to_plain_dict
 from .fields import from_dict as _from_dict
 
-PROTOCOL_VERSION = 2  # 2: typed reply bodies, epoch (was gen) in heartbeat commands, FeedRelease.error_kind
+PROTOCOL_VERSION = 3  # 3: a reply names the request it answers; 2: typed reply bodies, epoch in heartbeat commands
 MAC_SIZE = 32
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 20  # control messages are small; logs are capped per heartbeat
@@ -205,7 +210,9 @@ class Codec:
     """Signs and verifies frames for one cluster.
 
     One codec per endpoint.  ``sender`` names this endpoint; its sequence numbers
-    grow strictly so that a replayed frame is refused by the receiver.
+    grow strictly so that a replayed frame is refused by the receiver.  A client
+    sends with :meth:`encode_request` and reads the answer with :meth:`decode_reply`;
+    a server reads with :meth:`decode_request` and answers with ``encode(reply, answers=…)``.
     """
 
     def __init__(self, secret: bytes, cluster_id: str, sender: str) -> None:
@@ -213,13 +220,24 @@ class Codec:
             raise ValueError("the cluster secret must be at least 16 bytes")
         self._secret = secret
         self.cluster_id = cluster_id
-        self.sender = f"{sender}/{os.urandom(6).hex()}"
+        self.sender = f"{sender}/{os.urandom(16).hex()}"  # unique: a request's id (sender#seq) is a nonce
         self._seq = 0
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[int, float]] = {}  # sender -> (last seq, newest ts)
         self._prune_at = SEEN_PRUNE_AT  # the table's size at which stale senders are next forgotten
 
-    def encode(self, msg: Message) -> bytes:
+    def encode(self, msg: Message, *, answers: str | None = None) -> bytes:
+        """One signed frame, its length header included.  A :class:`Reply` names the request it ``answers`` (the id
+        :meth:`decode_request` gave); a request names none."""
+        return self._encode(msg, answers)[0]
+
+    def encode_request(self, msg: Message) -> tuple[bytes, str]:
+        """A request's frame and its id: :meth:`decode_reply` accepts only the reply that names this id."""
+        return self._encode(msg, None)
+
+    def _encode(self, msg: Message, answers: str | None) -> tuple[bytes, str]:
+        if isinstance(msg, Reply) != (answers is not None):
+            raise ValueError(f"a reply, and only a reply, names the request it answers (a {msg.TYPE} with {answers!r})")
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -232,14 +250,34 @@ class Codec:
             "type": msg.TYPE,
             "body": msg.to_dict(),
         }
+        if answers is not None:
+            env["re"] = answers
         body = json.dumps(env, separators=(",", ":"), allow_nan=False).encode()
         frame = sign(self._secret, body) + body
         if len(frame) > MAX_FRAME:
             raise ValueError(f"control message too large ({len(frame)} bytes)")
-        return HEADER.pack(len(frame)) + frame
+        return HEADER.pack(len(frame)) + frame, _request_id(self.sender, seq)
 
     def decode(self, frame: bytes) -> Message:
-        """Verify and decode one frame (without its length header)."""
+        """Verify and decode one request frame (without its length header); a reply is refused here."""
+        return self._decode(frame, None)[0]
+
+    def decode_request(self, frame: bytes) -> tuple[Message, str]:
+        """Verify and decode one request frame; returns it and its id, which the reply to it names."""
+        return self._decode(frame, None)
+
+    def decode_reply(self, frame: bytes, answers: str) -> Reply:
+        """Verify and decode the reply to the request whose id is ``answers`` (from :meth:`encode_request`).
+
+        Any other frame is a :class:`ProtocolError`, a reply to another request too: one meant for another
+        peer, or for an earlier request of this one.
+        """
+        msg = self._decode(frame, answers)[0]
+        assert isinstance(msg, Reply)  # _decode checked its type
+        return msg
+
+    def _decode(self, frame: bytes, answers: str | None) -> tuple[Message, str]:
+        """``answers``: None where a request is expected, else the id of the request whose reply is."""
         if len(frame) > MAX_FRAME:
             raise ProtocolError("frame too large")
         if len(frame) <= MAC_SIZE:
@@ -264,6 +302,14 @@ class Codec:
             raise ProtocolError("bad envelope")
         if abs(time.time() - ts) > MAX_CLOCK_SKEW_S:
             raise ProtocolError("stale message")
+        kind = env.get("type")
+        if answers is None and kind == Reply.TYPE:
+            raise ProtocolError("a reply where a request was expected")
+        if answers is not None:
+            if kind != Reply.TYPE:
+                raise ProtocolError(f"expected a reply, got {kind!r}")
+            if env.get("re") != answers:
+                raise ProtocolError("a reply not for this request (replayed, or meant for another peer)")
         with self._lock:
             last, newest = self._seen.get(sender, (0, ts))
             if seq <= last:
@@ -274,13 +320,13 @@ class Codec:
                 # next time at twice the senders still remembered: a cluster of more live nodes than
                 # SEEN_PRUNE_AT does not walk the table on every message (amortised O(1))
                 self._prune_at = max(SEEN_PRUNE_AT, 2 * len(self._seen))
-        cls = _TYPES.get(str(env.get("type")))
+        cls = _TYPES.get(str(kind))
         if cls is None:
-            raise ProtocolError(f"unknown message type {env.get('type')!r}")
+            raise ProtocolError(f"unknown message type {kind!r}")
         data = env.get("body")
         if not isinstance(data, dict):
             raise ProtocolError("body is not an object")
-        return _from_dict(cls, data)
+        return _from_dict(cls, data), _request_id(sender, seq)
 
     def _forget_stale_senders(self) -> None:
         """Drop senders whose newest message is already stale: any replay of theirs is refused by its
@@ -289,6 +335,10 @@ class Codec:
         now = time.time()
         for sender in [s for s, (_, newest) in self._seen.items() if now - newest > MAX_CLOCK_SKEW_S]:
             del self._seen[sender]
+
+
+def _request_id(sender: str, seq: int) -> str:
+    return f"{sender}#{seq}"
 
 
 def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
