@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from tfos_nb.runtime.executor.partition_batches import without
-from tfos_nb.runtime.recovery import ledger
+from tfos_nb.runtime.recovery import files, ledger
 from tfos_nb.runtime.recovery.folder import JobBackups
 
 
@@ -53,7 +53,7 @@ def test_the_feeder_leaves_out_the_skipped_rows_across_its_batches():
 
 
 def _backup(folder, seq, attempt, epoch, steps, epoch_end=False, spe=2):
-    open(ledger.weights_path(folder, seq), "wb").close()
+    ledger.save_weights(folder, seq, lambda f: None)
     ledger.commit(folder, ledger.Backup(seq, attempt, epoch, steps, 10 * seq, epoch_end, spe, 0.01))
 
 
@@ -139,11 +139,12 @@ def test_only_the_newest_backups_are_kept(tmp_path):
 def test_the_job_folder_is_private_and_removed_at_the_end(tmp_path):
     backups = JobBackups.open("local-cluster[2,1,1024]", str(tmp_path / "root"))
     assert stat.S_IMODE(os.stat(backups.folder).st_mode) == 0o700
-    assert backups.attempt(1) == {ledger.ENV_DIR: backups.folder}
+    owner = {files.ENV_OWNER: str(os.geteuid())}
+    assert backups.attempt(1) == {ledger.ENV_DIR: backups.folder, **owner}
     assert backups.describe() == "from the first step (no backup yet)"
     _backup(backups.folder, 1, 1, 2, 0, epoch_end=True)
     env = backups.attempt(2)
-    assert env == {ledger.ENV_DIR: backups.folder, ledger.ENV_SEQ: "1"}
+    assert env == {ledger.ENV_DIR: backups.folder, ledger.ENV_SEQ: "1", **owner}
     assert backups.describe() == "from the backup at the start of epoch 4 (global step 10)"
     backups.close()
     assert not os.path.exists(backups.folder) and os.path.isdir(tmp_path / "root")

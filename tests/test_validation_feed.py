@@ -210,8 +210,9 @@ def test_spool_keeps_each_partition_once(tmp_path):
     pass_one, pass_two = [0], [0]
     assert [b.column(0).to_pylist() for _, b in reader.take(3, True, pass_one)] == [[1, 2], [3]]
     assert [b.column(0).to_pylist() for _, b in reader.take(3, True, pass_two)] == [[1, 2], [3]]  # its own pass
-    assert [b.column(0).to_pylist() for _, b in reader.take(3, True, pass_one)] == [[7]]
-    assert reader.take(3, True, pass_one) == []
+    assert reader.take(3, True, pass_one) == []  # cut short (validation_steps): it ended when the next began
+    assert [b.column(0).to_pylist() for _, b in reader.take(3, True, pass_two)] == [[7]]
+    assert reader.take(3, True, pass_two) == []
     rows = []
     while not reader.drained():
         rows += [v for _, b in reader.take(2, True) for v in b.column(0).to_pylist()]
@@ -240,6 +241,50 @@ def test_spool_keeps_each_partition_once(tmp_path):
     feeds.update({"test": {"version": 4, "parts": [], "passes": 1, "sample": {}}})  # no partition of it came here
     feeds.close()
     assert not tmp_path.exists()
+
+
+def test_passes_cut_short_are_freed_when_the_next_begins(tmp_path):
+    """Keras' ``validation_steps`` stops each epoch's pass over the set early: the pass before is freed when the
+    next begins (its file closed, its batch dropped), so 60 epochs keep one pass and one file open, not 60; a full
+    pass still reads every row once."""
+    import socket
+
+    import pyarrow as pa
+
+    from tfos_nb.runtime.executor.feed_conn import Conn
+    from tfos_nb.runtime.executor.named_feeds import NamedFeeds, NamedReader
+
+    feeds = NamedFeeds("worker:0", lambda: False, root=str(tmp_path))
+    for partition in (0, 1):
+        a, b = socket.socketpair()
+        b.close()
+        conn = Conn(a, {"partition": partition, "gen": 1, "feed": "validation"})
+        for lo in range(0, 40, 10):
+            feeds.put(conn, 1, pa.record_batch([pa.array(range(100 * partition + lo, 100 * partition + lo + 10))],
+                                               names=["id"]))
+        feeds.end_conn(conn)
+    feeds.update({"validation": {"version": 1, "parts": [0, 1], "passes": 1, "sample": {}}})
+    reader = NamedReader(feeds, "validation")
+
+    def open_files():  # this process's descriptors on the set's files
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path))
+            except OSError:  # closed meanwhile
+                pass
+        return n
+
+    before = open_files()
+    for _ in range(60):
+        assert [b.num_rows for _, b in reader.take(15, True, [0])] == [10, 5]  # a step's batch, then Keras stops
+    assert open_files() - before <= 1 and len(reader._passes) <= 1
+    whole, rows = [0], []
+    while pieces := reader.take(15, True, whole):
+        rows += [v for _, b in pieces for v in b.column(0).to_pylist()]
+    assert rows == [*range(40), *range(100, 140)]
+    assert open_files() == before and reader._passes == {}
+    feeds.close()
 
 
 def _mappings(batches):

@@ -8,6 +8,9 @@ file of this user's with no other name; it is made mode 0600 whatever the umask.
 
 What leaves this machine from a folder (an MLflow upload of a SavedModel or a TensorBoard log
 directory) is copied by :func:`copy_plain_tree`: regular files only, never through a link.
+
+A child process's temporary files (a node's named sets, deterministic mode's early partitions) live in
+a :class:`PrivateTmp` its owner removes; what an owner killed with its child left is swept by the next.
 """
 
 from __future__ import annotations
@@ -171,3 +174,87 @@ def _copy_fd(fd: int, path: str, mode: int) -> None:
     with os.fdopen(out, "wb") as w, os.fdopen(os.dup(fd), "rb") as r:
         shutil.copyfileobj(r, w)
         os.fchmod(w.fileno(), mode | stat.S_IRUSR)
+
+
+PRIVATE_PREFIX = "tfos_nb-child-"  # a child's private temporary folder, in the temporary directory
+PRIVATE_LOCK = ".owner.lock"  # in it: locked (flock) by the folder's owner for as long as it lives
+
+
+class PrivateTmp:
+    """A child's private temporary folder (``0700``, the child's ``TMPDIR``): what the child keeps on disk (a
+    node's named sets and deterministic mode's early partitions, TensorFlow's own temporary files) goes with it.
+
+    The owner removes it once it has seen the child end, however it ended (returned, raised, killed by SIGKILL).
+    An owner that could not (itself killed, the machine stopped) leaves it behind: the next child started on the
+    host sweeps every folder of this user whose lock nobody holds.  The owner holds an advisory lock on a file in
+    the folder for its life, from the folder's first moment under its name (it is made under another name and
+    renamed once locked), so a live owner's folder is never swept, in whatever process namespace that owner runs.
+    """
+
+    def __init__(self, base: str) -> None:
+        sweep_private_tmp(base)
+        making = tempfile.mkdtemp(prefix=".tfos_nb-new-", dir=base)
+        try:
+            self._lock: int | None = os.open(os.path.join(making, PRIVATE_LOCK),
+                                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+            self.path = os.path.join(base, PRIVATE_PREFIX + os.path.basename(making)[len(".tfos_nb-new-"):])
+            os.rename(making, self.path)
+        except OSError:
+            shutil.rmtree(making, ignore_errors=True)
+            raise
+
+    def remove(self) -> None:
+        """The folder and all in it go (idempotent)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            os.close(lock)
+
+
+def temp_base(env: dict[str, str]) -> str:
+    """Where a child's private folder goes: under the ``TMPDIR`` its environment names, else this process's."""
+    wanted = env.get("TMPDIR")
+    return wanted if wanted and os.path.isdir(wanted) else tempfile.gettempdir()
+
+
+def sweep_private_tmp(base: str) -> list[str]:
+    """Remove the private folders under ``base`` left by owners that are gone (no process holds their lock); the
+    names removed.  Only this user's folders, never through a link; another user's, or a live owner's, stay."""
+    try:
+        base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    removed = []
+    try:
+        for name in os.listdir(base_fd):
+            if name.startswith(PRIVATE_PREFIX) and _owner_gone(base_fd, name):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)  # refuses a link, follows none in it
+                removed.append(name)
+    finally:
+        os.close(base_fd)
+    return removed
+
+
+def _owner_gone(base_fd: int, name: str) -> bool:
+    """Whether ``name`` is a folder of this user whose lock file nobody holds."""
+    try:
+        folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=base_fd)
+    except OSError:  # a link, a file, gone meanwhile
+        return False
+    try:
+        if os.fstat(folder).st_uid != os.getuid():
+            return False
+        try:
+            lock = os.open(PRIVATE_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner lives
+            return False
+        finally:
+            os.close(lock)
+        return True
+    finally:
+        os.close(folder)

@@ -8,7 +8,9 @@ running when Spark has fewer slots than partitions — and under a synchronous s
 this one to step, would never read on either.  So Spark runs a node's later partitions as fast as it computes
 them, and the node keeps them: in memory up to ``TFOS_NB_FEED_HOLD_MB`` (256 MB) of held batches, then in an Arrow
 file per partition in a private temporary folder (as Spark spills a shuffle), read back in order when its turn
-comes and removed once read.  A spilled partition joins the queue once all of it arrived.
+comes and removed once read.  A spilled partition joins the queue once all of it arrived.  The folder is under
+the node's ``TMPDIR``, which its owner removes however the node ends (:class:`~..private.PrivateTmp`): a node
+killed with SIGKILL leaves none of it.
 
 Not thread-safe on its own: the :class:`~.feed_hub.FeedHub` calls it with its lock held.
 """

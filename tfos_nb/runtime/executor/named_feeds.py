@@ -3,7 +3,8 @@
 The training rows stream through the :class:`~.feed_hub.FeedHub` epoch by epoch and are read once.  A named
 feed (``train(df, validation=val_df)``, ``feeds={"test": test_df}``, TensorFlowOnSpark's ``qname``) is a set:
 Keras validates on the same rows at every epoch's end.  So the driver feeds its partitions once, before the
-training epochs, and each lands in a file of this node's private folder (Arrow IPC, written as it arrives):
+training epochs, and each lands in a file of this node's private folder (Arrow IPC, written as it arrives; the
+folder is under the node's ``TMPDIR``, removed by its owner however the node ends: :class:`~..private.PrivateTmp`):
 its feeding job never waits for the node's function, so it holds no Spark task slot a training epoch needs,
 and a node that validates only every other epoch (``validation_freq``) leaves nothing waiting.  Every
 iteration of ``as_dataset()`` reads the node's share from its first row; ``next_batch`` reads it ``passes``
@@ -25,21 +26,25 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pyarrow as pa
 
+from ..private import make_dirs
 from . import feed_plan
 from .feed_conn import Conn
 
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: what names a feed, the driver's check and the node's alike: it names the set's folder on each node, so never
+#: a path (``/``, NUL) nor ``.`` or ``..`` (the node's folder itself, or the one above it)
+NAME = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.-]{1,64}")
 
 
 def check_name(name: Any) -> str:
-    """``name`` when it can name a feed (letters, digits, ``_.-``, up to 64); ValueError otherwise."""
+    """``name`` when it can name a feed (:data:`NAME`); ValueError otherwise."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise ValueError(f"a feed's name is letters, digits, '_', '.' or '-' (up to 64), got {name!r}")
+        raise ValueError(f"a feed's name is letters, digits, '_', '.' or '-' (up to 64), other than '.' and '..', "
+                         f"got {name!r}")
     return name
 
 
@@ -49,7 +54,7 @@ class Share:
     def __init__(self, name: str, version: int, paths: list[str], passes: int, sample: dict[str, Any]) -> None:
         self.name, self.version, self.paths, self.passes, self.sample = name, version, paths, passes, sample
 
-    def batches(self, passes: int) -> Iterator[pa.RecordBatch]:
+    def batches(self, passes: int) -> Generator[pa.RecordBatch, None, None]:
         """The share's batches, ``passes`` times, read into memory of this process: never a memory map, whose
         read-only pages TensorFlow would write into when it reuses an input tensor's buffer (SIGSEGV)."""
         for _ in range(passes):
@@ -114,10 +119,11 @@ class NamedFeeds:
         entry = self._writing.get(id(conn))
         if entry is None:
             folder = self._folder(conn.feed, gen)
-            os.makedirs(folder, mode=0o700, exist_ok=True)
+            make_dirs(folder)  # 0700, as the node's folder above it
             final = os.path.join(folder, f"p{conn.partition}.arrow")
-            temporary = f"{final}.{id(conn)}.part"
-            sink = pa.OSFile(temporary, "wb")
+            temporary = f"{final}.{id(conn)}.part"  # new, 0600, never through a link
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            sink = pa.PythonFile(os.fdopen(fd, "wb"), mode="w")
             entry = (sink, pa.ipc.new_file(sink, batch.schema), temporary, final)
             self._writing[id(conn)] = entry
         entry[1].write_batch(batch)
@@ -196,6 +202,12 @@ class _Cursor:
         self._left: pa.RecordBatch | None = None
         self.done = False
 
+    def close(self) -> None:
+        """The read ends here: its file is closed, the part of a batch it kept is dropped."""
+        self._batches.close()  # the generator leaves its ``with``: the file closes
+        self._left = None
+        self.done = True
+
     def take(self, n: int) -> list[tuple[None, pa.RecordBatch]]:
         pieces: list[tuple[None, pa.RecordBatch]] = []
         got = 0
@@ -218,7 +230,10 @@ class _Cursor:
 class NamedReader:
     """A ``DataFeed``'s source for a named feed, shaped as the reading side of :class:`~.feed_hub.FeedHub`
     (``peek``, ``take``, ``ready``, ``drained``, ``close``, ``answer``): a bounded read (each ``as_dataset()``
-    iteration) is one pass from the first row; an unbounded one (``next_batch``) reads the share ``passes`` times."""
+    iteration) is one pass from the first row; an unbounded one (``next_batch``) reads the share ``passes`` times.
+
+    A pass cut short (Keras' ``validation_steps``) is freed when the next pass begins (its file closed, its batch
+    dropped): a read of it after that ends it.  So a reader keeps one pass open, however many epochs validate."""
 
     out_of_step = None
 
@@ -228,6 +243,7 @@ class NamedReader:
         self._last_pass = 0
         self._read: _Cursor | None = None
         self._closed = False
+        self._lock = threading.Lock()  # tf.data's threads: a pass is never freed while another thread reads it
 
     def peek(self) -> pa.RecordBatch | None:
         share = self._feeds.share(self.name)
@@ -248,26 +264,40 @@ class NamedReader:
         share = self._feeds.share(self.name)
         if share is None:
             return []
-        if epoch is None:
-            if self._read is None or (self._read.done and self._read.version != share.version):
-                self._read = _Cursor(share, share.passes)
-            return self._read.take(n)
-        if not epoch[0]:
-            self._last_pass += 1
-            epoch[0] = self._last_pass
-            self._passes[epoch[0]] = _Cursor(share, 1)
-        cursor = self._passes.get(epoch[0])
-        pieces = cursor.take(n) if cursor is not None else []
-        if not pieces:
-            self._passes.pop(epoch[0], None)
-        return pieces
+        with self._lock:
+            if epoch is None:
+                if self._read is None or (self._read.done and self._read.version != share.version):
+                    if self._read is not None:
+                        self._read.close()
+                    self._read = _Cursor(share, share.passes)
+                return self._read.take(n)
+            if not epoch[0]:
+                self._last_pass += 1
+                epoch[0] = self._last_pass
+                self._free_passes()
+                self._passes[epoch[0]] = _Cursor(share, 1)
+            cursor = self._passes.get(epoch[0])
+            pieces = cursor.take(n) if cursor is not None else []
+            if not pieces and cursor is not None:
+                self._passes.pop(epoch[0]).close()
+            return pieces
+
+    def _free_passes(self) -> None:
+        """Every pass begun so far ends (lock held)."""
+        for cursor in self._passes.values():
+            cursor.close()
+        self._passes.clear()
 
     def drained(self) -> bool:
         return self._closed or (self._read is not None and self._read.done)
 
     def close(self, error: str | None = None) -> None:
-        """``terminate()``: sequential reads end (nothing is fed to answer; the set stays for ``as_dataset()``)."""
-        self._closed = True
+        """``terminate()``: sequential reads end, their file closed (nothing is fed to answer; the set stays for
+        ``as_dataset()``, whose passes read on)."""
+        with self._lock:
+            self._closed = True
+            if self._read is not None:
+                self._read.close()
 
     def answer(self, results: Any) -> None:
         raise ValueError(f"batch_results(): the feed {self.name!r} is a set to read; results answer inference "

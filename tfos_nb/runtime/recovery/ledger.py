@@ -16,6 +16,9 @@ Files (one folder per job, made ``0700`` by the driver; a POSIX path every node 
 ``attempt-<A>.json``
     the driver's: the epoch attempt ``A`` started at, and which rows of it that attempt did not feed again.
 
+Every use of the folder, the driver's and each node's, goes through :mod:`.files` (the folder checked, its files
+never opened through a link); a file that is not what tfos_nb wrote is one ValueError naming it.
+
 The rule that makes the log a ledger: under a synchronous strategy, ``tf.distribute`` splits each element a
 node's dataset yields into ``num_replicas_in_sync`` pieces and the node's replicas take their pieces in one
 step, so a node takes one element every ``steps_per_element`` (= replicas in sync / local replicas) steps.
@@ -30,10 +33,11 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import IO, Any
 
-from ..private import write_atomic
+from . import files
 
 #: set by the driver on every node of a job with retries: its backup folder
 ENV_DIR = "TFOS_BACKUP_DIR"
@@ -116,58 +120,102 @@ class Backup:
         return f"epoch {self.epoch + 1}, step {self.steps} (global step {self.global_step})"
 
 
-def weights_path(folder: str, seq: int) -> str:
-    return os.path.join(folder, f"weights-{seq}.npz")
+def _weights(seq: int) -> str:
+    return f"weights-{seq}.npz"
 
 
-def _state_path(folder: str, seq: int) -> str:
-    return os.path.join(folder, f"state-{seq}.json")
+def _state(seq: int) -> str:
+    return f"state-{seq}.json"
 
 
-def write_json(path: str, body: Mapping[str, Any]) -> None:
-    """``body`` as ``path``, whole or not at all (:func:`..private.write_atomic`)."""
-    write_atomic(path, json.dumps(body))
+def save_weights(folder: str, seq: int, write: Callable[[IO[bytes]], Any]) -> None:
+    """Backup ``seq``'s weights, which ``write`` writes to the file it is given, in place (whole or not at all);
+    the backup exists once :func:`commit` says so."""
+    with files.opened(folder) as dir_fd:
+        files.write_atomic(folder, dir_fd, _weights(seq), write)
+
+
+@contextmanager
+def open_weights(folder: str, seq: int) -> Iterator[IO[bytes]]:
+    """Backup ``seq``'s weights, to read."""
+    with files.opened(folder) as dir_fd:
+        try:
+            fd = files.open_file(folder, dir_fd, _weights(seq), os.O_RDONLY)
+        except FileNotFoundError:
+            raise files.refused(folder, f"lacks {_weights(seq)}, the weights of backup {seq}") from None
+    with os.fdopen(fd, "rb") as f:
+        yield f
 
 
 def commit(folder: str, backup: Backup) -> None:
     """Make ``backup`` (its weights already in place) the newest; remove backups older than the last :data:`KEEP`."""
-    write_json(_state_path(folder, backup.seq), dataclasses.asdict(backup))
-    for old in backups(folder)[KEEP:]:
-        for path in (_state_path(folder, old.seq), weights_path(folder, old.seq)):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+    body = json.dumps(dataclasses.asdict(backup)).encode()
+    with files.opened(folder) as dir_fd:
+        files.write_atomic(folder, dir_fd, _state(backup.seq), lambda f: f.write(body))
+        for old in _backups(folder, dir_fd)[KEEP:]:
+            for name in (_state(old.seq), _weights(old.seq)):
+                with suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dir_fd)
 
 
 def backups(folder: str) -> list[Backup]:
     """The backups in ``folder``, newest first."""
-    found = []
-    for name in os.listdir(folder):
-        match = re.fullmatch(r"state-(\d+)\.json", name)
-        if match:
-            with open(os.path.join(folder, name)) as f:
-                found.append(Backup(**json.load(f)))
+    with files.opened(folder) as dir_fd:
+        return _backups(folder, dir_fd)
+
+
+def _backups(folder: str, dir_fd: int) -> list[Backup]:
+    found = [_load_backup(folder, dir_fd, int(m.group(1)))
+             for m in (re.fullmatch(r"state-(\d+)\.json", name) for name in os.listdir(dir_fd)) if m]
     return sorted(found, key=lambda b: b.seq, reverse=True)
 
 
 def backup(folder: str, seq: int) -> Backup:
-    with open(_state_path(folder, seq)) as f:
-        return Backup(**json.load(f))
+    with files.opened(folder) as dir_fd:
+        return _load_backup(folder, dir_fd, seq)
+
+
+_COUNTS = ("seq", "attempt", "epoch", "steps", "global_step", "steps_per_element")
+
+
+def _load_backup(folder: str, dir_fd: int, seq: int) -> Backup:
+    """Backup ``seq``'s state file, decoded strictly (unknown keys aside): one :func:`.files.refused` error otherwise."""
+    try:
+        text = files.read(folder, dir_fd, _state(seq))
+    except FileNotFoundError:
+        raise files.refused(folder, f"lacks {_state(seq)}, the state of backup {seq}") from None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        why = "it is not a JSON object"
+    elif bad := [k for k in _COUNTS if type(body.get(k)) is not int or body[k] < 0]:
+        why = f"its {bad[0]} is {body.get(bad[0])!r}, not a count"
+    elif type(body.get("epoch_end")) is not bool or type(body.get("saved_s")) not in (int, float):
+        why = "its epoch_end or saved_s is missing or of another type"
+    elif body["seq"] != seq:
+        why = f"it says backup {body['seq']}"
+    else:
+        return Backup(**{k: body[k] for k in _COUNTS}, epoch_end=body["epoch_end"], saved_s=float(body["saved_s"]))
+    raise files.refused(folder, f"holds {_state(seq)}, which is not a backup's state ({why})")
 
 
 class ElementLog:
     """A fed node's element log for one attempt (the node's side of the ledger)."""
 
     def __init__(self, folder: str, attempt: int, label: str) -> None:
-        name = re.sub(r"[^A-Za-z0-9]", "", label)
-        self.path = os.path.join(folder, f"elements-a{attempt}-{name}.jsonl")
+        files.check_folder(folder)  # a folder replaced since the driver made it is said when the feed is made
+        self.folder, self.name = folder, f"elements-a{attempt}-{re.sub(r'[^A-Za-z0-9]', '', label)}.jsonl"
+        self.path = os.path.join(folder, self.name)
         self._file: Any = None
         self.inexact: str | None = None
 
     def _write(self, body: Mapping[str, Any]) -> None:
-        if self._file is None:
-            self._file = open(self.path, "a")  # noqa: SIM115 - open for the process's life, flushed per line
+        if self._file is None:  # open for the process's life, flushed per line
+            with files.opened(self.folder) as dir_fd:
+                fd = files.open_file(self.folder, dir_fd, self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._file.write(json.dumps(body, separators=(",", ":")) + "\n")
         self._file.flush()  # in the OS's hands before TensorFlow has the element: a killed process loses nothing
 
@@ -191,28 +239,50 @@ class _NodeLog:
     inexact: str | None = None
 
 
+def _log_line(line: str) -> dict[str, Any] | None:
+    """A line of an element log as :class:`ElementLog` writes it; None for anything else (a line cut by the kill:
+    it was never handed to TensorFlow)."""
+    try:
+        body = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    if "inexact" in body:
+        return body
+    if type(body.get("g")) is not int:
+        return None
+    if "end" in body:
+        return body if type(body["end"]) is int else None
+    spans = body.get("s")
+    whole = type(body.get("i")) is int and isinstance(spans, list) and all(
+        isinstance(s, list) and len(s) == 3 and all(type(v) is int for v in s) for s in spans)
+    return body if whole else None
+
+
 def _read_logs(folder: str, attempt: int) -> dict[str, _NodeLog]:
     logs: dict[str, _NodeLog] = {}
-    for name in os.listdir(folder):
-        match = re.fullmatch(rf"elements-a{attempt}-(\w+)\.jsonl", name)
-        if not match:
-            continue
-        log = logs.setdefault(match.group(1), _NodeLog())
-        with open(os.path.join(folder, name)) as f:
-            for line in f:
-                try:
-                    body = json.loads(line)
-                except ValueError:  # a line cut by the kill: it was never handed to TensorFlow
-                    break
-                if "inexact" in body:
-                    log.inexact = str(body["inexact"])
-                elif "end" in body:
-                    log.ends[int(body["g"])] = int(body["end"])
-                else:
-                    elements = log.elements.setdefault(int(body["g"]), [])
-                    if int(body["i"]) != len(elements):
-                        break  # not in order: trust nothing after it
-                    elements.append(body["s"])
+    with files.opened(folder) as dir_fd:
+        for name in os.listdir(dir_fd):
+            match = re.fullmatch(rf"elements-a{attempt}-(\w+)\.jsonl", name)
+            if not match:
+                continue
+            log = logs.setdefault(match.group(1), _NodeLog())
+            fd = files.open_file(folder, dir_fd, name, os.O_RDONLY)
+            with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    body = _log_line(line)
+                    if body is None:  # trust nothing after it
+                        break
+                    if "inexact" in body:
+                        log.inexact = str(body["inexact"])
+                    elif "end" in body:
+                        log.ends[body["g"]] = body["end"]
+                    else:
+                        elements = log.elements.setdefault(body["g"], [])
+                        if body["i"] != len(elements):
+                            break  # not in order: trust nothing after it
+                        elements.append(body["s"])
     return logs
 
 
@@ -226,19 +296,26 @@ class Start:
     seq: int = 0  # the backup it restored (0: none)
 
     def save(self, folder: str) -> None:
-        write_json(os.path.join(folder, f"attempt-{self.attempt}.json"),
-                   {"attempt": self.attempt, "epoch": self.epoch, "seq": self.seq,
-                    "skip": {str(p): [list(r) for r in rs] for p, rs in self.skip.items()}})
+        body = json.dumps({"attempt": self.attempt, "epoch": self.epoch, "seq": self.seq,
+                           "skip": {str(p): [list(r) for r in rs] for p, rs in self.skip.items()}}).encode()
+        with files.opened(folder) as dir_fd:
+            files.write_atomic(folder, dir_fd, f"attempt-{self.attempt}.json", lambda f: f.write(body))
 
     @classmethod
     def load(cls, folder: str, attempt: int) -> Start:
-        path = os.path.join(folder, f"attempt-{attempt}.json")
-        if not os.path.exists(path):
-            return cls(attempt, 0, {})
-        with open(path) as f:
-            body = json.load(f)
-        return cls(attempt, int(body["epoch"]), {int(p): [(int(a), int(b)) for a, b in rs]
-                                                 for p, rs in body["skip"].items()}, int(body.get("seq", 0)))
+        name = f"attempt-{attempt}.json"
+        with files.opened(folder) as dir_fd:
+            try:
+                text = files.read(folder, dir_fd, name)
+            except FileNotFoundError:
+                return cls(attempt, 0, {})
+        try:
+            body = json.loads(text)
+            skip = {int(p): [(int(a), int(b)) for a, b in rs] for p, rs in body["skip"].items()}
+            return cls(attempt, int(body["epoch"]), skip, int(body.get("seq", 0)))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            raise files.refused(folder, f"holds {name}, which is not an attempt's start ({why})") from None
 
 
 def trained(folder: str, b: Backup) -> dict[int, list[Range]] | None:
