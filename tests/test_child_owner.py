@@ -58,6 +58,7 @@ class Driver:
     def __init__(self) -> None:
         self.beats: list[messages.Heartbeat] = []
         self.kill_after_report = False
+        self.kill_on_failure = False  # as the cluster's driver does: a node that failed fails the job, which kills it
         self.lock = threading.Lock()
         self.server = ControlServer(messages.Codec(SECRET, "c1", "driver"), self.handle, "127.0.0.1")
         self.server.start()
@@ -67,6 +68,8 @@ class Driver:
         with self.lock:
             self.beats.append(msg)
         if self.kill_after_report and msg.report.get("step") == 1:
+            return messages.Reply(ok=True, body={"kill": True, "grace": 0.5})
+        if self.kill_on_failure and msg.state == "failed":
             return messages.Reply(ok=True, body={"kill": True, "grace": 0.5})
         return messages.Reply(ok=True, body={})
 
@@ -151,6 +154,34 @@ def test_a_child_whose_function_failed_and_that_lingers_is_ended_and_reported_fa
     assert driver.states()[-1] == "failed"
     assert driver.beats[-1].error == "ValueError: boom"
     assert any("ValueError: boom" in line for line in driver.beats[-1].tail)
+
+
+def test_a_function_that_raised_is_reported_at_once_though_its_process_cannot_exit(driver, tmp_path):
+    """The function raised, but a thread of its (TensorFlow's collectives, its gRPC server, the user's) keeps the
+    process from exiting: the driver hears of the failure at once, with the error and the traceback's last lines,
+    not after the linger (issue 67, finding 8: a worker's error never reported, the job "running" until shutdown's
+    timeout).  The linger here is longer than the wait: only the report at the function's end can pass."""
+    driver.kill_on_failure = True
+    owner = _owner(driver, "raises_and_lingers", {}, tmp_path)
+    owner.linger_s = 120
+    outcome: list[tuple[str, int | None]] = []
+    supervising = threading.Thread(target=lambda: outcome.append(_to_the_end(owner)), daemon=True)
+    t0 = time.monotonic()
+    supervising.start()
+    try:
+        told = wait_until(lambda: next((b for b in list(driver.beats) if b.state == "failed"), None), 30)
+        took = time.monotonic() - t0
+        supervising.join(10)
+    finally:
+        owner.kill(grace=0)  # before the fix: the child lingers; end it for the next test
+        supervising.join(10)
+    assert told, driver.states()[-5:]
+    assert told.error == "ValueError: boom"
+    assert any("in raises_and_lingers" in line for line in told.tail), told.tail  # the traceback came with it
+    assert any(line == "ValueError: boom" for line in told.tail), told.tail
+    assert took < 30
+    assert outcome and outcome[0][0] == "failed", outcome  # ended by the driver's kill, as failed
+    assert driver.beats[-1].state == "failed" and driver.beats[-1].error == "ValueError: boom"
 
 
 def test_a_stopped_child_is_ended_and_reported_failed(driver, tmp_path):

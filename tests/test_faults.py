@@ -248,6 +248,98 @@ def test_a_function_whose_thread_never_ends_is_ended_and_says_which_thread(sc, n
            "finishes", took)
 
 
+def raises_while_held(args, ctx):
+    """worker:0 starts a thread that never ends (not a daemon: Python waits for it at exit, as TensorFlow's
+    collectives and gRPC server can keep a process) and raises; the chief waits to be stopped."""
+    import threading as th
+    import time as t
+
+    if ctx.job_name == "worker":
+        th.Thread(target=th.Event().wait, name="collective-executor").start()
+        print(f"raising (t={t.time():.3f})", flush=True)
+        raise ValueError("injected failure while a thread holds the process")
+    th.Event().wait(600)
+
+
+def test_a_function_that_raised_is_reported_though_its_process_cannot_exit(sc, no_leaks):
+    """Issue 67, finding 8: the function's end reaches the driver when it happens, not when its process exits.
+    Before, the driver heard of worker:0's error only once its owner ended the lingering process, LINGER_S (10 s)
+    later (and never, where the report was lost: the job "running" until shutdown's timeout)."""
+    from tfos_nb.runtime.executor.owner import LINGER_S
+
+    with pytest.raises(TFCluster.TFClusterError) as info:  # from run() itself, or from shutdown()
+        cluster = run(sc, raises_while_held, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.TENSORFLOW)
+        cluster.shutdown(timeout=120)
+    took = time.time() - float(re.search(r"\(t=([0-9.]+)\)", str(info.value)).group(1))
+    text = str(info.value)
+    assert text.startswith("worker:0 failed on host "), text
+    assert "ValueError: injected failure while a thread holds the process" in text
+    assert "in raises_while_held" in text, text  # the traceback's last lines came with it
+    assert took < LINGER_S, took  # told at the function's end, not by the linger's kill
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    figure("worker:0's function raises while a non-daemon thread keeps its process alive",
+           "TFClusterError naming worker:0 + host + traceback at the function's end (before: after the 10 s "
+           "linger, or never when the process could not be reported)", took)
+
+
+def uneven_rows(partition: int) -> list:
+    """Partition 0 holds 64 rows, partition 1 256: one node's input runs out four times sooner than its peer's."""
+    import numpy as np
+
+    x = np.random.default_rng(partition).normal(size=((64, 256)[partition], 8)).astype("float32")
+    return [(r.tolist(), float(r[:2].sum() > 0)) for r in x]
+
+
+def fit_more_steps_than_fed(args, ctx):
+    """A tutorial's MultiWorkerMirroredStrategy program (tf_keras) on the feed, asking fit for more steps than fed."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+    ds = ctx.get_data_feed().as_dataset(batch_size=32, columns=(0, 1)).repeat()
+    model.fit(ds, epochs=1, steps_per_epoch=100, callbacks=[ctx.progress_callback()], verbose=0)
+
+
+# issue 41's bound for naming a fault (the feed's AHEAD_S, 10 s, plus heartbeats and the kill)
+RAN_OUT_NAMED_WITHIN_S = 30
+
+
+def test_a_node_whose_input_runs_out_before_its_peers_is_named(spark, sc, no_leaks):
+    """Issue 67, finding 8: ``fit(ds.repeat(), steps_per_epoch=100)`` on 64 and 256 fed rows.  The node given 64
+    read them and asked for more while its peer took its 256 into its pipeline and waits for it in a step's
+    collective; the stop then ended the read, moving the node to other collectives: both "running", the job ended
+    by ``shutdown()``'s timeout with no error (every run of this layout).  Now the node is named, with its rows."""
+    shares = [uneven_rows(0), uneven_rows(1)]  # built here: Spark's Python workers cannot import the tests
+    df = spark.createDataFrame(sc.parallelize(shares, 2).flatMap(list), "x array<float>, y float").cache()
+    assert df.rdd.glom().map(len).collect() == [64, 256]
+    cluster = run(sc, fit_more_steps_than_fed, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.SPARK)
+    fed: list[float] = []
+    with pytest.raises(TFCluster.TFClusterError) as info:
+        try:
+            cluster.train(df, num_epochs=1, feed_timeout=150)
+        finally:
+            fed.append(time.monotonic())
+            cluster.shutdown(timeout=60)  # before the fix: TimeoutError after 60 s
+    named = time.monotonic() - fed[0]
+    text = str(info.value)
+    found = re.match(r"^(chief|worker):0 failed on host ", text)
+    assert found, text
+    label = f"{found.group(1)}:0"
+    assert f"FeedOutOfStep: {label} read its feed out of step: it asked for epoch 2, and the job feeds 1 epochs" in text
+    assert "its input ran out before theirs: it had read all 64 rows fed to it in epoch 1 and asked for more" in text
+    assert "steps_per_epoch" in text, text
+    assert named <= RAN_OUT_NAMED_WITHIN_S, named
+    assert wait_until(lambda: not runtime_processes(), 15), runtime_processes()
+    assert wait_until(lambda: no_spark_jobs_left(sc), 10)
+    figure("MultiWorkerMirroredStrategy, `fit(ds.repeat(), steps_per_epoch=100)` on 64 and 256 fed rows (one node's "
+           "input runs out while its peer steps)",
+           "TFClusterError \"X:0 failed …: FeedOutOfStep: X:0 read its feed out of step: it asked for epoch 2, and "
+           "the job feeds 1 epochs; … its input ran out before theirs: it had read all 64 rows fed to it in epoch 1 "
+           "and asked for more …\" (before: both nodes \"running\" until shutdown's timeout, no error)", named)
+
+
 def runs_out(args, ctx):
     """A fed reader that, at step 3 on worker:0, does what ``args['fault']`` says: allocate past its memory limit,
     or write past a full disk."""

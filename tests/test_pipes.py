@@ -21,6 +21,7 @@ EXAMPLES = [
     pipes.Finished(),
     pipes.FeedClosed(),
     pipes.FeedDropped(gen=2, partition=5, rows=1200),
+    pipes.FeedPast(epoch=4, rows=960),
     pipes.FeedOpened(name="validation"),
     pipes.Phase(phase="building the strategy", moved_at=1700000000.5, stacks=True),
     pipes.EpochDone(epoch=3),

@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..executor import phases
+from ..executor.feed_plan import AHEAD_S, out_of_step_message
 from ..gpus import assign as assign_gpus
 from ..net import hostport
 from ..protocol import messages
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 # A training partition's feeding task started again by Spark is refused this long after it first asks: a lost
 # executor's node fails meanwhile (its supervisor sees the JVM gone within a heartbeat), and that error comes first.
 REFED_GRACE_S = 2.0
+STEPPING = (phases.FIRST_STEP, phases.TRAINING)  # a node in a step: under a synchronous strategy, in its collectives
 
 
 def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions, *, input_mode_spark: bool,
@@ -91,6 +94,8 @@ class Controller:
         self._sets = FeedSets()  # named feeds: sets fed once (a validation set), kept by the nodes
         # (epoch, partition) cut short or asked for again -> (its node, rows that reached it if known, when heard of)
         self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
+        # node -> (epoch, rows, when heard): a read of the node waits past the running train()'s epochs (_ran_out)
+        self._past: dict[int, tuple[int, int, float]] = {}
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
         self._handlers: dict[type, Callable[[Any], messages.Reply]] = {
@@ -208,6 +213,10 @@ class Controller:
             if msg.feed.get("closed"):
                 node.feed_closed = True
             self._feeds_dropped(node, msg.feed.get("dropped"))
+            past = msg.feed.get("past")
+            if isinstance(past, list) and len(past) == 2 and all(type(v) is int for v in past) \
+                    and self._past.get(node.index, (0,))[0] != past[0]:
+                self._past[node.index] = (past[0], past[1], self.clock())
             if isinstance(msg.feed.get("sets_read"), list):
                 self._sets.read_by(node.index, [str(n) for n in msg.feed["sets_read"]])
             stalls.apply_news(node, msg.phase, msg.stacks, self.clock())
@@ -424,9 +433,42 @@ class Controller:
                 n.tail = list(n.logs)[-20:]
                 self._fail(f"{n.label} lost")
                 changed = True
+            changed = self._ran_out(now) or changed
         if changed:
             st.notify()
         st.tell_held()
+
+    def _ran_out(self, now: float) -> bool:
+        """Fail the node whose input ran out before its peers' (lock held; whether it did).
+
+        The running ``train()``'s epochs are all taken from the nodes' feeds, but not all stepped: a node's read
+        has waited :data:`~..executor.feed_plan.AHEAD_S` past them (it read all its rows and asked for more: a
+        dataset that repeats, ``steps_per_epoch`` above its rows) while every other node is in a step and has not
+        moved for as long — under a synchronous strategy, waiting for it in a collective, for ever (the stop that
+        ends its read only moves it to other collectives).  While the last epoch is still read somewhere, the
+        node's own feed names it (``FeedHub._ahead``)."""
+        st, plan = self.state, self.state.feed_plan
+        if plan is None or st.ended or st.epoch_done < plan[1]:
+            return False
+        fed = [n for n in self._fed_nodes() if n.state in (cluster_state.RUNNING, cluster_state.FINISHED)]
+        past = [n for n in fed if self._past.get(n.index, (0,))[0] > plan[1]]
+        behind = [n for n in fed if n not in past and n.state == cluster_state.RUNNING]
+        if not past or not behind:
+            return False
+        first = min(past, key=lambda n: self._past[n.index][2])
+        epoch, rows, heard = self._past[first.index]
+        if now - heard < AHEAD_S or not all(n.phase in STEPPING and n.moved_at is not None
+                                            and now - n.moved_at >= AHEAD_S for n in behind):
+            return False
+        names = ", ".join(n.label for n in behind)
+        one = len(behind) == 1
+        peers = (f"{names} took {'its' if one else 'their'} rows of epoch {plan[1]} but {'is' if one else 'are'} "
+                 f"still in a step, waiting for {first.label} to step with {'it' if one else 'them'}")
+        first.state, first.failed_at = cluster_state.FAILED, now
+        first.error = "FeedOutOfStep: " + out_of_step_message(first.label, epoch, *plan, rows=rows, peers=peers)
+        first.tail = list(first.logs)[-20:]
+        self._fail(f"{first.label} failed")
+        return True
 
     # -- feeding ------------------------------------------------------------------
     def _sample_for(self, node: cluster_state.NodeRecord, msg: messages.Heartbeat) -> dict[str, Any]:

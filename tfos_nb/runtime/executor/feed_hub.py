@@ -50,10 +50,13 @@ class FeedHub:
 
     def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None,
                  label: str = "this node", on_drop: Callable[[Conn], None] | None = None,
-                 hold_bytes: int | None = None) -> None:
+                 hold_bytes: int | None = None, on_past: Callable[[int, int], None] | None = None) -> None:
         self.label = label  # role:index, for the out-of-step error
         self._cond = threading.Condition()
         self._on_close, self._on_drop = on_close, on_drop  # to the driver: "reads no more", "a partition cut short"
+        # to the driver: a read waits past the running train()'s epochs (the epoch asked, rows read of the last one)
+        self._on_past = on_past
+        self._past_told = 0  # the last epoch past the plan told through ``on_past``
         self._conns: set[Conn] = set()  # connections not yet answered
         self.error: str | None = None  # why the node's function failed, once it did
         self.named: Any = None  # the node's named feeds (named_feeds.NamedFeeds), read by DataFeed(qname_in=name)
@@ -72,6 +75,7 @@ class FeedHub:
         self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
         self._begun = 0  # the last generation a bounded read began here (see _next_epoch)
         self.rows = 0
+        self._taken: dict[int, int] = {}  # rows read here, by generation (the last fed epoch's: the out-of-step error)
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
         self._last_take = 0
@@ -156,9 +160,10 @@ class FeedHub:
                     for kind, _, batch in self._queues[g]:
                         if kind == "data":
                             return batch
+                gen = self._next_epoch()
+                self._waits_past(gen)  # told even when the stop ends it at once: its peers may still step
                 if self.stopped or self.closed:
                     return None
-                gen = self._next_epoch()
                 if self.sample is not None and self.plan is not None and self.plan[0] <= gen <= self.plan[1] \
                         and self._share_in(gen):  # an empty share of this call's epoch (no row is queued: above)
                     return self.sample
@@ -244,6 +249,8 @@ class FeedHub:
                 for table in (self._expected, self._ended):  # ended epochs need no share any more
                     for g in [g for g in table if g <= epoch]:
                         del table[g]
+                for g in [g for g in self._taken if g < epoch]:  # the last ended epoch's count is kept
+                    del self._taken[g]
                 self._read = {g for g in self._read if g > epoch}
                 self._turns.forget_through(epoch)
                 self._cond.notify_all()
@@ -272,8 +279,18 @@ class FeedHub:
 
     def _out_of_step(self, gen: int) -> FeedOutOfStep:
         assert self.plan is not None
-        self.out_of_step = out_of_step_message(self.label, gen, *self.plan)
+        self.out_of_step = out_of_step_message(self.label, gen, *self.plan, rows=self._taken.get(self.plan[1], 0))
         return FeedOutOfStep(self.out_of_step)
+
+    def _waits_past(self, gen: int) -> None:
+        """A bounded read of ``gen`` finds nothing queued: past the running train()'s epochs, the driver hears of it
+        once, with the rows of the last epoch read here, whether it waits or the stop ends it (lock held).  Its own
+        check (:meth:`_ahead`) sees peers that still read the last epoch; the driver sees the peers that took all
+        of it but still step it, waiting for this node (``controller.Controller._ran_out``)."""
+        if self.plan is not None and gen > self.plan[1] and gen > self._past_told and self._on_past is not None \
+                and not self.closed:
+            self._past_told = gen
+            self._on_past(gen, self._taken.get(self.plan[1], 0))
 
     def _share_in(self, gen: int) -> bool:
         """Whether every partition of this node's share of ``gen`` ended (or the driver ended ``gen``); lock held."""
@@ -394,6 +411,8 @@ class FeedHub:
             while got < n:
                 gen = self._next_gen(epoch)
                 if gen is None:
+                    if epoch is not None:  # told even when the stop ends it at once: its peers may still step
+                        self._waits_past(epoch[0])
                     if self.stopped or self.closed:
                         break
                     if epoch is not None and self._share_read(epoch[0]):
@@ -426,6 +445,7 @@ class FeedHub:
                     spans.append((conn, conn.consumed, conn.consumed + k))
                 conn.consumed += k
                 got += k
+                self._taken[gen] = self._taken.get(gen, 0) + k
                 self._maybe_finish(conn)
             self.rows += got
             for conn, piece in pieces:

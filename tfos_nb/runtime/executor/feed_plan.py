@@ -61,10 +61,18 @@ def sample_row(sample: dict[str, Any]) -> pa.RecordBatch | None:
         return None
 
 
-def out_of_step_message(label: str, gen: int, first: int, last: int) -> str:
-    """Why ``label``'s read of epoch ``gen`` is out of step with a ``train()`` that feeds ``first``..``last``."""
+def out_of_step_message(label: str, gen: int, first: int, last: int, rows: int | None = None,
+                        peers: str | None = None) -> str:
+    """Why ``label``'s read of epoch ``gen`` is out of step with a ``train()`` that feeds ``first``..``last``:
+    ``rows``, the rows of epoch ``last`` it was fed and read before asking for more; ``peers``, what the others do
+    (by default what the node's own check sees: they still read the last epoch)."""
     fed = f"the job feeds {last} epochs" if first <= 1 else f"this train() feeds epochs {first}-{last}"
-    return (f"{label} read its feed out of step: it asked for epoch {gen}, and {fed}; the other nodes still "
-            f"read epoch {last} and wait for {label} to step with them. Its dataset was iterated once more "
-            "than the job's epochs: iterate it once per epoch the job feeds (no pass over it before model.fit, no "
-            "second as_dataset() on the same feed; model.fit(ds, epochs=N) with N the job's epochs)")
+    peers = peers or f"the other nodes still read epoch {last} and wait for {label} to step with them"
+    ran_out = "" if rows is None else (f"; its input ran out before theirs: it had read all {rows} rows fed to it "
+                                       f"in epoch {last} and asked for more")
+    return (f"{label} read its feed out of step: it asked for epoch {gen}, and {fed}; {peers}{ran_out}. Under a "
+            "synchronous strategy every node asks for the same steps: its dataset was iterated once more than the "
+            "job's epochs, repeats (.repeat()), or fit asks more steps (steps_per_epoch) than its rows hold. Iterate "
+            "it once per epoch the job feeds (no .repeat() and no steps_per_epoch on a fed dataset, no pass over it "
+            "before model.fit, no second as_dataset() on the same feed; model.fit(ds, epochs=N) with N the job's "
+            "epochs)")

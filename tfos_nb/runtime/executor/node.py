@@ -38,7 +38,8 @@ class NodeRole(child_main.ChildRole):
             label = f"{info['job_name']}:{info['task_index']}"
             self.hub = FeedHub(on_close=lambda: reporter.send(pipes.FeedClosed()), label=label,
                                on_drop=lambda c: reporter.send(pipes.FeedDropped(gen=c.gen, partition=c.partition,
-                                                                                 rows=c.received)))
+                                                                                 rows=c.received)),
+                               on_past=lambda epoch, rows: reporter.send(pipes.FeedPast(epoch=epoch, rows=rows)))
             self.hub.named = self.named = NamedFeeds(label, self._training_fed,
                                                      on_open=lambda name: reporter.send(pipes.FeedOpened(name=name)))
             self.server = DataServer(self.hub, bytes.fromhex(info["secret"]), info["host"], named=self.named).start()

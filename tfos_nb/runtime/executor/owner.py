@@ -5,9 +5,11 @@ session of its own with the function blob and a :class:`~..protocol.pipes.Start`
 its stdin, captures its output (a tail for errors, batches of lines for heartbeats),
 reads its report pipe, heartbeats the driver until the child ends, is killed, or the
 driver is gone, waits out a process that lingers after its function returned, and
-kills the child's whole process group.  :class:`~.supervisor.Supervisor` (a cluster
-node) and :class:`~.run_task.RunOwner` (a parallel run) are thin specialisations:
-what goes into the child's environment and into a heartbeat, and what a reply asks.
+kills the child's whole process group, then removes the child's private temporary
+folder (:class:`~..private.PrivateTmp`: nothing the child kept on disk outlives it).
+:class:`~.supervisor.Supervisor` (a cluster node) and :class:`~.run_task.RunOwner` (a
+parallel run) are thin specialisations: what goes into the child's environment and
+into a heartbeat, and what a reply asks.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import time
 from typing import Any
 
 from .. import procs
+from ..private import PrivateTmp, temp_base
 from ..protocol import messages, pipes
 from ..protocol.channel import ControlClient
+from .child_output import OutputLines
 from .phases import FINISHING, FROZEN_S, STACK_SIGNAL, STACKS_FD_ENV, dump_phase
 from .threads import thread_env
 
@@ -39,6 +43,7 @@ TAIL_LINES = 100
 LINGER_S = 10.0
 STACKS_MAX_BYTES = 256 * 1024  # of a stack dump sent to the driver (the first threads: the signalled one first)
 STACKS_WAIT_S = 3.0
+DRAIN_S = 2.0  # the function raised: its traceback, printed before it said so, is read within this long
 # A child stopped this long (SIGSTOP, or a debugger holds it) is ended as failed: it answers neither its peers'
 # collectives (theirs fail after about 10 s, and would name the wrong node) nor its feeders (who would wait for
 # the feed timeout).
@@ -94,6 +99,8 @@ class ChildOwner:
         self.ended = False  # the function returned or raised: the process has nothing left to do but exit
         self.feed_closed = False  # the function stopped reading data (terminate() or returned)
         self.feed_dropped: list[list[int]] = []  # [gen, partition, rows] of training partitions cut short
+        self.feed_past: list[int] = []  # [epoch, rows]: a read waits past the running train()'s epochs (pipes.FeedPast)
+        self._output: OutputLines | None = None  # the child's output pipe, read into the tail and the next beats
         self.sets_read: list[str] = []  # named sets the function read
         self.phase: dict[str, Any] = {}  # the child's last Phase: {"phase", "moved_at" (its time.time()), "where"}
         self.phases_seen: list[str] = []  # the phases the child went through since the last heartbeat
@@ -103,12 +110,16 @@ class ChildOwner:
         # An anonymous file (no name in any folder: nobody can plant, open or swap it) the child's faulthandler
         # appends to; only this process and the child hold it.
         self._stacks: Any = None
+        self._tmp: PrivateTmp | None = None  # the child's TMPDIR, removed once the child is gone
         self._readers: list[threading.Thread] = []
 
     # -- the process ----------------------------------------------------------------------------
     def start(self, role: str, cluster_id: str, env: dict[str, str], blob: bytes, info: dict[str, Any],
               pass_fds: tuple[int, ...] = (), cwd: str | None = None) -> None:
-        """Start ``python -m tfos_nb.runtime <role>`` with the blob and ``info`` on its stdin, and read it."""
+        """Start ``python -m tfos_nb.runtime <role>`` with the blob and ``info`` on its stdin, and read it; its
+        ``TMPDIR`` is a private folder of its own (:class:`~..private.PrivateTmp`)."""
+        self._tmp = PrivateTmp(temp_base(env))
+        env["TMPDIR"] = self._tmp.path
         read_fd, write_fd = os.pipe()
         env["TFOS_REPORT_FD"] = str(write_fd)
         self._stacks = tempfile.TemporaryFile(prefix="tfos-stacks-")  # noqa: SIM115 - held for the child's life
@@ -129,7 +140,8 @@ class ChildOwner:
             raise
         finally:
             os.close(write_fd)
-        assert self.child.stdin is not None
+        assert self.child.stdin is not None and self.child.stdout is not None
+        self._output = OutputLines(self.child.stdout, self._take_line)
         pipes.write_blob(self.child.stdin, blob)
         pipes.write(self.child.stdin, pipes.Start(info=info))
         self.child.stdin.flush()  # kept open: its end is the child's signal that its owner is gone
@@ -150,9 +162,13 @@ class ChildOwner:
             pass
 
     def kill(self, grace: float = 1) -> int | None:
-        """End the child and its process group (stragglers too, when it exited already); its exit code."""
+        """End the child and its process group (stragglers too, when it exited already); its exit code.  Its
+        private temporary folder goes with it."""
         code = None if self.child is None else procs.kill_tree(self.child, grace=grace)
         self.close_stacks()
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            tmp.remove()
         return code
 
     def dump_stacks(self, wait: float = STACKS_WAIT_S) -> str:
@@ -209,20 +225,25 @@ class ChildOwner:
             t.join(timeout=timeout)
 
     def _read_output(self) -> None:
-        assert self.child is not None and self.child.stdout is not None
-        for raw in self.child.stdout:
-            line = raw.decode("utf-8", "replace").rstrip("\n")[:4000]
-            if self.echo_output:
-                sys.stderr.write(f"[{self.label}] {line}\n")
-            with self.lock:
-                self.tail.append(line)
-                if self.pending_bytes + len(line) > 4 * LOG_BYTES_PER_BEAT:
-                    self.dropped += 1
-                else:
-                    self.pending_logs.append(line)
-                    self.pending_bytes += len(line)
-        self.child.stdout.close()
+        assert self._output is not None
+        self._output.run()
         self.wake.set()
+
+    def _take_line(self, line: str) -> None:
+        if self.echo_output:
+            sys.stderr.write(f"[{self.label}] {line}\n")
+        with self.lock:
+            self.tail.append(line)
+            if self.pending_bytes + len(line) > 4 * LOG_BYTES_PER_BEAT:
+                self.dropped += 1
+            else:
+                self.pending_logs.append(line)
+                self.pending_bytes += len(line)
+
+    def drain_output(self, timeout: float = DRAIN_S) -> bool:
+        """Wait until what the child printed so far is in the tail (at most ``timeout`` s): a traceback printed
+        before :class:`~..protocol.pipes.Failed` goes with it."""
+        return self._output is None or self._output.drain(timeout)
 
     def _read_reports(self, fd: int) -> None:
         try:
@@ -249,6 +270,8 @@ class ChildOwner:
                         self.feed_closed = True
                     elif isinstance(msg, pipes.FeedDropped) and len(self.feed_dropped) < 100:
                         self.feed_dropped.append([int(msg.gen), int(msg.partition), int(msg.rows)])
+                    elif isinstance(msg, pipes.FeedPast):
+                        self.feed_past = [int(msg.epoch), int(msg.rows)]
                     elif isinstance(msg, pipes.FeedOpened) and len(self.sets_read) < 100:
                         self.sets_read.append(str(msg.name))
                     elif isinstance(msg, pipes.Phase):
@@ -287,7 +310,7 @@ class ChildOwner:
                 logs.append(line)
             self.pending_bytes -= size
             dropped, self.dropped = self.dropped, 0
-            failed = final and state == "failed"
+            failed = final and state == "failed"  # the last lines go with a failure's first and final beats
             error = self.error if state == "failed" else None
             tail = list(self.tail) if failed else []
         return self.client.request(
@@ -313,11 +336,15 @@ class ChildOwner:
 
         The outcome: ``finished``, ``failed``, ``stopped`` (killed by the driver before it finished) or
         ``lost`` (the driver stopped answering; the child is killed, there is nobody to tell).
+
+        A function that raised is reported ``failed`` at once, not once its process exits (TensorFlow's collectives
+        or a thread of the user's can keep it alive: it is ended :attr:`linger_s` later, or by the driver).
         """
         assert self.child is not None
         last_ok = time.monotonic()
         ended_at: float | None = None
         stopped_at: float | None = None
+        told = False  # the function's error was told to the driver
         while True:
             code = self.child.poll()
             with self.lock:
@@ -345,8 +372,14 @@ class ChildOwner:
                     return "failed", self.kill(grace=0)
             else:
                 stopped_at = None
+            if error is not None and not told:  # the function raised: its traceback is printed, the driver hears now
+                self.drain_output()
             try:
-                reply = self.heartbeat("running" if running else "starting")
+                if error is not None:
+                    reply = self.heartbeat("failed", final=not told)  # its tail goes once, then with the final beat
+                    told = True
+                else:
+                    reply = self.heartbeat("running" if running else "starting")
                 last_ok = time.monotonic()
             except (OSError, messages.ProtocolError):
                 if time.monotonic() - last_ok > self.driver_timeout:
@@ -360,8 +393,8 @@ class ChildOwner:
                 self.on_reply(cmd)
                 if cmd.kill:
                     code = self.kill(grace=cmd.grace)
-                    with self.lock:
-                        done = self.finished and self.error is None
-                    return ("finished" if done else "stopped"), code
+                    with self.lock:  # a function that raised stays failed
+                        done = "finished" if self.finished and self.error is None else "failed" if self.error else "stopped"
+                    return done, code
             self.wake.wait(self.hb_interval)
             self.wake.clear()

@@ -11,7 +11,10 @@ freeing the executor's slot for feeding tasks).  It
 * heartbeats to the driver twice a second, carrying progress reports and new
   output lines, and relays the driver's commands (end of epoch, stop, kill);
 * is bound to the lives of the driver (no answer for ``driver_timeout`` s) and of
-  its executor JVM: when either dies, it kills its process group and exits.
+  its executor JVM: when either dies, it kills its process group and exits;
+* removes the node's private temporary folder (its ``TMPDIR``: named sets,
+  deterministic mode's early partitions) once the node process ended, however it
+  ended.
   Nothing of a node survives its owners.
 """
 
@@ -182,6 +185,8 @@ class Supervisor(ChildOwner):
                 feed["sample"] = self.sample_seen
             if self.feed_dropped:
                 feed["dropped"] = list(self.feed_dropped)
+            if self.feed_past:
+                feed["past"] = list(self.feed_past)
             if self.sets_read:
                 feed["sets_read"] = list(self.sets_read)
             value = self.value

@@ -10,7 +10,7 @@ Three pairs talk over pipes, all on one host:
   :class:`FeedPlan`, :class:`FeedSets`, :class:`Stop`); stdin closing means the owner is gone;
 * the child → its owner (the report pipe, ``TFOS_REPORT_FD``): events
   (:class:`Ready`, :class:`Report`, :class:`Failed`, :class:`Finished`,
-  :class:`FeedClosed`, :class:`Phase`).
+  :class:`FeedClosed`, :class:`FeedPast`, :class:`Phase`).
 
 One framing: a frame is one line of JSON, ``{"v": VERSION, "t": kind, ...fields}``;
 a binary blob is a ``{"t": "blob", "size": n}`` frame followed by its ``n`` bytes.
@@ -121,6 +121,17 @@ class FeedDropped(Frame):
 
 
 @dataclass(frozen=True)
+class FeedPast(Frame):
+    """A read of the node's feed waits for ``epoch``, past the running ``train()``'s epochs, after the node read
+    ``rows`` rows of the last of them: its input ran out.  The driver names it when its peers wait for it in a step
+    (``driver.controller``)."""
+
+    kind: ClassVar[str] = "feed_past"
+    epoch: int = 0
+    rows: int = 0
+
+
+@dataclass(frozen=True)
 class FeedOpened(Frame):
     """The node function read (or began to read) the named set ``name`` (the driver says so of a set nobody read)."""
 
@@ -223,8 +234,8 @@ class Start(Frame):
 
 
 KINDS: dict[str, type[Frame]] = {
-    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, FeedOpened, Phase, EpochDone, EpochAssigned,
-                              FeedPlan, FeedSets, Stop, Launch, Launched, Start)
+    cls.kind: cls for cls in (Ready, Report, Failed, Finished, FeedClosed, FeedDropped, FeedPast, FeedOpened, Phase,
+                              EpochDone, EpochAssigned, FeedPlan, FeedSets, Stop, Launch, Launched, Start)
 }
 BLOB = "blob"
 
