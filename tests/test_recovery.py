@@ -8,7 +8,8 @@ trained its weight grows by the same amount, and after the job every weight says
 trained on that row (0: missing, 2 × epochs: fed twice).  Nothing but the model's own arithmetic is counted.
 
 Here: the audit through a ``%%tfos_cluster --retries 1`` cell (tf_keras) and through ``run_job`` shrinking to one
-node, and deterministic mode (a Keras 3 regression whose killed run must end with a clean run's weights).
+node, and deterministic mode (a regression with dropout, in Keras 3 and in tf_keras, whose killed run must end
+with a clean run's weights).
 ``run_trial`` is the audit's one trial through ``run_job`` with a randomly drawn kill: ``benchmarks/recovery_audit.py``
 runs 20 of them.
 """
@@ -264,14 +265,18 @@ def test_a_retried_cell_resumes_from_the_last_backup_with_no_code_of_its_own(ip,
 
 
 def regression_fun(args, ctx):
-    """A Keras 3 regression as a tutorial writes it (``Dense``, ``Dropout``, Adam, mean squared error) under MWMS,
-    fed by Spark: its final weights depend on which rows each step trained on, in which order, and on dropout's
-    draws — so they equal a clean run's only if none of that changed across the kill."""
+    """A regression as a tutorial writes it (``Dense``, ``Dropout``, Adam, mean squared error) in Keras 3 or tf_keras
+    (``args["flavour"]``) under MWMS, fed by Spark: its final weights depend on which rows each step trained on, in
+    which order, and on dropout's draws — so they equal a clean run's only if none of that changed across the kill."""
     import os as o
 
-    import keras
     import numpy as np
     import tensorflow as tf
+
+    if args["flavour"] == "tf_keras":
+        keras = tf.keras  # tf_keras on the nodes (TF_USE_LEGACY_KERAS=1)
+    else:
+        import keras
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     me = node_start(args, ctx)
@@ -292,19 +297,23 @@ def regression_frame(spark):
         "cast(sin(id * 0.3) + 0.1 * (id % 7) as float) as y")
 
 
-def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_weights(spark, tmp_path, no_leaks):
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_weights(spark, tmp_path, no_leaks,
+                                                                                       flavour):
     """``deterministic=True, seed=7``: a clean run, then the same job with the worker's executor JVM killed inside
-    epoch 2 (after a backup); the resumed job's final weights are the clean run's.  No memory for early partitions
-    (``TFOS_NB_FEED_HOLD_MB=0``): every one that comes before its turn goes through the node's disk."""
+    epoch 2 (after a backup); the resumed job's final weights are the clean run's, bit for bit — dropout's draws
+    included (tf_keras': from the ``tf.random.Generator`` deterministic mode turns on, its state in the backup).  No
+    memory for early partitions (``TFOS_NB_FEED_HOLD_MB=0``): every one that comes before its turn goes through the
+    node's disk."""
     sc, df = spark.sparkContext, regression_frame(spark)
     weights = {}
     for run in ("clean", "killed"):
         out, root = tmp_path / f"out-{run}", tmp_path / f"backups-{run}"
         out.mkdir()
         killer = Killer(sc, str(root), str(out), 1, "worker0", 3) if run == "killed" else None
-        args = {"dir": str(out), "batch": BATCH, "epochs": CI_EPOCHS, "pause": PAUSE_S}
+        args = {"dir": str(out), "batch": BATCH, "epochs": CI_EPOCHS, "pause": PAUSE_S, "flavour": flavour}
         outcome = TFCluster.run_job(sc, regression_fun, args, 2, master_node="chief", data=df, num_epochs=CI_EPOCHS,
-                                    env={**NODE_ENV, "TFOS_NB_FEED_HOLD_MB": "0"}, keras="keras3", retries=1,
+                                    env={**NODE_ENV, "TFOS_NB_FEED_HOLD_MB": "0"}, keras=flavour, retries=1,
                                     backup_dir=str(root), deterministic=True, seed=7)
         if killer is not None:
             killer.join()
@@ -316,8 +325,9 @@ def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_w
             weights[run] = [saved[k] for k in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
     gap = max(float(np.max(np.abs(a - b))) for a, b in zip(weights["clean"], weights["killed"], strict=True))
     scale = max(float(np.max(np.abs(a))) for a in weights["clean"])
-    print(f"\ndeterministic: largest weight difference, killed run vs clean run: {gap:.3g} (weights up to {scale:.3g})")
-    assert gap <= 1e-6 * max(1.0, scale), gap
+    print(f"\ndeterministic ({flavour}): largest weight difference, killed run vs clean run: {gap:.3g} "
+          f"(weights up to {scale:.3g})")
+    assert gap == 0.0, gap
 
 
 def executor_ids(sc) -> list[str]:

@@ -7,6 +7,8 @@ weights, dropout and shuffles are the same at every run.  ``deterministic=True``
 given) adds what a synchronous job needs for a run to end with the same weights as another:
 
 - TensorFlow's op determinism (``tf.config.experimental.enable_op_determinism()``) on every node;
+- under tf_keras, its random layers (``Dropout``, ...) on a ``tf.random.Generator``, set from the step before each
+  step by ``ctx.progress_callback()`` (:func:`.executor.seeding.step_keyed`): a resumed run draws the clean run's;
 - a fixed feed (``Controller._ordered_assign`` and :mod:`.executor.feed_turns`): partition ``p`` of every epoch
   goes to the ``p mod n``-th chief/worker, and a node reads its partitions whole, in ascending order (one that
   arrives early waits on the node, in memory and then on disk, its feeding task done).  A node's stream, and so

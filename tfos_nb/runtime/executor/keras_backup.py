@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
+import zipfile
 from typing import Any
 
 import numpy as np
 
+from ..determinism import ENV_DETERMINISTIC
 from ..recovery import ledger
+from ..recovery.files import refused
+from . import seeding
 
 _RESTORED: list[int] = []  # the backup this process restored (once: by the first fit)
 
@@ -68,9 +71,23 @@ def steps_per_element(model: Any) -> int:
 def _variables(model: Any) -> tuple[list[Any], list[Any]]:
     """The model's variables — ``model.variables``: its weights and, in Keras 3, the state of its layers' seed
     generators (dropout's, the random layers'), without which a resumed run would draw other masks — and its
-    optimizer's."""
+    optimizer's.  (tf_keras' random layers keep no state a resumed run needs: :func:`.seeding.step_keyed`.)"""
     optimizer = getattr(model, "optimizer", None)
     return list(model.variables), list(getattr(optimizer, "variables", ()) or ())
+
+
+def _unrestorable_draws(model: Any) -> str | None:
+    """Why a deterministic job's resumed run would draw other random numbers than its clean run; None when it
+    would not.  A tf_keras layer on legacy stateful random ops (``tf.random.uniform`` and the like) keeps its
+    draws' state in the process, where no backup reaches it; on a ``tf.random.Generator`` (deterministic mode turns
+    it on) each step's draws follow from the step (:func:`.seeding.step_keyed`)."""
+    for layer, gen in seeding.random_generators(model):
+        if getattr(gen, "_rng_type", None) == "legacy_stateful":
+            return (f"deterministic=True with retries cannot restore the random draws of layer {layer.name!r}: it "
+                    "uses tf_keras' legacy stateful random ops, whose state no backup holds — keep tf_keras' "
+                    "tf.random.Generator on (do not call tf.keras.backend.experimental.disable_tf_random_generator() "
+                    "or pass rng_type='legacy_stateful'), or start the job with keras='keras3'")
+    return None
 
 
 class KerasBackup:
@@ -95,6 +112,10 @@ class KerasBackup:
             self.active = False
             return None
         self.spe = steps_per_element(model)
+        if os.environ.get(ENV_DETERMINISTIC) == "1":  # refused before training: a resumed run would differ
+            problem = _unrestorable_draws(model)
+            if problem is not None:
+                raise ValueError(problem)
         seq = int(os.environ.get(ledger.ENV_SEQ, "0") or 0)
         if not seq or _RESTORED:  # a second fit() in the same node function continues; it restores nothing
             return None
@@ -111,9 +132,14 @@ class KerasBackup:
     def _restore(self, model: Any, b: ledger.Backup) -> None:
         weights, opt = _variables(model)
         optimizer = getattr(model, "optimizer", None)
-        with np.load(ledger.weights_path(self.folder, b.seq), allow_pickle=False) as saved:
-            n_w = int(saved["n_weights"])
-            values = [saved[f"v{i}"] for i in range(int(saved["n"]))]
+        with ledger.open_weights(self.folder, b.seq) as f:
+            try:
+                with np.load(f, allow_pickle=False) as saved:
+                    n_w = int(saved["n_weights"])
+                    values = [saved[f"v{i}"] for i in range(int(saved["n"]))]
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # not what _save wrote
+                raise refused(self.folder, f"holds the weights of backup {b.seq}, which are not a backup's "
+                                           f"({type(exc).__name__}: {exc})") from None
         if optimizer is not None and len(values) - n_w > len(opt):  # not built yet (tf_keras builds at the 1st step)
             with model.distribute_strategy.scope():
                 optimizer.build(model.trainable_variables)
@@ -152,12 +178,7 @@ class KerasBackup:
         arrays: dict[str, Any] = {f"v{i}": _local_value(v) for i, v in enumerate(weights + opt)}
         arrays.update(n=np.int64(len(arrays)), n_weights=np.int64(len(weights)))
         self.seq += 1
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".npz")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, ledger.weights_path(self.folder, self.seq))
+        ledger.save_weights(self.folder, self.seq, lambda f: np.savez(f, **arrays))
         took = time.monotonic() - t0
         ledger.commit(self.folder, ledger.Backup(self.seq, self.attempt, epoch, steps, global_step, epoch_end,
                                                  self.spe, round(took, 4)))

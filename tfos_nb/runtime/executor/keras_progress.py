@@ -16,6 +16,7 @@ number of replicas (:func:`replica_scale`); Keras 3 ("mean") needs nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import step_time
@@ -61,7 +62,7 @@ def replica_scale(model: Any, tf: Any) -> float:
 def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
     import tensorflow as tf
 
-    from . import keras_backup
+    from . import keras_backup, seeding
 
     class ProgressCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]  # tensorflow: no type information
         """Reports step, epoch and metrics to the driver through ``ctx.report``."""
@@ -75,6 +76,7 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
             self._last = time.monotonic()
             self._scale = 1.0  # per-step logs -> the model's values (set at the start of training)
             self._backup = keras_backup.for_node(ctx)  # the job has retries: back up, and restore on a retry
+            self._keyed: Callable[[int], None] | None = None  # deterministic tf_keras: draws keyed to the step
 
         def _flush(self) -> None:
             pending, self._pending = self._pending, []
@@ -89,6 +91,7 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
                 if restored is not None:  # the panel goes on from the backup's step, not from 0
                     self.step = restored.global_step
                     self.epoch = restored.epoch + 1 if restored.epoch_end else restored.epoch
+            self._keyed = seeding.step_keyed(self.model)
             steps, epochs = self.params.get("steps"), self.params.get("epochs")
             total = steps * epochs if steps and epochs else None
             ctx.report(step=self.step, total_steps=total, total_epochs=epochs or None, epoch=self.epoch)
@@ -104,6 +107,8 @@ def progress_callback(ctx: Any, every_n_steps: int = 1) -> Any:
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             step_time.CLOCK.begin()  # where the step's time goes (the panel's time column)
+            if self._keyed is not None:
+                self._keyed(self.step)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             step_time.CLOCK.end()
