@@ -282,9 +282,10 @@ def _start_local_connect(master: str, conf: dict[str, str]) -> Any:
                          "spark.connect.authenticate.token": token})
     os.environ["SPARK_LOCAL_REMOTE"] = "1"
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    # In this process's group, where pyspark's own server start puts it: a kernel killed outright (no atexit,
-    # so no stop_embedded) takes the server with it, whose shutdown would otherwise fill the terminal.
-    _launch_jvm(master, opts, own_session=False)
+    # In a session of its own, as the classic path's: a kernel asked to shut down sends SIGTERM to its own process
+    # group before its atexit handlers run, which killed the server's executors under its running application
+    # (13 ERROR lines and stacks after a quickstart that succeeded); stop_embedded stops it in order instead.
+    _launch_jvm(master, opts, own_session=True)
     ConnectSession._start_connect_server(master, opts)
     spark = ConnectSession.builder.remote(f"sc://localhost:{port}").getOrCreate()
     _embedded_connect[:] = [spark]
