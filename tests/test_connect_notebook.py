@@ -17,7 +17,7 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 from tests.conftest import KERNEL, end_notebook_kernel, wait_until
-from tests.test_notebooks import ROOT, TRAINING_CELL, _alive, _describe, _runtime_procs, _text
+from tests.test_notebooks import ROOT, TRAINING_CELL, _alive, _describe, _runtime_procs, _text, run_quickstart_runner
 
 pytestmark = pytest.mark.slow
 
@@ -141,17 +141,4 @@ def test_quickstart_sh_connect_prints_its_accuracy_and_no_error(connect_env, tmp
     the kernel's process group, which ipykernel signals (SIGTERM) when asked to shut down, before its atexit
     handlers: the executors died under the running application ("Lost executor 0 … exited with code 143") and the
     workers' relaunches failed, 13 to 20 ERROR lines and their stacks after a run that had succeeded."""
-    import subprocess
-    import sys
-
-    (tmp_path / "notebooks").mkdir()
-    nbformat.write(nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4),
-                   tmp_path / "notebooks" / "quickstart.ipynb")
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_notebook.py"),
-                          str(tmp_path / "notebooks" / "quickstart.ipynb")],
-                         capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out[-4000:]
-    assert re.search(r"^accuracy: 0\.9\d\d on \d+ test digits$", run.stdout, flags=re.M), out[-2000:]
-    noise = [line for line in out.splitlines() if re.search(r"\bERROR\b|^\s+at [\w$.]+\(|Exception\b", line)]
-    assert not noise, "\n".join(noise[:20])
+    run_quickstart_runner(nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4), tmp_path)

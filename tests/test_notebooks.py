@@ -79,10 +79,17 @@ def _run_as_quickstart_sh_does(nb, tmp_path: Path):
     as a front-end does) and check what it prints: the accuracy line, and nothing at ERROR level — no Java
     stack either (the embedded Spark's workers used to relaunch executors while the kernel's shutdown killed
     the JVM: ~40 ERROR lines after a run that had succeeded).  Returns the executed notebook."""
+    nb.cells.append(nbformat.v4.new_code_cell(HISTORY_DUMP))  # one more cell: the plotted history, as JSON
+    run_quickstart_runner(nb, tmp_path)
+    return nbformat.read(tmp_path / "build" / "quickstart.ipynb", as_version=4)
+
+
+def run_quickstart_runner(nb, tmp_path: Path) -> None:
+    """Run ``nb`` with ``scripts/run_notebook.py`` (what ``bash quickstart.sh`` runs, with this process's environment)
+    from ``tmp_path/notebooks``; assert it printed the accuracy line and nothing at ERROR level, no Java stack."""
     import subprocess
     import sys
 
-    nb.cells.append(nbformat.v4.new_code_cell(HISTORY_DUMP))  # one more cell: the plotted history, as JSON
     (tmp_path / "notebooks").mkdir()
     nbformat.write(nb, tmp_path / "notebooks" / "quickstart.ipynb")
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(tmp_path / "notebooks" / "quickstart.ipynb")],
@@ -92,7 +99,6 @@ def _run_as_quickstart_sh_does(nb, tmp_path: Path):
     assert re.search(r"^accuracy: 0\.9\d\d on \d+ test digits$", run.stdout, flags=re.M), out[-2000:]
     noise = [line for line in out.splitlines() if re.search(r"\bERROR\b|^\s+at [\w$.]+\(|Exception\b", line)]
     assert not noise, "\n".join(noise[:20])
-    return nbformat.read(tmp_path / "build" / "quickstart.ipynb", as_version=4)
 
 
 HISTORY_DUMP = 'print("HISTORY", digits.history.to_json(orient="records"))'
