@@ -31,6 +31,7 @@ from ..protocol import messages
 from ..tensorboard.news import tensorboard_news
 from . import stalls
 from . import state as cluster_state
+from .errors import peer_caused
 from .feed_sets import FeedSets
 from .roles import FEEDABLE
 from .shares import EpochShares
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 # A training partition's feeding task started again by Spark is refused this long after it first asks: a lost
 # executor's node fails meanwhile (its supervisor sees the JVM gone within a heartbeat), and that error comes first.
 REFED_GRACE_S = 2.0
+# A node whose function raised because a peer stopped answering its collective (errors.peer_caused) fails the job
+# this long after it said so, unless its cause is named first: a node stopped (SIGSTOP) is named by its supervisor
+# STOPPED_S after it stopped, and its peer's collective may give up before that.
+PEER_GRACE_S = 7.0
 STEPPING = (phases.FIRST_STEP, phases.TRAINING)  # a node in a step: under a synchronous strategy, in its collectives
 
 
@@ -96,6 +101,7 @@ class Controller:
         self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
         # node -> (epoch, rows, when heard): a read of the node waits past the running train()'s epochs (_ran_out)
         self._past: dict[int, tuple[int, int, float]] = {}
+        self._peer_failed: dict[int, float] = {}  # node -> when it failed on a peer's account (PEER_GRACE_S)
         self.feed_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
         self._handlers: dict[type, Callable[[Any], messages.Reply]] = {
@@ -249,7 +255,10 @@ class Controller:
                     if msg.state == cluster_state.FAILED:
                         node.error, node.failed_at = msg.error or "failed", self.clock()
                         node.tail = list(msg.tail)
-                        self._fail(f"{node.label} failed")
+                        if peer_caused(node.error):  # its cause may be named in a moment (tick)
+                            self._peer_failed[node.index] = node.failed_at
+                        else:
+                            self._fail(f"{node.label} failed")
             cmd = messages.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
                                 kill=st.kill_requested or st.state == cluster_state.C_FAILED, grace=2.0,
                                 epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked,
@@ -434,6 +443,11 @@ class Controller:
                 self._fail(f"{n.label} lost")
                 changed = True
             changed = self._ran_out(now) or changed
+            for index, at in list(self._peer_failed.items()):
+                if now - at >= PEER_GRACE_S or st.ended:
+                    del self._peer_failed[index]
+                    self._fail(f"{st.nodes[index].label} failed")
+                    changed = True
         if changed:
             st.notify()
         st.tell_held()

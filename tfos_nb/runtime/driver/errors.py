@@ -31,12 +31,24 @@ class TFClusterError(RuntimeError):
         self.tail = list(node.tail) if node else []
 
 
+# What TensorFlow raises in a node whose collective a peer stopped answering (gone, stopped, or failed itself):
+# the error of a consequence, not of the cause.
+_PEER_CAUSED = re.compile(r"^(?:UnavailableError|CancelledError|AbortedError|DeadlineExceededError)\b|"
+                          r"Collective ops is aborted")
+
+
+def peer_caused(error: str | None) -> bool:
+    """Whether a node's ``error`` says its function raised because a peer stopped answering its collective."""
+    return bool(error) and _PEER_CAUSED.search(error or "") is not None
+
+
 def first_failure(view: state.ClusterView) -> tuple[state.NodeView | None, list[state.NodeView]]:
     """(the node that failed first on its own, the others that failed), or (None, []) when none did."""
     failed = [n for n in view.nodes if n.state == state.FAILED]
-    # The first node that failed on its own is the cause (a peer waiting for it in a collective fails later);
+    # The first node that failed on its own is the cause: a peer waiting for it in a collective fails later, or
+    # before its cause is named (a stopped node is named after STOPPED_S) and then says so (peer_caused);
     # lost ones (no heartbeat) come last.
-    failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""),
+    failed.sort(key=lambda n: (n.error is None or "no heartbeat" in (n.error or ""), peer_caused(n.error),
                                float("inf") if n.failed_at is None else n.failed_at, n.index))
     return (failed[0], failed[1:]) if failed else (None, [])
 
