@@ -9,10 +9,12 @@ a real cluster (MultiWorkerMirroredStrategy, ``fit`` asking more steps than fed)
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.server_abuse import SECRET
 from tests.test_feed import feed_in_thread
 from tfos_nb.runtime.driver import state
@@ -25,73 +27,56 @@ from tfos_nb.runtime.executor.feed_plan import AHEAD_S, FeedOutOfStep
 from tfos_nb.runtime.protocol import messages
 
 
-def test_a_read_past_the_fed_epochs_is_told_with_the_rows_the_node_read():
-    told: list[tuple[int, int]] = []
-    hub = FeedHub(label="worker:0", on_past=lambda epoch, rows: told.append((epoch, rows)))
+@contextlib.contextmanager
+def _fed_and_read(label: str, rows: int, **hub_args):
+    """A node's feed hub of a train() of one epoch, its ``rows`` rows fed and read (as_dataset's first pass)."""
+    hub = FeedHub(label=label, **hub_args)
     server = DataServer(hub, SECRET, "127.0.0.1").start()
     try:
         hub.set_plan(1, 1)
-        t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(5)], gen=1, partition=0)
-        assert sum(b.num_rows for _, b in hub.take(5, True, [0])) == 5  # as_dataset's read of its first epoch
+        t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(rows)], gen=1, partition=0)
+        assert sum(b.num_rows for _, b in hub.take(rows, True, [0])) == rows
         t.join(10)
+        yield hub
+    finally:
+        hub.close()
+        server.stop()
+
+
+def test_a_read_past_the_fed_epochs_is_told_with_the_rows_the_node_read():
+    told: list[tuple[int, int]] = []
+    with _fed_and_read("worker:0", 5, on_past=lambda epoch, rows: told.append((epoch, rows))) as hub:
         hub.end_epoch(1)  # every row of the call was taken
         got: list[object] = []
         reader = threading.Thread(target=lambda: got.append(hub.take(64, True, [0])))  # .repeat(): one more pass
         reader.start()
-        assert _wait(lambda: told, 10), "no FeedPast"
+        assert wait_until(lambda: told, 10, interval=0.02), "no FeedPast"
         assert told == [(2, 5)]  # once, with the rows of epoch 1 it read
         hub.stop()
         reader.join(10)
         assert got == [[]]  # the stop ends it empty, as before
-    finally:
-        hub.close()
-        server.stop()
 
 
 def test_a_read_past_the_fed_epochs_that_the_stop_ends_at_once_is_told_too():
     """The node ran out after shutdown's stop came (its peer took its rows into its pipeline, train() returned):
     its read ends at once, empty, and its peer still waits for it in a step: the driver must hear of it."""
     told: list[tuple[int, int]] = []
-    hub = FeedHub(label="chief:0", on_past=lambda epoch, rows: told.append((epoch, rows)))
-    server = DataServer(hub, SECRET, "127.0.0.1").start()
-    try:
-        hub.set_plan(1, 1)
-        t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(3)], gen=1, partition=0)
-        assert sum(b.num_rows for _, b in hub.take(3, True, [0])) == 3
-        t.join(10)
+    with _fed_and_read("chief:0", 3, on_past=lambda epoch, rows: told.append((epoch, rows))) as hub:
         hub.end_epoch(1)
         hub.stop()
         assert hub.take(64, True, [0]) == []
         assert told == [(2, 3)]
-    finally:
-        hub.close()
-        server.stop()
 
 
 def test_the_out_of_step_error_says_how_many_rows_the_node_read(monkeypatch):
     monkeypatch.setattr(feed_plan, "AHEAD_S", 0.0)
-    hub = FeedHub(label="chief:0")
-    server = DataServer(hub, SECRET, "127.0.0.1").start()
-    try:
-        hub.set_plan(1, 1)
-        t, _ = feed_in_thread(server.port, [(1.0, i) for i in range(7)], gen=1, partition=0)
-        hub.take(7, True, [0])
-        t.join(10)
+    with _fed_and_read("chief:0", 7) as hub:
         hub.epoch_assigned(1, 1)  # its share of epoch 1 was that one partition
         with pytest.raises(FeedOutOfStep) as info:  # epoch 1 still read elsewhere (not ended)
             hub.take(64, True, [0])
         assert "its input ran out before theirs: it had read all 7 rows fed to it in epoch 1 and asked for more" \
             in str(info.value)
         assert "repeats (.repeat()), or fit asks more steps (steps_per_epoch) than its rows hold" in str(info.value)
-    finally:
-        hub.close()
-        server.stop()
-
-
-def _wait(predicate, timeout: float):
-    from tests.conftest import wait_until
-
-    return wait_until(predicate, timeout, interval=0.02)
 
 
 class Cluster:
