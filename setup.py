@@ -43,7 +43,7 @@ setup(
         "tensorflow>=2.16",
         # not tf-keras: each tf-keras X.Y needs tensorflow X.Y, and pip, free to pick the newest, upgraded an
         # installed TensorFlow to match it. keras="tf_keras" (the default) needs the one for your TensorFlow:
-        # pip install "tf-keras~=X.Y.0"; a node without it fails at once saying so (executor/keras_flavour.py)
+        # pip install "tf-keras~=X.Y.0"; a node without it fails at once saying so (executor/keras_node/flavour.py)
         "tensorboard>=2.16",  # TensorFlow 2.21 no longer pulls it in; nodes start it on the chief
         "cloudpickle>=3.0",
         "pyarrow>=14.0.2",

@@ -345,7 +345,7 @@ def per_batch_memory(results: dict, opts) -> str:
     """What a node holds per batch in flight, from the feed's constants and the measured rows."""
     import importlib
 
-    feed_hub = importlib.import_module("tfos_nb.runtime.executor.feed_hub")
+    feed_hub = importlib.import_module("tfos_nb.runtime.executor.feed.hub")
     q = feed_hub._QUEUE_BATCHES
     batch_rows = 1024  # cluster.train()'s default batch_rows
     row_bytes = FEATURES * 4 + 4

@@ -39,7 +39,7 @@ def run_simulated(sc, n: int):
     waited for); its host processes are killed when the run fails."""
     from tfos_nb import TFCluster
     from tfos_nb.runtime.driver import job as job_module
-    from tfos_nb.runtime.driver import start as start_module
+    from tfos_nb.runtime.driver.launch import start as start_module
 
     sim_nodes.SimLaunch.started = []
     with mock.patch.object(start_module, "Launch", sim_nodes.SimLaunch), \
@@ -74,7 +74,7 @@ def assignments(n: int, partitions: int = 4000) -> float:
     """Feeding tasks' requests handled a second: a controller of ``n`` running nodes (InputMode.SPARK, in this
     process, no sockets) hands out an epoch of ``partitions`` partitions, each asked for and released as a feeding
     task does (FeedAssign, FeedRelease)."""
-    from tfos_nb.runtime.driver.controller import new_cluster
+    from tfos_nb.runtime.driver.control.controller import new_cluster
     from tfos_nb.runtime.driver.options import JobOptions
     from tfos_nb.runtime.protocol import messages
 
@@ -102,7 +102,7 @@ def history_memory(n: int) -> tuple[float, int]:
     chief 100,000 steps, each other node 1,000 more than its share (reports as the simulated nodes send them)."""
     import tracemalloc
 
-    from tfos_nb.runtime.driver import state as cluster_state
+    from tfos_nb.runtime.driver.control import state as cluster_state
 
     roles = [("chief", 0)] + [("worker", i) for i in range(n - 1)]
     tracemalloc.start()

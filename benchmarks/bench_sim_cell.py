@@ -34,7 +34,8 @@ import sys
 sys.path.insert(0, {bench!r})
 from unittest import mock
 import sim_nodes
-from tfos_nb.runtime.driver import job as job_module, start as start_module
+from tfos_nb.runtime.driver import job as job_module
+from tfos_nb.runtime.driver.launch import start as start_module
 sim_nodes.SimLaunch.options = {{**sim_nodes.SimLaunch.options, "steps": {steps}, "slow": [3, 7],
                                 "stop_ends": False}}
 _sim_patches = [mock.patch.object(start_module, "Launch", sim_nodes.SimLaunch),

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfos_nb.runtime.driver.state import ClusterView, NodeView
+from tfos_nb.runtime.driver.control.state import ClusterView, NodeView
 from tfos_nb.widgets import JobProgress, make_renderer
 
 

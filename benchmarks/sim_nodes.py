@@ -2,7 +2,7 @@
 """Simulated nodes for the scale benchmark (B6): node supervisors that speak tfos_nb's control protocol without
 TensorFlow, many to a process, against the real driver.
 
-Each simulated node does what a node's supervisor does on the wire (``executor/supervisor.py``): it registers
+Each simulated node does what a node's supervisor does on the wire (``executor/process/supervisor.py``): it registers
 (host, port, executor, pid), asks for its cluster spec until the cluster formed, then heartbeats every
 ``hb_interval`` s (the launch's, 0.5 s) carrying its progress reports since the last beat — a step every
 ``step_ms`` ms (drawn between the two bounds) with a loss and an accuracy — its clocks (``times``), and an output

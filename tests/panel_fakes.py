@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tfos_nb.runtime.driver.state import ClusterView, NodeView
+from tfos_nb.runtime.driver.control.state import ClusterView, NodeView
 
 
 def node(state="running", **kw) -> NodeView:

@@ -206,8 +206,8 @@ _SERVER = textwrap.dedent(
         server = ControlServer(m.Codec(secret, "cid", "driver"), lambda msg: m.Reply(ok=True), "127.0.0.1")
         port = server.start()[1]
     else:
-        from tfos_nb.runtime.executor.data_server import DataServer
-        from tfos_nb.runtime.executor.feed_hub import FeedHub
+        from tfos_nb.runtime.executor.feed.server import DataServer
+        from tfos_nb.runtime.executor.feed.hub import FeedHub
         server = DataServer(FeedHub(), secret, "127.0.0.1").start()
         port = server.port
     print(port, flush=True)

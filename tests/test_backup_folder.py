@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
-from tfos_nb.runtime.executor.keras_backup import KerasBackup
 from tfos_nb.runtime.recovery import files, ledger
 from tfos_nb.runtime.recovery.folder import ENV_ROOT, JobBackups
+from tfos_nb.runtime.recovery.keras_backup import KerasBackup
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 EPOCH_END = {"seq": 9, "attempt": 1, "epoch": 7, "steps": 0, "global_step": 900, "epoch_end": True,

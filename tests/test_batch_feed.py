@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfos_nb.runtime.driver import state
-from tfos_nb.runtime.driver.batch_feed import BatchFeed
+from tfos_nb.runtime.driver.control import state
+from tfos_nb.runtime.driver.feeding.batch import BatchFeed
 
 
 class Py4JError(Exception):

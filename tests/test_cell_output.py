@@ -14,10 +14,10 @@ import pytest
 
 from tests.conftest import import_or_skip, wait_until
 from tfos_nb.magics._quiet import is_native_noise, quiet_lines
+from tfos_nb.runtime.driver.control.state import CURVE_POINTS, ClusterState, window_rate
 from tfos_nb.runtime.driver.options import JobOptions
-from tfos_nb.runtime.driver.state import CURVE_POINTS, ClusterState, window_rate
 from tfos_nb.runtime.executor.context import NodeContext, Reporter
-from tfos_nb.runtime.executor.node import plain_value
+from tfos_nb.runtime.executor.process.node import plain_value
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -298,7 +298,7 @@ def test_a_node_error_shows_its_traceback_without_native_noise():
 def test_heartbeats_feed_the_history_once_per_report():
     """Through the controller: a cluster node's heartbeat carries every report since the last; a parallel run's
     supervisor sends only its latest report, again with every heartbeat (recorded once)."""
-    from tfos_nb.runtime.driver.controller import Controller
+    from tfos_nb.runtime.driver.control.controller import Controller
     from tfos_nb.runtime.protocol import messages
 
     st = ClusterState("c1", "t", [("chief", 0), ("run", 0)])

@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import NODE_ENV, skip_environment, spark_fixture, wait_until
 from tfos_nb import TFCluster
-from tfos_nb.runtime.driver import state
-from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.control import state
+from tfos_nb.runtime.driver.control.controller import Controller
 from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages
 

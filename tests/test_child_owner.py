@@ -12,10 +12,10 @@ import time
 import cloudpickle
 import pytest
 
-from tfos_nb.runtime.driver import state
+from tfos_nb.runtime.driver.control import state
 from tfos_nb.runtime.driver.errors import failure_message, first_failure
-from tfos_nb.runtime.executor.launch import child_env, import_path
-from tfos_nb.runtime.executor.owner import STOPPED_S, ChildOwner
+from tfos_nb.runtime.executor.process.launch import child_env, import_path
+from tfos_nb.runtime.executor.process.owner import STOPPED_S, ChildOwner
 from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlClient, ControlServer
 
@@ -347,7 +347,7 @@ def test_progress_and_phase_frames_wait_for_the_next_beat_and_an_end_wakes_the_o
     of its own: ~11 beats a second, each decoded and handled by the driver, for what 2 a second carry (its reports
     kept until the beat).  Progress and phase frames now wait for the beat; what ends the child, a stack dump and a
     backlog of reports that a beat could not carry still wake it."""
-    from tfos_nb.runtime.executor.supervisor import Supervisor
+    from tfos_nb.runtime.executor.process.supervisor import Supervisor
     from tfos_nb.runtime.protocol import pipes
 
     owner = ChildOwner(None, 0, "run:0", hb_interval=0.5, driver_timeout=5)

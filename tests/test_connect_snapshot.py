@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.connect import snapshot
-from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.control import state as cluster_state
+from tfos_nb.runtime.driver.control.controller import Controller
 from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages, remote
 
@@ -168,8 +168,8 @@ def test_stacks_say_why_they_are_not_there_on_spark_connect():
     one clear RuntimeError, never a lookup of a method that is not there."""
     import pytest
 
-    from tfos_nb.runtime.driver import stacks
     from tfos_nb.runtime.driver.connect.job import RemoteController
+    from tfos_nb.runtime.driver.control import stacks
 
     state, ctl, _ = coordinator_state()
     beat(ctl, 0, child_pid=123)

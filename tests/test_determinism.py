@@ -1,4 +1,4 @@
-"""A job's seed and deterministic mode (``runtime/determinism.py``): what the driver accepts and tells the nodes,
+"""A job's seed and deterministic mode (``runtime/determinism/__init__.py``): what the driver accepts and tells the nodes,
 and what a node does with it — in a real Python process with TensorFlow and Keras 3, since the seeds are process
 state."""
 
@@ -40,7 +40,7 @@ def test_run_job_refuses_to_shrink_a_deterministic_job():
 NODE = """
 import json, os, random, sys
 import numpy as np
-from tfos_nb.runtime.executor import seeding
+from tfos_nb.runtime.determinism import seeding
 seeding.apply()
 import keras
 import tensorflow as tf

@@ -61,7 +61,7 @@ def never_runs(args, ctx):
 
 
 def test_preflight_turns_a_fail_into_one_error_before_the_cluster_starts(spark, no_leaks):
-    from tfos_nb.runtime.driver.start import add_start_listener, remove_start_listener
+    from tfos_nb.runtime.driver.launch.start import add_start_listener, remove_start_listener
 
     started = []
     add_start_listener(started.append)

@@ -97,7 +97,7 @@ def test_the_text_renderer_prints_a_line_when_a_group_changes_not_at_every_step(
 def test_listeners_hear_a_burst_of_heartbeats_a_few_times_a_change_of_the_clusters_state_at_once_and_the_rest_at_the_tick():
     """512 nodes heartbeating are 1,000 changes a second; each listener call is a snapshot of every node (the
     panels', the handle's).  Before, every change was told."""
-    from tfos_nb.runtime.driver import state as cluster_state
+    from tfos_nb.runtime.driver.control import state as cluster_state
 
     st = cluster_state.ClusterState("c1", "digits", [("chief", 0)] + [("worker", i) for i in range(3)])
     heard: list[str] = []
@@ -139,7 +139,7 @@ def test_a_waiter_that_reads_every_node_looks_at_most_every_look_every_s_however
     import threading
     import time
 
-    from tfos_nb.runtime.driver import state as cluster_state
+    from tfos_nb.runtime.driver.control import state as cluster_state
 
     st = cluster_state.ClusterState("c1", "digits", [("chief", 0)] + [("worker", i) for i in range(511)])
     done = threading.Event()
@@ -167,9 +167,9 @@ def test_handing_out_an_epochs_partitions_does_not_recount_the_pending_ones_each
     """The stall lines' pending partitions were recomputed from every partition of the epoch at each hand-out:
     O(partitions²) an epoch (8,000 partitions: 450 µs an assignment, 2,000: 206).  They are counted when a
     snapshot asks."""
-    from tfos_nb.runtime.driver.controller import new_cluster
+    from tfos_nb.runtime.driver.control.controller import new_cluster
+    from tfos_nb.runtime.driver.feeding.shares import EpochShares
     from tfos_nb.runtime.driver.options import JobOptions
-    from tfos_nb.runtime.driver.shares import EpochShares
     from tfos_nb.runtime.protocol import messages
 
     n, partitions = 4, 400

@@ -11,13 +11,13 @@ import threading
 
 import pytest
 
-from tfos_nb.runtime.driver import state
-from tfos_nb.runtime.driver.awaiting import await_running
-from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.control import state
+from tfos_nb.runtime.driver.control.controller import Controller
+from tfos_nb.runtime.driver.control.roles import trainers_finished
 from tfos_nb.runtime.driver.errors import TFClusterError
 from tfos_nb.runtime.driver.job import DriverJob, JobCancelled
+from tfos_nb.runtime.driver.launch.awaiting import await_running
 from tfos_nb.runtime.driver.options import JobOptions
-from tfos_nb.runtime.driver.roles import trainers_finished
 from tfos_nb.runtime.protocol import messages
 
 
@@ -299,7 +299,7 @@ def test_a_driver_host_this_machine_cannot_bind_is_a_clear_error_never_every_int
 
 def test_a_coordinator_address_its_executor_cannot_bind_is_a_clear_error_never_every_interface(tmp_path):
     """Spark Connect: the coordinator process (real, started as the launch task starts it) fails and says why."""
-    from tfos_nb.runtime.executor.launch import start_coordinator
+    from tfos_nb.runtime.executor.process.launch import start_coordinator
 
     meta = {"cluster_id": "c0ffee", "secret": "00" * 32, "roles": [["chief", 0]], "driver_pid": 0,
             "control": ["127.0.0.1", 0], "hb_interval": 0.5, "driver_timeout": 10.0, "env": {}, "keras": "tf_keras",
@@ -322,7 +322,7 @@ def test_a_training_partition_fed_again_by_sparks_retry_stops_the_cluster_naming
     feed from the partition's first row, training what the node already took twice (25,000 rows trained of 20,000
     in a real run, with 20,000 reported).  It is refused after REFED_GRACE_S (a lost executor's node failure, the
     truer error, comes first), and the cluster fails saying why; a partition asked for once is served."""
-    from tfos_nb.runtime.driver.controller import REFED_GRACE_S
+    from tfos_nb.runtime.driver.control.controller import REFED_GRACE_S
 
     st, ctl, clock = make()
     register_all(ctl, st)
@@ -353,7 +353,7 @@ def test_a_training_partition_cut_short_stops_the_cluster_after_the_grace_a_stre
     REFED_GRACE_S after the driver hears of it (time for a lost executor's node failure to come first), naming the
     partition, the node and the rows that reached it.  A stream's micro-batch (no train() plan) is left to Spark's
     at-least-once foreachBatch, as before."""
-    from tfos_nb.runtime.driver.controller import REFED_GRACE_S
+    from tfos_nb.runtime.driver.control.controller import REFED_GRACE_S
 
     st, ctl, clock = make()
     register_all(ctl, st)

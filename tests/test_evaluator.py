@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import NODE_ENV, spark_fixture
 from tfos_nb import TFCluster
-from tfos_nb.runtime.driver import state
+from tfos_nb.runtime.driver.control import state
 
 pytestmark = pytest.mark.slow
 # Node functions defined here travel by value (executors cannot import this test module).

@@ -228,7 +228,7 @@ def test_a_function_whose_thread_never_ends_is_ended_and_says_which_thread(sc, n
     """Training done, the function returned, but a non-daemon thread keeps worker:0's process alive (Python joins
     such threads at exit): the supervisor ends it LINGER_S after the function's end, the node's output names the
     thread first, and the job ends as finished (its work was done)."""
-    from tfos_nb.runtime.executor.owner import LINGER_S
+    from tfos_nb.runtime.executor.process.owner import LINGER_S
 
     cluster = run(sc, never_returns, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.TENSORFLOW)
     cluster.shutdown(timeout=120)
@@ -265,7 +265,7 @@ def test_a_function_that_raised_is_reported_though_its_process_cannot_exit(sc, n
     """Issue 67, finding 8: the function's end reaches the driver when it happens, not when its process exits.
     Before, the driver heard of worker:0's error only once its owner ended the lingering process, LINGER_S (10 s)
     later (and never, where the report was lost: the job "running" until shutdown's timeout)."""
-    from tfos_nb.runtime.executor.owner import LINGER_S
+    from tfos_nb.runtime.executor.process.owner import LINGER_S
 
     with pytest.raises(TFCluster.TFClusterError) as info:  # from run() itself, or from shutdown()
         cluster = run(sc, raises_while_held, {}, 2, master_node="chief", input_mode=TFCluster.InputMode.TENSORFLOW)
@@ -523,7 +523,7 @@ def test_executor_jvm_dies_mid_training(sc, feed_df, no_leaks):
 
 
 def _slots(sc) -> int:
-    from tfos_nb.runtime.driver.start import available_slots
+    from tfos_nb.runtime.driver.launch.start import available_slots
 
     return available_slots(sc)[0]
 

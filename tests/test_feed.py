@@ -12,9 +12,9 @@ from tests.conftest import wait_until
 from tests.server_abuse import SECRET
 from tfos_nb.runtime.batches import columns
 from tfos_nb.runtime.batches import results as inference_results
-from tfos_nb.runtime.executor.data_server import DataServer
-from tfos_nb.runtime.executor.feed import DataFeed
-from tfos_nb.runtime.executor.feed_hub import FeedHub
+from tfos_nb.runtime.executor.feed.data_feed import DataFeed
+from tfos_nb.runtime.executor.feed.hub import FeedHub
+from tfos_nb.runtime.executor.feed.server import DataServer
 from tfos_nb.runtime.protocol import dataplane
 
 

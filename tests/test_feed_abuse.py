@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from tests.conftest import wait_until
 from tests.server_abuse import SECRET, closed_by_server, idle_connections, starved, trickle
 from tfos_nb.runtime import net
-from tfos_nb.runtime.executor.data_server import DataServer
-from tfos_nb.runtime.executor.feed_hub import FeedHub
+from tfos_nb.runtime.executor.feed.hub import FeedHub
+from tfos_nb.runtime.executor.feed.server import DataServer
 from tfos_nb.runtime.protocol import dataplane
 
 DEADLINE = 1.0  # the handshake deadline these servers get (HANDSHAKE_DEADLINE_S is 10 s)

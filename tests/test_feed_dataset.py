@@ -7,7 +7,7 @@ from tests.conftest import import_or_skip, wait_until
 from tests.server_abuse import SECRET
 from tests.test_feed import feed_in_thread, node  # noqa: F401 - node is a fixture
 from tfos_nb.runtime.batches import columns
-from tfos_nb.runtime.executor.feed import DataFeed
+from tfos_nb.runtime.executor.feed.data_feed import DataFeed
 from tfos_nb.runtime.protocol import dataplane
 
 

@@ -11,12 +11,12 @@ import pytest
 
 from tests.server_abuse import SECRET
 from tests.test_feed import feed_in_thread
-from tfos_nb.runtime.executor import feed_plan
-from tfos_nb.runtime.executor.data_server import DataServer
-from tfos_nb.runtime.executor.feed import DataFeed
-from tfos_nb.runtime.executor.feed_hub import FeedHub
-from tfos_nb.runtime.executor.feed_plan import FeedOutOfStep, sample_row
-from tfos_nb.runtime.executor.partition_batches import with_sample
+from tfos_nb.runtime.executor.feed import plan as feed_plan
+from tfos_nb.runtime.executor.feed.data_feed import DataFeed
+from tfos_nb.runtime.executor.feed.hub import FeedHub
+from tfos_nb.runtime.executor.feed.plan import FeedOutOfStep, sample_row
+from tfos_nb.runtime.executor.feed.server import DataServer
+from tfos_nb.runtime.executor.feeding.batches import with_sample
 
 
 @pytest.fixture

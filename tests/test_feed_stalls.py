@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import global_shell_with, runtime_processes, spark_fixture, start_cluster, wait_until
 from tfos_nb import TFCluster
 from tfos_nb.magics import ClusterFailed
-from tfos_nb.runtime.driver.stalls import DEFAULT_STALL_AFTER
+from tfos_nb.runtime.driver.control.stalls import DEFAULT_STALL_AFTER
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

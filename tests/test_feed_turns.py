@@ -1,4 +1,4 @@
-"""Deterministic mode on a node's data plane (``executor/feed_turns.py``), over real sockets: a DataServer and
+"""Deterministic mode on a node's data plane (``determinism/turns.py``), over real sockets: a DataServer and
 feeder connections that name the partition their node reads before theirs."""
 
 import os
@@ -8,7 +8,7 @@ import pytest
 from tests.server_abuse import SECRET
 from tests.test_feed import serve, take_in_thread
 from tfos_nb.runtime.batches import columns
-from tfos_nb.runtime.executor.feed_hub import FeedHub
+from tfos_nb.runtime.executor.feed.hub import FeedHub
 from tfos_nb.runtime.protocol import dataplane
 
 
@@ -109,7 +109,7 @@ def test_a_spilled_partition_whose_turn_comes_while_it_still_arrives_joins_the_q
     its feeder still sends; the read waits for its end, then takes every row in order."""
     import socket
 
-    from tfos_nb.runtime.executor.feed_conn import Conn
+    from tfos_nb.runtime.executor.feed.conn import Conn
 
     hub = FeedHub(hold_bytes=0)
     pairs = [socket.socketpair() for _ in range(2)]

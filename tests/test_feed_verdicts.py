@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from tfos_nb.runtime.driver import state
-from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.control import state
+from tfos_nb.runtime.driver.control.controller import Controller
 from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.protocol import messages
 

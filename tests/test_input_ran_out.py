@@ -17,13 +17,13 @@ import pytest
 from tests.conftest import wait_until
 from tests.server_abuse import SECRET
 from tests.test_feed import feed_in_thread
-from tfos_nb.runtime.driver import state
-from tfos_nb.runtime.driver.controller import Controller
+from tfos_nb.runtime.driver.control import state
+from tfos_nb.runtime.driver.control.controller import Controller
 from tfos_nb.runtime.driver.options import JobOptions
-from tfos_nb.runtime.executor import feed_plan
-from tfos_nb.runtime.executor.data_server import DataServer
-from tfos_nb.runtime.executor.feed_hub import FeedHub
-from tfos_nb.runtime.executor.feed_plan import AHEAD_S, FeedOutOfStep
+from tfos_nb.runtime.executor.feed import plan as feed_plan
+from tfos_nb.runtime.executor.feed.hub import FeedHub
+from tfos_nb.runtime.executor.feed.plan import AHEAD_S, FeedOutOfStep
+from tfos_nb.runtime.executor.feed.server import DataServer
 from tfos_nb.runtime.protocol import messages
 
 

@@ -2,7 +2,7 @@
 
 Under ``MultiWorkerMirroredStrategy`` Keras 3's ``fit`` failed on every node before its first step
 (``ValueError: Attempt to convert a value (PerReplica:{...}) ... to a Tensor``); the nodes repair its trainer
-as it is imported (``executor/keras3_mwms.py``).  The cluster tests are a Keras 3 tutorial's program, fed from a
+as it is imported (``executor/keras_node/keras3_mwms.py``).  The cluster tests are a Keras 3 tutorial's program, fed from a
 DataFrame and reading its own data; the guard test fails when Keras changes the functions repaired.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import NODE_ENV, binary_frame, spark_fixture, start_cluster
 from tfos_nb import TFCluster
-from tfos_nb.runtime.executor import keras3_mwms
+from tfos_nb.runtime.executor.keras_node import keras3_mwms
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ GUARD = """
 import inspect
 import keras
 import keras.src.backend.tensorflow.trainer as trainer
-from tfos_nb.runtime.executor import keras3_mwms
+from tfos_nb.runtime.executor.keras_node import keras3_mwms
 from tfos_nb.runtime.executor.import_patches import ORIGINAL
 
 cls = trainer.TensorFlowTrainer
@@ -56,7 +56,7 @@ def test_the_keras_functions_repaired_are_still_the_broken_ones():
 
 ONE_PASS = """
 import sys
-from tfos_nb.runtime.executor import keras3_mwms
+from tfos_nb.runtime.executor.keras_node import keras3_mwms
 if sys.argv[1] == "repaired":
     keras3_mwms.install()
 import keras
@@ -98,7 +98,7 @@ def test_a_one_worker_strategy_trains_every_batch_of_a_one_pass_stream():
 SPE_WORKER = """
 import sys
 import numpy as np
-from tfos_nb.runtime.executor import keras3_mwms
+from tfos_nb.runtime.executor.keras_node import keras3_mwms
 keras3_mwms.install()
 import keras
 import tensorflow as tf

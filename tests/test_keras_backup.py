@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
     import json, os, sys
     import numpy as np
     import tensorflow as tf
-    from tfos_nb.runtime.executor.keras_progress import progress_callback
+    from tfos_nb.runtime.executor.keras_node.progress import progress_callback
 
     class Ctx:
         is_chief, attempt = True, int(os.environ.get("TFOS_ATTEMPT", "1"))
@@ -92,10 +92,10 @@ def test_a_users_own_backup_and_restore_makes_it_stand_down(tmp_path):
 DROPOUT_SCRIPT = textwrap.dedent('''
     import json, os, sys
     import numpy as np
-    from tfos_nb.runtime.executor import seeding
+    from tfos_nb.runtime.determinism import seeding
     seeding.apply()  # the job's seed and deterministic mode, before the function (as on a node)
     import tensorflow as tf
-    from tfos_nb.runtime.executor.keras_progress import progress_callback
+    from tfos_nb.runtime.executor.keras_node.progress import progress_callback
 
     class Ctx:
         is_chief, attempt = True, int(os.environ.get("TFOS_ATTEMPT", "1"))

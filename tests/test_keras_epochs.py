@@ -1,4 +1,4 @@
-"""Every epoch of a feed as long as its data, in either Keras (``executor/keras_epochs.py``).
+"""Every epoch of a feed as long as its data, in either Keras (``executor/keras_node/epochs.py``).
 
 A node's share of each fed epoch differs (partitions go to the least busy node), but both Kerases ran every later
 epoch for as many steps as the first had: tf_keras stopped ``fit`` at a shorter epoch ("Your input ran out of
@@ -24,10 +24,10 @@ PROGRAM = """
 import json, os, sys
 import numpy as np
 if sys.argv[2] == "repaired":
-    from tfos_nb.runtime.executor import keras_epochs
+    from tfos_nb.runtime.executor.keras_node import epochs as keras_epochs
     keras_epochs.install()  # as every node does
 import tensorflow as tf
-from tfos_nb.runtime.executor import mlflow_datasets
+from tfos_nb.runtime.executor.tracking import datasets as mlflow_datasets
 keras = tf.keras if sys.argv[1] == "tf_keras" else __import__("keras")
 
 lengths, epoch = [2, 4, 1, 3], [0]  # the batches of this node's share in each fed epoch

@@ -37,7 +37,7 @@ def problem(tmp_path: Path, dists: dict[str, str], legacy: bool = True) -> str:
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{root}{os.pathsep}{REPO}"}
     if legacy:
         env["TF_USE_LEGACY_KERAS"] = "1"
-    code = "from tfos_nb.runtime.executor import keras_flavour; print(keras_flavour.problem())"
+    code = "from tfos_nb.runtime.executor.keras_node import flavour as keras_flavour; print(keras_flavour.problem())"
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60,
                          check=True)
     return out.stdout.strip()

@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import NODE_ENV, binary_frame, spark_fixture, start_cluster
 from tfos_nb import TFCluster
 from tfos_nb.runtime.driver.errors import TFClusterError
-from tfos_nb.runtime.executor.feed import JAX_REFUSED
-from tfos_nb.runtime.executor.supervisor import keras_distribution_env
+from tfos_nb.runtime.executor.feed.data_feed import JAX_REFUSED
+from tfos_nb.runtime.executor.process.supervisor import keras_distribution_env
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.slow

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.slow
 WORKER = r"""
 import json, sys
 import numpy as np
-from tfos_nb.runtime.executor import keras3_mwms
+from tfos_nb.runtime.executor.keras_node import keras3_mwms
 keras3_mwms.install()  # as every node does: Keras 3's trainer repaired for MultiWorkerMirroredStrategy
 import tensorflow as tf
-from tfos_nb.runtime.executor.keras_progress import progress_callback
+from tfos_nb.runtime.executor.keras_node.progress import progress_callback
 
 index, workers, epochs = int(sys.argv[1]), int(sys.argv[2]), 3
 reports = []

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tfos_nb.runtime.executor.run_task import RunOwner
-from tfos_nb.runtime.executor.supervisor import Supervisor
+from tfos_nb.runtime.executor.process.run_task import RunOwner
+from tfos_nb.runtime.executor.process.supervisor import Supervisor
 from tfos_nb.runtime.protocol import messages
 
 REQUIRED = ("cluster_id", "secret", "control", "hb_interval", "driver_timeout", "env", "keras", "default_fs",
@@ -88,7 +88,7 @@ def test_the_coordinator_reads_its_section_strictly():
 
 
 def test_a_launch_row_is_parsed_strictly_with_its_coordinator_and_refused_naming_the_field(tmp_path, monkeypatch):
-    from tfos_nb.runtime.executor.launch import coordinator_status
+    from tfos_nb.runtime.executor.process.launch import coordinator_status
 
     row = messages.LaunchStatus(node=1, ok=True, pid=42, host="10.0.0.5", port=7000,
                          coordinator=messages.CoordinatorStarted(ok=True, control=["10.0.0.5", 7100], pid=43))

@@ -27,12 +27,12 @@ MAX_LINES = 400
 LONG_BECAUSE: dict[str, str] = {
     "tfos_nb/magics/_magics.py": "the magics' argument declarations and docstrings are their %magic? help: "
                                  "one class IPython registers, each magic a thin call into the handles",
-    "tfos_nb/runtime/driver/state.py": "one cluster's state: the node and cluster states, the mutable node record "
+    "tfos_nb/runtime/driver/control/state.py": "one cluster's state: the node and cluster states, the mutable node record "
                                        "under the one lock every reader waits on, and its frozen views, which "
                                        "the widgets import from this module only (their layering rule)",
-    "tfos_nb/runtime/driver/controller.py": "the one writer of a cluster's state: a handler per control message "
+    "tfos_nb/runtime/driver/control/controller.py": "the one writer of a cluster's state: a handler per control message "
                                             "and every transition the driver asks for, each a few lines",
-    "tfos_nb/runtime/executor/feed_hub.py": "one queue under one condition: the feeders' puts, deterministic mode's "
+    "tfos_nb/runtime/executor/feed/hub.py": "one queue under one condition: the feeders' puts, deterministic mode's "
                                             "read-back of spilled partitions, the reader's take/peek and the "
                                             "end-of-data rules all wait on it (what needs no lock is in feed_plan "
                                             "and feed_turns)",
@@ -300,11 +300,11 @@ def test_the_coordinator_loads_neither_spark_nor_tensorflow():
     bare process on an executor: its module-level imports, through other tfos_nb modules, load neither."""
     heavy = ("pyspark", "tensorflow", "py4j", "tf_keras", "keras")
     loaded = reachable(IMPORTS, f"{DRIVER}.connect.coordinator")
-    assert f"{DRIVER}.controller" in loaded  # the scan sees it (a renamed module would make this pass vacuously)
+    assert f"{DRIVER}.control.controller" in loaded  # the scan sees it (a renamed module would make this pass vacuously)
     assert [path for name, path in loaded.items() if _under(name, heavy)] == []
     # nor the notebook's side of a cluster, even inside a function: it hosts the control plane, not a TFCluster
     everything = reachable(IMPORTS, f"{DRIVER}.connect.coordinator", module_level_only=False)
-    assert [path for name, path in everything.items() if name in (f"{DRIVER}.cluster", f"{DRIVER}.start")] == []
+    assert [path for name, path in everything.items() if name in (f"{DRIVER}.cluster", f"{DRIVER}.launch.start")] == []
 
 
 def _entry_points() -> dict[str, str]:
@@ -339,14 +339,14 @@ def test_subprocess_entry_points_load_no_notebook_layer_nor_tensorflow():
 def test_widgets_are_views():
     """Widgets render frozen state: no Spark, no TensorFlow, no driver machinery.
 
-    Of the runtime, a widget may import only ``tfos_nb.runtime.driver.state`` (the frozen
+    Of the runtime, a widget may import only ``tfos_nb.runtime.driver.control.state`` (the frozen
     ``ClusterView``/``NodeView`` it renders; today the widgets take them untyped and import no
     runtime module at all).  Of the rest of tfos_nb: itself and ``tfos_nb.tensorboard`` (links).
     """
     heavy = ("pyspark", "tensorflow", "py4j", "tf_keras", "keras")
     assert violations(IMPORTS, ("tfos_nb.widgets",), heavy) == []
     assert violations(IMPORTS, ("tfos_nb.widgets",), ("tfos_nb",),
-                      allowed=("tfos_nb.widgets", "tfos_nb.runtime.driver.state", "tfos_nb.tensorboard")) == []
+                      allowed=("tfos_nb.widgets", "tfos_nb.runtime.driver.control.state", "tfos_nb.tensorboard")) == []
     for mod in sorted({i.source for i in IMPORTS if _under(i.source, ("tfos_nb.widgets",))}):
         loaded = reachable(IMPORTS, mod)
         assert [path for name, path in loaded.items() if _under(name, heavy)] == [], mod

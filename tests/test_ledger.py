@@ -12,7 +12,7 @@ import stat
 import pyarrow as pa
 import pytest
 
-from tfos_nb.runtime.executor.partition_batches import without
+from tfos_nb.runtime.executor.feeding.batches import without
 from tfos_nb.runtime.recovery import files, ledger
 from tfos_nb.runtime.recovery.folder import JobBackups
 
@@ -162,7 +162,7 @@ def test_a_job_of_tensorflowonsparks_default_epochs_feeds_them_all_and_a_resumed
     from types import SimpleNamespace
 
     from tfos_nb.runtime.driver.options import RetryPolicy
-    from tfos_nb.runtime.driver.retry import Recovery
+    from tfos_nb.runtime.recovery.restart import Recovery
 
     recovery = Recovery(SimpleNamespace(master="local[2]"), RetryPolicy(retries=1, backup_dir=str(tmp_path)))
     try:

@@ -23,9 +23,9 @@ from tests.test_child_owner import SECRET as CONTROL_SECRET
 from tests.test_child_owner import Driver, _gone
 from tests.test_feed_turns import send_after
 from tfos_nb.runtime.batches import columns
-from tfos_nb.runtime.executor import feed_turns
-from tfos_nb.runtime.executor.launch import child_env
-from tfos_nb.runtime.executor.owner import ChildOwner
+from tfos_nb.runtime.determinism import turns as feed_turns
+from tfos_nb.runtime.executor.process.launch import child_env
+from tfos_nb.runtime.executor.process.owner import ChildOwner
 from tfos_nb.runtime.protocol import dataplane, messages
 from tfos_nb.runtime.protocol.channel import ControlClient
 
@@ -42,8 +42,8 @@ exec(compile(SOURCE, "<leftovers>", "exec"), FUNCS)  # pickled by value: the mod
 OWNER = f'''
 import os, sys, time
 import cloudpickle
-from tfos_nb.runtime.executor.launch import child_env
-from tfos_nb.runtime.executor.owner import ChildOwner
+from tfos_nb.runtime.executor.process.launch import child_env
+from tfos_nb.runtime.executor.process.owner import ChildOwner
 from tfos_nb.runtime.protocol import messages
 from tfos_nb.runtime.protocol.channel import ControlClient
 {SOURCE}

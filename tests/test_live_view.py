@@ -13,12 +13,12 @@ import pytest
 
 from tests.conftest import ipython_with_tfos_nb, wait_until
 from tests.panel_fakes import FakeDisplay
-from tfos_nb.runtime.driver import stacks, state
 from tfos_nb.runtime.driver.connect import snapshot
-from tfos_nb.runtime.driver.controller import new_cluster
+from tfos_nb.runtime.driver.control import stacks, state
+from tfos_nb.runtime.driver.control.controller import new_cluster
 from tfos_nb.runtime.driver.options import JobOptions
-from tfos_nb.runtime.executor import phases
-from tfos_nb.runtime.executor.feed_hub import FeedHub
+from tfos_nb.runtime.executor.feed.hub import FeedHub
+from tfos_nb.runtime.executor.process import phases
 from tfos_nb.runtime.protocol import messages, pipes, remote
 from tfos_nb.widgets import make_renderer, panel_html, panel_model, text_line
 from tfos_nb.widgets._view import state_key
@@ -394,7 +394,7 @@ def test_stacks_of_nodes_without_a_process_say_why():
 
 
 def test_a_stall_line_names_a_few_of_the_hundreds_of_nodes_that_have_not_reached_it_and_counts_the_rest():
-    from tfos_nb.runtime.driver.stalls import NAMED_BEHIND
+    from tfos_nb.runtime.driver.control.stalls import NAMED_BEHIND
 
     ctl, clock = started_cluster([("chief", 0)] + [("worker", i) for i in range(200)])
     beat(ctl, 0, phases.STRATEGY, still=5.0)
@@ -506,7 +506,7 @@ def test_a_process_frozen_in_c_code_is_read_from_its_stack_dump(tmp_path):
     import tempfile
     import time
 
-    from tfos_nb.runtime.executor.owner import ChildOwner
+    from tfos_nb.runtime.executor.process.owner import ChildOwner
 
     strategy = tmp_path / "tensorflow" / "python" / "distribute" / "collective_all_reduce_strategy.py"
     strategy.parent.mkdir(parents=True)

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from tests.conftest import global_shell_with, spark_fixture, wait_until
-from tfos_nb.runtime.executor import phases
+from tfos_nb.runtime.executor.process import phases
 
 pytestmark = pytest.mark.slow
 

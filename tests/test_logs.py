@@ -93,5 +93,5 @@ def test_a_node_logs_at_the_notebook_s_level(sc, monkeypatch, caplog, no_leaks):
     assert any(m.startswith("chief:0 registered: host ") for m in driver), driver
     assert any(m.startswith("train partition 1 of epoch 1 (executor ") and m.endswith("goes to chief:0") for m in driver), driver
     node = list(cluster.logs("chief:0")["chief:0"])
-    assert any(line.startswith("tfos_nb DEBUG tfos_nb.runtime.executor.data_server: data connection: train of partition ")
+    assert any(line.startswith("tfos_nb DEBUG tfos_nb.runtime.executor.feed.server: data connection: train of partition ")
                for line in node), node

@@ -303,7 +303,7 @@ def test_a_reply_is_refused_as_the_answer_to_a_later_request_of_the_same_client(
 # child_main.py: the function blob from the owner's stdin pipe (it came in Spark's task closure);
 # parallel/runs.py: a run's return value inside a Spark task result, the channel PySpark's own collect() unpickles;
 # _cellfn / pipeline: notebook cells and saved pipeline stages (trusted directories). Never our sockets.
-ALLOWED_UNPICKLING = {"runtime/executor/child_main.py", "runtime/driver/parallel/runs.py", "magics/_cellfn.py",
+ALLOWED_UNPICKLING = {"runtime/executor/process/child_main.py", "runtime/driver/parallel/runs.py", "magics/_cellfn.py",
                       "pipeline/_params.py", "pipeline/_model_runners.py"}
 
 
@@ -326,7 +326,7 @@ def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others
     """A node that registered polls for the cluster spec while slower nodes start (a busy executor can
     take longer than the heartbeat timeout): every poll is a sign of life; silence is not."""
 
-    from tfos_nb.runtime.driver import controller, state
+    from tfos_nb.runtime.driver.control import controller, state
 
     now = [1000.0]
     st = state.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])
@@ -349,7 +349,7 @@ def test_a_registered_node_polling_for_the_spec_is_alive_however_slow_the_others
 def test_every_node_silent_at_once_names_the_path_to_the_driver():
     """Nodes on different executors all silent in the same heartbeat window: not each executor dying, but the
     executors cut off from the driver's control server (issue 41's "driver's control port unreachable")."""
-    from tfos_nb.runtime.driver import controller, state
+    from tfos_nb.runtime.driver.control import controller, state
 
     now = [1000.0]
     st = state.ClusterState("cid", "t", [("chief", 0), ("worker", 0)], clock=lambda: now[0])

@@ -108,7 +108,7 @@ def test_autolog_with_its_default_dataset_logging_trains_on_the_feed(mlflow_serv
 GUARD = """
 import os, types
 import tensorflow as tf
-from tfos_nb.runtime.executor import mlflow_datasets, mlflow_node
+from tfos_nb.runtime.executor.tracking import datasets as mlflow_datasets, node as mlflow_node
 
 pulled = []
 def gen():
@@ -145,6 +145,6 @@ def test_mlflow_never_iterates_a_stream_fed_dataset_on_the_chief(tmp_path):
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    from tfos_nb.runtime.executor.mlflow_datasets import REFUSAL
+    from tfos_nb.runtime.executor.tracking.datasets import REFUSAL
 
     assert lines == [f"refused: {REFUSAL}", "skipped: None", "pulled: 0", "other: TensorFlowDataset"], out.stdout

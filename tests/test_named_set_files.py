@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
-from tfos_nb.runtime.driver.cluster_sets import named_sets
-from tfos_nb.runtime.executor.feed_conn import Conn
-from tfos_nb.runtime.executor.named_feeds import NamedFeeds, NamedReader, check_name
+from tfos_nb.runtime.driver.feeding.named_sets import named_sets
+from tfos_nb.runtime.executor.feed.conn import Conn
+from tfos_nb.runtime.executor.feed.named_sets import NamedFeeds, NamedReader, check_name
 
 SENTENCE = re.escape("a feed's name is letters, digits, '_', '.' or '-' (up to 64), other than '.' and '..', got ")
 

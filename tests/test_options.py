@@ -126,7 +126,7 @@ def test_resources_refuse_bad_input_in_one_sentence(given, message):
 
 
 def test_resources_group_the_nodes_by_what_their_role_asks():
-    from tfos_nb.runtime.driver.resources import Request
+    from tfos_nb.runtime.driver.launch.resources import Request
 
     options = JobOptions(resources="*: cpus=1; ps: memory=2g; worker: gpus=1 fpga=0.25")
     assert options.resources.text() == "*: cpus=1; ps: memory=2g; worker: fpga=0.25 gpus=1"
@@ -140,7 +140,7 @@ def test_resources_group_the_nodes_by_what_their_role_asks():
 
 
 def test_resources_need_a_cluster_manager_and_apply_to_clusters_only():
-    from tfos_nb.runtime.driver.resources import Resources, problems
+    from tfos_nb.runtime.driver.launch.resources import Resources, problems
 
     found = problems(Resources.of({"worker": {"cpus": 1}}), [("worker", 0)], lambda key: None, "local[4]")
     assert found == [("resources= needs a cluster manager, and Spark's local mode (local[4]) has no stage-level "

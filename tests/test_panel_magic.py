@@ -135,9 +135,9 @@ def test_background_cell_panel_follows_the_state_and_its_stop_button_stops(ip, m
     from IPython.core.displaypub import CapturingDisplayPublisher
 
     from tfos_nb.magics import ClusterHandle
-    from tfos_nb.runtime.driver.controller import Controller
+    from tfos_nb.runtime.driver.control.controller import Controller
+    from tfos_nb.runtime.driver.control.state import ClusterState
     from tfos_nb.runtime.driver.options import ClusterShape
-    from tfos_nb.runtime.driver.state import ClusterState
 
     pub = CapturingDisplayPublisher()
     monkeypatch.setattr(ip, "display_pub", pub)
@@ -211,7 +211,7 @@ def test_real_cluster_run_renders_html_panel_and_snapshot(ip, monkeypatch):
 
 # -- a real kernel (nbclient): auto picks the widget; the saved notebook keeps the snapshot --------------
 PANEL_CELL = """
-from tfos_nb.runtime.driver.state import ClusterView, NodeView
+from tfos_nb.runtime.driver.control.state import ClusterView, NodeView
 from tfos_nb.widgets import choose_renderer, make_renderer
 kind = choose_renderer("auto", get_ipython())
 print("renderer", kind)

@@ -24,8 +24,8 @@ from IPython.core.error import UsageError
 from tests.conftest import NODE_ENV, ipython_with_tfos_nb, run_notebook, runtime_processes, spark_fixture, wait_until
 from tfos_nb import TFParallel
 from tfos_nb.magics import ParallelFailed, ParallelHandle
+from tfos_nb.runtime.driver.control.state import NodeView
 from tfos_nb.runtime.driver.parallel.runs import ParallelView, best_index, default_metric, default_mode
-from tfos_nb.runtime.driver.state import NodeView
 from tfos_nb.widgets import panel_html, panel_model, text_line
 
 # Run functions defined here travel by value (executors cannot import this test module).
@@ -95,7 +95,7 @@ def test_spark_connect_is_refused():
 
 def test_importing_tfparallel_stays_light():
     code = (
-        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.executor.run_task\n"
+        "import sys, tfos_nb\nfrom tfos_nb import TFParallel\nimport tfos_nb.runtime.executor.process.run_task\n"
         "bad = [m for m in ('tensorflow', 'pyspark', 'IPython', 'ipywidgets') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -10,8 +10,8 @@ the test moves, waits :data:`PEER_GRACE_S` for the cause before it fails the job
 from __future__ import annotations
 
 from tests.test_input_ran_out import Cluster
-from tfos_nb.runtime.driver import state
-from tfos_nb.runtime.driver.controller import PEER_GRACE_S
+from tfos_nb.runtime.driver.control import state
+from tfos_nb.runtime.driver.control.controller import PEER_GRACE_S
 from tfos_nb.runtime.driver.errors import error_for, peer_caused
 from tfos_nb.runtime.protocol import messages
 

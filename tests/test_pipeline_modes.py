@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import NODE_ENV, spark_fixture, wait_until
 from tfos_nb.examples import digits
 from tfos_nb.pipeline import TFEstimator, TFModel, communication_options
-from tfos_nb.runtime.driver import start as runtime_start
+from tfos_nb.runtime.driver.launch import start as runtime_start
 
 pytestmark = pytest.mark.slow
 # Functions defined here travel by value (executors cannot import this test module).

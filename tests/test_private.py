@@ -15,8 +15,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.server_abuse import as_nobody, as_nobody_wait, writable_by_all
 from tfos_nb.runtime import private
-from tfos_nb.runtime.driver.start import driver_log_path
-from tfos_nb.runtime.executor.launch import start_coordinator
+from tfos_nb.runtime.driver.launch.start import driver_log_path
+from tfos_nb.runtime.executor.process.launch import start_coordinator
 from tfos_nb.runtime.protocol import messages
 
 # A coordinator whose meta lacks its settings: it writes a traceback to its log and exits at once.

@@ -345,7 +345,7 @@ def executor_ids(sc) -> list[str]:
 def test_a_retry_shrinks_to_the_nodes_left_when_a_slot_does_not_come_back(spark, tmp_path, no_leaks):
     """``min_workers=1``: the application is down to one slot after the worker's executor is taken away (Spark's
     ``killExecutor``: no replacement), so the retry starts on the chief alone after ``shrink_after``."""
-    from tfos_nb.runtime.driver.slots import available_slots
+    from tfos_nb.runtime.driver.launch.slots import available_slots
 
     sc = spark.sparkContext
     spare = executor_ids(sc)[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tfos_nb.runtime.driver.awaiting import NAMED_NODES, waited_for
+from tfos_nb.runtime.driver.launch.awaiting import NAMED_NODES, waited_for
 
 
 def nodes(states: list[str]) -> list[SimpleNamespace]:
@@ -30,7 +30,7 @@ def test_the_architecture_page_states_the_bounds_the_code_has():
     names, and the history each node keeps."""
     from pathlib import Path
 
-    from tfos_nb.runtime.driver import state as cluster_state
+    from tfos_nb.runtime.driver.control import state as cluster_state
     from tfos_nb.runtime.protocol.unverified import MAX_UNVERIFIED
 
     text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text().split())

@@ -162,7 +162,7 @@ def test_a_lost_executor_is_replaced_and_its_node_resumes_with_the_same_profile(
 def test_a_setting_reads_the_same_from_a_context_and_from_its_session(sc):
     """The one settings reader takes a SparkContext or a classic SparkSession (a retried job's backups ask the master
     of whatever the user passed: a session read as "" made them think the nodes were on other hosts)."""
-    from tfos_nb.runtime.driver.slots import conf_value, session_master
+    from tfos_nb.runtime.driver.launch.slots import conf_value, session_master
 
     session = SparkSession(sc)
     assert conf_value(session, "spark.master") == conf_value(sc, "spark.master") == sc.master

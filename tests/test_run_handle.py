@@ -1,6 +1,6 @@
 """The notebook handle (``RunHandle``) with a fake driver job and an injected clock: no Spark, milliseconds.
 
-``ClusterHandle`` gets a stand-in for ``runtime.driver.start.run`` (a real
+``ClusterHandle`` gets a stand-in for ``runtime.driver.launch.start.run`` (a real
 ``ClusterState``, a fake ``TFCluster`` whose ``shutdown`` waits for the test);
 ``ParallelHandle`` a stand-in for ``runtime.driver.parallel.start``.
 """
@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from tfos_nb.magics import ClusterFailed, ClusterHandle, ParallelFailed, ParallelHandle, RunFailed, RunHandle
-from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.cluster import TFClusterError
+from tfos_nb.runtime.driver.control import state as cluster_state
 from tfos_nb.runtime.driver.options import ClusterShape, RetryPolicy
 from tfos_nb.runtime.driver.parallel.runs import ParallelView, RunResult, TFParallelError
 
@@ -70,7 +70,7 @@ class FakeCluster:
 
 
 class FakeStart:
-    """Stands in for ``runtime.driver.start.run``: a real ClusterState, reserving → running, then a FakeCluster."""
+    """Stands in for ``runtime.driver.launch.start.run``: a real ClusterState, reserving → running, then a FakeCluster."""
 
     def __init__(self, error: BaseException | None = None, hold_start: bool = False) -> None:
         self.error = error

@@ -504,7 +504,7 @@ def test_start_waits_for_the_executors_the_configuration_promises(monkeypatch):
     """Executors register seconds apart on a busy machine: a local-cluster[3,…] with one up waits for the others."""
     from types import SimpleNamespace
 
-    from tfos_nb.runtime.driver import slots
+    from tfos_nb.runtime.driver.launch import slots
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
@@ -532,7 +532,7 @@ def test_the_doctor_waits_for_executors_still_registering_on_a_master_that_does_
     from types import SimpleNamespace
 
     from tfos_nb.runtime.doctor import job as doctor_job
-    from tfos_nb.runtime.driver import slots
+    from tfos_nb.runtime.driver.launch import slots
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))

@@ -13,8 +13,8 @@ import pytest
 from tests.test_connect_snapshot import beat, coordinator_state, travel
 from tfos_nb.magics import _render
 from tfos_nb.runtime import step_time
-from tfos_nb.runtime.driver import state as cluster_state
 from tfos_nb.runtime.driver.connect import snapshot
+from tfos_nb.runtime.driver.control import state as cluster_state
 from tfos_nb.widgets import _view
 
 

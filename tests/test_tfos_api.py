@@ -372,9 +372,9 @@ def test_tfcluster_is_one_class_whose_feeding_and_streams_are_collaborators():
     owner each StreamingFeed reports to); both are built from the cluster's job, not from the cluster."""
     import inspect
 
-    from tfos_nb.runtime.driver.batch_feed import BatchFeed
     from tfos_nb.runtime.driver.cluster import TFCluster
-    from tfos_nb.runtime.driver.cluster_streams import ClusterStreams
+    from tfos_nb.runtime.driver.feeding.batch import BatchFeed
+    from tfos_nb.runtime.driver.feeding.streams import ClusterStreams
 
     assert TFCluster.__bases__ == (object,)
     assert list(inspect.signature(BatchFeed).parameters) == ["job", "meta"]
@@ -384,8 +384,8 @@ def test_tfcluster_is_one_class_whose_feeding_and_streams_are_collaborators():
 def test_named_queues_read_sets_and_results_have_one_queue():
     """TensorFlowOnSpark's ``DataFeed(mgr, qname_in=...)`` (issue 50) reads a named set the node holds; a hub with no
     sets (outside a fed node) says so; results go back on one queue, 'output', so another is refused."""
-    from tfos_nb.runtime.executor.feed import DataFeed
-    from tfos_nb.runtime.executor.feed_hub import FeedHub
+    from tfos_nb.runtime.executor.feed.data_feed import DataFeed
+    from tfos_nb.runtime.executor.feed.hub import FeedHub
 
     hub = FeedHub()
     with pytest.raises(ValueError, match=r"DataFeed\(qname_in='validation'\): this feed has no named sets"):

@@ -9,8 +9,8 @@ import sys
 import cloudpickle
 import pytest
 
-from tfos_nb.runtime.executor import threads
-from tfos_nb.runtime.executor.owner import tf_env
+from tfos_nb.runtime.executor.process import threads
+from tfos_nb.runtime.executor.process.owner import tf_env
 from tfos_nb.runtime.protocol import messages
 
 # The runs' functions travel by value: executors cannot import this test module (no repo root on their path).

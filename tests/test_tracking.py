@@ -88,7 +88,7 @@ def test_node_side_rule(role, expected):
     import_or_skip("mlflow")
     code = """
 import os, types
-from tfos_nb.runtime.executor import mlflow_node
+from tfos_nb.runtime.executor.tracking import node as mlflow_node
 import mlflow  # imported before the node's setup (e.g. by the function's globals): disarmed too
 role = os.environ["ROLE"]
 ctx = types.SimpleNamespace(is_chief=role == "chief", mlflow_run_id=None)
@@ -108,7 +108,7 @@ print(role, ctx.mlflow_run_id, os.environ.get("MLFLOW_RUN_ID"), os.environ.get("
 
 
 def test_the_panel_links_to_the_run_in_the_tracking_ui():
-    from tfos_nb.runtime.driver import state
+    from tfos_nb.runtime.driver.control import state
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
     st = state.ClusterState("0123456789ab", "job", [("chief", 0)])
@@ -150,8 +150,8 @@ def test_credentials_are_stripped_from_a_url_and_from_a_message():
 
 SUPERVISOR_ENV = """
 import json, os, sys
-from tfos_nb.runtime.executor.owner import tf_env
-from tfos_nb.runtime.executor.supervisor import Supervisor
+from tfos_nb.runtime.executor.process.owner import tf_env
+from tfos_nb.runtime.executor.process.supervisor import Supervisor
 from tfos_nb.runtime.protocol import messages as m
 
 roles, node, uri = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -186,7 +186,7 @@ def test_only_the_node_that_logs_gets_the_tracking_uri(roles, node, logs):
 
 def test_the_panel_never_shows_the_tracking_uris_password():
     import_or_skip("mlflow")
-    from tfos_nb.runtime.driver import state
+    from tfos_nb.runtime.driver.control import state
     from tfos_nb.runtime.driver.tracking.run import run_url
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 
@@ -613,7 +613,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
     the links uid nobody planted there to a secret of this user's outside it, and a hard link to it, are left out
     and named in one warning; the regular files are uploaded."""
     as_nobody()
-    from tfos_nb.runtime.driver import state
+    from tfos_nb.runtime.driver.control import state
     from tfos_nb.runtime.driver.tracking.run import JobRun, Request
 
     secret = tmp_path / "id_rsa"  # this user's, outside the folders (/etc/shadow as root alike)
@@ -657,7 +657,7 @@ def test_uploads_never_follow_a_link_out_of_the_folder(mlflow_server, client, op
 @pytest.mark.slow
 def test_a_tracking_uri_with_a_password_is_logged_to_and_never_shown(mlflow_server, client):
     """MLflow gets the whole URI (the server takes basic auth from it); the link the panel shows has none of it."""
-    from tfos_nb.runtime.driver import state
+    from tfos_nb.runtime.driver.control import state
     from tfos_nb.runtime.driver.tracking.run import JobRun, Request
     from tfos_nb.widgets._view import panel_html, panel_model, text_line
 

@@ -1,4 +1,4 @@
-"""Issue 50: validation data from a DataFrame, as named feeds (``train(df, validation=val_df)``, ``qname``).
+"""Issue 50: validation data from a DataFrame, as named sets (``train(df, validation=val_df)``, ``qname``).
 
 The cluster tests are a data scientist's notebook: ``train_df, val_df = df.randomSplit([0.8, 0.2])``, Keras'
 ``model.fit(train, validation_data=val, epochs=E)`` under MultiWorkerMirroredStrategy, the validation set in
@@ -159,7 +159,7 @@ def test_a_node_reading_a_set_nobody_feeds_is_named_not_waited_on(sc, spark, no_
 
 @pytest.mark.slow
 def test_a_set_whose_columns_differ_is_refused_before_any_job(spark):
-    from tfos_nb.runtime.driver.cluster_sets import named_sets
+    from tfos_nb.runtime.driver.feeding.named_sets import named_sets
 
     train_df = spark.range(4).selectExpr("cast(id as float) as x", "id as y")
     with pytest.raises(ValueError, match=r"^the set 'validation' has columns \(y bigint, x float\) and the training "
@@ -180,8 +180,8 @@ def test_spool_keeps_each_partition_once(tmp_path):
 
     import pyarrow as pa
 
-    from tfos_nb.runtime.executor.feed_conn import Conn
-    from tfos_nb.runtime.executor.named_feeds import NamedFeeds, NamedReader
+    from tfos_nb.runtime.executor.feed.conn import Conn
+    from tfos_nb.runtime.executor.feed.named_sets import NamedFeeds, NamedReader
 
     feeds = NamedFeeds("worker:0", lambda: False, root=str(tmp_path))
 
@@ -251,8 +251,8 @@ def test_passes_cut_short_are_freed_when_the_next_begins(tmp_path):
 
     import pyarrow as pa
 
-    from tfos_nb.runtime.executor.feed_conn import Conn
-    from tfos_nb.runtime.executor.named_feeds import NamedFeeds, NamedReader
+    from tfos_nb.runtime.executor.feed.conn import Conn
+    from tfos_nb.runtime.executor.feed.named_sets import NamedFeeds, NamedReader
 
     feeds = NamedFeeds("worker:0", lambda: False, root=str(tmp_path))
     for partition in (0, 1):

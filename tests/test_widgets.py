@@ -78,7 +78,7 @@ def test_header_gpu_progress_and_tensorboard():
 
 
 def test_the_resources_column_shows_each_nodes_grant_only_when_a_role_has_a_profile():
-    from tfos_nb.runtime.driver.state import Grant
+    from tfos_nb.runtime.driver.control.state import Grant
 
     ps = node(job_name="ps", grant=Grant(1, (), 2))
     worker = node(job_name="worker", grant=Grant(1, (("gpu", ("3",)),), 3))

@@ -1,5 +1,5 @@
-"""The runtime's wings (one package a cross-cutting feature: the doctor, TensorBoard) keep the layer rules of
-``test_layers.py`` inside them, and TensorBoard's sides share one port finder and one URL checker."""
+"""The runtime's wings (one package a cross-cutting feature: the doctor, recovery, deterministic mode,
+TensorBoard) keep the layer rules of ``test_layers.py`` inside them, and TensorBoard's sides share one port finder and one URL checker."""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ WINGS: dict[str, dict[str, tuple[str, ...]]] = {
     "tfos_nb.runtime.doctor": {
         "driver": ("tfos_nb.runtime.doctor.job",),  # doctor() runs the probe, shipped to executors by value
         "executor": ("tfos_nb.runtime.doctor.probe",),
+    },
+    "tfos_nb.runtime.recovery": {
+        "driver": ("tfos_nb.runtime.recovery.restart",),  # what each attempt restores and feeds
+        "executor": ("tfos_nb.runtime.recovery.keras_backup",),  # the Keras backup ctx.progress_callback() keeps
+    },
+    "tfos_nb.runtime.determinism": {
+        "driver": ("tfos_nb.runtime.determinism.order",),  # which node reads a partition, after which one
+        "executor": ("tfos_nb.runtime.determinism.seeding", "tfos_nb.runtime.determinism.turns"),
     },
     "tfos_nb.runtime.tensorboard": {
         "driver": ("tfos_nb.runtime.tensorboard.news",),
@@ -55,12 +63,12 @@ def test_the_wings_keep_the_process_wall():
 
 
 def test_the_doctor_knows_nothing_of_starting_a_cluster():
-    """``driver/start.py`` runs the doctor before a start (``preflight=True``); the doctor, even inside its
+    """``driver/launch/start.py`` runs the doctor before a start (``preflight=True``); the doctor, even inside its
     functions, reaches neither the start nor a cluster: no tie back to its caller."""
     everything = reachable(IMPORTS, "tfos_nb.runtime.doctor.job", module_level_only=False)
-    assert f"{DRIVER}.slots" in everything  # the scan follows the doctor into the driver (else this is vacuous)
+    assert f"{DRIVER}.launch.slots" in everything  # the scan follows the doctor into the driver (else this is vacuous)
     assert [path for name, path in everything.items()
-            if name in (f"{DRIVER}.start", f"{DRIVER}.cluster", f"{DRIVER}.job")] == []
+            if name in (f"{DRIVER}.launch.start", f"{DRIVER}.cluster", f"{DRIVER}.job")] == []
 
 
 def test_tensorboard_has_one_port_finder_and_one_url_checker():

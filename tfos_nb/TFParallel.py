@@ -19,6 +19,6 @@ from .runtime.driver.parallel.runs import (
     run,
     start,
 )
-from .runtime.executor.run_task import RunContext
+from .runtime.executor.process.run_task import RunContext
 
 __all__ = ["ParallelRuns", "ParallelView", "RunContext", "RunResult", "TFParallelError", "best_index", "run", "start"]

@@ -115,14 +115,14 @@ def data_var(ns: Mapping[str, Any], var: str, flag: str = "--data") -> Any:
 
 
 def validation_var(ns: Mapping[str, Any], var: str | None, data: Any, data_name: str | None) -> Any:
-    """``--validation-data VAR``: a DataFrame or RDD fed once as the named feed ``validation``, checked as the
+    """``--validation-data VAR``: a DataFrame or RDD fed once as the named set ``validation``, checked as the
     runtime checks it (batch data, the training data's columns) so that bad input is a UsageError before any job."""
     if var is None:
         return None
     if data is None:
         raise usage("--validation-data needs --data (the training data it validates)")
     value = data_var(ns, var, "--validation-data")
-    from ..runtime.driver.cluster_sets import named_sets
+    from ..runtime.driver.feeding.named_sets import named_sets
 
     try:
         named_sets(data, "input", value, None)

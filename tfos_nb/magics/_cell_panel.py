@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from IPython.core.error import UsageError
 
-from ..runtime.driver import state as cluster_state
+from ..runtime.driver.control import state as cluster_state
 from ..widgets import JobProgress
 from ._quiet import quiet_lines
 from ._spark import job_groups, job_progress

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime import step_time
-from ..runtime.driver import retry, stacks, start, state
+from ..runtime.driver import retry
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
+from ..runtime.driver.control import stacks, state
+from ..runtime.driver.launch import start
 from ..runtime.driver.options import ClusterShape, JobOptions, RetryPolicy
 from ._run_handle import RunFailed, RunHandle, first_line
 
@@ -92,10 +94,10 @@ class ClusterHandle(RunHandle):
         )
         # after the chief/workers finished: the evaluator's time to evaluate the last checkpoint (shutdown's grace)
         self._training = retry.Training(data=data, num_epochs=epochs, feed_timeout=timeout or 600,
-                                        validation=validation,  # fed once as the named feed "validation"
+                                        validation=validation,  # fed once as the named set "validation"
                                         grace_secs=float(evaluator_grace) if shape.evaluator else 0.0,
                                         shutdown_timeout=timeout or 259200)
-        self._start = start_cluster  # tfos_nb.runtime.driver.start.start_cluster, or a test's fake
+        self._start = start_cluster  # tfos_nb.runtime.driver.launch.start.start_cluster, or a test's fake
         self._fn, self._args = fn, args
         self._timer: threading.Timer | None = None
         self._stalled_at_timeout = ""  # the stall flags when the timeout stopped the job (its message says them)

@@ -11,11 +11,11 @@ from IPython.core.magic import Magics, magics_class
 from traitlets import Bool, CaselessStrEnum, Enum, Float, Integer, Unicode, Union, observe
 
 from ..runtime import logs
-from ..runtime.driver.launching import check as check_resources
+from ..runtime.driver.control.stalls import DEFAULT_STALL_AFTER
+from ..runtime.driver.launch.stages import check as check_resources
+from ..runtime.driver.launch.start import add_start_listener, remove_start_listener
 from ..runtime.driver.options import SHRINK_AFTER_S, ClusterShape, JobOptions, RetryPolicy
 from ..runtime.driver.parallel import runs as parallel
-from ..runtime.driver.stalls import DEFAULT_STALL_AFTER
-from ..runtime.driver.start import add_start_listener, remove_start_listener
 from ..runtime.driver.tracking import option_facts
 from . import _cell_panel, _doctor, _render, _views
 from ._cell_options import (
@@ -144,7 +144,7 @@ class TFOSMagics(Magics):
               help="spark: the driver feeds --data to the nodes; tensorflow: the cell reads its own data "
               "(default: spark with --data, else tensorflow)")
     @argument("--data", metavar="VAR", help="a DataFrame (batch or streaming) or RDD in the notebook to feed (--input-mode spark)")
-    @argument("--validation-data", metavar="VAR", help="a DataFrame or RDD in the notebook fed once as the named feed "
+    @argument("--validation-data", metavar="VAR", help="a DataFrame or RDD in the notebook fed once as the named set "
               "'validation' (ctx.get_data_feed(qname_in='validation').as_dataset(...) for fit's validation_data)")
     @argument("--epochs", type=int, default=None, metavar="E", help="epochs to feed; also args.epochs (default 1)")
     @argument("--args", metavar="EXPR",

@@ -30,8 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from ..runtime.driver import state as cluster_state
 from ..runtime.driver.cluster import TFClusterError
+from ..runtime.driver.control import state as cluster_state
 from ._quiet import quiet_lines
 
 __all__ = ["LOG_LINES_KEPT", "RunFailed", "RunHandle", "first_line", "marked_failed"]

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..runtime.driver.start import expected_slots
+from ..runtime.driver.launch.start import expected_slots
 from ..runtime.sessions import is_connect
 
 __all__ = ["CONNECT_ENV", "LOOPBACK", "before_embedded_stop", "connect_refusal", "embedded_host", "embedded_notice",
@@ -370,7 +370,7 @@ def spark_for_cell(ns: dict[str, Any], master_template: str, nodes: int, embedde
     """
     from IPython.core.error import UsageError
 
-    from ..runtime.driver.start import available_slots
+    from ..runtime.driver.launch.start import available_slots
 
     sc = find_spark_context(ns)
     if sc is None:

@@ -197,7 +197,7 @@ class TFEstimator(Estimator["TFModel"], TFParams, HasInputMapping, HasClusterSiz
                     raise ValueError(msg)
                 c = F.col(col)
                 cols.append(vector_to_array(c, "float32").alias(col) if isinstance(fields[col], VectorUDT) else c)
-            if validation is not None:  # fed once as the named feed "validation" (see _validation.py)
+            if validation is not None:  # fed once as the named set "validation" (see _validation.py)
                 train_rows, val_rows = split(dataset, validation)
                 source, val_source = train_rows.select(*cols), val_rows.select(*cols)
             else:

@@ -2,7 +2,7 @@
 
 ``Validation`` is a fraction of the input rows (``0.2``: a seeded ``randomSplit``) or the name of a boolean
 column marking them (Horovod's ``KerasEstimator`` takes the same two).  ``fit`` feeds the rest for training and
-those rows once, before the first epoch, as the named feed ``validation`` (``train(..., validation=...)``):
+those rows once, before the first epoch, as the named set ``validation`` (``train(..., validation=...)``):
 ``train_fn`` reads them with ``ctx.get_data_feed(qname_in="validation")``.  The fitted :class:`TFModel` keeps
 the chief's last Keras ``val_*`` values in its ``ValidationMetrics`` Param, saved with the model.
 """
@@ -74,7 +74,7 @@ def split(dataset: Any, validation: float | str) -> tuple[Any, Any]:
 
 def last_values(view: Any) -> dict[str, float]:
     """The chief's (or first worker's) last reported ``val_*`` values in a finished cluster's view."""
-    from ..runtime.executor.mlflow_node import chief_index
+    from ..runtime.executor.tracking.node import chief_index
 
     found = chief_index([(n.job_name, n.task_index) for n in view.nodes])
     if found is None:

@@ -11,11 +11,11 @@ import sys
 if __name__ == "__main__":
     role = sys.argv[1] if len(sys.argv) > 1 else ""
     if role == "supervisor":
-        from tfos_nb.runtime.executor.supervisor import main
+        from tfos_nb.runtime.executor.process.supervisor import main
     elif role == "node":
-        from tfos_nb.runtime.executor.node import main
+        from tfos_nb.runtime.executor.process.node import main
     elif role == "run":
-        from tfos_nb.runtime.executor.run_task import main
+        from tfos_nb.runtime.executor.process.run_task import main
     elif role == "coordinator":
         from tfos_nb.runtime.driver.connect.coordinator import main
     else:

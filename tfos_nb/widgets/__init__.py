@@ -1,7 +1,7 @@
 """Renders runtime cluster state: an ipywidgets panel, an HTML table or text lines.
 
 Owns no thread and never imports pyspark: the magics layer feeds it snapshots
-(``tfos_nb.runtime.driver.state.ClusterView``) and Spark job progress as plain numbers.
+(``tfos_nb.runtime.driver.control.state.ClusterView``) and Spark job progress as plain numbers.
 ipywidgets is imported only when the widget back-end is made.
 """
 

@@ -7,7 +7,7 @@ collects each slot's facts; the verdicts — OK, WARN or FAIL, the executor or h
 computed from plain dicts (:func:`~.verdicts.verdicts`), so they are testable without Spark.
 :class:`Report` is the outcome; ``text()`` renders it outside a notebook, the magics layer renders
 it as a table in one.  No TensorFlow cluster starts, and the doctor knows nothing of starting one:
-``driver/start.py`` calls :func:`~.job.doctor`, never the reverse.  What this module holds
+``driver/launch/start.py`` calls :func:`~.job.doctor`, never the reverse.  What this module holds
 (the report) and ``verdicts.py`` are shared by both sides.
 """
 

@@ -18,8 +18,8 @@ import time
 from importlib import metadata
 from typing import Any
 
-from ..driver.resources import Resources, problems
-from ..driver.slots import conf_value, connect_slots, driver_host, expected_slots, settled_slots, spark_context
+from ..driver.launch.resources import Resources, problems
+from ..driver.launch.slots import conf_value, connect_slots, driver_host, expected_slots, settled_slots, spark_context
 from ..sessions import is_connect
 from . import Report
 from .verdicts import verdicts
@@ -147,7 +147,7 @@ def probe_executors(spark: Any, tasks: int, *, export_dir: str | None, default_f
             return [r["s"] for r in rows]
 
         return _run(ConnectSparkJob(sc, group, "tfos_nb doctor", action), timeout, tasks)
-    from ..driver.sparkjob import SparkJob
+    from ..driver.launch.sparkjob import SparkJob
 
     with DriverListener(driver_host(sc)) as listener:
         plan["driver"] = list(listener.address)

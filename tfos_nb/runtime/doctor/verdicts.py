@@ -32,7 +32,7 @@ def verdicts(session: dict[str, Any], driver: dict[str, Any], executors: list[di
     """Every check, from the session's facts, the driver's and each probe task's (pure: no Spark).
 
     ``resources``: the resources per role asked (their text) and what the session cannot give of them
-    (``driver.resources.problems``: ``(what, fix)`` pairs).
+    (``driver.launch.resources.problems``: ``(what, fix)`` pairs).
     """
     checks = _slots(session, nodes, feeders, len(executors), stage_error)
     checks += _settings(session)

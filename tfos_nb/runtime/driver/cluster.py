@@ -16,17 +16,17 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..executor.feeder import make_arrow_inferer, make_rdd_inferer
-from . import stacks, state
-from .awaiting import waited_for
-from .batch_feed import BatchFeed, refuse_dstream, require_batch_rows, require_default_queue
-from .cluster_sets import feed_set, named_sets, warn_unread_sets
-from .cluster_streams import ClusterStreams, require_sink
-from .control_plane import ControlPlane
+from ..executor.feeding.feeder import make_arrow_inferer, make_rdd_inferer
+from .control import stacks, state
+from .control.plane import ControlPlane
+from .control.roles import awaited, awaited_nodes
 from .errors import TAIL_IN_ERRORS, TFClusterError, error_for
+from .feeding.batch import BatchFeed, refuse_dstream, require_batch_rows, require_default_queue
+from .feeding.named_sets import feed_set, named_sets, warn_unread_sets
+from .feeding.streaming import StreamingFeed, is_streaming, require_stream
+from .feeding.streams import ClusterStreams, require_sink
 from .job import DriverJob
-from .roles import awaited, awaited_nodes
-from .streaming import StreamingFeed, is_streaming, require_stream
+from .launch.awaiting import waited_for
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,8 @@ class InputMode:
 class TFCluster:
     """A running TensorFlow cluster on Spark executors (made by :func:`run`).
 
-    Its Spark jobs that feed the nodes are a :class:`~.batch_feed.BatchFeed`'s; its streaming feeds are
-    held by a :class:`~.cluster_streams.ClusterStreams`; both reach the cluster through its job only.
+    Its Spark jobs that feed the nodes are a :class:`.feeding.batch.BatchFeed`'s; its streaming feeds are
+    held by a :class:`.feeding.streams.ClusterStreams`; both reach the cluster through its job only.
     """
 
     def __init__(self, job: DriverJob, meta: dict[str, Any], input_mode: int, num_executors: int) -> None:
@@ -116,7 +116,7 @@ class TFCluster:
         ``last_feed`` counts both.  A node that failed is an error.
 
         ``validation`` (a DataFrame or RDD with the training data's columns) is fed
-        once, before the first epoch, as the named feed ``"validation"``: each node
+        once, before the first epoch, as the named set ``"validation"``: each node
         keeps its share and reads it whole at every iteration of
         ``ctx.get_data_feed(qname_in="validation").as_dataset(...)``, for
         ``model.fit(ds, validation_data=val_ds)``.  ``feeds`` adds sets under other

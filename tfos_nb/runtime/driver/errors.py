@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from . import state
+from .control import state
 
 TAIL_IN_ERRORS = 20
 

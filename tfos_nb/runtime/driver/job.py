@@ -22,12 +22,12 @@ from .. import logs
 from ..protocol import messages
 from ..protocol.channel import ControlServer
 from ..protocol.remote import StreamCounts
-from . import state as cluster_state
-from .control_plane import ControlPlane
-from .controller import Controller
-from .roles import all_finished
-from .slots import driver_host, wait_for_slots
-from .sparkjob import SparkJob
+from .control import state as cluster_state
+from .control.controller import Controller
+from .control.plane import ControlPlane
+from .control.roles import all_finished
+from .launch.slots import driver_host, wait_for_slots
+from .launch.sparkjob import SparkJob
 
 if TYPE_CHECKING:
     from .options import JobOptions

@@ -1,6 +1,6 @@
 """A job's settings and shape, each declared once: :class:`JobOptions`, :class:`ClusterShape`, :class:`RetryPolicy`.
 
-``TFCluster.run``, ``TFParallel.run``, :func:`~tfos_nb.runtime.driver.retry.run_job` and the cell magics build
+``TFCluster.run``, ``TFParallel.run``, :func:`.retry.run_job` and the cell magics build
 them (from keyword arguments, cell options and ``%config``) and pass them down whole: adding an option touches its
 field here, the place that uses it, and the docs.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import determinism
-from .resources import Resources
-from .stalls import DEFAULT_STALL_AFTER, check_stall_after
+from .control.stalls import DEFAULT_STALL_AFTER, check_stall_after
+from .launch.resources import Resources
 
 __all__ = ["ClusterShape", "JobOptions", "RetryPolicy"]
 

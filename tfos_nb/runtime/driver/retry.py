@@ -3,13 +3,13 @@
 TensorFlow's multi-worker training cannot take a replacement worker into a
 running cluster: a lost worker leaves the others blocked in collectives.  So the
 unit of recovery is the whole run.  With ``retries=N``, a node failure
-(:class:`~tfos_nb.runtime.driver.cluster.TFClusterError`: a node raised, was killed,
+(:class:`.cluster.TFClusterError`: a node raised, was killed,
 lost its executor or its heartbeats) tears the cluster down and starts it
 again, up to N more times; nodes read the attempt number as ``ctx.attempt``.
 
 The next attempt resumes from the last backup, with no code of the user's: ``ctx.progress_callback()`` keeps
 one for Keras in the job's backup folder (``ctx.checkpoint_dir``, :mod:`..recovery`), and a fed job's resumed
-epoch holds only the rows that backup had not trained on (:class:`Recovery`).  A program with its own
+epoch holds only the rows that backup had not trained on (:class:`~..recovery.restart.Recovery`).  A program with its own
 checkpoints (Keras ``BackupAndRestore``, a ``tf.train.CheckpointManager`` in ``ctx.checkpoint_dir``) resumes
 from those, and is fed every epoch again.
 
@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..recovery.folder import JobBackups
-from . import state
+from ..recovery.restart import Recovery
 from . import tracking as experiment_tracking
 from .cluster import InputMode, TFCluster
+from .control import state
 from .errors import TFClusterError
+from .launch.start import start_cluster
 from .options import ClusterShape, JobOptions, RetryPolicy
-from .start import start_cluster
 
 T = TypeVar("T")
 
@@ -45,64 +45,6 @@ class RunOutcome:
     failures: tuple[str, ...]  # one line per failed attempt, oldest first
     seconds: float
     resumed: tuple[str, ...] = ()  # where each retry resumed from, oldest first
-
-
-class Recovery:
-    """What each attempt of one job with retries restores and feeds; the owner of the job's backup folder.
-
-    ``env(attempt)`` plans the attempt from the backups so far (the newest one training can resume from
-    exactly) and gives its nodes' environment; ``feed(num_epochs)`` is then what it feeds: the epochs from the
-    resumed one on, and the rows of that epoch its backup had not trained on.
-    """
-
-    def __init__(self, sc: Any, policy: RetryPolicy) -> None:
-        from .slots import session_master
-
-        self.backups = JobBackups.open(session_master(sc), policy.backup_dir) if policy.retries else None
-        self.sc, self.min_workers, self.shrink_after = sc, policy.min_workers, float(policy.shrink_after)
-        self.shrunk = ""  # "on 1 of 2 training nodes", while the running attempt runs on fewer
-
-    def shape(self, attempt: int, shape: ClusterShape) -> ClusterShape:
-        """The cluster attempt ``attempt`` starts: ``shape``, unless the job may shrink (``min_workers``) and the
-        slots lost with the failed attempt did not come back within ``shrink_after`` s — then as many fewer
-        chief/worker nodes as slots are missing, down to ``min_workers``."""
-        self.shrunk = ""
-        if attempt == 1 or self.min_workers is None or not hasattr(self.sc, "_jsc"):
-            return shape
-        from .slots import settled_slots
-
-        slots, _ = settled_slots(self.sc, shape.num_nodes, self.shrink_after)
-        missing, trainers = shape.num_nodes - slots, shape.trainers
-        if missing <= 0 or trainers - missing < self.min_workers:
-            return shape  # all came back, or too few would: the start waits for them, and fails naming them
-        self.shrunk = (f"on {trainers - missing} of {trainers} training nodes ({missing} task slot(s) did not "
-                       f"come back within {self.shrink_after:g} s)")
-        return shape.with_trainers(trainers - missing)
-
-    def env(self, attempt: int) -> dict[str, str]:
-        return dict(self.backups.attempt(attempt)) if self.backups is not None else {}
-
-    def epochs(self, num_epochs: int) -> int:
-        """Epochs the running attempt feeds of a job's ``num_epochs`` (0: TensorFlowOnSpark's 10, as ``train``)."""
-        if self.backups is None:
-            return num_epochs
-        from .cluster import DEFAULT_EPOCHS
-
-        return self.backups.resume.epochs_to_feed(num_epochs or DEFAULT_EPOCHS)
-
-    @property
-    def skip_rows(self) -> Any:
-        return self.backups.resume.skip if self.backups is not None else None
-
-    def describe(self) -> str:
-        """Where the running attempt resumed from: ``"from the backup at epoch 2, step 14 (global step 74); …"``,
-        and on how many nodes when fewer."""
-        said = self.backups.describe() if self.backups is not None else "from the first step (no backup folder)"
-        return f"{said}, {self.shrunk}" if self.shrunk else said
-
-    def close(self) -> None:
-        if self.backups is not None:
-            self.backups.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,20 +141,20 @@ def run_job(
     ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``, ``validation``; :class:`Training`) — without it the
     nodes read their own data — then ``shutdown(grace_secs, shutdown_timeout)``.  ``retries``, ``backup_dir``,
     ``min_workers``, ``shrink_after``: what a node failure does (:class:`~.options.RetryPolicy`).  Other keyword
-    arguments are :func:`~tfos_nb.runtime.driver.start.run`'s (``num_ps``, ``tensorboard``, … and its options);
+    arguments are :func:`.launch.start.run`'s (``num_ps``, ``tensorboard``, … and its options);
     ``mlflow=`` (as there) tracks the whole job as one MLflow run: every attempt logs into it (tags
     ``tfos_nb.attempts``, ``tfos_nb.failures``), not into nested runs — a retry resumes the same
     training from its checkpoints.  ``on_retry(attempt,
     error)`` is called before attempt ``attempt`` (2, 3, …) starts.  Raises the last
     attempt's error when every attempt failed.
 
-    With retries, each attempt resumes from the last backup (:class:`Recovery`): in a folder under
+    With retries, each attempt resumes from the last backup (:class:`~..recovery.restart.Recovery`): in a folder under
     ``backup_dir`` (or ``$TFOS_NB_BACKUP_ROOT``; on a local master, the temporary directory), which
     every node must reach, removed when the job ends.  ``min_workers`` lets a retry start on fewer
     chief/worker nodes (not fewer than it) when the failed attempt's task slots did not come back within
     ``shrink_after`` seconds: the global batch stays (``as_dataset``'s batch is the global one under
     ``MultiWorkerMirroredStrategy``), each replica's grows, and every row is still trained once.
-    With ``deterministic=True`` (and ``seed``, see :func:`~tfos_nb.runtime.driver.start.run`) a job that
+    With ``deterministic=True`` (and ``seed``, see :func:`.launch.start.run`) a job that
     lost an executor ends with the weights of a clean run; it cannot shrink.
     """
     given = set(kwargs)

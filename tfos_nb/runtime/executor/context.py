@@ -14,8 +14,8 @@ from typing import Any
 from .. import step_time
 from ..protocol import pipes
 from ..protocol.pipes import jsonable as _jsonable
-from .feed import DataFeed
-from .feed_hub import FeedHub
+from .feed.data_feed import DataFeed
+from .feed.hub import FeedHub
 
 HADOOP_SCHEMES = ("adl://", "file://", "hdfs://", "oss://", "s3://", "s3a://", "s3n://", "swift://", "viewfs://",
                   "wasb://", "gs://", "abfs://", "abfss://")
@@ -158,7 +158,7 @@ class NodeContext:
         #: a job with retries: its backup folder, which every attempt's nodes reach (``progress_callback()`` keeps
         #: Keras' backup there; a custom loop's ``tf.train.CheckpointManager`` may too); None without retries
         self.checkpoint_dir: str | None = os.environ.get("TFOS_BACKUP_DIR") or None
-        #: the job's MLflow run when it is tracked (a sweep's trial: its own run), else None; see executor.mlflow_node
+        #: the job's MLflow run when it is tracked (a sweep's trial: its own run), else None; see executor.tracking.node
         self.mlflow_run_id: str | None = None
         self.mgr = hub  # what TFNode.DataFeed(ctx.mgr, ...) takes
         self._reporter = reporter
@@ -231,7 +231,7 @@ class NodeContext:
 
     def progress_callback(self, every_n_steps: int = 1) -> Any:
         """A Keras callback that reports the global step and the batch's logs."""
-        from .keras_progress import progress_callback
+        from .keras_node.progress import progress_callback
 
         return progress_callback(self, every_n_steps)
 

@@ -2,9 +2,9 @@
 
 :func:`patch_modules` runs a function on each module of a set right after the module executes (and on those
 imported already), through one finder at the head of ``sys.meta_path``.  The node's MLflow rules use it
-(:mod:`.mlflow_node`: autologging off on nodes that do not log; :mod:`.mlflow_datasets`: no iteration of a
+(:mod:`.tracking.node`: autologging off on nodes that do not log; :mod:`.tracking.datasets`: no iteration of a
 stream-fed dataset): nothing of MLflow is imported until the node's own code imports it.  The patches replace
-functions with :func:`replace_once` (also :mod:`.keras_epochs` and :mod:`.keras3_mwms`, Keras' repairs).
+functions with :func:`replace_once` (also :mod:`.keras_node.epochs` and :mod:`.keras3_mwms`, Keras' repairs).
 """
 
 from __future__ import annotations

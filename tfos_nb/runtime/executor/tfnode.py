@@ -6,8 +6,8 @@ from typing import Any
 
 from .context import hdfs_path as _hdfs_path
 from .context import start_cluster_server
-from .feed import DataFeed as _DataFeed
-from .feed_hub import FeedHub
+from .feed.data_feed import DataFeed as _DataFeed
+from .feed.hub import FeedHub
 
 __all__ = ["DataFeed", "batch_results", "hdfs_path", "next_batch", "start_cluster_server", "terminate"]
 

@@ -1,6 +1,6 @@
 """The typed bodies of the driver's replies, the kinds of feeding errors, and the launch metadata.
 
-A :class:`~tfos_nb.runtime.protocol.messages.Reply` carries one body per request: the driver builds
+A :class:`.messages.Reply` carries one body per request: the driver builds
 them, peers read them with ``Body.from_dict(reply.body)``.
 """
 
@@ -102,8 +102,8 @@ class BeatCommand(Body):
     #: the fed data's shape while ``feed_plan`` is set, until the node confirms it: ``{"id", "schema": Arrow IPC
     #: schema as hex, "shapes": each column's value shape}`` (a node given no row builds its dataset from it)
     feed_sample: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: the named feeds (sets fed once: a validation set) this node holds a share of: ``{name: {"version", "parts"
-    #: (its partitions; None while the set is fed), "passes", "sample"}}`` (see ``executor/named_feeds.py``)
+    #: the named sets (sets fed once: a validation set) this node holds a share of: ``{name: {"version", "parts"
+    #: (its partitions; None while the set is fed), "passes", "sample"}}`` (see ``executor/feed/named_sets.py``)
     feed_sets: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -232,7 +232,7 @@ class LaunchMeta(Body):
     num_runs: int = 0
     num_gpus: int = 1
     coordinator: dict[str, Any] = dataclasses.field(default_factory=dict)  # Spark Connect: a CoordinatorMeta's dict
-    # a cluster whose roles ask their own resources launches a stage per group of nodes (driver.resources)
+    # a cluster whose roles ask their own resources launches a stage per group of nodes (driver.launch.resources)
     nodes: list[int] = dataclasses.field(default_factory=list)  # the stage's nodes, by task ([]: first_node + task)
     barrier: bool = True  # a barrier stage (False: dynamic allocation, which Spark cannot combine with one)
     profile_id: int | None = None  # the stage's ResourceProfile (None: the default one)

@@ -156,7 +156,7 @@ class FeedAssign(Message):
     executor_id: str
     mode: str  # train | infer
     sample: dict[str, Any] = dataclasses.field(default_factory=dict)  # train: {"schema", "shapes"} of its first rows
-    feed: str = "input"  # a named feed's name (a set fed once, ``gen`` its version), else the training stream
+    feed: str = "input"  # a named set's name (a set fed once, ``gen`` its version), else the training stream
 
 
 @dataclasses.dataclass(frozen=True)

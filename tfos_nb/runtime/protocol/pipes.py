@@ -112,7 +112,7 @@ class FeedClosed(Frame):
 @dataclass(frozen=True)
 class FeedDropped(Frame):
     """A training partition's connection broke before its end (its feeding task died): ``rows`` of it arrived.
-    Spark's retry would feed them again, so the driver stops the cluster (``driver.controller``)."""
+    Spark's retry would feed them again, so the driver stops the cluster (``driver.control.controller``)."""
 
     kind: ClassVar[str] = "feed_dropped"
     gen: int = 0
@@ -124,7 +124,7 @@ class FeedDropped(Frame):
 class FeedPast(Frame):
     """A read of the node's feed waits for ``epoch``, past the running ``train()``'s epochs, after the node read
     ``rows`` rows of the last of them: its input ran out.  The driver names it when its peers wait for it in a step
-    (``driver.controller``)."""
+    (``driver.control.controller``)."""
 
     kind: ClassVar[str] = "feed_past"
     epoch: int = 0
@@ -141,9 +141,9 @@ class FeedOpened(Frame):
 
 @dataclass(frozen=True)
 class Phase(Frame):
-    """Where the child is (one of ``executor.phases.PHASES``) and when its main thread last moved
+    """Where the child is (one of ``executor.process.phases.PHASES``) and when its main thread last moved
     (``moved_at``, its ``time.time()``); ``where``: its main thread's place in the user's code, if it is there
-    (``executor.phases.where``); ``stacks``: it dumps its stacks on the owner's signal; ``times``: its
+    (``executor.process.phases.where``); ``stacks``: it dumps its stacks on the owner's signal; ``times``: its
     :mod:`..step_time` totals now (``{}`` before its first step), so that a node stuck inside a step, which reports
     no step, still shows where that time goes."""
 
@@ -186,7 +186,7 @@ class FeedPlan(Frame):
 
 @dataclass(frozen=True)
 class FeedSets(Frame):
-    """The named feeds this node holds a share of (``BeatCommand.feed_sets``): ``{name: {"version", "parts"
+    """The named sets this node holds a share of (``BeatCommand.feed_sets``): ``{name: {"version", "parts"
     (None while the set is fed), "passes", "sample"}}``."""
 
     kind: ClassVar[str] = "feed_sets"

@@ -163,7 +163,7 @@ class NodeSnapshot(Body):
     reports: list[Report]
     history_count: int
     failed: float | None = None
-    where: str = ""  # its main thread's place in the user's code (executor.phases.where)
+    where: str = ""  # its main thread's place in the user's code (executor.process.phases.where)
     grant: dict[str, Any] = dataclasses.field(default_factory=dict)  # a state.Grant's fields: what Spark gave its task
 
     NESTED: ClassVar[dict[str, type[Body]]] = {"reports": Report}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from ..driver import state
+from ..driver.control import state
 from ..net import hostport
 from ..protocol import messages
 from .urls import check_url

@@ -38,11 +38,11 @@ from typing import Any
 
 from ...protocol import messages, remote
 from ...protocol.channel import ControlServer
-from .. import state
-from ..controller import Controller
+from ..control import state
+from ..control.controller import Controller
+from ..control.roles import all_finished, trainers_finished
 from ..options import JobOptions
 from ..parallel.control import RunController
-from ..roles import all_finished, trainers_finished
 from . import snapshot
 
 EXIT_WAIT_S = 15.0

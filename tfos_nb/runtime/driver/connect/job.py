@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...protocol import messages, remote
 from ...protocol.bodies import Body
-from .. import stacks
-from .. import state as cluster_state
-from ..controller import Controller
+from ..control import stacks
+from ..control import state as cluster_state
+from ..control.controller import Controller
 from ..job import DriverJob
-from ..slots import connect_slots, not_enough_executors
+from ..launch.slots import connect_slots, not_enough_executors
 from .snapshot import Mirror
 from .spark_jobs import ConnectSparkJob, CoordinatorError, ask
 
@@ -48,7 +48,7 @@ def bind_hint(spark: Any) -> str | None:
 
 
 class RemoteController:
-    """The :class:`~..control_plane.ControlPlane` of a job whose Controller is the coordinator's.
+    """The :class:`~tfos_nb.runtime.driver.control.plane.ControlPlane` of a job whose Controller is the coordinator's.
 
     Each transition is sent to the coordinator (the local Controller writes the mirror's own
     transitions: a cancel before the coordinator is up, the final state).

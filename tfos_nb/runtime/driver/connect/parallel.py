@@ -25,7 +25,7 @@ import json
 import time
 from typing import Any
 
-from ...executor.launch import coordinator_status
+from ...executor.process.launch import coordinator_status
 from ...protocol import messages, remote
 from ...sessions import in_one_task
 from ..errors import python_error_line

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 
 from ...protocol import remote
-from .. import state as cluster_state
+from ..control import state as cluster_state
 
 MAX_LINES = 400  # log lines per node per snapshot (the rest come with the next one)
 MAX_REPORTS = 1000  # reports per node per snapshot

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from ...protocol import messages, remote
 from ...protocol.bodies import Body
 from ...sessions import in_one_task
-from ..sparkjob import SparkJob
+from ..launch.sparkjob import SparkJob
 
 
 class ConnectSparkJob(SparkJob):

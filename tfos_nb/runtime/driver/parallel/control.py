@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...protocol import messages
-from .. import state
-from ..controller import Controller
-from ..slots import available_slots, connect_slots, fixed_slots, wait_for_slots
+from ..control import state
+from ..control.controller import Controller
+from ..launch.slots import available_slots, connect_slots, fixed_slots, wait_for_slots
 
 
 class RunController(Controller):

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import state
+from ..control import state
 
 __all__ = ["ParallelView", "RunResult", "RunsState", "best_index", "default_metric", "default_mode", "describe_args",
            "runs_view", "scalars"]

@@ -34,15 +34,15 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ...executor.run_task import RESULT_SCHEMA, make_run_task
-from .. import state
-from ..backends import new_job
+from ...executor.process.run_task import RESULT_SCHEMA, make_run_task
 from ..connect.parallel import ConnectRunsJob
+from ..control import state
 from ..errors import TFClusterError, failure_message, first_failure, python_error_line
 from ..job import DriverJob
+from ..launch.backends import new_job
+from ..launch.slots import spark_context, spark_session
+from ..launch.sparkjob import SparkJob
 from ..options import JobOptions
-from ..slots import spark_context, spark_session
-from ..sparkjob import SparkJob
 from ..tracking import tracked_start
 from .control import RunController, barrier_refusal, classic_gang, connect_gang, runs_args
 from .results import (

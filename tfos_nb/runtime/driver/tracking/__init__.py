@@ -47,7 +47,7 @@ scalars it returned as metrics at its last step.
 ``MLFLOW_RUN_ID`` and ``MLFLOW_TRACKING_URI``, so ``mlflow.start_run()`` and autologging there
 log into the job's run; the URI, which may carry credentials, reaches no other node's environment.
 On every other node MLflow's ``autolog`` functions (``mlflow.autolog``, ``mlflow.<flavour>.autolog``)
-do nothing (see :mod:`...executor.mlflow_node`): a Keras job with
+do nothing (see :mod:`tfos_nb.runtime.executor.tracking.node`): a Keras job with
 ``mlflow.tensorflow.autolog()`` in its function stays one run, not one per worker.  What other
 nodes log by hand is their own business: log from ``ctx.is_chief``.
 
@@ -61,7 +61,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from .. import state
+from ..control import state
 from .run import EXTRA, RUN_ID_ENV, JobRun, Request, flat_params, import_mlflow, versions
 
 __all__ = ["EXTRA", "RUN_ID_ENV", "JobRun", "Request", "import_mlflow", "job_run", "request", "resolve", "tracked_start"]

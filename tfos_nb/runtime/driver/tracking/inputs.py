@@ -1,7 +1,7 @@
 """The DataFrame a job trained on, as its MLflow run's ``train`` input: recorded where the data is.
 
 MLflow's autologging would record ``fit``'s dataset on the chief by iterating it for a digest; a
-stream-fed dataset cannot be iterated twice (:mod:`...executor.mlflow_datasets` stops that).  The
+stream-fed dataset cannot be iterated twice (:mod:`tfos_nb.runtime.executor.tracking.datasets` stops that).  The
 notebook holds the DataFrame itself, so it logs the record instead, once its first epoch was fed:
 MLflow's own Spark dataset (``mlflow.data.from_spark``: the schema, and a digest of the DataFrame's
 plan from Spark's ``semanticHash``, so the same data logs the same digest) with the exact row count

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ... import net, private, step_time
-from ...executor.mlflow_node import URI_ENV, chief_index
-from .. import state as cluster_state
+from ...executor.tracking.node import URI_ENV, chief_index
+from ..control import state as cluster_state
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class JobRun:
     # -- the hooks ------------------------------------------------------------------------
     def node_env(self) -> dict[str, str]:
         """The nodes' environment: the run id(s) (``ctx.mlflow_run_id``) and the tracking URI, which may carry
-        credentials: only the node that logs keeps it (:func:`~tfos_nb.runtime.executor.mlflow_node.node_env`)."""
+        credentials: only the node that logs keeps it (:func:`~tfos_nb.runtime.executor.tracking.node.node_env`)."""
         ids = ",".join(self.trial_ids) if self.trial_ids else self.run_id
         return {RUN_ID_ENV: ids, URI_ENV: self.request.tracking_uri}
 

@@ -1,0 +1,380 @@
+"""What runs inside Spark's feeding tasks: send a partition to the node the driver picks.
+
+A training partition ends in one of three ways:
+
+* the node took every row (its answer ``A`` says how many it took and skipped);
+* the node stops reading — its function called ``terminate()`` or returned —
+  before or while the partition arrives: the partition is *skipped*, never an
+  error (TensorFlowOnSpark's contract).  The node may answer ``A`` itself, or its
+  process may already be gone (refused or broken connection): then the feeder
+  asks the driver what became of the node (:class:`~.messages.FeedCheck`) and
+  waits for its verdict, which the node's supervisor gives within a heartbeat;
+* the node failed: the feeder fails, and the driver reports that node's error.
+
+Inference partitions need answers, so a node that stopped reading is an error
+there, raised at once.  A feeding task that stops early (``rdd.take(n)``, a
+failed downstream stage) releases its node, so a re-run of the partition is
+served right away.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from ...batches import columns, results
+from ...batches.rowpack import rows_to_batches
+from ...protocol import dataplane, messages
+from ...protocol.channel import ControlClient
+from ..identity import executor_id
+from .batches import count_rows, rechunk, with_sample, without
+
+_CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
+
+
+class _NodeAnswer(dataplane.DataPlaneError):
+    """The node answered a partition with an error (``X``)."""
+
+    def __init__(self, error: str, node_failed: bool) -> None:
+        super().__init__(error)
+        self.node_failed = node_failed
+
+
+def feed_totals(stats: Iterable[Any]) -> dict[str, int]:
+    """Rows taken, rows skipped and partitions fed, from a feeding job's per-partition stats (dicts or Rows)."""
+    stats = list(stats)
+    return {"rows": sum(int(s["rows"]) for s in stats), "skipped": sum(int(s["skipped"]) for s in stats),
+            "partitions": len(stats)}
+
+
+def _recv_answer(sock: socket.socket) -> dict[str, Any]:
+    kind, payload = dataplane.recv_frame(sock)
+    if kind is dataplane.Kind.ERROR:
+        body = dataplane.parse_json(payload)
+        raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
+    if kind is not dataplane.Kind.DONE:
+        raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
+    return dataplane.parse_json(payload)
+
+
+class _Feeder:
+    def __init__(self, meta: messages.LaunchMeta, partition: int, gen: int, mode: str, timeout: float,
+                 feed: str = "input", skip: list[tuple[int, int]] | None = None) -> None:
+        self.meta = meta
+        self.skip = skip or []
+        self.feed = feed
+        self.secret = bytes.fromhex(meta.secret)
+        self.codec = messages.Codec(self.secret, meta.cluster_id, f"feeder-p{partition}")
+        self.client = ControlClient(self.codec, meta.address, timeout=30)
+        self.partition = partition
+        self.gen = gen
+        self.mode = mode
+        self.timeout = timeout
+        self.node = messages.FeedAssignment()  # until the driver assigns one
+        self.released = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.node.label or '?'} at {self.node.host or '?'}"
+
+    def assign(self, sample: dict[str, Any] | None = None) -> messages.FeedAssignment:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.02
+        while True:
+            reply = self.client.request(
+                messages.FeedAssign(
+                    partition=self.partition,
+                    gen=self.gen,
+                    host=socket.gethostname(),
+                    executor_id=executor_id(),
+                    mode=self.mode,
+                    sample=sample or {},
+                    feed=self.feed,
+                )
+            )
+            if reply.ok:
+                self.node = messages.FeedAssignment.from_dict(reply.body)
+                return self.node
+            if reply.error:
+                raise RuntimeError(reply.error)
+            if time.monotonic() > deadline:
+                msg = f"Timeout while feeding partition {self.partition}: no node took it in {self.timeout:.0f} s"
+                raise TimeoutError(msg)
+            time.sleep(delay)  # a busy node is polled, with back-off
+            delay = min(delay * 2, 0.5)
+
+    def release(self, rows: int, skipped: int, error: str | None, error_kind: str | None = None) -> str | None:
+        if self.released:
+            return None
+        self.released = True
+        try:
+            reply = self.client.request(
+                messages.FeedRelease(
+                    partition=self.partition,
+                    gen=self.gen,
+                    node=self.node.node,
+                    rows=rows,
+                    skipped=skipped,
+                    error=error,
+                    error_kind=error_kind,
+                    feed=self.feed,
+                )
+            )
+            return messages.FeedReleased.from_dict(reply.body).cluster_error
+        except (OSError, messages.ProtocolError):
+            return None
+        finally:
+            self.client.close()
+
+    def connect(self) -> Any:
+        header: dict[str, Any] = {"partition": self.partition, "gen": self.gen, "mode": self.mode, "feed": self.feed}
+        if self.node.after >= 0:  # deterministic mode: the node reads this partition after that one
+            header["after"] = self.node.after
+        if self.skip:
+            header["skip"] = [list(r) for r in self.skip]
+        return dataplane.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
+
+    def verdict(self, exc: BaseException) -> tuple[str, str | None]:
+        """What became of the node after the connection to it failed with ``exc``: (verdict, error).
+
+        A broken connection usually means the node's process ended; its supervisor
+        tells the driver within a heartbeat (or the driver notices the missing
+        heartbeats), so the question is repeated until the driver knows.  A timeout
+        or an error the node answered is asked about once.
+        """
+        node_failed = isinstance(exc, _NodeAnswer) and exc.node_failed
+        if isinstance(exc, _NodeAnswer) and not node_failed:
+            return "error", None
+        patient = node_failed or not (isinstance(exc, TimeoutError) or "timed out" in str(exc))
+        deadline = time.monotonic() + self.meta.driver_timeout + _CHECK_GRACE_S
+        delay = 0.05
+        while True:
+            try:
+                reply = self.client.request(messages.FeedCheck(partition=self.partition, node=self.node.node))
+            except (OSError, messages.ProtocolError):
+                return "error", None  # the driver is gone: nothing more to learn
+            answer = messages.FeedVerdict.from_dict(reply.body) if reply.ok else messages.FeedVerdict("error")
+            if answer.verdict != "reading" or not patient or time.monotonic() > deadline:
+                return answer.verdict, answer.error
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def fail(self, exc: BaseException, rows: int, verdict: str = "error", cluster_error: str | None = None) -> RuntimeError:
+        released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}", messages.error_kind(exc))
+        cluster_error = cluster_error or released_error
+        if isinstance(exc, _NodeAnswer) and exc.node_failed:
+            msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"  # the node's own error
+        elif verdict == "failed":
+            msg = f"feeding partition {self.partition} to {self.where} failed: {self.node.label or 'the node'} failed"
+        elif verdict == "stopped":
+            msg = f"feeding partition {self.partition} to {self.where} stopped: the cluster is shutting down"
+        elif isinstance(exc, TimeoutError) or "timed out" in str(exc):
+            msg = (
+                f"Timeout while feeding partition {self.partition} to {self.where}: the node took no data "
+                f"for {self.timeout:.0f} s"
+            )
+        else:
+            msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"
+        if cluster_error:
+            msg += f"\n{cluster_error}"
+        return RuntimeError(msg)
+
+
+def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
+               feed: str = "input", skip: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+    """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them).
+    ``feed``: a named set's name (``gen`` its version: the node keeps the rows as a set), else the training stream.
+    ``skip``: row ranges of the partition not sent (a resumed epoch's rows its backup had trained on); the node
+    is told them, so its ledger names rows by their place in the partition."""
+    feeder = _Feeder(meta, partition, gen, "train", timeout, feed, skip)
+    if skip:
+        batches = without(batches, skip)
+    batches, sample = with_sample(batches)
+    try:
+        node = feeder.assign(sample)
+    except BaseException:
+        feeder.client.close()
+        raise
+    if node.skip:  # no node reads data any more
+        skipped = count_rows(batches)
+        feeder.release(0, skipped, None)
+        return {"partition": partition, "rows": 0, "skipped": skipped}
+    sent = 0
+    try:
+        sock = feeder.connect()
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
+                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+            dataplane.send_frame(sock, dataplane.Kind.END)
+            done = _recv_answer(sock)
+        finally:
+            sock.close()
+    except columns.FeedDataError as exc:
+        feeder.release(sent, 0, str(exc))
+        raise
+    except (OSError, dataplane.DataPlaneError) as exc:
+        verdict, error = feeder.verdict(exc)
+        if verdict != "done":
+            raise feeder.fail(exc, sent, verdict, error) from None
+        # The node stopped reading: nothing of this partition is known to be taken.
+        skipped = sent + count_rows(batches)
+        feeder.release(0, skipped, None)
+        return {"partition": partition, "rows": 0, "skipped": skipped}
+    except Exception as exc:  # the partition's own rows failed (a UDF upstream raised): the driver hears the cause
+        feeder.release(sent, 0, f"{type(exc).__name__}: {exc}")  # first, not the node's report of the cut
+        raise
+    rows, skipped = int(done.get("rows", sent)), int(done.get("skipped", 0))
+    feeder.release(rows, skipped, None)
+    return {"partition": partition, "rows": rows, "skipped": skipped}
+
+
+def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
+    verdict, error = feeder.verdict(exc)
+    if verdict == "done":
+        msg = (
+            f"partition {feeder.partition}: {feeder.where} stopped reading (its function returned or called "
+            "terminate()) before answering every row; inference needs nodes that answer until the feed ends"
+        )
+        feeder.release(sent, 0, None)
+        return RuntimeError(msg)
+    return feeder.fail(exc, sent, verdict, error)
+
+
+def feed_infer(meta: messages.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
+               convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
+    """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
+    feeder = _Feeder(meta, partition, 0, "infer", timeout)
+    try:
+        feeder.assign()
+    except BaseException:
+        feeder.client.close()
+        raise
+    try:
+        sock = feeder.connect()
+    except (OSError, dataplane.DataPlaneError) as exc:
+        raise _infer_lost(feeder, exc, 0) from None
+    errors: list[BaseException] = []
+    sent = [0]
+
+    def write() -> None:
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+                    sent[0] += batch.num_rows
+            dataplane.send_frame(sock, dataplane.Kind.END)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side
+            errors.append(exc)
+
+    writer = threading.Thread(target=write, name="tfos-feed-writer", daemon=True)
+    writer.start()
+    received = 0
+    try:
+        while True:
+            kind, payload = dataplane.recv_frame(sock)
+            if kind is dataplane.Kind.RESULTS:
+                batch = columns.decode_ipc(payload)
+                received += batch.num_rows
+                yield batch if convert is None else convert(batch, feeder.node.label or "?")
+            elif kind is dataplane.Kind.DONE:
+                break
+            elif kind is dataplane.Kind.ERROR:
+                body = dataplane.parse_json(payload)
+                raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
+            else:
+                raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
+        writer.join()
+        if errors:
+            raise errors[0]
+    except columns.FeedDataError as exc:
+        feeder.release(sent[0], 0, str(exc))
+        raise
+    except (OSError, dataplane.DataPlaneError) as exc:
+        cause = errors[0] if errors and not isinstance(exc, dataplane.DataPlaneError) else exc
+        if isinstance(cause, columns.FeedDataError):
+            feeder.release(sent[0], 0, str(cause))
+            raise cause from None
+        raise _infer_lost(feeder, cause, sent[0]) from None
+    finally:
+        sock.close()
+        writer.join(timeout=5)
+        # Also when the consumer stopped early (rdd.take(n), a failed downstream task): free the node.
+        feeder.release(sent[0], 0, None)
+    if received != sent[0]:
+        msg = f"partition {partition}: fed {sent[0]} rows but got {received} results back"
+        raise RuntimeError(msg)
+
+
+def make_rdd_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, timeout: float,
+                    batch_rows: int, name: str = "input",
+                    skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[int, Iterable[Any]], Iterator[str]]:
+    launch_meta = messages.LaunchMeta.parse(meta)
+    skip = dict(skip or {})
+
+    def feed(partition: int, rows: Iterable[Any]) -> Iterator[str]:
+        yield json.dumps(feed_train(launch_meta, partition, gen, rows_to_batches(rows, batch_rows), timeout, name,
+                                    skip.get(partition)))
+
+    return feed
+
+
+def _partition_id() -> int:
+    """The partition of the Spark task this runs in."""
+    from pyspark import TaskContext
+
+    tctx = TaskContext.get()
+    assert tctx is not None  # only ever called inside a Spark task
+    return tctx.partitionId()
+
+
+def make_arrow_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, timeout: float,
+                      batch_rows: int, name: str = "input",
+                      skip: Mapping[int, list[tuple[int, int]]] | None = None) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    launch_meta = messages.LaunchMeta.parse(meta)
+    skip = dict(skip or {})
+
+    def feed(batches: Iterable[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        partition = _partition_id()
+        stats = feed_train(launch_meta, partition, gen, rechunk(batches, batch_rows), timeout, name,
+                           skip.get(partition))
+        yield pa.RecordBatch.from_pydict(
+            {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
+            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64())]),
+        )
+
+    return feed
+
+
+def make_rdd_inferer(meta: Mapping[str, Any] | messages.LaunchMeta, timeout: float,
+                     batch_rows: int) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
+    launch_meta = messages.LaunchMeta.parse(meta)
+
+    def infer(partition: int, rows: Iterable[Any]) -> Iterator[Any]:
+        for rows_out in feed_infer(launch_meta, partition, rows_to_batches(rows, batch_rows), timeout,
+                                   lambda batch, _: results.result_rows(batch)):
+            yield from rows_out
+
+    return infer
+
+
+def make_arrow_inferer(meta: Mapping[str, Any] | messages.LaunchMeta, timeout: float, batch_rows: int,
+                       schema: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """``mapInArrow`` body: the nodes' results mapped onto ``schema`` (a StructType)."""
+    launch_meta = messages.LaunchMeta.parse(meta)
+
+    def infer(batches: Iterable[Any]) -> Iterator[Any]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        target = to_arrow_schema(schema)
+        partition = _partition_id()
+        yield from feed_infer(launch_meta, partition, rechunk(batches, batch_rows), timeout,
+                              lambda batch, node: results.to_schema(batch, target, node))
+
+    return infer
