@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tfos_nb.runtime import determinism
+from tfos_nb.runtime.determinism import order
 from tfos_nb.runtime.driver.retry import run_job
 
 
@@ -35,6 +36,18 @@ def test_run_job_refuses_to_shrink_a_deterministic_job():
     with pytest.raises(ValueError) as info:
         run_job(None, lambda args, ctx: None, {}, 2, retries=1, min_workers=1, deterministic=True)
     assert str(info.value).startswith("min_workers=1 cannot go with deterministic=True: a retry on fewer nodes")
+
+
+def test_the_fixed_feed_deals_partitions_round_robin_each_after_its_nodes_previous_one():
+    """The driver's half of the fixed feed: partition p to node p mod n, read after partition p - n (-1: the node's
+    first), whatever order Spark's tasks ask in."""
+    nodes = ["chief:0", "worker:0", "worker:1"]
+    dealt = {p: order.reader(p, nodes) for p in (7, 0, 4, 2, 3, 1, 5, 6)}
+    assert dealt == {0: ("chief:0", -1), 1: ("worker:0", -1), 2: ("worker:1", -1), 3: ("chief:0", 0),
+                     4: ("worker:0", 1), 5: ("worker:1", 2), 6: ("chief:0", 3), 7: ("worker:0", 4)}
+    assert order.reader(5, ["chief:0"]) == ("chief:0", 4)
+    with pytest.raises(ValueError, match="needs a training node"):
+        order.reader(0, [])
 
 
 NODE = """
