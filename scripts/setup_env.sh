@@ -24,6 +24,20 @@ if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] && ! command -v ip >/dev/null && [ "$(id -u
     || echo "tfos_nb: could not install iproute2; tests/test_multihost.py will skip" >&2
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# The JupyterHub tier (tests/test_jupyterhub.py) runs JupyterHub's real proxy, configurable-http-proxy, from the npm
+# registry: pinned, into .venv/chp (never at test time). Needs node and npm on PATH.
+CHP_VERSION=5.3.0
+if [ "${TFOS_NB_TEST_DEPS:-0}" = 1 ] \
+    && [ "$(cat .venv/chp/.version 2>/dev/null || true)" != "$CHP_VERSION" ]; then
+  if command -v npm >/dev/null; then
+    echo "tfos_nb: installing configurable-http-proxy $CHP_VERSION into .venv/chp (npm)" >&2
+    npm install --prefix .venv/chp --no-audit --no-fund --loglevel=error "configurable-http-proxy@$CHP_VERSION" >/dev/null \
+      && echo "$CHP_VERSION" > .venv/chp/.version \
+      || echo "tfos_nb: could not install configurable-http-proxy; tests/test_jupyterhub.py will fail" >&2
+  else
+    echo "tfos_nb: npm is missing (node 18+ and npm); tests/test_jupyterhub.py will fail" >&2
+  fi
+fi
 # Two levels: the quickstart's (requirements-quickstart.txt: the runtime and a headless notebook runner) and the
 # test suite's (requirements-test.txt, a superset). The stamp says which is installed, for which requirement files.
 level=quickstart reqs=requirements-quickstart.txt

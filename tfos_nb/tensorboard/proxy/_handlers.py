@@ -30,7 +30,7 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import origin_matches_pat, url_path_join
 from tornado import httpclient, web, websocket
-from traitlets import Float, Int
+from traitlets import Float, Int, List, Unicode
 from traitlets.config import Configurable
 
 from ...runtime.net import resolve
@@ -83,6 +83,18 @@ def _on_this_machine(host: str) -> str | None:
     return address if is_local_address(address) else None
 
 
+def _uids(users: list[str]) -> set[int]:
+    import pwd
+
+    found = set()
+    for user in users:
+        try:
+            found.add(pwd.getpwnam(user).pw_uid)
+        except KeyError:
+            pass  # an account this machine lacks trusts nothing
+    return found
+
+
 class TensorBoardProxy(Configurable):
     """Settings of the ``tfos_nb.tbproxy`` server extension (``c.TensorBoardProxy.*``)."""
 
@@ -92,6 +104,9 @@ class TensorBoardProxy(Configurable):
     websocket_max_message_size = Int(16 * 1024 * 1024, help="Largest websocket message, in bytes, relayed in either direction.").tag(
         config=True
     )
+    trusted_users = List(Unicode(), help="Other accounts whose TensorBoard on this machine may be proxied besides this "
+                         "server's own: the Spark workers' account where executors run as a service user on the hub's "
+                         "machine (a shared standalone cluster). Their ports are then trusted as this user's.").tag(config=True)
 
 
 class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
@@ -177,7 +192,7 @@ class TensorBoardProxyHandler(WebSocketMixin, websocket.WebSocketHandler, Jupyte
         if address is None:
             return
         uids = listener_uids(address, endpoint.port)
-        if uids - {os.getuid()}:
+        if uids - {os.getuid(), *_uids(self.proxy_config.trusted_users)}:
             self.log.warning("tfos_nb TensorBoard proxy: %s is held by uid %s, not this server's (%d): refused",
                              endpoint.netloc, ",".join(map(str, sorted(uids))), os.getuid())
             raise web.HTTPError(502, "TensorBoard is not reachable")
