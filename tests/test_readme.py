@@ -115,7 +115,7 @@ def test_magics_table_lists_every_option_and_every_setting():
         row = f"| `TFOSMagics.{name}` | `{_shown(trait.default_value)}` |"
         assert row in CONFIG_PAGE, f"the configuration page's settings table has no row starting {row}"
     for name, trait in TensorBoardProxy.class_traits(config=True).items():
-        row = f"| `c.TensorBoardProxy.{name}` | `{_shown(trait.default_value)}` |"
+        row = f"| `c.TensorBoardProxy.{name}` | `{_shown(trait.default())}` |"
         assert row in CONFIG_PAGE, f"the configuration page's server settings have no row starting {row}"
 
 

@@ -240,11 +240,14 @@ def tensorboard(logdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         stop(proc)
 
 
-def _server(tmp_path_factory: pytest.TempPathFactory, base_url: str) -> Iterator[Server]:
-    """A real ``jupyter server`` with the extension enabled by the shipped config file."""
+def _server(tmp_path_factory: pytest.TempPathFactory, base_url: str, trusted: tuple[str, ...] = ()) -> Iterator[Server]:
+    """A real ``jupyter server`` with the extension enabled by the shipped config file; ``trusted``: its
+    ``c.TensorBoardProxy.trusted_users``."""
     root = tmp_path_factory.mktemp("jupyter")
-    with jupyter_server(root, base_url=base_url, config_dir=config_with_extension(root), kind=Server,
-                        startup_timeout=90) as srv:
+    config = config_with_extension(root)
+    if trusted:
+        (config / "jupyter_server_config.json").write_text(json.dumps({"TensorBoardProxy": {"trusted_users": trusted}}))
+    with jupyter_server(root, base_url=base_url, config_dir=config, kind=Server, startup_timeout=90) as srv:
         yield srv
 
 
@@ -255,7 +258,9 @@ def root_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="package")
 def hub_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from _server(tmp_path_factory, "/user/alice/")
+    """As a hub's single-user server: under ``/user/alice/``, trusting another account's ports than ``nobody``'s
+    (the refusal tests then show that trusting one account trusts no other)."""
+    yield from _server(tmp_path_factory, "/user/alice/", trusted=("daemon",))
 
 
 @pytest.fixture(params=["root_server", "hub_server"], ids=["root", "hub-base-url"])

@@ -104,7 +104,7 @@ class TensorBoardProxy(Configurable):
     websocket_max_message_size = Int(16 * 1024 * 1024, help="Largest websocket message, in bytes, relayed in either direction.").tag(
         config=True
     )
-    trusted_users = List(Unicode(), help="Other accounts whose TensorBoard on this machine may be proxied besides this "
+    trusted_users = List(Unicode(), default_value=[], help="Other accounts whose TensorBoard on this machine may be proxied besides this "
                          "server's own: the Spark workers' account where executors run as a service user on the hub's "
                          "machine (a shared standalone cluster). Their ports are then trusted as this user's.").tag(config=True)
 
