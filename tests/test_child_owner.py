@@ -67,7 +67,7 @@ class Driver:
         assert isinstance(msg, messages.Heartbeat)
         with self.lock:
             self.beats.append(msg)
-        if self.kill_after_report and msg.report.get("step") == 1:
+        if self.kill_after_report and msg.report.step == 1:
             return messages.Reply(ok=True, body={"kill": True, "grace": 0.5})
         if self.kill_on_failure and msg.state == "failed":
             return messages.Reply(ok=True, body={"kill": True, "grace": 0.5})

@@ -27,7 +27,7 @@ MAX_LINES = 400
 LONG_BECAUSE: dict[str, str] = {
     "tfos_nb/magics/_magics.py": "the magics' argument declarations and docstrings are their %magic? help: "
                                  "one class IPython registers, each magic a thin call into the handles",
-    "tfos_nb/runtime/driver/control/state.py": "one cluster's state: the node and cluster states, the mutable node record "
+    "tfos_nb/runtime/driver/control/state.py": "one cluster's state: the mutable node and cluster records "
                                        "under the one lock every reader waits on, and its frozen views, which "
                                        "the widgets import from this module only (their layering rule)",
     "tfos_nb/runtime/driver/control/controller.py": "the one writer of a cluster's state: a handler per control message "

@@ -45,15 +45,18 @@ def ip():
 # -- bad input: one-line UsageErrors, exact messages --------------------------------------
 BAD_INPUT = [
     ("--bogus", "pass", "unrecognized arguments: --bogus"),
-    ("--workers 0", "pass", "--workers must be at least 1, got 0"),
-    ("--workers -2", "pass", "--workers must be at least 1, got -2"),
+    ("--workers 0", "pass", "--workers must be an integer of at least 1, got 0"),
+    ("--workers -2", "pass", "--workers must be an integer of at least 1, got -2"),
     ("--workers two", "pass", "argument --workers: invalid int value: 'two'"),
-    ("--ps -1", "pass", "--ps must be 0 or more, got -1"),
-    ("--retries -2", "pass", "--retries must be 0 or more, got -2"),
+    ("--ps -1", "pass", "--ps must be an integer of at least 0, got -1"),
+    ("--retries -2", "pass", "--retries must be a non-negative integer, got -2"),
     ("--epochs 0", "pass", "--epochs must be at least 1, got 0"),
     ("--deterministic --retries 1 --min-workers 1", "pass",
-     "--min-workers cannot go with --deterministic: a retry on fewer nodes would put other rows together in each step"),
-    ("--seed -1", "pass", "--seed must be from 0 to 2**32 - 1, got -1"),
+     "--min-workers 1 cannot go with --deterministic: a retry on fewer nodes would put other rows together in each "
+     "step, so the job could not end with a clean run's weights"),
+    ("--retries 1 --min-workers 0", "pass", "--min-workers must be a positive integer (chief and workers), got 0"),
+    ("--retries 1 --min-workers 3", "pass", "--min-workers must be between 1 and --workers (2), got 3"),
+    ("--seed -1", "pass", "--seed must be an integer from 0 to 2**32 - 1, got -1"),
     ('--resources "wrker: cpus=1"', "pass",
      "resources: unknown role 'wrker' (did you mean 'worker'?); the roles are chief, worker, ps, evaluator, *"),
     ('--resources "worker: gpus=0.75"', "pass",
@@ -112,7 +115,7 @@ def test_bad_input_other_magics(ip, magic, line, message):
 def test_usage_error_keeps_the_shell_alive(ip, capsys):
     result = ip.run_cell("%%tfos_cluster --workers -1\npass")
     assert not result.success
-    assert "UsageError: --workers must be at least 1, got -1" in capsys.readouterr().err
+    assert "UsageError: --workers must be an integer of at least 1, got -1" in capsys.readouterr().err
     assert ip.run_cell("1 + 1").result == 2
 
 
@@ -151,6 +154,24 @@ def test_config_magic_sets_traits(ip):
         assert magics.default_workers == 4
     finally:
         ip.run_line_magic("config", "TFOSMagics.default_workers = 2")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("shrink_after = -1.0", "TFOSMagics.shrink_after must be a non-negative number of seconds, got -1.0"),
+    ("stall_after = -1.0", "TFOSMagics.stall_after must be a number of seconds (0 or None: off), got -1.0"),
+])
+def test_a_bad_setting_is_a_usage_error_naming_it(ip, setting, message):
+    """The job's groups check the %config settings they hold too, and say them by their setting's name."""
+    name = setting.split(" ", 1)[0]
+    magics = ip.magics_manager.registry["TFOSMagics"]
+    before = getattr(magics, name)
+    ip.run_line_magic("config", f"TFOSMagics.{setting}")
+    try:
+        with pytest.raises(UsageError) as info:
+            ip.run_cell_magic("tfos_cluster", "", "pass")
+        assert str(info.value) == message
+    finally:
+        ip.run_line_magic("config", f"TFOSMagics.{name} = {before!r}")  # the shell's config too, which later shells read
 
 
 def test_loaded_from_ipython_config(tmp_path):

@@ -11,22 +11,42 @@ as ``args.NAME``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import keyword
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
 
 from ..runtime.args import Namespace
+from ..runtime.option_error import OptionError
 from ._run_handle import RunHandle
 
 __all__ = ["Namespace", "cell_args", "check_name", "check_timeout", "data_var", "grid", "node_env", "tracking", "usage",
-           "validation_var"]
+           "usage_errors", "validation_var"]
+
+#: how ``%%tfos_cluster`` names the options the job's groups check (ClusterShape, RetryPolicy, JobOptions and
+#: deterministic mode), so that their errors name the flag or setting the user gave
+FLAGS = {"trainers": "--workers", "ps": "--ps", "retries": "--retries", "min_workers": "--min-workers",
+         "seed": "--seed", "deterministic": "--deterministic", "shrink_after": "TFOSMagics.shrink_after",
+         "stall_after": "TFOSMagics.stall_after"}
 
 
 def usage(msg: str) -> UsageError:
     return UsageError(msg)
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """The job's groups as a cell builds them: their ``ValueError`` is the cell's ``UsageError``, each option they
+    name said as the cell gives it (``--retries``, see :data:`FLAGS`)."""
+    try:
+        yield
+    except OptionError as exc:
+        raise usage(exc.said(FLAGS)) from None
+    except ValueError as exc:
+        raise usage(str(exc)) from None
 
 
 def _attribute_keys(values: Mapping[Any, Any], what: str) -> None:

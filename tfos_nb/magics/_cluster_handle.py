@@ -20,7 +20,7 @@ from ..runtime.driver import retry
 from ..runtime.driver.cluster import InputMode, TFCluster, TFClusterError
 from ..runtime.driver.control import stacks, state
 from ..runtime.driver.launch import start
-from ..runtime.driver.options import ClusterShape, JobOptions, RetryPolicy
+from ..runtime.driver.options import ClusterShape, JobOptions, RetryPolicy, StartOptions, Training
 from ._run_handle import RunFailed, RunHandle, first_line
 
 __all__ = ["ClusterFailed", "ClusterHandle"]
@@ -86,17 +86,14 @@ class ClusterHandle(RunHandle):
         # the handle shows the nodes' lines itself (the cell's stream, ``output``, ``logs()``): no node_output
         self._options = JobOptions.of(options, name=name, node_output=False, log_callback=self._on_log,
                                       on_state=self._on_state, on_start=self._on_start)
-        self._start_args: dict[str, Any] = dict(
-            tensorboard=tensorboard,
-            input_mode=InputMode.SPARK if data is not None else InputMode.TENSORFLOW,
-            log_dir=log_dir,
-            reservation_timeout=min(timeout, 600) if timeout else 600,
-        )
+        self._launch = StartOptions(tensorboard=tensorboard,
+                                    input_mode=InputMode.SPARK if data is not None else InputMode.TENSORFLOW,
+                                    log_dir=log_dir, reservation_timeout=min(timeout, 600) if timeout else 600)
         # after the chief/workers finished: the evaluator's time to evaluate the last checkpoint (shutdown's grace)
-        self._training = retry.Training(data=data, num_epochs=epochs, feed_timeout=timeout or 600,
-                                        validation=validation,  # fed once as the named set "validation"
-                                        grace_secs=float(evaluator_grace) if shape.evaluator else 0.0,
-                                        shutdown_timeout=timeout or 259200)
+        self._training = Training(data=data, num_epochs=epochs, feed_timeout=timeout or 600,
+                                  validation=validation,  # fed once as the named set "validation"
+                                  grace_secs=float(evaluator_grace) if shape.evaluator else 0.0,
+                                  shutdown_timeout=timeout or 259200)
         self._start = start_cluster  # tfos_nb.runtime.driver.launch.start.start_cluster, or a test's fake
         self._fn, self._args = fn, args
         self._timer: threading.Timer | None = None
@@ -158,7 +155,7 @@ class ClusterHandle(RunHandle):
             # every attempt logs into the job's one run; untracked, as the cell decided on its own thread (where an
             # active MLflow run is seen), not as this thread would
             job = retry.Attempts(self._sc, self._fn, self._args, self._shape, self._options, self._training,
-                                 self.policy, start=self._start, tracking=self.tracking, start_args=self._start_args)
+                                 self.policy, start=self._start, tracking=self.tracking, launch=self._launch)
             try:
                 self._live, _ = retry.attempts(functools.partial(self._attempt, job), self.policy.retries,
                                                failures=self.failures, on_retry=self._on_retry,

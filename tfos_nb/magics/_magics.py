@@ -29,6 +29,7 @@ from ._cell_options import (
     tracking,
     unquoted,
     usage,
+    usage_errors,
     validation_var,
 )
 from ._cellfn import CellError, build
@@ -215,19 +216,14 @@ class TFOSMagics(Magics):
         opts = parse_argstring(self.tfos_cluster, line)
         ns = self._user_ns
         workers = self.default_workers if opts.workers is None else opts.workers
-        if workers < 1:
-            raise usage(f"--workers must be at least 1, got {workers}")
-        if opts.ps < 0:
-            raise usage(f"--ps must be 0 or more, got {opts.ps}")
-        if opts.retries < 0:
-            raise usage(f"--retries must be 0 or more, got {opts.retries}")
-        if opts.min_workers is not None and not 1 <= opts.min_workers <= workers:
+        with usage_errors():  # the groups check the flags they hold, in the flags' words
+            shape = ClusterShape(workers, opts.ps, opts.evaluator, chief="chief")
+            options = JobOptions(env=node_env(self.tf_threads), stall_after=self.stall_after, seed=opts.seed,
+                                 deterministic=opts.deterministic, resources=unquoted(opts.resources))
+            policy = RetryPolicy(opts.retries, min_workers=opts.min_workers, shrink_after=self.shrink_after)
+            policy.check(options)
+        if opts.min_workers is not None and opts.min_workers > workers:  # a cell's own rule: it gave both
             raise usage(f"--min-workers must be between 1 and --workers ({workers}), got {opts.min_workers}")
-        if opts.deterministic and opts.min_workers is not None:
-            raise usage("--min-workers cannot go with --deterministic: a retry on fewer nodes would put other rows "
-                        "together in each step")
-        if opts.seed is not None and not 0 <= opts.seed < 2**32:
-            raise usage(f"--seed must be from 0 to 2**32 - 1, got {opts.seed}")
         timeout = self.timeout if opts.timeout is None else opts.timeout
         check_timeout(timeout)
         name = opts.name
@@ -252,13 +248,6 @@ class TFOSMagics(Magics):
         epochs = args.epochs
         if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
             raise usage(f"--epochs must be at least 1, got {epochs!r}")
-        try:
-            shape = ClusterShape(workers, opts.ps, opts.evaluator, chief="chief")
-            options = JobOptions(env=node_env(self.tf_threads), stall_after=self.stall_after, seed=opts.seed,
-                                 deterministic=opts.deterministic, resources=unquoted(opts.resources))
-            policy = RetryPolicy(opts.retries, min_workers=opts.min_workers, shrink_after=self.shrink_after)
-        except ValueError as exc:
-            raise usage(str(exc)) from None
         nodes = shape.num_nodes
         try:
             fn, _ = build(cell, ns, name)
@@ -268,10 +257,8 @@ class TFOSMagics(Magics):
         self._stop_running(name, f"cluster {name}")
         sc = spark_for_cell(ns, self.spark_master_local, nodes)
         if options.resources is not None:  # what the session cannot give, said before any Spark job
-            try:
+            with usage_errors():
                 check_resources(sc, options.resources, shape.roles())
-            except ValueError as exc:
-                raise usage(str(exc)) from None
         run = tracking(self.mlflow if opts.mlflow is None else opts.mlflow, "cluster", sc=sc, tf_args=args,
                        shape=shape, log_dir=opts.logdir, input_mode=int(data is not None), num_epochs=epochs,
                        retries=opts.retries, **{**option_facts(options), "name": name})

@@ -26,18 +26,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..option_error import Named, OptionError
+
 ENV_SEED = "TFOS_SEED"  # the nodes' seed
 ENV_DETERMINISTIC = "TFOS_DETERMINISTIC"  # "1": op determinism on the nodes
 
 
 def node_env(deterministic: Any = False, seed: Any = None) -> dict[str, str]:
-    """The nodes' environment for ``deterministic`` and ``seed`` (validated here, on the driver)."""
+    """The nodes' environment for ``deterministic`` and ``seed`` (validated here, on the driver: an
+    :class:`~..option_error.OptionError` naming the option)."""
     if not isinstance(deterministic, bool):
-        msg = f"deterministic must be True or False, got {deterministic!r}"
-        raise ValueError(msg)
+        raise OptionError(Named("deterministic"), f" must be True or False, got {deterministic!r}")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32):
-        msg = f"seed must be an integer from 0 to 2**32 - 1, got {seed!r}"
-        raise ValueError(msg)
+        raise OptionError(Named("seed"), f" must be an integer from 0 to 2**32 - 1, got {seed!r}")
     env: dict[str, str] = {}
     if seed is not None or deterministic:
         env[ENV_SEED] = str(0 if seed is None else seed)

@@ -1,22 +1,26 @@
-"""A job's settings and shape, each declared once: :class:`JobOptions`, :class:`ClusterShape`, :class:`RetryPolicy`.
+"""A job's settings and shape, each declared once: :class:`JobOptions`, :class:`ClusterShape`, :class:`RetryPolicy`,
+:class:`StartOptions` and :class:`Training`.
 
 ``TFCluster.run``, ``TFParallel.run``, :func:`.retry.run_job` and the cell magics build
-them (from keyword arguments, cell options and ``%config``) and pass them down whole: adding an option touches its
-field here, the place that uses it, and the docs.
+them (from keyword arguments, cell options and ``%config``; :mod:`.keywords` turns the keyword arguments into them)
+and pass them down whole: adding an option touches its field here, its keyword's type in :mod:`.keywords`, the place
+that uses it, and the docs.  A bad value is an :class:`~..option_error.OptionError` (a ValueError) naming the
+option, which the magics say in their flags' words.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from .. import determinism
+from ..option_error import Named, OptionError
 from .control.stalls import DEFAULT_STALL_AFTER, check_stall_after
 from .launch.resources import Resources
 
-__all__ = ["ClusterShape", "JobOptions", "RetryPolicy"]
+__all__ = ["ClusterShape", "JobOptions", "RetryPolicy", "StartOptions", "Training"]
 
 #: how long a retry waits for the task slots of a failed attempt to come back before it shrinks (``min_workers``)
 SHRINK_AFTER_S = 60.0
@@ -69,29 +73,23 @@ class JobOptions:
 
     def __post_init__(self) -> None:
         determinism.node_env(self.deterministic, self.seed)  # checks both
-        _check(self.keras in ("tf_keras", "keras3"), f"keras must be 'tf_keras' or 'keras3', got {self.keras!r}")
-        _check(_number(self.heartbeat_timeout) and self.heartbeat_timeout > 0,
-               f"heartbeat_timeout must be a positive number of seconds, got {self.heartbeat_timeout!r}")
-        _check(_number(self.notebook_timeout) and self.notebook_timeout > 0,
-               f"notebook_timeout must be a positive number of seconds, got {self.notebook_timeout!r}")
+        _check(self.keras in ("tf_keras", "keras3"), Named("keras"), f" must be 'tf_keras' or 'keras3', got {self.keras!r}")
+        _check(_number(self.heartbeat_timeout) and self.heartbeat_timeout > 0, Named("heartbeat_timeout"),
+               f" must be a positive number of seconds, got {self.heartbeat_timeout!r}")
+        _check(_number(self.notebook_timeout) and self.notebook_timeout > 0, Named("notebook_timeout"),
+               f" must be a positive number of seconds, got {self.notebook_timeout!r}")
         object.__setattr__(self, "stall_after", check_stall_after(self.stall_after))
-        _check(self.num_gpus is None or (_integer(self.num_gpus) and self.num_gpus >= 0),
-               f"num_gpus must be a non-negative integer, got {self.num_gpus!r}")
+        _check(self.num_gpus is None or (_integer(self.num_gpus) and self.num_gpus >= 0), Named("num_gpus"),
+               f" must be a non-negative integer, got {self.num_gpus!r}")
         env = {} if self.env is None else self.env  # None: none, as TensorFlowOnSpark's callers pass it
-        _check(isinstance(env, Mapping), f"env must be a mapping of names to values, got {env!r}")
+        _check(isinstance(env, Mapping), Named("env"), f" must be a mapping of names to values, got {env!r}")
         object.__setattr__(self, "env", {str(k): str(v) for k, v in env.items()})
         object.__setattr__(self, "resources", Resources.of(self.resources))
 
     @classmethod
     def of(cls, options: JobOptions | None = None, /, **given: Any) -> JobOptions:
         """``options`` (or the defaults) with the keyword options ``given`` over it."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        for key in given:
-            if key not in names:
-                near = difflib.get_close_matches(key, names, n=1)
-                hint = f"; did you mean {near[0]!r}?" if near else f"; the options: {', '.join(sorted(names))}"
-                msg = f"unknown option {key!r}{hint}"
-                raise TypeError(msg)
+        refuse_unknown(given, fields_of(cls))
         base = options if options is not None else cls()
         if not isinstance(base, cls):
             msg = f"options must be a JobOptions, got {type(base).__name__}"
@@ -129,18 +127,18 @@ class ClusterShape:
     chief: str | None = None  # None: every trainer is a "worker"; "chief" or "master": the first one's role
 
     def __post_init__(self) -> None:
-        for label, value, least in (("chief/worker nodes", self.trainers, 1), ("num_ps", self.ps, 0)):
-            _check(_integer(value) and value >= least,
-                   f"{label} must be an integer of at least {least}, got {value!r}")
-        _check(self.chief in (None, "chief", "master"), f"master_node must be None, 'chief' or 'master', "
-                                                         f"got {self.chief!r}")
+        for named, value, least in ((Named("trainers", "chief/worker nodes"), self.trainers, 1),
+                                    (Named("ps", "num_ps"), self.ps, 0)):
+            _check(_integer(value) and value >= least, named, f" must be an integer of at least {least}, got {value!r}")
+        _check(self.chief in (None, "chief", "master"), Named("chief", "master_node"),
+               f" must be None, 'chief' or 'master', got {self.chief!r}")
 
     @classmethod
     def of_tfos(cls, num_executors: int, num_ps: int = 0, master_node: str | None = None,
                 eval_node: bool = False) -> ClusterShape:
         """TensorFlowOnSpark's way of saying it: nodes in all, of which ``num_ps`` ps and one evaluator."""
         for label, value in (("num_executors", num_executors), ("num_ps", num_ps)):
-            _check(_integer(value) and value >= 0, f"{label} must be a non-negative integer, got {value!r}")
+            _check(_integer(value) and value >= 0, Named(label), f" must be a non-negative integer, got {value!r}")
         trainers = num_executors - num_ps - (1 if eval_node else 0)
         _check(trainers >= 1, f"num_executors={num_executors} leaves no chief/worker node "
                               f"(num_ps={num_ps}, eval_node={eval_node})")
@@ -177,24 +175,70 @@ class RetryPolicy:
     shrink_after: float = SHRINK_AFTER_S
 
     def __post_init__(self) -> None:
-        _check(_integer(self.retries) and self.retries >= 0,
-               f"retries must be a non-negative integer, got {self.retries!r}")
+        _check(_integer(self.retries) and self.retries >= 0, Named("retries"),
+               f" must be a non-negative integer, got {self.retries!r}")
         _check(self.min_workers is None or (_integer(self.min_workers) and self.min_workers >= 1),
-               f"min_workers must be a positive integer (chief and workers), got {self.min_workers!r}")
-        _check(_number(self.shrink_after) and self.shrink_after >= 0,
-               f"shrink_after must be a non-negative number of seconds, got {self.shrink_after!r}")
+               Named("min_workers"), f" must be a positive integer (chief and workers), got {self.min_workers!r}")
+        _check(_number(self.shrink_after) and self.shrink_after >= 0, Named("shrink_after"),
+               f" must be a non-negative number of seconds, got {self.shrink_after!r}")
 
     def check(self, options: JobOptions) -> None:
         """Refuse a policy the options cannot keep."""
         if options.deterministic and self.min_workers is not None:
-            msg = (f"min_workers={self.min_workers} cannot go with deterministic=True: a retry on fewer nodes would "
-                   "put other rows together in each step, so the job could not end with a clean run's weights")
-            raise ValueError(msg)
+            raise OptionError(Named("min_workers", value=self.min_workers, shown=True), " cannot go with ",
+                              Named("deterministic", value=True, shown=True), ": a retry on fewer nodes would put "
+                              "other rows together in each step, so the job could not end with a clean run's weights")
 
 
-def _check(ok: bool, msg: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class StartOptions:
+    """How a cluster starts, TensorFlowOnSpark's keywords of ``TFCluster.run`` beside its shape: TensorBoard on the
+    chief (``tensorboard``, ``log_dir``), whether the driver feeds the nodes (``input_mode``: ``InputMode.SPARK``,
+    1, or ``InputMode.TENSORFLOW``, 0), the ps nodes on the driver (``driver_ps_nodes``), how long the nodes may
+    take to come up (``reservation_timeout``), and whether a node frees its port before its function runs
+    (``release_port``)."""
+
+    tensorboard: bool = False
+    input_mode: int = 0  # InputMode.TENSORFLOW (driver/cluster.py, which this module does not import)
+    log_dir: str | None = None
+    driver_ps_nodes: bool = False
+    reservation_timeout: float = 600
+    release_port: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """What every attempt of :func:`.retry.run_job` does once its nodes run: feed ``data`` (an RDD or DataFrame;
+    None: the nodes read their own) for ``num_epochs`` epochs (``feed_timeout``, ``batch_rows``, ``validation`` fed
+    once as the named set "validation"; see ``TFCluster.train``), then ``shutdown(grace_secs, shutdown_timeout)``."""
+
+    data: Any = None
+    num_epochs: int = 1
+    feed_timeout: float = 600
+    batch_rows: int = 1024
+    validation: Any = None
+    grace_secs: float = 0
+    shutdown_timeout: float = 259200
+
+
+def fields_of(group: type) -> list[str]:
+    """The field names of the dataclass ``group``, in order: the keywords that build it."""
+    return [f.name for f in dataclasses.fields(group)]
+
+
+def refuse_unknown(given: Iterable[str], names: Collection[str]) -> None:
+    """A ``TypeError`` for the first of ``given`` that is not one of ``names``, naming the closest one (or all)."""
+    for key in given:
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; the options: {', '.join(sorted(names))}"
+            msg = f"unknown option {key!r}{hint}"
+            raise TypeError(msg)
+
+
+def _check(ok: bool, *parts: str | Named) -> None:
     if not ok:
-        raise ValueError(msg)
+        raise OptionError(*parts)
 
 
 def _integer(value: Any) -> bool:

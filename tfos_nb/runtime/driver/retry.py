@@ -23,15 +23,21 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..recovery.restart import Recovery
 from . import tracking as experiment_tracking
 from .cluster import InputMode, TFCluster
 from .control import state
 from .errors import TFClusterError
+from .keywords import JobKeywords, job_groups
 from .launch.start import start_cluster
-from .options import ClusterShape, JobOptions, RetryPolicy
+from .options import ClusterShape, JobOptions, RetryPolicy, StartOptions, Training
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is Python 3.11+; only annotations use it
+
+__all__ = ["Attempts", "RunOutcome", "attempts", "run_job"]
 
 T = TypeVar("T")
 
@@ -47,39 +53,22 @@ class RunOutcome:
     resumed: tuple[str, ...] = ()  # where each retry resumed from, oldest first
 
 
-@dataclasses.dataclass(frozen=True)
-class Training:
-    """What every attempt does once its nodes run: feed ``data`` (an RDD or DataFrame; None: the nodes read their
-    own) for ``num_epochs`` epochs (``feed_timeout``, ``batch_rows``, ``validation`` fed once as the named set
-    "validation"; see ``TFCluster.train``), then ``shutdown(grace_secs, shutdown_timeout)``."""
-
-    data: Any = None
-    num_epochs: int = 1
-    feed_timeout: float = 600
-    batch_rows: int = 1024
-    validation: Any = None
-    grace_secs: float = 0
-    shutdown_timeout: float = 259200
-
-
 class Attempts:
     """One job's attempts, each start → train → shutdown; :func:`run_job` and ``%%tfos_cluster`` both drive one.
 
     ``once(n)`` runs attempt ``n``: the cluster of ``shape`` (fewer chief/workers when the policy lets a retry
     shrink), the nodes' environment saying the attempt and its backups, the epochs and rows its backup had not
     trained; a failure closes the cluster and raises.  ``start``: ``start.start_cluster`` (or a test's fake),
-    called with ``start_args`` (``tensorboard``, ``log_dir``, ``input_mode``, ``reservation_timeout``…).
+    called with ``launch`` (:class:`~.options.StartOptions`: ``tensorboard``, ``log_dir``, ``input_mode``…).
     """
 
     def __init__(self, sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape,
                  options: JobOptions, training: Training, policy: RetryPolicy, *,
                  start: Callable[..., TFCluster] = start_cluster, tracking: Any = None,
-                 start_args: dict[str, Any] | None = None) -> None:
+                 launch: StartOptions | None = None) -> None:
         self.sc, self.map_fun, self.tf_args, self.shape = sc, map_fun, tf_args, shape
         self.options, self.training, self.policy, self.tracking = options, training, policy, tracking
-        self._start, self._start_args = start, dict(start_args or {})
-        if training.data is not None:
-            self._start_args.setdefault("input_mode", InputMode.SPARK)
+        self._start, self._launch = start, StartOptions() if launch is None else launch
         self.recovery = Recovery(sc, policy)
         self.resumed: list[str] = []  # where each retry resumed from, oldest first
 
@@ -95,7 +84,7 @@ class Attempts:
         shape = self.shape_of(attempt) if shape is None else shape
         env = {"TFOS_ATTEMPT": str(attempt), **self.recovery.env(attempt)}
         options = self.options.with_env(env).replace(mlflow=self.tracking if self.tracking is not None else False)
-        cluster = self._start(self.sc, self.map_fun, self.tf_args, shape, options, **self._start_args)
+        cluster = self._start(self.sc, self.map_fun, self.tf_args, shape, options, launch=self._launch)
         try:
             if attempt > 1:
                 said = self.recovery.describe()
@@ -119,12 +108,6 @@ class Attempts:
         self.recovery.close()
 
 
-_TRAINING = {f.name for f in dataclasses.fields(Training)}
-_POLICY = {f.name for f in dataclasses.fields(RetryPolicy)}
-_START = {"num_ps", "tensorboard", "input_mode", "log_dir", "driver_ps_nodes", "master_node", "reservation_timeout",
-          "eval_node", "release_port"}
-
-
 def run_job(
     sc: Any,
     map_fun: Callable[[Any, Any], Any],
@@ -133,7 +116,7 @@ def run_job(
     *,
     on_retry: Callable[[int, TFClusterError], None] | None = None,
     options: JobOptions | None = None,
-    **kwargs: Any,
+    **given: Unpack[JobKeywords],
 ) -> RunOutcome:
     """Run ``map_fun`` on a cluster of ``num_executors`` nodes to the end, retrying node failures.
 
@@ -141,7 +124,8 @@ def run_job(
     ``InputMode.SPARK`` (``feed_timeout``, ``batch_rows``, ``validation``; :class:`Training`) — without it the
     nodes read their own data — then ``shutdown(grace_secs, shutdown_timeout)``.  ``retries``, ``backup_dir``,
     ``min_workers``, ``shrink_after``: what a node failure does (:class:`~.options.RetryPolicy`).  Other keyword
-    arguments are :func:`.launch.start.run`'s (``num_ps``, ``tensorboard``, … and its options);
+    arguments are :func:`.launch.start.run`'s (``num_ps``, ``tensorboard``, … and its options; each keyword's type
+    and group: :mod:`.keywords`);
     ``mlflow=`` (as there) tracks the whole job as one MLflow run: every attempt logs into it (tags
     ``tfos_nb.attempts``, ``tfos_nb.failures``), not into nested runs — a retry resumes the same
     training from its checkpoints.  ``on_retry(attempt,
@@ -157,21 +141,16 @@ def run_job(
     With ``deterministic=True`` (and ``seed``, see :func:`.launch.start.run`) a job that
     lost an executor ends with the weights of a clean run; it cannot shrink.
     """
-    given = set(kwargs)
-    training = Training(**{k: kwargs.pop(k) for k in _TRAINING & kwargs.keys()})
-    policy = RetryPolicy(**{k: kwargs.pop(k) for k in _POLICY & kwargs.keys()})
-    start_args = {k: kwargs.pop(k) for k in _START & kwargs.keys()}
-    options = JobOptions.of(options, **kwargs)
-    shape = ClusterShape.of_tfos(num_executors, start_args.pop("num_ps", 0), start_args.pop("master_node", None),
-                                 start_args.pop("eval_node", False))
-    policy.check(options)
-    facts = {"sc": sc, "tf_args": tf_args, "shape": shape, "input_mode": InputMode.SPARK if training.data is not None
-             else start_args.get("input_mode"), "log_dir": start_args.get("log_dir"),
+    groups = job_groups(num_executors, options, given)
+    training, policy, options = groups.training, groups.policy, groups.options
+    facts = {"sc": sc, "tf_args": tf_args, "shape": groups.shape, "input_mode": InputMode.SPARK
+             if training.data is not None else given.get("input_mode"), "log_dir": groups.launch.log_dir,
              "num_epochs": training.num_epochs if "num_epochs" in given else None,
              "batch_rows": training.batch_rows if "batch_rows" in given else None, "retries": policy.retries,
              **experiment_tracking.option_facts(options)}
     tracking, owned = experiment_tracking.resolve(options.mlflow, "cluster", facts)
-    job = Attempts(sc, map_fun, tf_args, shape, options, training, policy, tracking=tracking, start_args=start_args)
+    job = Attempts(sc, map_fun, tf_args, groups.shape, options, training, policy, tracking=tracking,
+                   launch=groups.launch)
     started = time.monotonic()
     failures: list[str] = []
     try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import step_time
 from ..protocol import pipes
+from ..protocol.bodies import BeatReport
 from ..protocol.pipes import jsonable as _jsonable
 from .feed.data_feed import DataFeed
 from .feed.hub import FeedHub
@@ -222,12 +223,10 @@ class NodeContext:
         clean = {k: _jsonable(v) if not isinstance(v, (int, float, str)) else v for k, v in metrics.items()}
         # NaN/inf (a diverging loss) would make the supervisor's heartbeat unencodable (strict JSON): None
         clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in clean.items()}
-        report: dict[str, Any] = {"step": None if step is None else int(step), "total_steps": self._total_steps,
-                  "total_epochs": self._total_epochs, "metrics": clean, "time": time.time()}
         times = step_time.CLOCK.totals()  # once training began (the progress callback's steps)
-        if times is not None:
-            report["times"] = times
-        self._reporter.progress(report)
+        report = BeatReport(step=None if step is None else int(step), total_steps=self._total_steps,
+                            total_epochs=self._total_epochs, metrics=clean, time=time.time(), times=times or {})
+        self._reporter.progress(report.to_dict())  # the heartbeat's body, as the report pipe carries it
 
     def progress_callback(self, every_n_steps: int = 1) -> Any:
         """A Keras callback that reports the global step and the batch's logs."""

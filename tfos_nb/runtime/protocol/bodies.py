@@ -1,7 +1,10 @@
-"""The typed bodies of the driver's replies, the kinds of feeding errors, and the launch metadata.
+"""The typed bodies of the driver's replies and of a node's heartbeat, the kinds of feeding errors, and the launch
+metadata.
 
 A :class:`.messages.Reply` carries one body per request: the driver builds
-them, peers read them with ``Body.from_dict(reply.body)``.
+them, peers read them with ``Body.from_dict(reply.body)``.  A :class:`.messages.Heartbeat` carries
+:class:`BeatReport`, :class:`BeatFeed`, :class:`BeatPhase` and :class:`BeatStacks`: the node builds them, the
+codec reads them when it decodes the beat.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ class Body:
 
     ``NESTED``: the fields whose list items (or dict values) are bodies themselves, by field name: they
     are parsed too, and an error names the field and the item (``ClusterSnapshot.nodes[1]: ...``).
+    ``SPARSE``: ``to_dict()`` leaves out each field at its default (the heartbeat's bodies: a beat says its news).
     """
 
     NESTED: ClassVar[dict[str, type[Body]]] = {}
+    SPARSE: ClassVar[bool] = False
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain_dict(self)
@@ -261,3 +266,75 @@ class LaunchMeta(Body):
     def address(self) -> tuple[str, int]:
         """The control server's ``(host, port)`` (the driver's, or the Connect coordinator's)."""
         return str(self.control[0]), int(self.control[1])
+
+
+# --------------------------------------------------------------------------
+# Heartbeat bodies (node -> driver): what a beat says besides the node's state
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatReport(Body):
+    """One ``ctx.report(...)`` of a node's function (``Heartbeat.report``: the latest; ``Heartbeat.reports``: each one
+    since the last beat, with its step, time, metrics and times): its step, the run's total steps and epochs, its
+    metrics (plain data), the node's clock (``time``), its :mod:`~tfos_nb.runtime.step_time` totals (``times``; the
+    driver keeps them only if :func:`~tfos_nb.runtime.step_time.valid`) and, in the latest, what its supervisor
+    measured of its GPUs (``gpus``; ``[]``: not measured)."""
+
+    SPARSE: ClassVar[bool] = True
+    step: int | None = None
+    total_steps: int | None = None
+    total_epochs: int | None = None
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    time: float | None = None
+    times: dict[str, Any] = dataclasses.field(default_factory=dict)
+    gpus: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatFeed(Body):
+    """What a node says of its feed (``Heartbeat.feed``): its function stopped reading (``closed``), the last data
+    shape it was sent (``sample``: a ``BeatCommand.feed_sample`` id), training partitions whose connection broke
+    before their end (``dropped``: ``[epoch, partition, rows that arrived]``), a read waiting past the running
+    ``train()``'s epochs (``past``: ``[epoch, rows]``, ``[]``: none) and the named sets its function read."""
+
+    SPARSE: ClassVar[bool] = True
+    closed: bool = False
+    sample: int = 0
+    dropped: list[list[int]] = dataclasses.field(default_factory=list)
+    past: list[int] = dataclasses.field(default_factory=list)
+    sets_read: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: object) -> BeatFeed:
+        """As :meth:`Body.from_dict`, but an item of ``dropped`` that is not three integers is left out: one bad
+        item does not lose the news of the others."""
+        if isinstance(data, dict) and isinstance(data.get("dropped"), list):
+            data = {**data, "dropped": [d for d in data["dropped"] if isinstance(d, list) and len(d) == 3
+                                        and all(type(v) is int for v in d)]}
+        return super().from_dict(data)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatPhase(Body):
+    """Where a node's process is (``Heartbeat.phase``): its phase (one of ``executor.process.phases.PHASES``;
+    ``""``: not known yet), the seconds since its main thread last moved (``still_s``: an age, as the driver's clock
+    may differ from the node's), the phases it went through since the last beat (``seen``), its main thread's place
+    in the user's code (``where``) and its :mod:`~tfos_nb.runtime.step_time` totals now (``times``)."""
+
+    SPARSE: ClassVar[bool] = True
+    phase: str = ""
+    still_s: float | None = None
+    seen: list[str] = dataclasses.field(default_factory=list)
+    where: str = ""
+    times: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatStacks(Body):
+    """A node's answer to ``BeatCommand.stacks`` (``Heartbeat.stacks``): the id it answers (0: none) and every thread's
+    Python stack in its process (``text``)."""
+
+    SPARSE: ClassVar[bool] = True
+    id: int = 0
+    text: str = ""

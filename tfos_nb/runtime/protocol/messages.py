@@ -20,7 +20,8 @@ A :class:`Reply` carries one typed body per request (:class:`NodeSpec`,
 :class:`BeatCommand`, :class:`FeedAssignment`, :class:`FeedVerdict`,
 :class:`FeedReleased`, :class:`Retry`): the driver builds them, peers read them
 with ``Body.from_dict(reply.body)``.  :class:`LaunchMeta` is what the driver
-hands every Spark task that starts a node or a run.
+hands every Spark task that starts a node or a run.  A :class:`Heartbeat`'s news is typed too
+(:class:`BeatReport`, :class:`BeatFeed`, :class:`BeatPhase`, :class:`BeatStacks`), read when the beat is decoded.
 """
 
 from __future__ import annotations
@@ -33,13 +34,17 @@ import os
 import struct
 import threading
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from ..net import recv_exact
 from .bodies import (  # re-exported: every wire type is reachable as messages.X
     ERROR_LOST_CONNECTION,
     ERROR_OTHER,
     BeatCommand,
+    BeatFeed,
+    BeatPhase,
+    BeatReport,
+    BeatStacks,
     Body,
     CoordinatorMeta,
     CoordinatorStarted,
@@ -52,7 +57,7 @@ from .bodies import (  # re-exported: every wire type is reachable as messages.X
     Retry,
     error_kind,
 )
-from .fields import ProtocolError, to_plain_dict
+from .fields import ProtocolError, body_field, parse_bodies, to_plain_dict
 from .fields import from_dict as _from_dict
 
 PROTOCOL_VERSION = 3  # 3: a reply names the request it answers; 2: typed reply bodies, epoch in heartbeat commands
@@ -86,6 +91,9 @@ class Message:
         super().__init_subclass__(**kw)
         if cls.TYPE:
             _TYPES[cls.TYPE] = cls
+
+    def __post_init__(self) -> None:
+        parse_bodies(self)  # a body field given its JSON object (decoded, or a caller's dict) holds its body
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain_dict(self)
@@ -132,17 +140,31 @@ class Heartbeat(Message):
     data_port: int | None = None
     tensorboard: str | None = None  # the chief's TensorBoard, once verified to listen and answer (http://host:port)
     tensorboard_error: str | None = None  # why the chief has no TensorBoard (it exited or never listened)
-    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # latest ctx.report(...)
-    reports: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every ctx.report since the last beat: [{step, time, metrics}]
+    report: BeatReport = body_field(BeatReport)  # the latest ctx.report(...)
+    reports: list[BeatReport] = body_field(BeatReport, many=True)  # every ctx.report since the last beat
     returned: dict[str, Any] = dataclasses.field(default_factory=dict)  # last beat: {"value": what the node function returned}
-    feed: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"closed": True} once the function stopped reading
-    phase: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"phase", "still_s": idle s, "seen": [...], "where": in user code}
-    stacks: dict[str, Any] = dataclasses.field(default_factory=dict)  # {"id": BeatCommand.stacks answered, "text": the dump}
+    feed: BeatFeed = body_field(BeatFeed)
+    phase: BeatPhase = body_field(BeatPhase)
+    stacks: BeatStacks = body_field(BeatStacks)  # the answer to BeatCommand.stacks
     logs: list[str] = dataclasses.field(default_factory=list)  # new output lines
     logs_dropped: int = 0
     exit_code: int | None = None
     error: str | None = None  # one line
     tail: list[str] = dataclasses.field(default_factory=list)  # last lines of output on failure
+
+
+class BeatFields(TypedDict, total=False):
+    """The :class:`Heartbeat` fields a node's owner adds to its state, logs and end (``ChildOwner.beat_fields``)."""
+
+    data_port: int | None
+    tensorboard: str | None
+    tensorboard_error: str | None
+    report: BeatReport
+    reports: list[BeatReport]
+    returned: dict[str, Any]
+    feed: BeatFeed
+    phase: BeatPhase
+    stacks: BeatStacks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +372,8 @@ def read_frame(sock: Any, max_frame: int = MAX_FRAME) -> bytes:
 
 
 __all__ = [
-    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "Body", "Codec", "CoordinatorMeta",
+    "ERROR_LOST_CONNECTION", "ERROR_OTHER", "AwaitSpec", "BeatCommand", "BeatFeed", "BeatFields", "BeatPhase", "BeatReport",
+    "BeatStacks", "Body", "Codec", "CoordinatorMeta",
     "CoordinatorStarted", "FeedAssign", "FeedAssignment", "FeedCheck", "FeedRelease", "FeedReleased",
     "FeedVerdict", "Heartbeat", "LaunchMeta", "LaunchStatus", "Message", "NodeSpec", "ProtocolError", "Register",
     "Reply", "Retry", "error_kind", "new_secret", "read_frame", "sign"

@@ -17,12 +17,13 @@ import itertools
 
 from ...protocol import remote
 from ..control import state as cluster_state
+from ..control import states
 
 MAX_LINES = 400  # log lines per node per snapshot (the rest come with the next one)
 MAX_REPORTS = 1000  # reports per node per snapshot
 
-# the node's attributes a NodeSnapshot carries as they are (the rest: copies, or ages, or what is new)
-_NODE_FIELDS = ("state", "host", "port", "executor_id", "pid", "child_pid", "data_port", "step", "total_steps",
+# the node's attributes a NodeSnapshot carries as they are (the rest: its state, copies, or ages, or what is new)
+_NODE_FIELDS = ("host", "port", "executor_id", "pid", "child_pid", "data_port", "step", "total_steps",
                 "total_epochs", "rows_fed", "feed_closed", "error", "exit_code", "tensorboard", "tensorboard_error",
                 "value", "working_dir", "phase", "where")
 
@@ -68,7 +69,7 @@ def take(state: cluster_state.ClusterState, logbook: LogBook, logs_seen: list[in
             start = max(0, h_seen - n.history_dropped)  # rows dropped from a full history are not sent again
             hist = list(itertools.islice(n.history, start, start + MAX_REPORTS))
             nodes.append(remote.NodeSnapshot(
-                **{k: getattr(n, k) for k in _NODE_FIELDS}, tail=list(n.tail), gpus=list(n.gpus),
+                **{k: getattr(n, k) for k in _NODE_FIELDS}, state=n.state, tail=list(n.tail), gpus=list(n.gpus),
                 metrics=dict(n.metrics), rate=n.rate,
                 age=None if n.last_heartbeat is None else now - n.last_heartbeat,
                 still=None if n.moved_at is None else now - n.moved_at,  # an age: the clocks differ
@@ -102,6 +103,8 @@ class Mirror:
         now = st.clock()
         with st.lock:
             for n, d in zip(st.nodes, snap.nodes):
+                # the coordinator's transitions, as far as it went (states.transition's mirror path)
+                states.transition(n, states.Node(d.state), why="the coordinator's snapshot", mirror=True)
                 for key in _NODE_FIELDS:
                     setattr(n, key, getattr(d, key))
                 n.gpus, n.tail, n.metrics = list(d.gpus), list(d.tail), dict(d.metrics)
@@ -127,7 +130,7 @@ class Mirror:
                           for f, g, p, i, e, age in (row for row in snap.feeding if len(row) == 6)}
             st.feed_pending = tuple(int(p) for p in snap.feed_pending)
             if not st.ended and snap.state:
-                st.state = snap.state
+                states.transition(st, states.Cluster(snap.state), why="the coordinator's snapshot", mirror=True)
                 st.error = snap.error or st.error
                 if st.ended:
                     st.ended_at = now

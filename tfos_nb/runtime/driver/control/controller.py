@@ -33,7 +33,7 @@ from ...tensorboard.news import tensorboard_news
 from ..errors import peer_caused
 from ..feeding.set_records import FeedSets
 from ..feeding.shares import EpochShares
-from . import stalls
+from . import stalls, states
 from . import state as cluster_state
 from .roles import FEEDABLE
 
@@ -130,7 +130,7 @@ class Controller:
                 return messages.Reply(ok=False, error=f"cluster is {st.state}; not taking registrations")
             if node.state != cluster_state.PENDING:
                 return messages.Reply(ok=False, error=f"{node.label} registered twice (Spark retried the launch; executor lost?)")
-            node.state = cluster_state.REGISTERED
+            states.transition(node, cluster_state.REGISTERED, why="its supervisor registered")
             node.host, node.port, node.pid = msg.host, msg.port, msg.pid
             node.executor_id = msg.executor_id
             node.working_dir = msg.working_dir
@@ -186,7 +186,7 @@ class Controller:
                 tensorboard=self.tensorboard and chief,
                 log_dir=log_dir,
             )
-            n.state = cluster_state.STARTING
+            states.transition(n, cluster_state.STARTING, why="every node registered: the cluster formed")
             n.moved_at = self.clock()
 
     def _await_spec(self, msg: messages.AwaitSpec) -> messages.Reply:
@@ -217,29 +217,26 @@ class Controller:
             node.child_pid = msg.child_pid
             if msg.data_port is not None:
                 node.data_port = msg.data_port
-            if msg.feed.get("closed"):
+            if msg.feed.closed:
                 node.feed_closed = True
-            self._feeds_dropped(node, msg.feed.get("dropped"))
-            past = msg.feed.get("past")
-            if isinstance(past, list) and len(past) == 2 and all(type(v) is int for v in past) \
-                    and self._past.get(node.index, (0,))[0] != past[0]:
+            self._feeds_dropped(node, msg.feed.dropped)
+            past = msg.feed.past
+            if len(past) == 2 and self._past.get(node.index, (0,))[0] != past[0]:
                 self._past[node.index] = (past[0], past[1], self.clock())
-            if isinstance(msg.feed.get("sets_read"), list):
-                self._sets.read_by(node.index, [str(n) for n in msg.feed["sets_read"]])
+            self._sets.read_by(node.index, msg.feed.sets_read)
             stalls.apply_news(node, msg.phase, msg.stacks, self.clock())
             spec = (self._specs or {}).get(node.index)
             tb_lines = tensorboard_news(node, spec is not None and spec.tensorboard, msg)
             node.logs.extend(tb_lines)
             new_logs.extend(tb_lines)
-            if msg.report:
-                st.update_progress(node, msg.report)
-                if isinstance(msg.report.get("gpus"), list):
-                    node.gpus = msg.report["gpus"]
+            st.update_progress(node, msg.report)
+            if msg.report.gpus:
+                node.gpus = msg.report.gpus
             if msg.reports:
                 st.record_reports(node, msg.reports)
-            elif msg.report.get("time") is not None and msg.report["time"] != node.last_report_time:
+            elif msg.report.time is not None and msg.report.time != node.last_report_time:
                 st.record_reports(node, [msg.report])  # a peer that sends only its latest report (parallel runs)
-            st.record_tick(node, msg.phase.get("times"))  # after the reports: the node's clocks a second apart
+            st.record_tick(node, msg.phase.times)  # after the reports: the node's clocks a second apart
             if "value" in msg.returned:
                 node.value = msg.returned["value"]
             if msg.logs:
@@ -249,9 +246,9 @@ class Controller:
                 node.logs.append(f"[tfos_nb: {msg.logs_dropped} output line(s) dropped]")
             if node.state not in cluster_state.TERMINAL:
                 if msg.state in ("running", "starting"):
-                    node.state = cluster_state.RUNNING if msg.state == "running" else cluster_state.STARTING
+                    states.transition(node, states.Node(msg.state), why="its heartbeat")
                 elif msg.state in cluster_state.TERMINAL:
-                    node.state = msg.state
+                    states.transition(node, states.Node(msg.state), why="its heartbeat")
                     node.exit_code = msg.exit_code
                     if msg.state == cluster_state.FAILED:
                         node.error, node.failed_at = msg.error or "failed", self.clock()
@@ -266,7 +263,7 @@ class Controller:
                                 feed_plan=list(st.feed_plan or ()), feed_sample=self._sample_for(node, msg),
                                 feed_sets=self._sets.for_node(node.index))
             if st.state == cluster_state.C_RESERVING and all(n.state == cluster_state.RUNNING for n in st.nodes):
-                st.state = cluster_state.C_RUNNING
+                states.transition(st, cluster_state.C_RUNNING, why="every node runs")
         if new_logs:
             st.emit_logs(node.label, new_logs)
         st.notify()
@@ -283,7 +280,7 @@ class Controller:
 
     def set_running(self) -> None:
         """Every node runs its function: the start is over."""
-        self._set_cluster_state(cluster_state.C_RUNNING)
+        self._set_cluster_state(cluster_state.C_RUNNING, "the start is over")
 
     def request_stop(self) -> None:
         """Nodes are told (next heartbeat) to stop when their function allows: end of feeding."""
@@ -308,7 +305,7 @@ class Controller:
         unless it ended; nodes are killed at their next beat (idempotent)."""
         self._end(cluster_state.C_FAILED, error)
 
-    def _end(self, state: str, error: str) -> None:
+    def _end(self, state: states.Cluster, error: str) -> None:
         with self.state.lock:
             self._mark_ended(state, error)
         self.state.notify()
@@ -385,17 +382,17 @@ class Controller:
         with self.state.lock:
             for n in self.state.nodes:
                 if n.state not in cluster_state.TERMINAL:
-                    n.state = cluster_state.STOPPED
+                    states.transition(n, cluster_state.STOPPED, why="still live when the teardown was over")
             final = cluster_state.C_FINISHED if finished(self.state.nodes) else cluster_state.C_STOPPED
-        self._set_cluster_state(final)
+        self._set_cluster_state(final, "the teardown is over")
         return self.state.state
 
-    def _set_cluster_state(self, state: str, error: str | None = None) -> None:
+    def _set_cluster_state(self, state: states.Cluster, why: str, error: str | None = None) -> None:
         st = self.state
         with st.lock:
             if st.ended:
                 return
-            st.state = state
+            states.transition(st, state, why=why)
             if error and not st.error:
                 st.error = error
             if st.ended:
@@ -406,12 +403,12 @@ class Controller:
         """Mark the cluster failed (lock held); every node is told to stop at its next beat."""
         self._mark_ended(cluster_state.C_FAILED, error)
 
-    def _mark_ended(self, state: str, error: str) -> None:
+    def _mark_ended(self, state: states.Cluster, error: str) -> None:
         """End the cluster ``state`` with ``error`` unless it ended (lock held); nodes are killed at their next beat."""
         st = self.state
         if not st.ended:
             log.info("cluster %s %s: %s", st.name, state, error)
-            st.state = state
+            states.transition(st, state, why=error)
             st.error = st.error or error
             st.kill_requested = True
             st.ended_at = self.clock()
@@ -429,7 +426,8 @@ class Controller:
             cut = len(silent) > 1 and len(silent) == len(beating) and len({n.executor_id for n in silent}) > 1
             for n in silent:
                 assert n.last_heartbeat is not None
-                n.state, n.failed_at = cluster_state.FAILED, now
+                states.transition(n, cluster_state.FAILED, why="no heartbeat")
+                n.failed_at = now
                 if cut:
                     where = f"{self.address[0]}:{self.address[1]}" if self.address else "this process"
                     n.error = (f"no heartbeat from any of the {len(silent)} nodes for {self.heartbeat_timeout:.0f} s: "
@@ -479,7 +477,8 @@ class Controller:
         one = len(behind) == 1
         peers = (f"{names} took {'its' if one else 'their'} rows of epoch {plan[1]} but {'is' if one else 'are'} "
                  f"still in a step, waiting for {first.label} to step with {'it' if one else 'them'}")
-        first.state, first.failed_at = cluster_state.FAILED, now
+        states.transition(first, cluster_state.FAILED, why="its input ran out before its peers'")
+        first.failed_at = now
         first.error = "FeedOutOfStep: " + out_of_step_message(first.label, epoch, *plan, rows=rows, peers=peers)
         first.tail = list(first.logs)[-20:]
         self._fail(f"{first.label} failed")
@@ -490,9 +489,7 @@ class Controller:
         """The running train()'s data shape for a node that has not confirmed it (a node given no row builds its
         dataset from it); lock held."""
         st = self.state
-        seen = msg.feed.get("sample")
-        if isinstance(seen, int) and not isinstance(seen, bool):
-            node.sample_seen = max(node.sample_seen, seen)
+        node.sample_seen = max(node.sample_seen, msg.feed.sample)
         if st.feed_plan is None or not st.feed_sample or node.sample_seen >= st.feed_sample_id:
             return {}
         return {**st.feed_sample, "id": st.feed_sample_id}
@@ -503,13 +500,12 @@ class Controller:
         plan = self.state.feed_plan
         return gen > self.state.epoch_done and plan is not None and plan[0] <= gen <= plan[1]
 
-    def _feeds_dropped(self, node: cluster_state.NodeRecord, dropped: Any) -> None:
-        """A node's training partitions whose connection broke mid-partition (a heartbeat's news; lock held)."""
-        for item in dropped if isinstance(dropped, list) else []:
-            if isinstance(item, list) and len(item) == 3 and all(type(v) is int for v in item):
-                gen, partition, rows = item
-                if self._batch_epoch(gen):
-                    self._cut.setdefault((gen, partition), (node.index, rows, self.clock()))
+    def _feeds_dropped(self, node: cluster_state.NodeRecord, dropped: list[list[int]]) -> None:
+        """A node's training partitions whose connection broke mid-partition (a heartbeat's news, each
+        ``[epoch, partition, rows]``; lock held)."""
+        for gen, partition, rows in dropped:
+            if self._batch_epoch(gen):
+                self._cut.setdefault((gen, partition), (node.index, rows, self.clock()))
         self._fail_cut()
 
     def _fail_cut(self) -> None:

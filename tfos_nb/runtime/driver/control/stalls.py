@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...executor.process import phases
+from ...option_error import Named, OptionError
+from ...protocol.bodies import BeatPhase, BeatStacks
 
 TRAINERS = ("chief", "master", "worker")
 NAMED_BEHIND = 8  # nodes a stall line names as not having reached its phase; the rest are counted
@@ -45,12 +47,12 @@ WHERE = {
 
 
 def check_stall_after(value: Any) -> float | None:
-    """``stall_after`` as a number of seconds (None or 0: never flag); ValueError for anything else."""
+    """``stall_after`` as a number of seconds (None or 0: never flag); an OptionError (a ValueError) for anything
+    else."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        msg = f"stall_after must be a number of seconds (0 or None: off), got {value!r}"
-        raise ValueError(msg)
+        raise OptionError(Named("stall_after"), f" must be a number of seconds (0 or None: off), got {value!r}")
     return float(value) or None
 
 
@@ -104,20 +106,19 @@ def with_stalls(nodes: tuple[Any, ...], stall_after: float | None,
     return out, tuple(line for line in lines if line)
 
 
-def apply_news(node: Any, phase: dict[str, Any], stacks: dict[str, Any], now: float) -> None:
-    """A heartbeat's ``phase`` and ``stacks`` fields applied to the driver's node (its state's lock held)."""
-    name, still, seen = phase.get("phase"), phase.get("still_s"), phase.get("seen")
-    for p in [*(seen if isinstance(seen, list) else []), name]:
-        if isinstance(p, str) and p in phases.PHASES and (not node.phase_log or node.phase_log[-1] != p):
+def apply_news(node: Any, phase: BeatPhase, stacks: BeatStacks, now: float) -> None:
+    """A heartbeat's ``phase`` and ``stacks`` applied to the driver's node (its state's lock held); a phase this
+    version does not know is left out."""
+    for p in [*phase.seen, phase.phase]:
+        if p in phases.PHASES and (not node.phase_log or node.phase_log[-1] != p):
             node.phase_log.append(p)
-    if isinstance(name, str) and name in phases.PHASES:
-        node.phase = name
-        node.where = str(phase.get("where") or "")[:200]
-        if isinstance(still, (int, float)) and not isinstance(still, bool):
-            node.moved_at = now - max(0.0, float(still))
-    sid, text = stacks.get("id"), stacks.get("text")
-    if isinstance(sid, int) and isinstance(text, str) and sid > node.stacks[0]:
-        node.stacks = (sid, text)
+    if phase.phase in phases.PHASES:
+        node.phase = phase.phase
+        node.where = phase.where[:200]
+        if phase.still_s is not None:
+            node.moved_at = now - max(0.0, float(phase.still_s))
+    if stacks.id > node.stacks[0]:
+        node.stacks = (stacks.id, stacks.text)
 
 
 def ask_stacks(node: Any) -> int:

@@ -8,7 +8,8 @@ are Controller methods too).  Spark Connect: the Controller in the coordinator
 process on an executor writes the coordinator's state, and the notebook's copy
 is written by :class:`~.connect.snapshot.Mirror` applying the coordinator's snapshots
 (and by the few local transitions ``connect.RemoteController`` makes).  Every
-writer takes the state's lock; everybody else reads immutable snapshots.  The notebook layer (magics, panel)
+writer takes the state's lock, and changes a node's or the cluster's state with :func:`.states.transition` only;
+everybody else reads immutable snapshots.  The notebook layer (magics, panel)
 only ever sees snapshots and change notifications; it never touches Spark or sockets.
 
 ``clock`` (default ``time.monotonic``) is injectable so tests can drive
@@ -21,29 +22,20 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ... import step_time
 from ...executor.process import phases
-from . import stalls
+from ...protocol.bodies import BeatReport
+from . import stalls, states
 
-# Node states, in the order a healthy node goes through them.
-PENDING = "pending"  # asked for, not registered yet
-REGISTERED = "registered"  # its supervisor registered; waiting for the whole cluster
-STARTING = "starting"  # the TensorFlow process is starting
-RUNNING = "running"  # the user's function runs
-FINISHED = "finished"  # the user's function returned
-FAILED = "failed"  # raised, crashed, or was lost
-STOPPED = "stopped"  # stopped by shutdown (ps/evaluator, or asked to stop)
-TERMINAL = frozenset({FINISHED, FAILED, STOPPED})
-
-# Cluster states.
-C_RESERVING = "reserving"
-C_RUNNING = "running"
-C_FINISHED = "finished"
-C_FAILED = "failed"
-C_STOPPED = "stopped"
+# Node and cluster states: the members of states.Node and states.Cluster (the transitions between them are there).
+PENDING, REGISTERED, STARTING, RUNNING = states.Node.PENDING, states.Node.REGISTERED, states.Node.STARTING, states.Node.RUNNING
+FINISHED, FAILED, STOPPED = states.Node.FINISHED, states.Node.FAILED, states.Node.STOPPED
+TERMINAL = frozenset(s for s in states.Node if s.terminal)
+C_RESERVING, C_RUNNING = states.Cluster.RESERVING, states.Cluster.RUNNING
+C_FINISHED, C_FAILED, C_STOPPED = states.Cluster.FINISHED, states.Cluster.FAILED, states.Cluster.STOPPED
 
 LOG_LINES_KEPT = 2000
 HISTORY_KEPT = 100_000  # reports kept in the chief's metric history (the oldest go first)
@@ -92,6 +84,11 @@ def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
         return None
     rate: float = (s_end - first[1]) / dt
     return rate
+
+
+def _report(report: BeatReport | Mapping[str, Any]) -> BeatReport:
+    """A report as a heartbeat carries it; a mapping (a test's, a benchmark's) is read as its JSON object would be."""
+    return report if isinstance(report, BeatReport) else BeatReport.from_dict(dict(report))
 
 
 
@@ -192,11 +189,13 @@ class ClusterView:
 class NodeRecord:
     """What the driver knows of one node, updated under the state's lock; :class:`NodeView` is its snapshot."""
 
+    state: states.Node  # written by states.transition only
+
     def __init__(self, index: int, job_name: str, task_index: int, history_kept: int = HISTORY_KEPT) -> None:
         self.index = index
         self.job_name = job_name
         self.task_index = task_index
-        self.state = PENDING
+        states.transition(self, PENDING, why="asked for")
         self.host = ""
         self.port = 0
         self.executor_id = ""
@@ -331,6 +330,8 @@ class NodeRecord:
 class ClusterState:
     """Thread-safe model of a cluster.  Listeners get ``(ClusterState)`` on change."""
 
+    state: states.Cluster  # written by states.transition only
+
     def __init__(self, cluster_id: str, name: str, roles: list[tuple[str, int]],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -340,7 +341,7 @@ class ClusterState:
         self.changed = threading.Condition(self.lock)
         kept = history_kept(roles)
         self.nodes = [NodeRecord(i, job, idx, kept[i]) for i, (job, idx) in enumerate(roles)]
-        self.state = C_RESERVING
+        states.transition(self, C_RESERVING, why="asked for")
         self.error: str | None = None
         self.started_at = time.time()
         self._t0 = clock()
@@ -492,38 +493,30 @@ class ClusterState:
             raise KeyError(msg)
         return out
 
-    def update_progress(self, node: NodeRecord, report: dict[str, Any]) -> None:
-        """Apply a ``ctx.report(...)`` payload (called with the lock held): the latest step, total and metrics."""
-        step = report.get("step")
-        if isinstance(step, int):
-            node.step = step
-        total = report.get("total_steps")
-        if isinstance(total, int):
-            node.total_steps = total
-        epochs = report.get("total_epochs")
-        if isinstance(epochs, int):
-            node.total_epochs = epochs
-        metrics = report.get("metrics")
-        if isinstance(metrics, dict):
-            node.metrics.update(metrics)
+    def update_progress(self, node: NodeRecord, report: BeatReport | Mapping[str, Any]) -> None:
+        """Apply a node's latest ``ctx.report(...)`` (called with the lock held): its step, totals and metrics."""
+        report = _report(report)
+        if report.step is not None:
+            node.step = report.step
+        if report.total_steps is not None:
+            node.total_steps = report.total_steps
+        if report.total_epochs is not None:
+            node.total_epochs = report.total_epochs
+        node.metrics.update(report.metrics)
 
-    def record_reports(self, node: NodeRecord, reports: list[Any]) -> None:
+    def record_reports(self, node: NodeRecord, reports: Iterable[BeatReport | Mapping[str, Any]]) -> None:
         """Every report since the node's last heartbeat, oldest first (lock held): history, rate, curve."""
         now = time.time()
-        for r in reports:
-            if not isinstance(r, dict):
-                continue
-            step, t = r.get("step"), r.get("time")
-            t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
-            raw = r.get("metrics")
-            metrics: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            totals = step_time.valid(r.get("times"))
-            node.keep((t, step if isinstance(step, int) else None, metrics, totals))
-            node.last_report_time = r.get("time")
+        for r in map(_report, reports):
+            step, metrics = r.step, r.metrics
+            t = float(r.time) if r.time is not None else now
+            totals = step_time.valid(r.times)
+            node.keep((t, step, metrics, totals))
+            node.last_report_time = r.time
             if totals is not None:
                 node.time_shares = node._time_window.add(totals) or node.time_shares
                 node._last_clock = (t, totals)
-            if isinstance(step, int):
+            if step is not None:
                 if node._rate_points and step < node._rate_points[-1][1]:
                     node._rate_points.clear()  # a new run (retry) or a reset counter
                 node._rate_points.append((t, step))

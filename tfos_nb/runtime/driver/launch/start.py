@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...executor.process.launch import start_supervisor
 from ...procs import kill_tree
@@ -19,14 +19,18 @@ from ..cluster import InputMode, TFCluster
 from ..control.controller import new_cluster
 from ..control.roles import trainers_finished
 from ..job import DriverJob, add_start_listener, remove_start_listener
+from ..keywords import ClusterKeywords, OptionKeywords, job_groups
 from ..node_output import with_stderr
-from ..options import ClusterShape, JobOptions
+from ..options import ClusterShape, JobOptions, StartOptions
 from ..tracking import tracked_start
 from .awaiting import await_running
 from .backends import new_job
 from .slots import available_slots, dynamic_allocation, expected_slots, spark_context
 from .stages import Launch
 from .stages import stages as launch_stages
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is Python 3.11+; only annotations use it
 
 __all__ = ["add_start_listener", "available_slots", "expected_slots", "remove_start_listener", "run", "start_cluster"]
 
@@ -48,7 +52,7 @@ def run(
     release_port: bool = True,
     *,
     options: JobOptions | None = None,
-    **kwargs: Any,
+    **given: Unpack[OptionKeywords],
 ) -> TFCluster:
     """Start ``num_executors`` TensorFlow nodes on Spark executors running ``map_fun(tf_args, ctx)``.
 
@@ -96,27 +100,28 @@ def run(
     nodes and feeds partition ``p`` of each epoch to the ``p mod n``-th chief/worker, each node's partitions
     in order, so that two runs train the same rows in the same steps (see :mod:`~tfos_nb.runtime.determinism`).
     """
-    return start_cluster(sc, map_fun, tf_args, ClusterShape.of_tfos(num_executors, num_ps, master_node, eval_node),
-                         JobOptions.of(options, **kwargs), tensorboard=tensorboard, input_mode=input_mode,
-                         log_dir=log_dir, driver_ps_nodes=driver_ps_nodes, reservation_timeout=reservation_timeout,
-                         release_port=release_port)
+    tfos: ClusterKeywords = {"num_ps": num_ps, "tensorboard": tensorboard, "input_mode": input_mode, "log_dir": log_dir,
+                             "driver_ps_nodes": driver_ps_nodes, "master_node": master_node,
+                             "reservation_timeout": reservation_timeout, "eval_node": eval_node,
+                             "release_port": release_port}  # queues: TensorFlowOnSpark's, of no use here
+    groups = job_groups(num_executors, options, {**tfos, **given}, ClusterKeywords)
+    return start_cluster(sc, map_fun, tf_args, groups.shape, groups.options, launch=groups.launch)
 
 
 def start_cluster(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape, options: JobOptions,
-                  *, tensorboard: bool = False, input_mode: int = InputMode.TENSORFLOW, log_dir: str | None = None,
-                  driver_ps_nodes: bool = False, reservation_timeout: float = 600,
-                  release_port: bool = True) -> TFCluster:
-    """:func:`run` for a cluster of ``shape`` with ``options`` (tracked as ``options.mlflow`` asks)."""
-    facts = {"sc": sc, "tf_args": tf_args, "shape": shape, "input_mode": input_mode, "log_dir": log_dir}
-    return tracked_start("cluster", facts, options, lambda opts: _start(
-        sc, map_fun, tf_args, shape, opts, tensorboard=tensorboard, input_mode=input_mode, log_dir=log_dir,
-        driver_ps_nodes=driver_ps_nodes, reservation_timeout=reservation_timeout, release_port=release_port))
+                  *, launch: StartOptions | None = None) -> TFCluster:
+    """:func:`run` for a cluster of ``shape`` with ``options``, started as ``launch`` says (tracked as
+    ``options.mlflow`` asks)."""
+    how = StartOptions() if launch is None else launch
+    facts = {"sc": sc, "tf_args": tf_args, "shape": shape, "input_mode": how.input_mode, "log_dir": how.log_dir}
+    return tracked_start("cluster", facts, options, lambda opts: _start(sc, map_fun, tf_args, shape, opts, how))
 
 
-def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape, options: JobOptions, *,
-           tensorboard: bool, input_mode: int, log_dir: str | None, driver_ps_nodes: bool, reservation_timeout: float,
-           release_port: bool) -> TFCluster:
+def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: ClusterShape, options: JobOptions,
+           how: StartOptions) -> TFCluster:
     import cloudpickle
+
+    input_mode, reservation_timeout, driver_ps_nodes = how.input_mode, how.reservation_timeout, how.driver_ps_nodes
 
     log_callback = with_stderr(options.log_callback, options.node_output)
     sc = spark_context(sc)
@@ -132,14 +137,14 @@ def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: Clu
     stages = launch_stages(sc, options.resources, roles, first_node)  # checks the resources= against the session
 
     controller = new_cluster(roles, tf_args, options, input_mode_spark=input_mode == InputMode.SPARK,
-                             tensorboard=tensorboard, log_dir=log_dir)
+                             tensorboard=how.tensorboard, log_dir=how.log_dir)
     state = controller.state
     job = new_job(sc, state, controller, nodes_outlive_jobs=True, linger_s=10.0, join_s=5.0,
                   finished=trainers_finished, profiles=options.resources is not None)
     job.announce(log_callback=log_callback, on_state=options.on_state, on_start=options.on_start)
     try:
         meta = job.launch_meta(job.open_control(), options, roles=roles, reservation_timeout=float(reservation_timeout),
-                               first_node=first_node, release_port=bool(release_port),
+                               first_node=first_node, release_port=bool(how.release_port),
                                coordinator=job.coordinator_section("cluster", options.notebook_timeout)).to_dict()
         cluster = TFCluster(job, meta, input_mode, shape.num_nodes)
         blob = cloudpickle.dumps((map_fun, tf_args))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...protocol import messages
-from ..control import state
+from ..control import state, states
 from ..control.controller import Controller
 from ..launch.slots import available_slots, connect_slots, fixed_slots, wait_for_slots
 
@@ -33,13 +33,13 @@ class RunController(Controller):
                 self._fail(error)
                 reply = messages.Reply(ok=False, error=error)
             else:
-                node.state = state.STARTING
+                states.transition(node, state.STARTING, why="its run registered")
                 node.host, node.pid, node.executor_id = msg.host, msg.pid, msg.executor_id
                 node.working_dir = msg.working_dir
                 node.gpus = list(msg.gpus)
                 node.last_heartbeat = self.clock()
                 if st.state == state.C_RESERVING:
-                    st.state = state.C_RUNNING
+                    states.transition(st, state.C_RUNNING, why="a run started")
         st.notify()
         return reply
 
@@ -55,13 +55,14 @@ class RunController(Controller):
                 st.update_progress(node, report)
             if not status.get("ok"):
                 if node.state != state.FAILED:
-                    node.state, node.failed_at = state.FAILED, st.clock()
+                    states.transition(node, state.FAILED, why="its Spark task failed")
+                    node.failed_at = st.clock()
                     node.error = node.error or status.get("error") or "failed"
                     node.tail = node.tail or list(status.get("tail") or [])
                 self._fail(f"{node.label} failed")
             else:
                 node.metrics.update(metrics or {})
-                node.state = state.FINISHED
+                states.transition(node, state.FINISHED, why="its Spark task returned")
         st.notify()
 
 

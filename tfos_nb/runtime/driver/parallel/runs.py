@@ -32,13 +32,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...executor.process.run_task import RESULT_SCHEMA, make_run_task
 from ..connect.parallel import ConnectRunsJob
 from ..control import state
 from ..errors import TFClusterError, failure_message, first_failure, python_error_line
 from ..job import DriverJob
+from ..keywords import OptionKeywords, RunsKeywords
 from ..launch.backends import new_job
 from ..launch.slots import spark_context, spark_session
 from ..launch.sparkjob import SparkJob
@@ -56,6 +57,9 @@ from .results import (
     runs_view,
     scalars,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is Python 3.11+; only annotations use it
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +312,7 @@ def start(
     metric: str | None = None,
     mode: str | None = None,
     options: JobOptions | None = None,
-    **kwargs: Any,
+    **given: Unpack[OptionKeywords],
 ) -> ParallelRuns:
     """Start the runs and return their :class:`ParallelRuns` at once (see :func:`run`).
 
@@ -320,7 +324,7 @@ def start(
     (``num_gpus`` defaults to 1; ``stall_after``, ``node_output`` and ``preflight`` do not apply);
     ``mlflow``: a parent MLflow run and one child run per run (see :mod:`~tfos_nb.runtime.driver.tracking`).
     """
-    options = JobOptions.of(options, **kwargs)
+    options = JobOptions.of(options, **given)
     options.refuse("parallel runs", "stall_after", "node_output", "preflight", "resources")
     if mode not in (None, "max", "min"):
         msg = f"mode must be 'max' or 'min', got {mode!r}"
@@ -350,7 +354,7 @@ def run(
     use_barrier: bool | None = True,
     *,
     timeout: float | None = None,
-    **kwargs: Any,
+    **given: Unpack[RunsKeywords],
 ) -> list[Any]:
     """Run ``map_fun(args, ctx)`` as ``num_executors`` independent single-node TensorFlow runs.
 
@@ -369,7 +373,7 @@ def run(
     ``params``, ``metric``/``mode``, and :class:`~tfos_nb.runtime.driver.options.JobOptions`' fields:
     ``name``, ``env``, ``keras``, ``num_gpus``, ``heartbeat_timeout``, ``seed``, ``log_callback``…).
     """
-    runs = start(sc, map_fun, tf_args, num_executors, use_barrier, **kwargs)
+    runs = start(sc, map_fun, tf_args, num_executors, use_barrier, **given)
     try:
         return [r.result for r in runs.wait(timeout)]
     finally:

@@ -33,7 +33,7 @@ EXTRA = "pip install 'tfos_nb[mlflow]'"
 RUN_ID_ENV = "TFOS_MLFLOW_RUN_ID"  # the nodes' run id (a sweep: one per trial, comma-separated)
 _PARAM_MAX = 6000  # MLflow's longest param value
 _BATCH = 1000  # MLflow's most metrics in one log_batch
-_STATUS = {cluster_state.C_FINISHED: "FINISHED", cluster_state.C_FAILED: "FAILED", cluster_state.C_STOPPED: "KILLED"}
+_STATUS: dict[str, str] = {cluster_state.C_FINISHED: "FINISHED", cluster_state.C_FAILED: "FAILED", cluster_state.C_STOPPED: "KILLED"}
 
 
 def import_mlflow() -> Any:
@@ -393,7 +393,8 @@ class JobRun:
             if status is None:  # a trial: its own state
                 run = self.client.get_run(run_id)
                 outcome = run.data.tags.get("tfos_nb.outcome")
-                status = {cluster_state.FINISHED: "FINISHED", cluster_state.FAILED: "FAILED"}.get(outcome or "", "KILLED")
+                statuses: dict[str, str] = {cluster_state.FINISHED: "FINISHED", cluster_state.FAILED: "FAILED"}
+                status = statuses.get(outcome or "", "KILLED")
             self.client.set_terminated(run_id, status)
         except Exception as exc:  # noqa: BLE001
             log.warning("tfos_nb: could not end MLflow run %s: %s", run_id, net.scrub_credentials(str(exc)))

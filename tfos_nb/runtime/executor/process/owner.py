@@ -296,10 +296,10 @@ class ChildOwner:
         self.wake.set()
 
     # -- heartbeats -----------------------------------------------------------------------------
-    def beat_fields(self, final: bool) -> dict[str, Any]:
+    def beat_fields(self, final: bool) -> messages.BeatFields:
         """What a specialisation adds to a heartbeat (fields of :class:`~..protocol.messages.Heartbeat`)."""
         with self.lock:
-            return {"report": dict(self.report)}
+            return {"report": messages.BeatReport.from_dict(self.report)}
 
     def heartbeat(self, state: str, exit_code: int | None = None, final: bool = False) -> messages.Reply:
         with self.lock:

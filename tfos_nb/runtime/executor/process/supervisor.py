@@ -92,7 +92,7 @@ class Supervisor(ChildOwner):
         self._sent_stop = False
         self._sent_sets: dict[str, Any] = {}  # the named sets last relayed to the node
         self._stacks_done = 0  # the last stack dump the driver asked for (BeatCommand.stacks) and got
-        self._stacks_out: dict[str, Any] = {}  # {"id", "text"}: sent with the heartbeats until one is answered
+        self._stacks_out = messages.BeatStacks()  # sent with the heartbeats until one is answered
         self._stacks_in_beat = 0  # the dump the last heartbeat carried
 
     # -- registration ---------------------------------------------------------
@@ -170,41 +170,37 @@ class Supervisor(ChildOwner):
         self.tensorboard.start()
 
     # -- heartbeats -----------------------------------------------------------
-    def beat_fields(self, final: bool) -> dict[str, Any]:
+    def beat_fields(self, final: bool) -> messages.BeatFields:
         if not final:
             self.read_frozen_phase()
         with self.lock:
-            report = dict(self.report)
+            report = messages.BeatReport.from_dict(self.report)
             reports, size = [], 0
             while self.reports and size < REPORT_BYTES_PER_BEAT:
                 reports.append(self.reports.popleft())
                 size += len(json.dumps(reports[-1]))
             # A node whose function failed is not "done reading": feeders that lost it wait for its failure.
-            feed: dict[str, Any] = {"closed": True} if self.feed_closed and self.error is None else {}
-            if self.sample_seen:
-                feed["sample"] = self.sample_seen
-            if self.feed_dropped:
-                feed["dropped"] = list(self.feed_dropped)
-            if self.feed_past:
-                feed["past"] = list(self.feed_past)
-            if self.sets_read:
-                feed["sets_read"] = list(self.sets_read)
+            feed = messages.BeatFeed(closed=self.feed_closed and self.error is None, sample=self.sample_seen,
+                                     dropped=list(self.feed_dropped), past=list(self.feed_past),
+                                     sets_read=list(self.sets_read))
             value = self.value
-            phase, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
-        if phase:  # an age, not the node's clock: the driver's clock may differ
-            phase = {"phase": phase["phase"], "still_s": max(0.0, time.time() - phase["moved_at"]), "seen": seen,
-                     "where": phase.get("where", ""), "times": phase.get("times") or {}}
+            last, seen, self.phases_seen = dict(self.phase), self.phases_seen, []
+        phase = messages.BeatPhase()
+        if last:  # an age, not the node's clock: the driver's clock may differ
+            phase = messages.BeatPhase(phase=last["phase"], still_s=max(0.0, time.time() - last["moved_at"]), seen=seen,
+                                       where=last.get("where", ""), times=last.get("times") or {})
         if self.gpus and self.gpus[0].get("index") is not None and not final:
-            report["gpus"] = self._gpu_usage()
+            report = dataclasses.replace(report, gpus=self._gpu_usage())
         tb = self.tensorboard
         return {"data_port": self.data_port, "tensorboard": tb.url if tb else None,
-                "tensorboard_error": tb.error if tb else None, "report": report, "reports": reports,
+                "tensorboard_error": tb.error if tb else None, "report": report,
+                "reports": [messages.BeatReport.from_dict(r) for r in reports],
                 "returned": {"value": value} if final and value is not None else {}, "feed": feed,
                 "phase": phase, "stacks": self._stacks_beat()}
 
-    def _stacks_beat(self) -> dict[str, Any]:
-        out = dict(self._stacks_out)
-        self._stacks_in_beat = int(out.get("id", 0))
+    def _stacks_beat(self) -> messages.BeatStacks:
+        out = self._stacks_out
+        self._stacks_in_beat = out.id
         return out
 
     _gpu_checked = 0.0
@@ -220,8 +216,8 @@ class Supervisor(ChildOwner):
 
     def on_reply(self, cmd: messages.BeatCommand) -> None:
         """Relay the driver's commands to the node process: the end of an epoch, stop; take a stack dump asked for."""
-        if self._stacks_in_beat and self._stacks_out.get("id") == self._stacks_in_beat:
-            self._stacks_out = {}  # the driver has it
+        if self._stacks_in_beat and self._stacks_out.id == self._stacks_in_beat:
+            self._stacks_out = messages.BeatStacks()  # the driver has it
         if cmd.feed_sets != self._sent_sets:  # before the plan: a read of a set the call feeds is not refused
             self._sent_sets = dict(cmd.feed_sets)
             self.send(pipes.FeedSets(feeds=self._sent_sets))
@@ -244,7 +240,7 @@ class Supervisor(ChildOwner):
             self.send(pipes.Stop())
         if cmd.stacks > self._stacks_done:  # %tfos_stack / cluster.stacks(): answered with the next heartbeat
             self._stacks_done = cmd.stacks
-            self._stacks_out = {"id": cmd.stacks, "text": self.dump_stacks()}
+            self._stacks_out = messages.BeatStacks(id=cmd.stacks, text=self.dump_stacks())
 
     def run(self) -> int:
         spec = self.await_spec()
