@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 sys.path.insert(0, ROOT)
 import harness  # noqa: E402 - the benchmarks' own helpers, beside this script
 
-from tests.hub_fixture import USERS, Hub, Kernel  # noqa: E402
+from tests.hub_fixture import SPARK_USER, USERS, Hub, Kernel  # noqa: E402
 from tests.test_jupyterhub import SESSION  # noqa: E402
 
 UPDATES = """\
@@ -45,10 +45,16 @@ for i in range(200):
 """
 
 
-def cells() -> tuple[list[str], str]:
+def cells(export_root: str) -> tuple[list[str], str]:
+    """The quickstart's cells before its training cell, and the training cell timing ``model.fit``; the model is
+    exported to ``export_root`` (a folder the nodes' account writes: the quickstart's own, a temporary folder of
+    the user's, is closed to the executors' service account, as the hub guide says)."""
     nb = json.load(open(os.path.join(ROOT, "notebooks", "quickstart.ipynb")))
     code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     train = next(i for i, c in enumerate(code) if c.startswith("%%tfos_cluster"))
+    export = 'tempfile.mkdtemp(prefix="tfos-digits-")'
+    assert export in code[train - 1], code[train - 1]
+    code[train - 1] = code[train - 1].replace(export, repr(export_root))
     cell = code[train].replace("model.fit(", "import time as _t\n_t0 = _t.time()\nmodel.fit(").replace(
         "callbacks=[ctx.progress_callback()])", "callbacks=[ctx.progress_callback()])\nprint('FIT', _t.time() - _t0)")
     assert "FIT" in cell, code[train]
@@ -113,8 +119,11 @@ def main() -> None:
         for user in USERS:
             token = hub.start_server(user)
             kernels[user] = Kernel(hub, user, token, path="bench.ipynb")
-        setup, train = cells()
-        for k in kernels.values():
+        for user, k in kernels.items():
+            exports = hub.root / "exports" / user
+            exports.mkdir(parents=True)
+            os.chown(exports, hub.uid(SPARK_USER), -1)  # the nodes (Spark's account) write there
+            setup, train = cells(str(exports))
             for cell in setup:
                 k.execute(cell)
         alice, bob = USERS
