@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 import harness  # noqa: E402 - the benchmarks' own helpers, beside this script
 
 from tests.hub_fixture import SPARK_USER, USERS, Hub, Kernel  # noqa: E402
-from tests.test_jupyterhub import SESSION  # noqa: E402
+from tests.hub_notebook import SESSION  # noqa: E402
 
 UPDATES = """\
 import time

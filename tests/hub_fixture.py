@@ -6,7 +6,9 @@ a home under that folder; a Python the users can run (this interpreter's install
 which others cannot enter: a hard-linked copy of it, with the project's site-packages linked in — the same
 packages, tfos_nb's server extension enabled by the same ``etc/jupyter`` file); a Spark standalone master and two
 workers (2 cores each) as ``tfosspark``; a ``spark-defaults.conf`` naming that master, which the spawner hands to
-every user's server (``SPARK_CONF_DIR``); and JupyterHub (PAM logins, the local-process spawner, the real
+every user's server (``SPARK_CONF_DIR``); a real MLflow tracking server on loopback, run as root, its store in a
+``0700`` folder of its own; for each user a backup root of their own (``TFOS_NB_BACKUP_ROOT``, ``0700``, from the
+spawner, as a site sets it); and JupyterHub (PAM logins, the local-process spawner, the real
 ``configurable-http-proxy`` that ``scripts/setup_env.sh`` installs into ``.venv/chp``), run as root as the
 local-process spawner needs.  :meth:`Hub.stop` ends all of it and removes the users and the folder; every process
 started carries ``TFOS_HUB_TAG`` in its environment, which is how :meth:`Hub.leftovers` finds what outlived it.
@@ -80,8 +82,12 @@ class Hub:
             for name in (*USERS, SPARK_USER):
                 self._user(name)
             self.python = self._python()
+            (self.root / "logs").mkdir(mode=0o700)
+            mlflow = self._mlflow()  # starting while Spark and the hub do
             self._spark()
             self._hub()
+            wait_until(lambda: requests.get(f"{self.mlflow_url}/health", timeout=5).status_code == 200, 180, 0.3,
+                       what="the MLflow server", proc=mlflow, ignore=(OSError,))
         except BaseException:
             self.stop()
             raise
@@ -140,20 +146,31 @@ class Hub:
             env["LD_LIBRARY_PATH"] = self.lib
         return env
 
-    def _launch(self, name: str, cmd: list[str], env: dict[str, str], user: str | None = None) -> subprocess.Popen:
+    def _launch(self, name: str, cmd: list[str], env: dict[str, str], user: str | None = None,
+                cwd: Path | None = None) -> subprocess.Popen:
         with open(self.root / "logs" / f"{name}.log", "wb") as log:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, user=user, group=user, extra_groups=[] if user else None,
-                                    cwd=self.home(user) if user else self.root / "hub")
+                                    cwd=cwd or (self.home(user) if user else self.root / "hub"))
         self.daemons.append(proc)
         return proc
 
     def log(self, name: str) -> str:
         return (self.root / "logs" / f"{name}.log").read_text(errors="replace")
 
+    def _mlflow(self) -> subprocess.Popen:
+        """``mlflow server`` on loopback (SQLite, local artifacts), as ``tests/test_tracking.py`` runs it."""
+        store = self.root / "mlflow"
+        store.mkdir(mode=0o700)
+        port = free_port()
+        self.mlflow_url = f"http://127.0.0.1:{port}"
+        return self._launch("mlflow", [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port",
+                                       str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{store}/mlflow.db",
+                                       "--artifacts-destination", str(store / "artifacts")],
+                            self._env(HOME=str(store)), cwd=store)
+
     def _spark(self) -> None:
         """Master and two workers as ``tfosspark``; the users' kernels get the master from spark-defaults.conf."""
-        (self.root / "logs").mkdir(mode=0o700)
         conf = self.root / "spark-conf"
         conf.mkdir(mode=0o755)
         settings = {
@@ -188,6 +205,10 @@ class Hub:
 
     def _hub(self) -> None:
         (self.root / "hub").mkdir(mode=0o700)
+        (self.root / "backups").mkdir(mode=0o755)
+        for user in USERS:  # a folder of the user's own, as the guide says a site makes one
+            (self.root / "backups" / user).mkdir(mode=0o700)
+            os.chown(self.root / "backups" / user, self.uid(user), pwd.getpwnam(user).pw_gid)
         spawner_env = {"SPARK_CONF_DIR": str(self.spark_conf), "PYSPARK_PYTHON": self.python,
                        "PYSPARK_DRIVER_PYTHON": self.python, TAG_ENV: self.tag, "TF_CPP_MIN_LOG_LEVEL": "2",
                        "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "SPARK_LOCAL_IP": "127.0.0.1",
@@ -208,6 +229,7 @@ c.Spawner.cmd = [{self.python!r}, "-m", "jupyterhub.singleuser"]
 c.Spawner.args = ["--TensorBoardProxy.trusted_users={SPARK_USER}"]  # the chief's TensorBoard runs as Spark's account
 c.Spawner.env_keep = ["PATH", "LANG", "LC_ALL", "JAVA_HOME"]
 c.Spawner.environment = {spawner_env!r}
+c.Spawner.environment["TFOS_NB_BACKUP_ROOT"] = lambda spawner: f"{self.root}/backups/{{spawner.user.name}}"
 c.Spawner.start_timeout = 300
 c.Spawner.http_timeout = 300
 c.JupyterHub.services = [{{"name": "tfos-test", "api_token": {self.admin_token!r}}}]
@@ -249,11 +271,11 @@ c.JupyterHub.log_level = "WARN"
         assert len(procs) == 1, procs
         return procs[0].pid
 
-    def as_user(self, user: str, *args: str, timeout: float = 120) -> Any:
-        """Run ``python -m tests.hub_probe ARGS`` as ``user``; its JSON answer."""
+    def as_user(self, user: str, *args: str, timeout: float = 120, stdin: str = "") -> Any:
+        """Run ``python -m tests.hub_probe ARGS`` as ``user`` (``stdin``: what it reads there); its JSON answer."""
         out = subprocess.run([self.python, "-m", "tests.hub_probe", *args], user=user, group=user, extra_groups=[],
                              env=self._env(HOME=str(self.home(user)), PYTHONPATH=str(REPO)), cwd=self.home(user),
-                             capture_output=True, text=True, timeout=timeout)
+                             input=stdin, capture_output=True, text=True, timeout=timeout)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout)
 

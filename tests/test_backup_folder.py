@@ -167,6 +167,37 @@ def test_a_job_folder_replaced_by_another_folder_of_this_users_is_detected(tmp_p
         backups.attempt(2)
 
 
+def test_a_node_of_another_account_says_it_cannot_enter_the_folder(sticky: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   ) -> None:
+    """A shared Spark standalone cluster runs every node as its workers' account, the driver as the notebook's user:
+    a node's first use of the driver's 0700 folder (its feed's element log, its Keras backup) is one ValueError
+    naming both accounts and what to do instead — not the error that says another user tampered with it."""
+    backups = JobBackups.open("spark://127.0.0.1:7077", str(sticky))
+    assert backups is not None
+    monkeypatch.setenv(files.ENV_OWNER, backups.attempt(1)[files.ENV_OWNER])  # as every node of the job gets it
+    read, write = os.pipe()
+
+    def node() -> None:
+        for first_use in (lambda: ledger.ElementLog(backups.folder, 1, "chief:0"),
+                          lambda: KerasBackup(SimpleNamespace(is_chief=True, attempt=1), backups.folder)):
+            try:
+                first_use()
+            except ValueError as exc:
+                os.write(write, f"{exc}\n".encode())
+
+    as_nobody_wait(node)
+    os.close(write)
+    with os.fdopen(read) as f:
+        said = f.read().splitlines()
+    backups.close()
+    expected = (f"the job's backup folder {backups.folder} belongs to the notebook's user, root (uid 0), and this node "
+                f"runs as nobody (uid {NOBODY}), which cannot enter it: retries resume from backups only where the "
+                "nodes run as the notebook's user")
+    assert len(said) == 2 and all(s.startswith(expected) for s in said), said
+    assert all(s.endswith("leave out backup_dir and TFOS_NB_BACKUP_ROOT, and each retry starts again from the first "
+                          "step") for s in said), said
+
+
 def test_a_malformed_file_in_the_folder_is_one_clear_error(tmp_path: Path) -> None:
     folder = str(tmp_path)
     state = tmp_path / "state-3.json"

@@ -2,20 +2,24 @@
 
 A real JupyterHub (PAM logins, the local-process spawner, ``configurable-http-proxy``) with two Unix users, each
 server started as its user with tfos_nb's server extension; a Spark master and two workers shared by both users'
-kernels (tests/hub_fixture.py).  Both users log in in a real Chromium and run the quickstart's cells at the same
-time, the training cell with ``--tensorboard``.  Its nodes wait at the end of ``model.fit`` (a Keras callback that
-waits for a file the test writes), so that what the tests look at — each user's TensorBoard through their own
-server's route, and what ``tfosbob`` can reach of ``tfosalice``'s job — is there for as long as they look; then both
-finish, with their accuracy.  Everything ``tfosbob`` tries runs as ``tfosbob`` (tests/hub_probe.py).
+kernels, and an MLflow tracking server (tests/hub_fixture.py).  Both users log in in a real Chromium and run the
+quickstart's cells at the same time (tests/hub_notebook.py), the training cell with ``--tensorboard``, alice's also
+with ``--mlflow`` and a tracking URI carrying her password.  Its nodes wait at the end of ``model.fit`` (a Keras
+callback that waits for a file the test writes), so that what the tests look at — each user's TensorBoard through
+their own server's route, and what ``tfosbob`` can reach of ``tfosalice``'s job — is there for as long as they look;
+then both finish, with their accuracy, and alice's job is one run on the tracking server.  Meanwhile alice runs a
+short job with retries on an embedded Spark of her own (its nodes run as her, so it keeps backups), held likewise
+while bob tries her backup folders.  Everything ``tfosbob`` tries runs as ``tfosbob`` (tests/hub_probe.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
+import secrets
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,103 +31,14 @@ import requests
 
 from tests.conftest import wait_until
 from tests.hub_fixture import SPARK_USER, USERS, Hub, Kernel
+from tests.hub_notebook import Run, backed_cells, hold_folder, quickstart_cells
 
 pytestmark = [pytest.mark.slow, pytest.mark.hub]
 
 REPO = Path(__file__).resolve().parents[1]
 ALICE, BOB = USERS
 CHROMIUM = "/usr/bin/chromium"
-
-# test instrumentation in the user's own kernel: the cluster secrets its driver makes go to a 0600 file of theirs
-RECORD_SECRETS = """\
-import os
-from tfos_nb.runtime.protocol import messages as _messages
-_codec_init = _messages.Codec.__init__
-def _record_secret(self, secret, *a, **k):
-    fd = os.open(os.path.expanduser("~/.cluster-secrets"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.write(fd, secret.hex().encode() + b"\\n")
-    os.close(fd)
-    _codec_init(self, secret, *a, **k)
-_messages.Codec.__init__ = _record_secret
-"""
-# the site's way into the shared cluster: spark-defaults.conf (SPARK_CONF_DIR, from the spawner) names the master
-SESSION = """\
-from pyspark.sql import SparkSession
-spark = SparkSession.builder.appName("quickstart").getOrCreate()
-print("APP", spark.sparkContext.applicationId, spark.sparkContext.master)
-"""
-HOLD = """\
-def hold_at_end(name, folder={folder!r}):
-    import os, time
-    import tensorflow as tf
-    class Hold(tf.keras.callbacks.Callback):  # after fit: say so, and wait (600 s at most) until the test releases
-        def on_train_end(self, logs=None):
-            open(os.path.join(folder, name + ".held"), "w").close()
-            deadline = time.monotonic() + 600
-            while not os.path.exists(os.path.join(folder, "release")) and time.monotonic() < deadline:
-                time.sleep(0.2)
-    return Hold()
-"""
-AFTER = """\
-import json
-print("NODES", json.dumps([[f"{n.job_name}:{n.task_index}", n.pid, n.child_pid] for n in digits.nodes]))
-print("HISTORY", digits.history.to_json(orient="records"))
-"""
-
-
-def quickstart_cells(hold_folder: str, export_root: str) -> list[str]:
-    """The quickstart's code cells up to its accuracy line; the training cell with ``--tensorboard`` and the hold;
-    the SavedModel in a folder the executors' account can write (the kernel's own temporary folder is the user's)."""
-    nb = json.loads((REPO / "notebooks" / "quickstart.ipynb").read_text())
-    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    cells = cells[: next(i for i, c in enumerate(cells) if c.startswith("accuracy =")) + 1]
-    train = next(i for i, c in enumerate(cells) if c.startswith("%%tfos_cluster"))
-    export = 'tempfile.mkdtemp(prefix="tfos-digits-")'
-    assert export in cells[train - 1], cells[train - 1]
-    cells[train - 1] = cells[train - 1].replace(export, repr(export_root))
-    old = (" --name digits\n", "callbacks=[ctx.progress_callback()]")
-    assert all(o in cells[train] for o in old), cells[train]
-    cells[train] = cells[train].replace(old[0], " --name digits --tensorboard\n").replace(
-        old[1], 'callbacks=[ctx.progress_callback(), hold_at_end(f"{ctx.job_name}{ctx.task_index}")]')
-    return [RECORD_SECRETS, SESSION, *cells[:train], HOLD.format(folder=hold_folder), cells[train], AFTER,
-            *cells[train + 1:]]
-
-
-class Run:
-    """One user's session: logged in (browser context), server, kernel, the quickstart's cells in a thread."""
-
-    def __init__(self, hub: Hub, user: str, context: Any) -> None:
-        self.user, self.context = user, context
-        self.hold = hub.root / "hold" / user
-        self.hold.mkdir(parents=True)
-        self.exports = hub.root / "exports" / user
-        self.exports.mkdir(parents=True)
-        for d in (self.hold, self.exports):
-            os.chown(d, hub.uid(SPARK_USER), -1)  # the nodes (Spark's account) write there
-        self.token = hub.start_server(user)
-        self.kernel = Kernel(hub, user, self.token)
-        self.outputs: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._cells, name=f"hub-{user}", daemon=True)
-        self.started = time.monotonic()
-        self.thread.start()
-
-    def _cells(self) -> None:
-        try:
-            for cell in quickstart_cells(str(self.hold), str(self.exports)):
-                self.outputs.append(self.kernel.execute(cell))
-        except BaseException as exc:
-            self.error = exc
-
-    def held(self) -> bool:
-        assert self.error is None, f"{self.user}: {self.error}"
-        return {p.name for p in self.hold.glob("*.held")} == {"chief0.held", "worker0.held"}
-
-    def release(self) -> None:
-        (self.hold / "release").touch()
-
-    def text(self) -> str:
-        return "".join(o["stdout"] for o in self.outputs)
+TRACKING_PASSWORD = secrets.token_urlsafe(16)  # alice's credentials on the tracking server, in her tracking URI
 
 
 def login(browser: Any, hub: Hub, user: str) -> Any:
@@ -167,12 +82,24 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+def tracking_uri(hub: Hub) -> str:
+    """Alice's tracking URI: the server's, with her credentials (MLflow's client sends them as basic auth; the
+    server does not check them)."""
+    return hub.mlflow_url.replace("http://", f"http://{ALICE}:{TRACKING_PASSWORD}@")
+
+
 @pytest.fixture(scope="module")
 def runs(hub: Hub, browser: Any) -> Iterator[dict[str, Run]]:
     started: dict[str, Run] = {}
     try:
         for user in USERS:
-            started[user] = Run(hub, user, login(browser, hub, user))
+            context = login(browser, hub, user)
+            exports = hub.root / "exports" / user
+            exports.mkdir(parents=True, mode=0o750)  # the nodes (Spark's account) write there, the user reads
+            os.chown(exports, hub.uid(SPARK_USER), pwd.getpwnam(user).pw_gid)
+            hold = hold_folder(hub, user, SPARK_USER)
+            cells = quickstart_cells(str(hold), str(exports), tracking_uri(hub) if user == ALICE else None)
+            started[user] = Run(Kernel(hub, user, hub.start_server(user)), hold, cells, context)
         yield started
     finally:
         for r in started.values():
@@ -211,8 +138,9 @@ def runtime_of(kernel_pid: int) -> list[psutil.Process]:
     return found
 
 
-def kernel_pid(hub: Hub, user: str) -> int:
-    kids = [p for p in psutil.Process(hub.server_pid(user)).children() if "ipykernel_launcher" in " ".join(p.cmdline())]
+def kernel_pid(hub: Hub, kernel: Kernel) -> int:
+    kids = [p for p in psutil.Process(hub.server_pid(kernel.user)).children()
+            if "ipykernel_launcher" in " ".join(p.cmdline()) and kernel.kernel_id in " ".join(p.cmdline())]
     assert len(kids) == 1, kids
     return kids[0].pid
 
@@ -231,7 +159,7 @@ def test_both_users_train_at_once_on_the_shared_cluster(hub: Hub, runs: dict[str
     apps = requests.get(f"http://127.0.0.1:{hub.master_ui}/json/", timeout=20).json()["activeapps"]
     assert sorted(a["user"] for a in apps) == sorted(USERS), apps  # one application each, on the one master
     for user, r in runs.items():
-        procs = runtime_of(kernel_pid(hub, user))
+        procs = runtime_of(kernel_pid(hub, r.kernel))
         assert procs and all(p.username() == SPARK_USER for p in procs), procs  # nodes run as Spark's user
         OBSERVED[user] = {p.pid: app_of(p.pid) for p in procs}
         assert set(OBSERVED[user].values()) == {app_id(r)}, (user, OBSERVED[user], app_id(r))
@@ -281,7 +209,7 @@ def test_bob_is_refused_alices_tensorboard(hub: Hub, runs: dict[str, Run], brows
 
 def test_bob_cannot_register_feed_or_read_alices_cluster(hub: Hub, runs: dict[str, Run]) -> None:
     held(runs)
-    kpid = kernel_pid(hub, ALICE)
+    kpid = kernel_pid(hub, runs[ALICE].kernel)
     procs = runtime_of(kpid)
     listening = {c.laddr.port for c in psutil.Process(kpid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     # the control server: the kernel's port the supervisors are connected to
@@ -298,7 +226,7 @@ def test_bob_cannot_register_feed_or_read_alices_cluster(hub: Hub, runs: dict[st
 
 def test_alices_folders_are_not_readable_by_bob(hub: Hub, runs: dict[str, Run]) -> None:
     held(runs)
-    nodes = [p for p in runtime_of(kernel_pid(hub, ALICE)) if "TMPDIR" in p.environ()]
+    nodes = [p for p in runtime_of(kernel_pid(hub, runs[ALICE].kernel)) if "TMPDIR" in p.environ()]
     private = sorted({p.environ()["TMPDIR"] for p in nodes})
     files = [str(f) for d in private for f in Path(d).rglob("*") if f.is_file()]
     assert private and files, (private, files)  # the nodes' folders: their sets (the validation rows), spills
@@ -308,7 +236,7 @@ def test_alices_folders_are_not_readable_by_bob(hub: Hub, runs: dict[str, Run]) 
     assert len([p for p in logs if p.endswith(".log")]) == 2 and any("tensorboard_" in p for p in logs), logs
     home = hub.home(ALICE)
     paths = [*private, *files, *logs, str(home), str(home / ".local/share/jupyter/runtime"),
-             str(home / ".cluster-secrets")]
+             str(home / ".cluster-secrets"), str(hub.root / "exports" / ALICE)]
     seen = hub.as_user(BOB, "folders", *paths)
     assert all(v.startswith("refused") for v in seen.values()), seen
     assert hub.as_user(ALICE, "folders", str(home))[str(home)].startswith("listed"), "alice could not list her home"
@@ -317,7 +245,7 @@ def test_alices_folders_are_not_readable_by_bob(hub: Hub, runs: dict[str, Run]) 
 def alice_secrets(hub: Hub, runs: dict[str, Run]) -> dict[str, str]:
     env = psutil.Process(hub.server_pid(ALICE)).environ()
     found = {"hub API token of alice's server": env["JUPYTERHUB_API_TOKEN"], "alice's password": hub.passwords[ALICE],
-             "alice's API token": runs[ALICE].token}
+             "alice's API token": runs[ALICE].token, "alice's password on the tracking server": TRACKING_PASSWORD}
     for n, line in enumerate((hub.home(ALICE) / ".cluster-secrets").read_text().split()):
         found[f"cluster secret {n}"] = line
     for f in (hub.home(ALICE) / ".local/share/jupyter/runtime").glob("kernel-*.json"):
@@ -325,20 +253,71 @@ def alice_secrets(hub: Hub, runs: dict[str, Run]) -> dict[str, str]:
     return found
 
 
+def alice_run(hub: Hub) -> Any:
+    """Alice's job on the tracking server: the one run of its experiment (bob's job is not tracked)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(hub.mlflow_url)
+    experiment = client.get_experiment_by_name("tfos-hub")
+    assert experiment is not None, "no experiment tfos-hub on the tracking server"
+    found = client.search_runs([experiment.experiment_id])
+    assert len(found) == 1 and found[0].data.tags.get("tfos_nb.name") == "digits", found
+    return found[0]
+
+
 def test_no_secret_of_alice_in_anything_bob_reads(hub: Hub, runs: dict[str, Run]) -> None:
     held(runs)
     secrets = alice_secrets(hub, runs)
     assert any(k.startswith("cluster secret") for k in secrets) and any(k.startswith("kernel key") for k in secrets)
+    # her tracking URI, with its password, is in her job: her chief's environment (which root reads), to log there
+    chief = [p for p in runtime_of(kernel_pid(hub, runs[ALICE].kernel)) if p.environ().get("TFOS_MLFLOW_TRACKING_URI")]
+    assert {p.environ()["TFOS_MLFLOW_TRACKING_URI"] for p in chief} == {tracking_uri(hub)}, chief
     roots = [tempfile.gettempdir(), "/var/tmp", "/dev/shm", str(hub.root)]
     workers = [f"http://127.0.0.1:{p}/" for p in hub.worker_ui]
-    corpus = hub.as_user(BOB, "corpus", json.dumps(roots), f"http://127.0.0.1:{hub.master_ui}/", json.dumps(workers),
-                         timeout=300)
-    # what bob read covers alice's job: her application's environment page and her executors' logs
-    app = app_id(runs[ALICE])
-    assert any(k.endswith("/environment/") and app in v for k, v in corpus.items()), [k for k in corpus if "http" in k]
-    assert any("logPage" in k and app in k for k in corpus), [k for k in corpus if "http" in k]
-    leaks = [(what, where) for what, secret in secrets.items() for where, text in corpus.items() if secret in text]
+    canary = hub.root / "canary.txt"  # a word anyone may read: the search must find it (else it finds nothing)
+    canary.write_text(f"canary-{os.urandom(8).hex()}")
+    canary.chmod(0o644)
+    names = sorted(secrets)
+    seen = hub.as_user(BOB, "corpus", json.dumps(roots), f"http://127.0.0.1:{hub.master_ui}/", json.dumps(workers),
+                       hub.mlflow_url, timeout=300, stdin=json.dumps([*(secrets[n] for n in names), canary.read_text()]))
+    assert [len(names), str(canary)] in seen["found"], "the search did not find the canary"
+    seen["found"] = [hit for hit in seen["found"] if hit[0] != len(names)]  # (found twice: /tmp holds the hub's folder)
+    # what bob read covers alice's job: her application's environment page, her executors' logs, her MLflow run
+    pages, app = seen["pages"], app_id(runs[ALICE])
+    assert seen["searched"] > len(pages), seen["searched"]  # /proc and the files were searched too
+    assert any(k.endswith("/environment/") and app in v for k, v in pages.items()), [k for k in pages]
+    assert any("logPage" in k and app in k for k in pages), [k for k in pages]
+    assert alice_run(hub).info.run_id in pages[f"{hub.mlflow_url}/runs"], pages[f"{hub.mlflow_url}/runs"][:2000]
+    leaks = [(names[i], where) for i, where in seen["found"]]
     assert not leaks, leaks
+
+
+def test_alices_backups_are_not_readable_by_bob(hub: Hub, runs: dict[str, Run]) -> None:
+    """Retries where they work on a hub: alice's own embedded local-cluster, whose nodes run as her, keeps her job's
+    backups in her backup root (``TFOS_NB_BACKUP_ROOT`` from the spawner); bob can neither list nor read them."""
+    hold = hold_folder(hub, f"{ALICE}-backed", ALICE)
+    run = Run(Kernel(hub, ALICE, runs[ALICE].token, path="backed.ipynb"), hold, backed_cells(str(hold)))
+    root = hub.root / "backups" / ALICE
+    try:
+        wait_until(run.held, 600, 0.5, what="the nodes of alice's job with retries at the end of fit")
+        nodes = runtime_of(kernel_pid(hub, run.kernel))
+        assert nodes and all(p.username() == ALICE for p in nodes), nodes
+        folders = list(root.glob("tfos_nb-backup-*"))  # the job's folder, in her root
+        assert len(folders) == 1, folders
+        folder = folders[0]
+        names = {f.name for f in folder.iterdir()}
+        backups = [n for n in names if re.fullmatch(r"(weights-\d+\.npz|state-\d+\.json)", n)]
+        assert "attempt-1.json" in names and len(backups) >= 2, names  # the attempt's start, the epoch's backup
+        paths = [str(root), str(folder), *(str(folder / n) for n in sorted(names))]
+        seen = hub.as_user(BOB, "folders", *paths)
+        assert all(v.startswith("refused") for v in seen.values()), seen
+        mine = hub.as_user(ALICE, "folders", *paths)
+        assert all(v.startswith(("listed", "read")) for v in mine.values()), mine
+    finally:
+        run.stop()
+    assert run.error is None, run.error
+    wait_until(lambda: not folder.exists(), 30, 0.2, what="the job's folder removed as the job ended")
+    assert root.is_dir()  # her root stays
 
 
 def test_both_finish_with_their_own_accuracy_panel_and_history(hub: Hub, runs: dict[str, Run]) -> None:
@@ -362,3 +341,22 @@ def test_both_finish_with_their_own_accuracy_panel_and_history(hub: Hub, runs: d
         for node in ("chief:0", "worker:0"):  # one report per step, and the epoch's at its last: no other job's rows
             steps = [h["step"] for h in rows if h["node"] == node]
             assert len(steps) == len(set(steps)) + 5, (user, node, steps)
+
+
+def test_alices_job_is_one_run_on_the_tracking_server_with_her_metrics(hub: Hub, runs: dict[str, Run]) -> None:
+    held(runs)
+    runs[ALICE].release()
+    runs[ALICE].thread.join(600)
+    assert runs[ALICE].error is None, runs[ALICE].error
+    run = wait_until(lambda: (r := alice_run(hub)).info.status == "FINISHED" and r, 60, 0.5, what="her run finished")
+    assert run.data.tags["tfos_nb.outcome"] == "finished" and run.data.params["epochs"] == "5", run.data
+    history = json.loads(re.search(r"^HISTORY (.*)$", runs[ALICE].text(), flags=re.M).group(1))
+    reported = {(h["step"], round(h["loss"], 5)) for h in history if h["node"] == "chief:0" and h.get("loss") is not None}
+    import mlflow
+
+    client = mlflow.MlflowClient(hub.mlflow_url)
+    logged = client.get_metric_history(run.info.run_id, "loss")
+    assert reported and {(m.step, round(m.value, 5)) for m in logged} == reported, (logged, reported)  # her chief's
+    # her SavedModel, which Spark's account wrote in her export folder, uploaded from her kernel without a warning
+    assert "model/MLmodel" in [a.path for a in client.list_artifacts(run.info.run_id, "model")]
+    assert not re.search(r"tfos_nb: .*MLflow", runs[ALICE].text()), runs[ALICE].text()[-3000:]

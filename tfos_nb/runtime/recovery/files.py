@@ -6,13 +6,16 @@ use opens the folder without following a link and checks that it is a folder of 
 user can enter (:func:`check_folder`); a file in it is opened relative to that descriptor, never through a link,
 and only when it is a regular file of the job's user with one name; a file is written whole — a new ``0600``
 file (``O_EXCL``) beside it, synced, renamed into place.  What is not so is one ValueError naming it
-(:func:`refused`).
+(:func:`refused`).  A node that runs as another account than the driver (a shared Spark standalone cluster's)
+cannot enter the folder at all: its ValueError says so, naming both accounts, at the node's first use of the
+folder (its data feed, ``ctx.progress_callback()``), before the first step.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pwd
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -30,13 +33,36 @@ def refused(folder: str, why: str) -> ValueError:
                       "again with a backup_dir (or TFOS_NB_BACKUP_ROOT) only you can write")
 
 
+def _job_user() -> int:
+    """The uid the job's backup folder belongs to: the driver's (:data:`ENV_OWNER`), else this process's."""
+    return int(os.environ.get(ENV_OWNER) or os.geteuid())
+
+
+def _account(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:  # a uid this machine has no name for
+        return f"uid {uid}"
+
+
+def _not_entered(folder: str) -> ValueError:
+    """The error of a node that runs as another account than the driver and so cannot enter the job's ``0700``
+    folder — every node of a shared Spark standalone cluster, whose executors run as its workers' account: no
+    tampering, and no retry can fix it, so it says which accounts and what to do instead."""
+    return ValueError(f"the job's backup folder {folder} belongs to the notebook's user, {_account(_job_user())}, and "
+                      f"this node runs as {_account(os.geteuid())}, which cannot enter it: retries resume from backups "
+                      "only where the nodes run as the notebook's user (a shared Spark standalone cluster runs them as "
+                      "its workers' account), so there leave out backup_dir and TFOS_NB_BACKUP_ROOT, and each retry "
+                      "starts again from the first step")
+
+
 def _not_ours(st: os.stat_result, kind: str) -> str | None:
     """Why ``st`` is not a ``kind`` ("folder" or "file") that only this job's user can change; None when it is.
     That user is this process's, or the driver's (:data:`ENV_OWNER`: a node may run as root where the driver
     does not); root's files are trusted too (a node running as root writes them)."""
     if not (stat.S_ISDIR if kind == "folder" else stat.S_ISREG)(st.st_mode):
         return f"is not a {kind}"
-    user = int(os.environ.get(ENV_OWNER) or os.geteuid())
+    user = _job_user()
     if st.st_uid not in (user, os.geteuid(), 0):
         return f"is owned by uid {st.st_uid}, not this job's user (uid {user}) or root"
     if kind == "folder" and st.st_mode & 0o077:
@@ -50,6 +76,8 @@ def _open_folder(folder: str) -> int:
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:  # ELOOP: a symlink; ENOTDIR: not a folder; ENOENT: gone
+        if exc.errno == errno.EACCES and _job_user() != os.geteuid():
+            raise _not_entered(folder) from None
         why = "it is a symlink" if exc.errno == errno.ELOOP else exc.strerror
         raise refused(folder, f"cannot be opened as a folder ({why})") from None
     why = _not_ours(os.fstat(fd), "folder")
