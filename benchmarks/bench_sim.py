@@ -103,6 +103,7 @@ def history_memory(n: int) -> tuple[float, int]:
     import tracemalloc
 
     from tfos_nb.runtime.driver.control import state as cluster_state
+    from tfos_nb.runtime.protocol.bodies import BeatReport
 
     roles = [("chief", 0)] + [("worker", i) for i in range(n - 1)]
     tracemalloc.start()
@@ -112,9 +113,9 @@ def history_memory(n: int) -> tuple[float, int]:
         for node in st.nodes:
             steps = 100_000 if node.index == 0 else node.history.maxlen + 1_000
             for first in range(0, steps, 500):
-                st.record_reports(node, [{"step": k, "time": 1e9 + k / 8, "metrics": {"loss": 1.0 / k, "accuracy": 0.5},
-                                          "times": {"wall": k / 8, "step": 0.9 * k / 8, "input": 0.1 * k / 8,
-                                                    "cpu": 0.5 * k / 8}}
+                st.record_reports(node, [BeatReport(step=k, time=1e9 + k / 8, metrics={"loss": 1.0 / k, "accuracy": 0.5},
+                                                    times={"wall": k / 8, "step": 0.9 * k / 8, "input": 0.1 * k / 8,
+                                                           "cpu": 0.5 * k / 8})
                                          for k in range(first + 1, min(first + 501, steps + 1))])
         used = tracemalloc.get_traced_memory()[0] - base
         rows = sum(len(node.history) for node in st.nodes)

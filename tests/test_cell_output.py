@@ -18,6 +18,7 @@ from tfos_nb.runtime.driver.control.state import CURVE_POINTS, ClusterState, win
 from tfos_nb.runtime.driver.options import JobOptions
 from tfos_nb.runtime.executor.context import NodeContext, Reporter
 from tfos_nb.runtime.executor.process.node import plain_value
+from tfos_nb.runtime.protocol.bodies import BeatReport
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -97,7 +98,7 @@ def test_lock_step_nodes_show_the_same_smoothed_rate_whatever_the_arrival_jitter
     """Two nodes at 100 steps/s; their reports reach the driver in bursts of different sizes (heartbeats)."""
     st = ClusterState("c1", "t", [("chief", 0), ("worker", 0)])
     chief, worker = st.nodes
-    reports = [{"step": s, "time": 1000.0 + s / 100, "metrics": {"loss": 1 / s}} for s in range(1, 601)]
+    reports = [BeatReport(step=s, time=1000.0 + s / 100, metrics={"loss": 1 / s}) for s in range(1, 601)]
     rates = {0: [], 1: []}
     for node, burst in ((chief, 7), (worker, 53)):
         for i in range(0, len(reports), burst):

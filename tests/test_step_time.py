@@ -15,6 +15,7 @@ from tfos_nb.magics import _render
 from tfos_nb.runtime import step_time
 from tfos_nb.runtime.driver.connect import snapshot
 from tfos_nb.runtime.driver.control import state as cluster_state
+from tfos_nb.runtime.protocol.bodies import BeatReport
 from tfos_nb.widgets import _view
 
 
@@ -123,10 +124,11 @@ def test_the_state_keeps_the_shares_and_the_view_and_panel_show_them():
     st = cluster_state.ClusterState("c1", "demo", [("chief", 0), ("worker", 0)])
     with st.lock:
         st.nodes[0].state = cluster_state.RUNNING
-        st.record_reports(st.nodes[0], [{"step": 1, "time": 1.0, "metrics": {"loss": 1.0}, "times": totals(0, 0, 0, 0)},
-                                        {"step": 9, "time": 11.0, "metrics": {"loss": 0.5}, "times": totals(10, 9, 6, 2)},
-                                        {"step": 10, "time": 12.0, "metrics": {"loss": 0.4}, "times": {"wall": "x"}}])
-        st.update_progress(st.nodes[0], {"step": 10, "metrics": {"loss": 0.4}})  # the latest, as the controller does
+        beats = [{"step": 1, "time": 1.0, "metrics": {"loss": 1.0}, "times": totals(0, 0, 0, 0)},
+                 {"step": 9, "time": 11.0, "metrics": {"loss": 0.5}, "times": totals(10, 9, 6, 2)},
+                 {"step": 10, "time": 12.0, "metrics": {"loss": 0.4}, "times": {"wall": "x"}}]
+        st.record_reports(st.nodes[0], [BeatReport.from_dict(r) for r in beats])
+        st.update_progress(st.nodes[0], BeatReport(step=10, metrics={"loss": 0.4}))  # the latest, as the controller does
     node = st.snapshot().nodes[0]
     assert node.time_shares == pytest.approx({"input": 0.6, "compute": 0.2, "peers": 0.1, "other": 0.1})
     assert node.time_sentence == "waits for input 60%"

@@ -12,10 +12,10 @@ Nothing here unpickles.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 from ...protocol import remote
+from ...protocol.bodies import BeatReport
 from ..control import state as cluster_state
 from ..control import states
 
@@ -113,7 +113,8 @@ class Mirror:
                 n.moved_at = None if d.still is None else now - d.still
                 n.failed_at = None if d.failed is None else now - d.failed
                 if d.reports:
-                    st.record_reports(n, [dataclasses.asdict(r) for r in d.reports])
+                    st.record_reports(n, [BeatReport(step=r.step, metrics=r.metrics, time=r.time, times=r.times)
+                                          for r in d.reports])
                 if d.rate is not None:
                     n.rate = d.rate
                 self.history_seen[n.index] = d.history_count

@@ -22,7 +22,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ... import step_time
@@ -84,11 +84,6 @@ def window_rate(points: Any, window: float = RATE_WINDOW_S) -> float | None:
         return None
     rate: float = (s_end - first[1]) / dt
     return rate
-
-
-def _report(report: BeatReport | Mapping[str, Any]) -> BeatReport:
-    """A report as a heartbeat carries it; a mapping (a test's, a benchmark's) is read as its JSON object would be."""
-    return report if isinstance(report, BeatReport) else BeatReport.from_dict(dict(report))
 
 
 
@@ -493,9 +488,8 @@ class ClusterState:
             raise KeyError(msg)
         return out
 
-    def update_progress(self, node: NodeRecord, report: BeatReport | Mapping[str, Any]) -> None:
+    def update_progress(self, node: NodeRecord, report: BeatReport) -> None:
         """Apply a node's latest ``ctx.report(...)`` (called with the lock held): its step, totals and metrics."""
-        report = _report(report)
         if report.step is not None:
             node.step = report.step
         if report.total_steps is not None:
@@ -504,10 +498,10 @@ class ClusterState:
             node.total_epochs = report.total_epochs
         node.metrics.update(report.metrics)
 
-    def record_reports(self, node: NodeRecord, reports: Iterable[BeatReport | Mapping[str, Any]]) -> None:
+    def record_reports(self, node: NodeRecord, reports: Iterable[BeatReport]) -> None:
         """Every report since the node's last heartbeat, oldest first (lock held): history, rate, curve."""
         now = time.time()
-        for r in map(_report, reports):
+        for r in reports:
             step, metrics = r.step, r.metrics
             t = float(r.time) if r.time is not None else now
             totals = step_time.valid(r.times)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...protocol import messages
+from ...protocol.bodies import BeatReport
 from ..control import state, states
 from ..control.controller import Controller
 from ..launch.slots import available_slots, connect_slots, fixed_slots, wait_for_slots
@@ -52,7 +53,7 @@ class RunController(Controller):
             node.host = node.host or status.get("host", "")
             node.executor_id = node.executor_id or status.get("executor_id", "")
             if report:
-                st.update_progress(node, report)
+                st.update_progress(node, BeatReport.from_dict(report))  # the task's result row, read as a beat's
             if not status.get("ok"):
                 if node.state != state.FAILED:
                     states.transition(node, state.FAILED, why="its Spark task failed")
