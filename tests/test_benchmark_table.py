@@ -163,3 +163,39 @@ def test_the_cpu_table_shows_each_groups_cpu_a_step_and_the_feeds_a_1000_rows_as
         cells.append(statistics.median(m["cpu s"] for m in ms))
         cells.append(statistics.median((m["cpu feeders s"] + m["cpu JVMs s"]) * 1000 / batch for m in ms))
         assert f"| {words} | " + " | ".join(f"{c:.1f}" for c in cells) + " |" in docs, (variant, cells)
+
+
+def test_the_hub_table_shows_b7s_runs():
+    """B7's table on the Benchmarks page (typed from its report, not built by table.py) is the results file's: each
+    row's runs in order, median (min–max), and its ratio to alice alone, recomputed here from ``b7-hub.json``."""
+    runs = json.loads((ROOT / "benchmarks" / "results" / "b7-hub.json").read_text())["runs"]
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+
+    def counted(variant: str, metric: str) -> list[float]:
+        return [r["metrics"][metric] for r in runs if r["variant"] == variant and r["run"] != "warm-up"]
+
+    def shown(values: list[float], unit: str) -> str:
+        median = statistics.median(values)
+        return (f"{' · '.join(f'{v:.2f}' for v in values)} {unit} | {median:.2f} {unit} "
+                f"({min(values):.2f}–{max(values):.2f})")
+
+    for label, variant, metric, unit, versus in [
+            ("alice's training cell, alone: wall", "alone", "wall s", "s", None),
+            ("alice's, both at once: wall", "together-alice", "wall s", "s", ("alone", "alice alone")),
+            ("bob's, both at once: wall", "together-bob", "wall s", "s", ("alone", "alice alone")),
+            ("alice's, alone: `model.fit`", "alone", "fit s", "s", None),
+            ("alice's, both at once: `model.fit`", "together-alice", "fit s", "s", ("alone", "alice alone")),
+            ("bob's, both at once: `model.fit`", "together-bob", "fit s", "s", ("alone", "alice alone")),
+            ("a display update through the hub's proxy: median latency", "proxy", "median ms", "ms", ("direct", None)),
+            ("the same, p95", "proxy", "p95 ms", "ms", ("direct", None))]:
+        values = counted(variant, metric)
+        assert len(values) == 3, (variant, metric)
+        row = f"| {label} | {shown(values, unit)} |"
+        assert row in docs, row
+        if versus is not None:
+            ratio = statistics.median(values) / statistics.median(counted(versus[0], metric))
+            line = next(line for line in docs.splitlines() if line.startswith(row))
+            assert f"| {ratio:.2f}×" in line, (line, ratio)
+            if versus[0] == "direct":  # the reference's own figures are in the row too
+                ref = counted("direct", metric)
+                assert f"{statistics.median(ref):.2f} ms ({min(ref):.2f}–{max(ref):.2f})" in line, line
