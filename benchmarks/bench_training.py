@@ -234,10 +234,12 @@ class Bench:
         steps = -(-self.opts.rows // GLOBAL_BATCH) * self.opts.epochs
         return {"wall s": wall, "fit s": wall, "steps": steps, "accuracy": model_accuracy(model, self.x_test, self.y_test)}
 
-    def tfos_nb(self, breakdown=False, cache=False, keras3=False, backup=False, deterministic=False, serial=False):
+    def tfos_nb(self, breakdown=False, cache=False, keras3=False, backup=False, deterministic=False, serial=False,
+                unknown_length=False):
         """``backup``: the chief's backups and each node's element log on, as in a job with retries (their cost);
         ``deterministic``: op determinism, partitions fed in a fixed order (early ones kept aside); ``serial``: as
-        before epoch pipelining, the next epoch's job starts when this one ended."""
+        before epoch pipelining, the next epoch's job starts when this one ended; ``unknown_length``: as before the
+        count, epochs of unknown length (TFOS_KNOWN_LENGTH=0: TensorFlow's per-step has-data check on)."""
         from tfos_nb import TFCluster
         from tfos_nb.runtime.recovery import ledger
 
@@ -250,7 +252,8 @@ class Bench:
         args = {"batch": GLOBAL_BATCH, "epochs": self.opts.epochs, "export_dir": export_dir,
                 "breakdown": breakdown, "out_dir": out_dir, "build_model": build_model, "model": self.opts.model,
                 "progress": os.environ.get("BENCH_PROGRESS", "1") == "1", "cache": cache, "keras3": keras3}
-        with mock.patch.dict(os.environ, {"TFOS_FEED_PIPELINE": "0"} if serial else {}):
+        with mock.patch.dict(os.environ, {**({"TFOS_FEED_PIPELINE": "0"} if serial else {}),
+                                          **({"TFOS_KNOWN_LENGTH": "0"} if unknown_length else {})}):
             t0, w0 = time.perf_counter(), time.time()
             cluster = TFCluster.run(self.spark.sparkContext, tfos_nb_main, args, NODES, num_ps=0,
                                     input_mode=TFCluster.InputMode.SPARK, master_node="chief", env=env, **run_kwargs)
@@ -379,6 +382,8 @@ VARIANTS = {
     "tfos": ("TensorFlowOnSpark 2.2.5, its example's idiom (from_generator over next_batch(1))", "tfos", {}),
     "tfos_batched": ("TensorFlowOnSpark 2.2.5, whole batches (from_generator over next_batch(%d))" % (GLOBAL_BATCH // NODES),
                      "tfos", {"rows_per_call": GLOBAL_BATCH // NODES}),
+    "tfos_nb_unknown": ("tfos_nb with epochs of unknown length (TFOS_KNOWN_LENGTH=0: no count, TensorFlow's "
+                        "per-step check that every worker has data)", "tfos_nb", {"unknown_length": True}),
     "tfos_nb_serial": ("tfos_nb, one epoch's feeding job at a time (TFOS_FEED_PIPELINE=0)", "tfos_nb", {"serial": True}),
     "tfos_nb_backup": ("tfos_nb with retries' backups (the chief's, at most 2 % of the time) and the nodes' element logs",
                        "tfos_nb", {"backup": True}),

@@ -123,6 +123,7 @@ class FeedAssignment(Body):
     port: int = 0
     skip: bool = False
     after: int = -1
+    rows: int = -1  # the partition's rows as the train() call counted them (-1: not counted)
 
 
 @dataclasses.dataclass(frozen=True)

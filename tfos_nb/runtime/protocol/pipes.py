@@ -166,11 +166,15 @@ class EpochDone(Frame):
 
 @dataclass(frozen=True)
 class EpochAssigned(Frame):
-    """Every partition of epoch ``epoch`` went to a node, ``partitions`` of them to this one."""
+    """Every partition of epoch ``epoch`` went to a node, ``partitions`` of them to this one; in a counted epoch
+    (``driver/feeding/counts.py``) with ``rows`` rows, and ``most`` rows the largest share of any node (-1: not
+    counted)."""
 
     kind: ClassVar[str] = "epoch_assigned"
     epoch: int = 0
     partitions: int = 0
+    rows: int = -1
+    most: int = -1
 
 
 @dataclass(frozen=True)

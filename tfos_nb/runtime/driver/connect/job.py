@@ -138,6 +138,9 @@ class RemoteController:
         with a job of its own: a Connect client has no status tracker)."""
         self._send("set_feed_tasks", epoch=epoch, tasks=tasks)
 
+    def count_epoch(self, epoch: int, rows: dict[int, int]) -> None:
+        """Not on Spark Connect: ``TFCluster.train`` does not count there (its epochs stay of unknown length)."""
+
     def reset_feed_errors(self) -> None:
         self._send("reset_feed_errors")
         if self.job is not None:

@@ -358,6 +358,14 @@ class Controller:
             self._shares.forget_through(self.state.epoch_done)
         self.state.notify()
 
+    def count_epoch(self, epoch: int, rows: dict[int, int]) -> None:
+        """Epoch ``epoch``'s partitions hold ``rows`` (partition -> rows; ``driver/feeding/counts.py``): feeding tasks
+        carry their partition's count, and each node hears of its share's rows and the largest share's."""
+        with self.state.lock:
+            nodes = [n.index for n in self.state.nodes if n.job_name in FEEDABLE]
+            self._shares.count(epoch, rows, nodes)
+        self.state.notify()
+
     def set_feed_tasks(self, epoch: int, tasks: int) -> None:
         """The number of tasks of ``epoch``'s feeding stage (Spark's status tracker, once the stage runs)."""
         with self.state.lock:
@@ -574,7 +582,8 @@ class Controller:
         return self._hand_to(msg, node, after=after)
 
     def _skipped(self, msg: messages.FeedAssign) -> messages.Reply:
-        """A training partition no node will read (lock held): its feeder skips it."""
+        """A training partition no node will read (lock held): its feeder skips it (a node that ended reads no more:
+        its peers' collectives ended with it)."""
         self._shares.handed_out(msg.gen, msg.partition, None)
         return messages.Reply(ok=True, body=messages.FeedAssignment(skip=True).to_dict())
 
@@ -583,21 +592,23 @@ class Controller:
         st = self.state
         self._active[node.index] = self._active.get(node.index, 0) + 1
         self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
+        rows = -1
         if msg.mode == "train" and msg.gen > st.epoch_done:
             self._shares.handed_out(msg.gen, msg.partition, node.index)
+            rows = self._shares.expected(msg.gen, msg.partition)
         st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
         log.debug("%s partition %d of epoch %d (executor %s) goes to %s%s", msg.mode, msg.partition, msg.gen,
                   msg.executor_id or "?", node.label, f", after partition {after}" if after >= 0 else "")
-        return self._assigned_to(node, after)
+        return self._assigned_to(node, after, rows)
 
     def _fed_nodes(self) -> list[cluster_state.NodeRecord]:
         """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
         return [n for n in self.state.nodes if n.job_name in FEEDABLE and n.data_port]
 
     @staticmethod
-    def _assigned_to(node: cluster_state.NodeRecord, after: int = -1) -> messages.Reply:
+    def _assigned_to(node: cluster_state.NodeRecord, after: int = -1, rows: int = -1) -> messages.Reply:
         target = messages.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
-                                  after=max(after, -1))  # p - n < 0: the node's first partition
+                                  after=max(after, -1), rows=rows)  # after - n < 0: the node's first partition
         return messages.Reply(ok=True, body=target.to_dict())
 
     def _set_assign(self, msg: messages.FeedAssign) -> messages.Reply:

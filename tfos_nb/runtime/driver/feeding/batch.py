@@ -25,6 +25,7 @@ from ..control import state as cluster_state
 from ..errors import error_for, interrupted, python_error_line
 from ..job import DriverJob
 from ..tracking.inputs import log_train_input
+from . import counts
 
 __all__ = ["BatchFeed", "refuse_dstream", "require_batch_rows", "require_default_queue"]
 log = logging.getLogger(__name__)
@@ -151,6 +152,12 @@ class BatchFeed:
         told_tracking: list[int] = []  # the epoch whose rows went to MLflow with the DataFrame (the first)
         # Spark Connect: no status tracker to count a running stage's tasks, so the partitions are counted first
         counted = None if self._job.counts_tasks else self.partitions(data)
+        # Each partition's rows, once for the call: every node then knows its share's length before it ends
+        rows = None
+        if counts.enabled() and self._job.counts_tasks:  # not on Spark Connect (its coordinator is not told counts)
+            rows = counts.partition_rows(data, lambda action: self.watch(
+                "count", f"tfos_nb {self.cluster_name}: count the rows of each partition to feed", action,
+                "counting the rows to feed"))
 
         def learn_shares() -> None:
             """Tell the controller each running epoch's number of feeding tasks, so that once all of them went to
@@ -183,6 +190,8 @@ class BatchFeed:
                 self._await(last, "feeding", tick=learn_shares,
                             until=lambda: ctl.feeding_started(last_epoch) and last.tasks_launched())
             epoch = ctl.open_epoch(remaining=epochs - 1 - i)
+            if rows is not None:
+                ctl.count_epoch(epoch, counts.without_skipped(rows, skip_rows) if i == 0 else rows)
             action = self.action(data, epoch, feed_timeout, batch_rows, skip=skip_rows if i == 0 else None)
             inflight.append((epoch, self._job.spark_job(f"feed-{epoch}",
                                                         f"tfos_nb {self.cluster_name}: feed epoch {epoch}", action)))

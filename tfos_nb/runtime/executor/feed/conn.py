@@ -24,6 +24,7 @@ class Conn:
         self.held: collections.deque[tuple[str, Conn, Any]] | None = None  # its items until then (FeedHub)
         # row ranges of the partition its feeder did not send (recovery: already trained), merged
         self.skip: list[tuple[int, int]] = [(int(a), int(b)) for a, b in header.get("skip") or ()]
+        self.counted = int(header.get("rows", -1)) >= 0  # the train() call counted its partitions' rows
         self.received = self.consumed = self.answered = self.skipped = 0
         self.ended = False  # the feeder sent E
         self.closed = False

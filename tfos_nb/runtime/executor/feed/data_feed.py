@@ -22,6 +22,7 @@ import pyarrow as pa
 from ...batches import columns as arrow_columns
 from ...recovery import ledger
 from .. import compat
+from ..keras_node import known_length
 from ..tracking import datasets as mlflow_datasets
 from .conn import Conn
 from .hub import FeedHub
@@ -178,8 +179,10 @@ class DataFeed:
         ``columns=(0, 1)`` or ``columns=((0,), 1)`` for ``(x, y)`` with x a tuple.
         One iteration of the dataset is this node's share of one epoch of
         ``cluster.train(..., num_epochs)``, so ``model.fit(ds, epochs=E)`` lines up with
-        ``num_epochs=E``; under ``MultiWorkerMirroredStrategy`` a node whose share ends
-        first gets empty batches from Keras while its peers read on.  Auto-sharding
+        ``num_epochs=E``; under ``MultiWorkerMirroredStrategy`` every node's epoch has as
+        many batches as the largest share's (the driver counted the rows: a smaller share
+        ends with empty batches, and TensorFlow's per-step check that every worker still
+        has data is off; see the feeding guide's "Epochs of known length").  Auto-sharding
         is off: every node already gets its own partitions.  Under
         ``MultiWorkerMirroredStrategy`` Keras takes ``batch_size`` as the global batch:
         it splits each batch across all replicas (each trains on ``batch_size /
@@ -224,6 +227,7 @@ class DataFeed:
         signature = tf.nest.map_structure(
             lambda a: tf.TensorSpec(shape=(None,) + tuple(a.shape[1:]), dtype=tf.as_dtype(a.dtype)), sample
         )
+        empty = tf.nest.map_structure(lambda a: a[:0], sample)  # a padding batch: no row, the signature's shape
         feed = self
         elements = self._ledger
         if elements is not None and (cache or shuffle or not epochs_bounded):
@@ -232,6 +236,12 @@ class DataFeed:
             elements = None
 
         per_call = CHUNK if feed.train_mode else 1  # batches a call of the generator hands over, when they are here
+        # Every epoch's length known before it ends (the train() call counted its rows: driver/feeding/counts.py) and
+        # batches as fed (no shuffle): under MultiWorkerMirroredStrategy every node's dataset ends each epoch after
+        # the same number of batches (a node with a smaller share adds empty ones), so TensorFlow's per-step check
+        # that every worker still has data is not needed (keras_node/known_length.py turns it off for this dataset)
+        known = known_length.Known() if epochs_bounded and not shuffle and isinstance(self._hub, FeedHub) and \
+            self._hub.counted() else None
 
         def gen() -> Iterator[Any]:
             refuse_jax_processes()  # initialize() after as_dataset(): refused at fit's first read
@@ -249,6 +259,7 @@ class DataFeed:
                 index += bool(pieces)
                 return pieces
 
+            rows = 0  # the epoch's rows read here (a counted epoch's: checked against the driver's count)
             while True:
                 chunk: list[tuple[Any, pa.RecordBatch]] = []
                 pieces: Sequence[tuple[Any, pa.RecordBatch]] = ()
@@ -260,8 +271,14 @@ class DataFeed:
                             not feed._hub.ready(batch_size, bound):
                         break
                 if chunk:
+                    rows += sum(p.num_rows for _, p in chunk)
+                    if known is not None and known.padding:
+                        known.check_rows(feed._hub, epoch[0], rows)
                     yield feed._select(chunk, columns)
                 if not pieces:
+                    if known is not None and known.padding:  # as many batches as the largest share's
+                        for _ in range(known.pad(feed._hub, epoch[0], rows, index, batch_size)):
+                            yield empty
                     if elements is not None:
                         elements.end(epoch[0], index)
                     if cache:  # later epochs replay the cache: nothing more to read
@@ -270,7 +287,12 @@ class DataFeed:
 
         def split(*chunk: Any) -> Any:  # a chunk of whole batches (the share's last may be short) into batches
             rows = chunk if isinstance(signature, tuple) else chunk[0]
-            return tf.data.Dataset.from_tensor_slices(rows).batch(batch_size)
+            batches = tf.data.Dataset.from_tensor_slices(rows).batch(batch_size)
+            if known is None:
+                return batches
+            # an empty chunk (a padding batch) is one empty batch
+            n = tf.shape(tf.nest.flatten(rows)[0])[0]
+            return batches.concatenate(tf.data.Dataset.from_tensors(rows).filter(lambda *_: tf.equal(n, 0)))
 
         ds = tf.data.Dataset.from_generator(gen, output_signature=signature).flat_map(split)
         setattr(ds, mlflow_datasets.MARK, True)  # a one-pass stream: MLflow must not iterate it for a digest
@@ -282,7 +304,10 @@ class DataFeed:
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         opts.autotune.enabled = False  # nothing to tune; why it matters: compat.untuned_device_prefetch
         compat.untuned_device_prefetch()
-        return ds.with_options(opts)
+        ds = ds.with_options(opts)
+        if known is not None:
+            known_length.mark(ds, known)
+        return ds
 
     # -- internals ----------------------------------------------------------------
     def _select(self, pieces: Sequence[tuple[Any, pa.RecordBatch]], columns: Any) -> Any:

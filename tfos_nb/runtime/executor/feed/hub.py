@@ -72,6 +72,9 @@ class FeedHub:
         self.out_of_step: str | None = None  # the FeedOutOfStep error, once raised
         self.sample: pa.RecordBatch | None = None  # a row of zeros shaped as the fed data's (from the driver)
         self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
+        # counted epochs (driver/feeding/counts.py): generation -> (rows sent here, the most rows any node got)
+        self._planned: dict[int, tuple[int, int]] = {}
+        self._counted: set[int] = set()  # generations whose feeding tasks carried their partitions' counts
         self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
         self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
         self._begun = 0  # the last generation a bounded read began here (see _next_epoch)
@@ -136,6 +139,8 @@ class FeedHub:
     def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
         with self._cond:
             self._conns.add(conn)
+            if conn.counted and gen not in self._counted:
+                self._counted.add(gen)
             held = self._turns.held(conn)
             if held is None:
                 self._wait_for_room(gen)
@@ -256,11 +261,32 @@ class FeedHub:
                 self._turns.forget_through(epoch)
                 self._cond.notify_all()
 
-    def epoch_assigned(self, epoch: int, partitions: int) -> None:
-        """Every partition of ``epoch`` went to a node, ``partitions`` of them to this one."""
+    def epoch_assigned(self, epoch: int, partitions: int, rows: int = -1, most: int = -1) -> None:
+        """Every partition of ``epoch`` went to a node, ``partitions`` of them to this one; in a counted epoch,
+        ``rows`` of its rows and ``most``, the largest share of any node."""
         with self._cond:
-            self._expected[epoch] = partitions
+            if epoch > self.epoch_done:
+                self._expected[epoch] = partitions
+            if rows >= 0:
+                self._planned[epoch] = (rows, most)
+                self._counted.add(epoch)
+                for g in [g for g in self._planned if g < epoch - 8]:
+                    del self._planned[g]
             self._cond.notify_all()
+
+    def counted(self) -> bool:
+        """Whether the epoch the next bounded read takes was counted: its length known to the node before it ends."""
+        with self._cond:
+            return self._next_epoch() in self._counted
+
+    def planned(self, gen: int, timeout: float) -> tuple[int, int] | None:
+        """(rows sent here, the most any node got) of counted epoch ``gen``, waiting up to ``timeout`` s for the
+        driver's word (it comes with the heartbeat's answer once every partition went out); None without it."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while gen not in self._planned and not self.closed and time.monotonic() < deadline:
+                self._cond.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            return self._planned.get(gen)
 
     def set_plan(self, first: int, last: int, sample: dict[str, Any] | None = None) -> None:
         """The running ``train()`` feeds epochs ``first``..``last`` (0, 0: no train() call announced); ``sample``:

@@ -136,6 +136,8 @@ class _Feeder:
             header["after"] = self.node.after
         if self.skip:
             header["skip"] = [list(r) for r in self.skip]
+        if self.node.rows >= 0:  # counted: the node knows its share's length
+            header["rows"] = self.node.rows
         return dataplane.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
 
     def verdict(self, exc: BaseException) -> tuple[str, str | None]:
@@ -184,6 +186,16 @@ class _Feeder:
         return RuntimeError(msg)
 
 
+def changed_rows(partition: int, gen: int, counted: int, now: int, more: bool = False) -> str:
+    """Why a counted partition cannot be fed: its rows changed since ``train()`` counted them."""
+    held = f"more than {counted}" if more else f"{now}"
+    return (f"partition {partition} of epoch {gen} holds {held} rows, but {counted} when train() counted them before "
+            "its first epoch: the data changes from one read to the next (a non-deterministic source or "
+            "transformation, such as rand(), sample() or a table written meanwhile); cache() it (df.cache(), "
+            "rdd.cache()) so that every epoch feeds the same rows, or set TFOS_KNOWN_LENGTH=0 to feed epochs of "
+            "unknown length")
+
+
 def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
                feed: str = "input", skip: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them).
@@ -204,13 +216,19 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
         feeder.release(0, skipped, None)
         return {"partition": partition, "rows": 0, "skipped": skipped}
     sent = 0
+    expected = node.rows  # -1: not counted
     try:
         sock = feeder.connect()
         try:
             for batch in batches:
                 if batch.num_rows:
+                    if 0 <= expected < sent + batch.num_rows:  # never sent: the node would step more than its peers
+                        raise columns.FeedDataError(changed_rows(partition, gen, expected, sent + batch.num_rows,
+                                                                 more=True))
                     sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
                     dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+            if 0 <= expected != sent:
+                raise columns.FeedDataError(changed_rows(partition, gen, expected, sent))
             dataplane.send_frame(sock, dataplane.Kind.END)
             done = _recv_answer(sock)
         finally:

@@ -24,7 +24,7 @@ from ...protocol import pipes
 from ..context import Reporter
 from ..keras_node import epochs as keras_epochs
 from ..keras_node import flavour as keras_flavour
-from ..keras_node import keras3_mwms
+from ..keras_node import keras3_mwms, known_length
 from . import phases
 from .owner import LINGER_S
 
@@ -161,6 +161,7 @@ def main(role_cls: type[ChildRole]) -> int:
     mlflow_setup(ctx)  # ctx.mlflow_run_id; MLflow autologging off on all but the chief
     keras3_mwms.install()  # Keras 3's fit under MultiWorkerMirroredStrategy, repaired once it is imported
     keras_epochs.install()  # every fed epoch as long as its data, in either Keras
+    known_length.install()  # a counted feed's epochs end together on every node: no per-step has-data check
     seeding.apply()  # the job's seed and deterministic mode, before the function
     value = None
     try:

@@ -51,7 +51,7 @@ class NodeRole(child_main.ChildRole):
         if self.hub is not None and isinstance(cmd, pipes.EpochDone):
             self.hub.end_epoch(int(cmd.epoch))
         elif self.hub is not None and isinstance(cmd, pipes.EpochAssigned):
-            self.hub.epoch_assigned(int(cmd.epoch), int(cmd.partitions))
+            self.hub.epoch_assigned(int(cmd.epoch), int(cmd.partitions), int(cmd.rows), int(cmd.most))
         elif self.hub is not None and isinstance(cmd, pipes.FeedPlan):
             self.hub.set_plan(int(cmd.first), int(cmd.last), cmd.sample)
         elif self.named is not None and isinstance(cmd, pipes.FeedSets):

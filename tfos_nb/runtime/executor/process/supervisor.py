@@ -228,10 +228,12 @@ class Supervisor(ChildOwner):
             self._sent_plan = (first, last)
             self.sample_seen = max(self.sample_seen, sample_id)
             self.send(pipes.FeedPlan(first=first, last=last, sample=dict(cmd.feed_sample)))
-        for epoch, partitions in cmd.epochs_assigned:
-            if int(epoch) > self._sent_assigned:
-                self._sent_assigned = int(epoch)
-                self.send(pipes.EpochAssigned(epoch=int(epoch), partitions=int(partitions)))
+        for share in cmd.epochs_assigned:
+            epoch, partitions = int(share[0]), int(share[1])
+            if epoch > self._sent_assigned:
+                self._sent_assigned = epoch
+                rows, most = (int(share[2]), int(share[3])) if len(share) >= 4 else (-1, -1)
+                self.send(pipes.EpochAssigned(epoch=epoch, partitions=partitions, rows=rows, most=most))
         if cmd.epoch_done > self._sent_epoch:
             self._sent_epoch = cmd.epoch_done
             self.send(pipes.EpochDone(epoch=cmd.epoch_done))

@@ -1,0 +1,74 @@
+"""The rows of each partition a ``train()`` call feeds, counted once before its first epoch.
+
+Under ``MultiWorkerMirroredStrategy`` every node steps each epoch the same number of times.  When the nodes know
+that number before the epoch starts, TensorFlow need not ask every worker at every step whether all still have
+data (its partial-batch handling: a collective a step): the driver counts each partition's rows once per
+``train()`` call, adds up each node's share as partitions go out (:class:`.shares.EpochShares`), and each node
+learns its own rows and the largest share, so its dataset ends every epoch after the same number of batches as
+its peers' (``executor/feed/data_feed.py``).  Later epochs are fed the same partitions: a feeding task whose
+partition holds another number of rows than counted fails with one sentence (``executor/feeding/feeder.py``).
+
+A cached DataFrame (or RDD) is counted by Spark alone, without its rows reaching Python; any other DataFrame
+through the same ``mapInArrow`` plan its feed runs, so that it is split into the same partitions (adaptive
+execution decides from the same data).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["ENV", "enabled", "partition_rows", "without_skipped"]
+
+#: ``TFOS_KNOWN_LENGTH=0`` turns the count off: epochs of unknown length, TensorFlow's per-step check on
+ENV = "TFOS_KNOWN_LENGTH"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def _arrow_counts(batches: Any) -> Any:
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    tctx = TaskContext.get()
+    partition = tctx.partitionId() if tctx is not None else -1
+    rows = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"partition": [partition], "rows": [rows]},
+                                     schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]))
+
+
+def _cached(data: Any) -> bool:
+    try:
+        level = data.storageLevel
+    except Exception:  # noqa: BLE001 - a session that cannot say: counted through the feed's plan
+        return False
+    return bool(level.useMemory or level.useDisk)
+
+
+def partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[int, int]:
+    """Rows of each partition of ``data`` (a DataFrame or an RDD), by partition index; ``run(action)`` runs the
+    Spark action as the feed's jobs run (watched with the nodes)."""
+    from pyspark.sql import DataFrame
+
+    if not isinstance(data, DataFrame):
+        return dict(run(lambda: data.mapPartitionsWithIndex(lambda i, it: [(i, sum(1 for _ in it))]).collect()))
+    if _cached(data) and hasattr(data, "_jdf"):
+        from pyspark.sql import functions as F
+
+        counted = run(lambda: data.groupBy(F.spark_partition_id().alias("partition")).count().collect())
+        return {int(r["partition"]): int(r["count"]) for r in counted}
+    counted = run(lambda: data.mapInArrow(_arrow_counts, "partition int, rows long").collect())
+    return {int(r["partition"]): int(r["rows"]) for r in counted}
+
+
+def without_skipped(rows: Mapping[int, int], skip: Mapping[int, list[tuple[int, int]]] | None) -> dict[int, int]:
+    """``rows`` less the row ranges a resumed epoch does not feed."""
+    out = dict(rows)
+    for partition, ranges in (skip or {}).items():
+        if partition in out:
+            out[partition] = max(0, out[partition] - sum(min(b, out[partition]) - min(a, out[partition])
+                                                          for a, b in ranges))
+    return out
