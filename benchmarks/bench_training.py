@@ -191,7 +191,9 @@ class Bench:
             o.master, "tfos_nb-bench-training",
             conf={"spark.sql.files.maxPartitionBytes": str(biggest if o.file_partitions else 1 << 40)},
             executor_env={**harness.NODE_ENV, "TF_USE_LEGACY_KERAS": "1"})
-        self.df = self.spark.read.parquet(parts).persist(StorageLevel.MEMORY_AND_DISK)
+        self.df = self.spark.read.parquet(parts)
+        if not o.uncached:  # --uncached: every epoch (and train()'s count) reads the Parquet files again
+            self.df = self.df.persist(StorageLevel.MEMORY_AND_DISK)
         assert self.df.count() == o.rows
         self._rdd = None  # Python rows for the TensorFlowOnSpark variants, made on first use (at 160k rows,
         # persisting it beside the DataFrame ran the executors out of memory: exit code 52)
@@ -469,6 +471,8 @@ def main(argv=None):
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--file-partitions", action="store_true",
                    help="feed one Spark partition per file (--partitions of them) instead of one per core")
+    p.add_argument("--uncached", action="store_true",
+                   help="feed the Parquet files as read, not a cached DataFrame (each epoch reads them again)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--separation", type=float, default=0.105, help="class-centre scale: 0.105 gives ≈0.84 single-process accuracy")
     p.add_argument("--master", default="local-cluster[2,1,3072]")
