@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import re
+import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ RESULTS = os.path.join(HERE, "results")
 DOCS = os.path.join(ROOT, "docs", "benchmarks.md")
 README = os.path.join(ROOT, "README.md")
 DOCS_MARKERS = ("<!-- benchmarks-table: start (benchmarks/table.py writes it) -->", "<!-- benchmarks-table: end -->")
+AXIS_MARKERS = ("<!-- benchmarks-partitions: start (benchmarks/table.py writes it) -->",
+                "<!-- benchmarks-partitions: end -->")
+#: B2's partition axis: (label, results file); every figure is judged against the first's (the same rows in 2)
+AXIS = (("2 partitions, cached", "b2-partitions-cached-2.json"), ("8 partitions, cached", "b2-partitions-cached-8.json"),
+        ("64 partitions, cached", "b2-partitions-cached-64.json"),
+        ("200 partitions, cached", "b2-partitions-cached-200.json"),
+        ("8 Parquet files, read every epoch", "b2-partitions-parquet-8.json"),
+        ("200 Parquet files, read every epoch", "b2-partitions-parquet-200.json"))
 README_MARKERS = ("<!-- benchmarks-readme: start (benchmarks/table.py writes it) -->", "<!-- benchmarks-readme: end -->")
 
 
@@ -340,6 +349,34 @@ def scale_table(results: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def axis_table(results: str | None = None) -> str:
+    """B2's partition axis: tfos_nb's ``model.fit`` and Spark alone reading the same epochs, each partition count
+    against the same rows in 2 partitions (median against median, fastest against fastest)."""
+    lines = ["| the 40k rows in | `model.fit` median (range) | against 2 partitions: median, fastest "
+             "| Spark alone reading the 3 epochs: median (range) | its CPU-seconds | tfos_nb's nodes' CPU-seconds "
+             "| both over 2 cores | machine busy (median) | runs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    base = None
+    for label, name in AXIS:
+        if not os.path.exists(os.path.join(results or RESULTS, name)):
+            continue
+        doc = load(name, results)
+        fit = harness.Spread(runs(doc, "tfos_nb", "fit s"), False)
+        read = runs(doc, "spark_read", "wall s")
+        busy = runs(doc, "tfos_nb", "cpu busy %")
+        read_cpu, nodes_cpu = runs(doc, "spark_read", "cpu s"), runs(doc, "tfos_nb", "cpu nodes s")
+        base = base or fit
+        r = fit.ratio(base)
+        lines.append(f"| {label} | {fit.median:.1f} s ({min(fit.values):.1f}–{max(fit.values):.1f}) "
+                     f"| {ratio(r.median)}, {ratio(r.fastest)} "
+                     f"| {statistics.median(read):.2f} s ({min(read):.2f}–{max(read):.2f}) "
+                     f"| {statistics.median(read_cpu):.1f} | {statistics.median(nodes_cpu):.1f} "
+                     f"| {(statistics.median(read_cpu) + statistics.median(nodes_cpu)) / 2:.1f} s "
+                     f"| {statistics.median(busy):.0f} % | {len(fit.values)} |" if read and busy and read_cpu else
+                     f"| {label} | {fit.median:.1f} s | {ratio(r.median)}, {ratio(r.fastest)} | | | | | | {len(fit.values)} |")
+    return "\n".join(lines)
+
+
 def readme_table(results: str | None = None) -> str:
     lines = ["| | tfos_nb: median of the runs (fastest) | against it: median, fastest | against |", "|---|---|---|---|"]
     for row in ROWS:
@@ -364,7 +401,7 @@ def replaced(text: str, markers: tuple[str, str], block: str, path: str) -> str:
 def targets(results: str | None = None) -> dict[str, str]:
     """Each file's text with its table as the results files give it."""
     out = {}
-    for path, markers, block in ((DOCS, DOCS_MARKERS, docs_table(results)),
+    for path, markers, block in ((DOCS, DOCS_MARKERS, docs_table(results)), (DOCS, AXIS_MARKERS, axis_table(results)),
                                  (README, README_MARKERS, readme_table(results))):
         with open(path) as f:
             out[path] = replaced(f.read(), markers, block, path)
