@@ -399,12 +399,19 @@ def replaced(text: str, markers: tuple[str, str], block: str, path: str) -> str:
 
 
 def targets(results: str | None = None) -> dict[str, str]:
-    """Each file's text with its table as the results files give it."""
-    out = {}
-    for path, markers, block in ((DOCS, DOCS_MARKERS, docs_table(results)), (DOCS, AXIS_MARKERS, axis_table(results)),
+    """Each file's text with its tables as the results files give them (B2's partition axis where the page has its
+    markers)."""
+    out: dict[str, str] = {}
+    for path, markers, block in ((DOCS, DOCS_MARKERS, docs_table(results)), (DOCS, AXIS_MARKERS, None),
                                  (README, README_MARKERS, readme_table(results))):
-        with open(path) as f:
-            out[path] = replaced(f.read(), markers, block, path)
+        if path not in out:
+            with open(path) as f:
+                out[path] = f.read()
+        if block is None:  # optional
+            if markers[0] not in out[path]:
+                continue
+            block = axis_table(results)
+        out[path] = replaced(out[path], markers, block, path)
     return out
 
 

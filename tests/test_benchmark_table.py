@@ -199,3 +199,13 @@ def test_the_hub_table_shows_b7s_runs():
             if versus[0] == "direct":  # the reference's own figures are in the row too
                 ref = counted("direct", metric)
                 assert f"{statistics.median(ref):.2f} ms ({min(ref):.2f}–{max(ref):.2f})" in line, line
+
+
+def test_the_partition_axis_table_is_the_results_files_and_on_the_page():
+    """B2 across partition counts (issue 66): the benchmarks page carries the table, as computed from every run in
+    the results files, each count judged against the same rows in 2 partitions."""
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    block = table.axis_table()
+    assert block in docs and all(table.AXIS_MARKERS[i] in docs for i in (0, 1))
+    rows = [ln for ln in block.splitlines()[2:]]
+    assert len(rows) == len(table.AXIS) and rows[0].split(" | ")[2] == "1.00×, 1.00×"
