@@ -250,11 +250,14 @@ def _fit_once(args, ctx):
 
 
 @pytest.mark.slow
-def test_a_dataframe_whose_rows_change_between_reads_is_named_in_one_sentence_not_a_hang(spark):
+def test_a_dataframe_whose_rows_change_between_reads_is_named_in_one_sentence_not_a_hang(spark, monkeypatch):
+    """Counted although not cached (``TFOS_KNOWN_LENGTH=always``): its non-deterministic filter keeps other rows in
+    the feed than in the count."""
     from pyspark.sql import functions as F
 
     from tfos_nb import TFCluster
 
+    monkeypatch.setenv(counts.ENV, "always")
     coin = F.udf(lambda i: __import__("random").random() < 0.5, "boolean").asNondeterministic()
     df = spark.range(0, 4000, numPartitions=4).where(coin("id")).select(
         F.array(F.col("id").cast("double"), F.lit(1.0)).alias("x"), (F.col("id") % 2).cast("int").alias("y"))
@@ -267,6 +270,26 @@ def test_a_dataframe_whose_rows_change_between_reads_is_named_in_one_sentence_no
         cluster.shutdown()
 
 
+@pytest.mark.slow
+def test_only_what_spark_holds_is_counted_unless_asked_so_the_users_code_never_runs_twice(spark, monkeypatch):
+    """A count of uncached data runs its upstream code again (the files read twice, every UDF and mapPartitions
+    function again, a blocking one where no node waits: the feed-stalls test hung on it)."""
+    df = spark.range(10, numPartitions=2)
+    rdd = spark.sparkContext.parallelize(range(10), 2)
+    assert not counts.counts(df) and not counts.counts(rdd)
+    cached_df, cached_rdd = df.cache(), spark.sparkContext.parallelize(range(10), 2).cache()
+    try:
+        assert counts.counts(cached_df) and counts.counts(cached_rdd)
+        monkeypatch.setenv(counts.ENV, "always")
+        assert counts.counts(df) and counts.counts(rdd)
+        monkeypatch.setenv(counts.ENV, "0")
+        assert not counts.counts(cached_df) and not counts.counts(cached_rdd)
+    finally:
+        cached_df.unpersist()
+        cached_rdd.unpersist()
+
+
+@pytest.mark.slow
 def test_spark_waits_for_no_executor_while_train_feeds_and_the_users_setting_comes_back(spark):
     """Issue 66, item 2: with more partitions than slots a feeding task waited 3 s (``spark.locality.wait``) for
     the busy executor that caches its partition while every node waited for its rows (timeline: asks 2-4 s after

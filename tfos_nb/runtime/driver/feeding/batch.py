@@ -192,7 +192,7 @@ class BatchFeed:
         counted = None if self._job.counts_tasks else self.partitions(data)
         # Each partition's rows, once for the call: every node then knows its share's length before it ends
         rows = None
-        if counts.enabled() and self._job.counts_tasks:  # not on Spark Connect (its coordinator is not told counts)
+        if counts.counts(data) and self._job.counts_tasks:  # not on Spark Connect (its coordinator is not told counts)
             rows = counts.partition_rows(data, lambda action: self.watch(
                 "count", f"tfos_nb {self.cluster_name}: count the rows of each partition to feed", action,
                 "counting the rows to feed"))

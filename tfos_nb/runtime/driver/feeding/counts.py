@@ -8,9 +8,11 @@ learns its own rows and the largest share, so its dataset ends every epoch after
 its peers' (``executor/feed/data_feed.py``).  Later epochs are fed the same partitions: a feeding task whose
 partition holds another number of rows than counted fails with one sentence (``executor/feeding/feeder.py``).
 
-A cached DataFrame (or RDD) is counted by Spark alone, without its rows reaching Python; any other DataFrame
-through the same ``mapInArrow`` plan its feed runs, so that it is split into the same partitions (adaptive
-execution decides from the same data).
+Only data Spark holds (cached: ``df.cache()``, ``rdd.cache()``) is counted by default, by Spark alone, without its
+rows reaching Python: counting anything else runs the user's upstream code once more (a second read of the files,
+every Python UDF and ``mapPartitions`` function again — with their side effects, and a block in one of them where no
+node waits for it).  ``TFOS_KNOWN_LENGTH=always`` counts uncached data too (a DataFrame through the same
+``mapInArrow`` plan its feed runs, so that it is split into the same partitions); ``0`` counts nothing.
 """
 
 from __future__ import annotations
@@ -19,14 +21,22 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["ENV", "enabled", "partition_rows", "without_skipped"]
+__all__ = ["ENV", "counts", "enabled", "partition_rows", "without_skipped"]
 
-#: ``TFOS_KNOWN_LENGTH=0`` turns the count off: epochs of unknown length, TensorFlow's per-step check on
+#: ``TFOS_KNOWN_LENGTH``: ``cached`` (the default) counts cached data, ``always`` any, ``0`` none (epochs of unknown
+#: length: TensorFlow's per-step check on)
 ENV = "TFOS_KNOWN_LENGTH"
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "1") != "0"
+    return os.environ.get(ENV, "cached").strip().lower() not in ("0", "never", "off", "false")
+
+
+def counts(data: Any) -> bool:
+    """Whether ``train()`` counts ``data``'s rows: cached, or counting asked for whatever it is."""
+    if not enabled():
+        return False
+    return os.environ.get(ENV, "cached").strip().lower() == "always" or _cached(data)
 
 
 def _arrow_counts(batches: Any) -> Any:
@@ -42,8 +52,8 @@ def _arrow_counts(batches: Any) -> Any:
 
 def _cached(data: Any) -> bool:
     try:
-        level = data.storageLevel
-    except Exception:  # noqa: BLE001 - a session that cannot say: counted through the feed's plan
+        level = data.storageLevel if hasattr(data, "storageLevel") else data.getStorageLevel()
+    except Exception:  # noqa: BLE001 - a session that cannot say: not known to be cached
         return False
     return bool(level.useMemory or level.useDisk)
 
@@ -53,7 +63,7 @@ def partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[i
     Spark action as the feed's jobs run (watched with the nodes)."""
     from pyspark.sql import DataFrame
 
-    if not isinstance(data, DataFrame):
+    if not isinstance(data, DataFrame):  # a cached RDD's partitions come from the block manager
         return dict(run(lambda: data.mapPartitionsWithIndex(lambda i, it: [(i, sum(1 for _ in it))]).collect()))
     if _cached(data) and hasattr(data, "_jdf"):
         from pyspark.sql import functions as F
