@@ -271,9 +271,8 @@ class DataFeed:
                             not feed._hub.ready(batch_size, bound):
                         break
                 if chunk:
-                    rows += sum(p.num_rows for _, p in chunk)
-                    if known is not None and known.padding:
-                        known.check_rows(feed._hub, epoch[0], rows)
+                    rows += sum(p.num_rows for _, p in chunk)  # checked at the epoch's end (Known.pad); a feeder
+                    # never sends more rows than counted (executor/feeding/feeder.py)
                     yield feed._select(chunk, columns)
                 if not pieces:
                     if known is not None and known.padding:  # as many batches as the largest share's

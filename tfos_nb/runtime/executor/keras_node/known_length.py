@@ -30,12 +30,6 @@ class Known:
     def __init__(self) -> None:
         self.padding = False
 
-    def check_rows(self, hub: Any, gen: int, rows: int) -> None:
-        """A node that read more rows of ``gen`` than the driver dealt it stops before its peers step apart."""
-        plan = hub.planned(gen, 0.0)
-        if plan is not None and rows > plan[0]:
-            raise RuntimeError(_differs(hub, gen, rows, plan[0]))
-
     def pad(self, hub: Any, gen: int, rows: int, batches: int, batch_size: int) -> int:
         """Empty batches that end epoch ``gen`` with as many as the largest share's, after ``batches`` of ``rows``."""
         plan = hub.planned(gen, PLAN_WAIT_S)
