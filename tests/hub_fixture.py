@@ -346,27 +346,64 @@ class Kernel:
             header=[f"Authorization: token {token}"], timeout=600)
         self.seen = ""  # every iopub message's content, as JSON text (the panel's widget state included)
         self.lock = threading.Lock()
+        self._ready()
+
+    def _send(self, msg_type: str, content: dict[str, Any]) -> str:
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "username": self.user, "session": self.session, "msg_type": msg_type,
+                       "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "parent_header": {}, "metadata": {}, "buffers": [], "channel": "shell", "content": content}))
+        return msg_id
+
+    def _recv(self, deadline: float, waiting_for: str) -> dict[str, Any] | None:
+        """The next JSON message of this kernel's channels, waiting at most until ``deadline`` (then fail, naming
+        the user, the kernel and what was waited for); None for a binary frame (a widget's buffers)."""
+        import websocket
+
+        left = deadline - time.monotonic()
+        assert left > 0, f"{self.user}'s kernel {self.kernel_id}: {waiting_for}"
+        self.ws.settimeout(left)
+        try:
+            raw = self.ws.recv()
+        except websocket.WebSocketTimeoutException:
+            raise AssertionError(f"{self.user}'s kernel {self.kernel_id}: {waiting_for}") from None
+        if isinstance(raw, bytes):
+            return None
+        msg = json.loads(raw)
+        with self.lock:
+            self.seen += json.dumps(msg.get("content", {}))
+        return msg
+
+    def _ready(self, timeout: float = 180, every: float = 5) -> None:
+        """Wait until the kernel answers on its shell channel, as a front-end does before it runs a cell: a request
+        sent before the server has connected the kernel's channels can be lost (the cell then never runs), so a
+        kernel_info request is sent again every ``every`` seconds until one is answered (the server's own nudge)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            asked = self._send("kernel_info_request", {})
+            again = min(deadline, time.monotonic() + every)
+            while time.monotonic() < again:
+                try:
+                    msg = self._recv(again, "")
+                except AssertionError:
+                    break  # nothing within ``every`` seconds: ask again
+                if msg and msg.get("msg_type") == "kernel_info_reply" and msg["parent_header"].get("msg_id") == asked:
+                    return
+            assert time.monotonic() < deadline, (
+                f"{self.user}'s kernel {self.kernel_id}: no kernel_info_reply in {timeout} s through the hub's proxy")
 
     def execute(self, code: str, timeout: float = 900) -> dict[str, Any]:
         """Run ``code``; its stdout, the plain text and HTML of what it displayed; an error fails."""
-        msg_id = uuid.uuid4().hex
-        self.ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "username": self.user, "session": self.session, "msg_type": "execute_request",
-                       "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-            "parent_header": {}, "metadata": {}, "buffers": [], "channel": "shell",
-            "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True}}))
+        msg_id = self._send("execute_request", {"code": code, "silent": False, "store_history": True,
+                                                "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
         out: dict[str, Any] = {"stdout": "", "text": [], "html": [], "error": None}
         replied = idle = False
         deadline = time.monotonic() + timeout
         while not (replied and idle):
-            assert time.monotonic() < deadline, f"{self.user}: no reply in {timeout} s to {code[:80]!r}"
-            raw = self.ws.recv()
-            if isinstance(raw, bytes):
-                continue  # a binary frame: a widget's buffers
-            msg = json.loads(raw)
-            with self.lock:
-                self.seen += json.dumps(msg.get("content", {}))
+            msg = self._recv(deadline, f"no reply in {timeout} s to the cell {code[:80]!r}")
+            if msg is None:
+                continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
