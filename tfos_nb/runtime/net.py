@@ -8,6 +8,7 @@ import re
 import socket
 import time
 import urllib.parse
+from typing import Any
 
 
 def resolve(host: str) -> str:
@@ -125,13 +126,14 @@ ACCEPT_PER_CONNECTION = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM
 ACCEPT_BACKOFF_S = 0.2
 
 
-def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None, into: Any = None) -> Any:
     """Exactly ``n`` bytes from ``sock``; ``ConnectionError`` if the peer closes first.
 
     ``deadline`` (``time.monotonic()``): all of them by then, else ``TimeoutError`` — a peer sending
-    a byte at a time cannot stretch it as it can a per-receive timeout.
+    a byte at a time cannot stretch it as it can a per-receive timeout.  ``into``: a writable buffer of
+    ``n`` bytes to fill and return (else a new ``bytearray``).
     """
-    buf = bytearray(n)
+    buf = bytearray(n) if into is None else into
     view = memoryview(buf)
     got = 0
     while got < n:

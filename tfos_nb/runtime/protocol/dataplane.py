@@ -74,7 +74,12 @@ def send_json(sock: socket.socket, kind: Kind, obj: dict[str, Any]) -> None:
     send_frame(sock, kind, json.dumps(obj).encode())
 
 
-def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[Kind, bytearray]:
+def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[Kind, Any]:
+    """The next frame: its kind and payload (a ``bytearray``; an Arrow frame's a ``pyarrow.Buffer``).
+
+    An Arrow frame is received into a buffer of Arrow's memory pool: aligned, so that its record batch is read
+    in place, and not zero-filled first (a ``bytearray`` of a batch's size is, page by page, on every frame).
+    """
     raw, n = FRAME.unpack(recv_exact(sock, FRAME.size, deadline))
     try:
         kind = Kind(raw)
@@ -83,7 +88,13 @@ def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[Kind
     limit = MAX_DATA_FRAME if kind in _ARROW_KINDS else MAX_JSON_FRAME
     if n > limit:
         raise DataPlaneError(f"frame {raw!r} of {n} bytes exceeds {limit}")
-    return kind, recv_exact(sock, n, deadline) if n else bytearray()
+    if not n:
+        return kind, bytearray()
+    if kind in _ARROW_KINDS:
+        import pyarrow as pa
+
+        return kind, recv_exact(sock, n, deadline, into=pa.allocate_buffer(n))
+    return kind, recv_exact(sock, n, deadline)
 
 
 def parse_json(payload: bytearray) -> dict[str, Any]:
