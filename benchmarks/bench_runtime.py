@@ -43,6 +43,23 @@ log = logging.getLogger("bench")
 
 # Functions shipped to executors (pickled by value by cloudpickle: keep them self-contained)
 
+def _settled(fn):
+    """``fn``'s task with its Python worker's garbage collector settled as tfos_nb's feeding tasks settle it (once
+    per worker, what it holds leaves the collector's full passes: ``gc.freeze``): the references are Spark at its
+    best, whatever another variant's task imported into the same reused worker before."""
+    import functools
+
+    @functools.wraps(fn)
+    def task(it):
+        import gc
+        if not gc.get_freeze_count():
+            gc.collect()
+            gc.freeze()
+        return fn(it)
+    return task
+
+
+@_settled
 def _ceiling_fn(it):
     """mapInArrow function: each batch's feature column -> float32 numpy (n, 784), in slices of 128."""
     import numpy as np
@@ -58,6 +75,7 @@ def _ceiling_fn(it):
         yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
 
 
+@_settled
 def _rdd_ceiling_fn(it):
     """mapPartitions function: the cached RDD's (features, label) rows -> float32 numpy (128, 784) batches."""
     import numpy as np

@@ -19,6 +19,7 @@ served right away.
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import threading
@@ -189,11 +190,22 @@ class _Feeder:
 def changed_rows(partition: int, gen: int, counted: int, now: int, more: bool = False) -> str:
     """Why a counted partition cannot be fed: its rows changed since ``train()`` counted them."""
     held = f"more than {counted}" if more else f"{now}"
-    return (f"partition {partition} of epoch {gen} holds {held} rows, but {counted} when train() counted them before "
-            "its first epoch: the data changes from one read to the next (a non-deterministic source or "
+    return (f"partition {partition} of epoch {gen} holds {held} rows, but {counted} when they were counted before "
+            "the first epoch: the data changes from one read to the next (a non-deterministic source or "
             "transformation, such as rand(), sample() or a table written meanwhile); cache() it (df.cache(), "
             "rdd.cache()) so that every epoch feeds the same rows, or set TFOS_KNOWN_LENGTH=0 to feed epochs of "
             "unknown length")
+
+
+def _settle_gc() -> None:
+    """Once per Python worker, as its first feeding task starts: what the worker holds then (pyspark's, pyarrow's and
+    tfos_nb's modules, a few hundred thousand objects) leaves the garbage collector's full passes (``gc.freeze``,
+    after one last collection).  A feeding task allocates objects every batch; a full pass over the whole worker
+    every so many batches and after each task cost it a third of its CPU (``perf`` and the workers' CPU time,
+    benchmark B1).  Objects made later are collected as before; a worker someone already froze is left alone."""
+    if not gc.get_freeze_count():
+        gc.collect()
+        gc.freeze()
 
 
 def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
@@ -202,6 +214,7 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
     ``feed``: a named set's name (``gen`` its version: the node keeps the rows as a set), else the training stream.
     ``skip``: row ranges of the partition not sent (a resumed epoch's rows its backup had trained on); the node
     is told them, so its ledger names rows by their place in the partition."""
+    _settle_gc()
     feeder = _Feeder(meta, partition, gen, "train", timeout, feed, skip)
     if skip:
         batches = without(batches, skip)
@@ -267,6 +280,7 @@ def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
 def feed_infer(meta: messages.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
                convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
     """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
+    _settle_gc()
     feeder = _Feeder(meta, partition, 0, "infer", timeout)
     try:
         feeder.assign()
