@@ -71,7 +71,7 @@ def test_a_resumed_epochs_count_leaves_out_the_rows_it_does_not_feed():
 
 def test_a_partition_whose_rows_changed_since_the_count_is_named_in_one_sentence():
     msg = changed_rows(3, 2, 2500, 2400)
-    assert "partition 3 of epoch 2 holds 2400 rows, but 2500 when train() counted them" in msg
+    assert "partition 3 of epoch 2 holds 2400 rows, but 2500 when they were counted before the first epoch" in msg
     assert "cache()" in msg and "TFOS_KNOWN_LENGTH=0" in msg and "\n" not in msg
 
 
@@ -263,8 +263,8 @@ def test_a_dataframe_whose_rows_change_between_reads_is_named_in_one_sentence_no
         F.array(F.col("id").cast("double"), F.lit(1.0)).alias("x"), (F.col("id") % 2).cast("int").alias("y"))
     cluster = TFCluster.run(spark.sparkContext, _fit_once, {}, 2, input_mode=TFCluster.InputMode.SPARK)
     try:
-        with pytest.raises(RuntimeError, match=r"partition \d of epoch 1 holds .* rows, but \d+ when train\(\) "
-                                               r"counted them before its first epoch"):
+        with pytest.raises(RuntimeError, match=r"partition \d of epoch 1 holds .* rows, but \d+ when they were "
+                                               r"counted before the first epoch"):
             cluster.train(df, num_epochs=2)
     finally:
         cluster.shutdown()
@@ -306,3 +306,35 @@ def test_spark_waits_for_no_executor_while_train_feeds_and_the_users_setting_com
         assert not conf.contains("spark.locality.wait.process")
     finally:
         conf.remove("spark.locality.wait.node")
+
+
+@pytest.mark.slow
+def test_a_cached_dataframe_is_counted_once_until_it_is_cached_anew_or_a_call_on_it_failed(spark, monkeypatch):
+    """A count is a Spark job (half a second or more here, a fifth of benchmark B1's feed): the next ``train()`` on
+    the same cached DataFrame uses the counts of the first; cached anew (its data may have changed) or after a
+    call on it failed, it is counted again; uncached data is never kept."""
+    jobs = []
+    real = counts._partition_rows
+    monkeypatch.setattr(counts, "_partition_rows", lambda data, run: jobs.append(1) or real(data, run))
+
+    def run(action):
+        return action()
+
+    df = spark.range(0, 1000, numPartitions=3).cache()
+    try:
+        first = counts.partition_rows(df, run)
+        assert sum(first.values()) == 1000 and len(jobs) == 1
+        assert counts.partition_rows(df, run) == first and len(jobs) == 1  # kept
+        assert counts.partition_rows(spark.range(0, 1000, numPartitions=3).cache(), run) == first
+        assert len(jobs) == 1  # the same plan: the same cached data
+        counts.forget(df)
+        assert counts.partition_rows(df, run) == first and len(jobs) == 2
+        df.unpersist(blocking=True)
+        df.cache()
+        assert counts.partition_rows(df, run) == first and len(jobs) == 3  # cached anew
+    finally:
+        df.unpersist()
+    plain = spark.range(0, 10, numPartitions=2)
+    counts.partition_rows(plain, run)
+    counts.partition_rows(plain, run)
+    assert len(jobs) == 5

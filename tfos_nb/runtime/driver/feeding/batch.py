@@ -168,7 +168,12 @@ class BatchFeed:
         epoch; ``tracking`` (the job's MLflow run, or None) learns the first epoch's rows of a DataFrame."""
         waits = no_locality_wait(self._job.sc) if self._job.counts_tasks else contextlib.nullcontext()
         with waits:
-            return self._feed_epochs(data, epochs, feed_timeout, batch_rows, skip_rows, tracking)
+            try:
+                return self._feed_epochs(data, epochs, feed_timeout, batch_rows, skip_rows, tracking)
+            except BaseException:
+                if self._job.counts_tasks:
+                    counts.forget(data)  # its rows may not be what was counted: the next call counts them again
+                raise
 
     def _feed_epochs(self, data: Any, epochs: int, feed_timeout: float, batch_rows: int,
                      skip_rows: Mapping[int, list[tuple[int, int]]] | None, tracking: Any) -> dict[str, int]:
@@ -263,6 +268,11 @@ class BatchFeed:
                 while view.state != cluster_state.C_FAILED and time.monotonic() < deadline:
                     looked = state.wait_a_change(0.2, looked)
                     view = state.snapshot()
+            if ctl.data_errors:  # the partition's own rows: a node that failed as its feed ended only followed
+                cause = ctl.data_errors[0]
+                self._job.close()
+                msg = f"{what} failed: {cause}"
+                raise RuntimeError(msg) from None
             if view.state == cluster_state.C_FAILED:
                 self._job.close()
                 raise error_for(view)

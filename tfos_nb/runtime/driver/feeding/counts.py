@@ -13,15 +13,22 @@ rows reaching Python: counting anything else runs the user's upstream code once 
 every Python UDF and ``mapPartitions`` function again — with their side effects, and a block in one of them where no
 node waits for it).  ``TFOS_KNOWN_LENGTH=always`` counts uncached data too (a DataFrame through the same
 ``mapInArrow`` plan its feed runs, so that it is split into the same partitions); ``0`` counts nothing.
+
+A cached DataFrame is counted once, not once per call: its counts are kept, by the identity of the data Spark caches
+for it (a new one once it is unpersisted and cached again), for the next ``train()`` on it (a Spark job on this
+machine's 2 cores costs half a second or more, a fifth of benchmark B1's feed).  They are forgotten as soon as a
+``train()`` on it fails.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["ENV", "counts", "enabled", "partition_rows", "without_skipped"]
+__all__ = ["ENV", "counts", "enabled", "forget", "partition_rows", "without_skipped"]
 
 #: ``TFOS_KNOWN_LENGTH``: ``cached`` (the default) counts cached data, ``always`` any, ``0`` none (epochs of unknown
 #: length: TensorFlow's per-step check on)
@@ -58,9 +65,57 @@ def _cached(data: Any) -> bool:
     return bool(level.useMemory or level.useDisk)
 
 
+_KEPT = 8  # cached DataFrames whose counts are kept
+_kept: collections.OrderedDict[tuple[str, int], dict[int, int]] = collections.OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def _cache_key(data: Any) -> tuple[str, int] | None:
+    """The identity of the data Spark caches for the DataFrame ``data`` (the cached columnar RDD of its cache entry:
+    the same for an equal plan, another once it is cached anew), or None (not cached, or not a classic session)."""
+    try:
+        session = data.sparkSession
+        found = session._jsparkSession.sharedState().cacheManager().lookupCachedData(data._jdf)
+        if not found.isDefined():
+            return None
+        buffers = found.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers()
+        return str(session.sparkContext.applicationId), int(buffers.id())
+    except Exception:  # noqa: BLE001 - another Spark's internals: counted every call, as before
+        return None
+
+
+def forget(data: Any) -> None:
+    """Drop ``data``'s kept counts (a ``train()`` on it failed: its rows may not be what was counted)."""
+    from pyspark.sql import DataFrame
+
+    key = _cache_key(data) if isinstance(data, DataFrame) and hasattr(data, "_jdf") else None
+    if key is not None:
+        with _kept_lock:
+            _kept.pop(key, None)
+
+
 def partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[int, int]:
     """Rows of each partition of ``data`` (a DataFrame or an RDD), by partition index; ``run(action)`` runs the
-    Spark action as the feed's jobs run (watched with the nodes)."""
+    Spark action as the feed's jobs run (watched with the nodes).  A cached DataFrame's are kept for the next call."""
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame) and hasattr(data, "_jdf") and _cached(data):
+        key = _cache_key(data)
+        with _kept_lock:
+            kept = _kept.get(key) if key is not None else None
+        if kept is not None:
+            return dict(kept)
+        rows = _partition_rows(data, run)
+        if key is not None:
+            with _kept_lock:
+                _kept[key] = dict(rows)
+                while len(_kept) > _KEPT:
+                    _kept.popitem(last=False)
+        return rows
+    return _partition_rows(data, run)
+
+
+def _partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[int, int]:
     from pyspark.sql import DataFrame
 
     if not isinstance(data, DataFrame):  # a cached RDD's partitions come from the block manager
