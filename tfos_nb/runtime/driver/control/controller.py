@@ -104,6 +104,9 @@ class Controller:
         self._past: dict[int, tuple[int, int, float]] = {}
         self._peer_failed: dict[int, float] = {}  # node -> when it failed on a peer's account (PEER_GRACE_S)
         self.feed_errors: list[str] = []
+        # the feeding tasks' own causes (a partition's rows: changed since counted, a UDF upstream raised), which a
+        # node's failure that follows them (its feed ended) must not hide
+        self.data_errors: list[str] = []
         self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
         self._handlers: dict[type, Callable[[Any], messages.Reply]] = {
             messages.Heartbeat: self._heartbeat, messages.FeedAssign: self._feed_assign, messages.FeedRelease: self._feed_release,
@@ -380,6 +383,7 @@ class Controller:
     def reset_feed_errors(self) -> None:
         with self.state.lock:
             self.feed_errors.clear()
+            self.data_errors.clear()
             self.lost_feeds = 0
 
     def finish(self, finished: Callable[[list[cluster_state.NodeRecord]], bool]) -> str:
@@ -664,6 +668,8 @@ class Controller:
             if msg.error:
                 to = f" (to {node.label} at {node.host})" if node is not None else ""
                 self.feed_errors.append(f"partition {msg.partition}{to}: {msg.error}")
+                if msg.error_kind is None:  # the feeding task's own (its node's trouble always comes with a kind)
+                    self.data_errors.append(self.feed_errors[-1])
                 if node is not None and msg.error_kind == messages.ERROR_LOST_CONNECTION:
                     self.lost_feeds += 1
             cluster_error = None
