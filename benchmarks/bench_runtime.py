@@ -168,6 +168,49 @@ def noop_fun(args, ctx):
     """B4a: a node that returns immediately."""
 
 
+# Where a B1 run's CPU goes: every process of the Spark application and the nodes, by role
+
+ROLES = ("driver JVM", "executor JVMs", "Spark Python workers", "nodes")
+
+
+def _role(cmdline, me):
+    if "CoarseGrainedExecutorBackend" in cmdline:
+        return "executor JVMs"
+    if "org.apache.spark.deploy.SparkSubmit" in cmdline or ("java" in cmdline and "pyspark-shell" in cmdline):
+        return "driver JVM"
+    if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
+        return "Spark Python workers"
+    if "tfos_nb" in cmdline or "tensorflowonspark" in cmdline:
+        return "nodes"
+    return None
+
+
+def cpu_by_process():
+    """CPU-seconds so far of each process of the benchmark's Spark application and its nodes: pid -> (role, s)."""
+    import psutil
+
+    me = os.getpid()
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            role = _role(" ".join(p.info["cmdline"] or []), me)
+            if role is None or p.pid == me:
+                continue
+            t = p.cpu_times()
+            out[p.pid] = (role, t.user + t.system)
+        except psutil.Error:
+            continue
+    return out
+
+
+def cpu_spent(before, after):
+    """Each role's CPU-seconds between two ``cpu_by_process()`` (a process that ended meanwhile is not counted)."""
+    spent = dict.fromkeys(ROLES, 0.0)
+    for pid, (role, s) in after.items():
+        spent[role] += s - before.get(pid, (role, 0.0))[1]
+    return {"cpu %s s" % role: spent[role] for role in ROLES}
+
+
 # The variants
 
 class Bench:
@@ -227,9 +270,11 @@ class Bench:
         t_start = time.perf_counter() - t0
         t_train = t_shut = None
         try:
+            cpu0 = cpu_by_process()
             t1 = time.perf_counter()
             cluster.train(getattr(self, source), num_epochs=1, feed_timeout=self.opts.feed_timeout)
             t_train = time.perf_counter() - t1
+            cpu = cpu_spent(cpu0, cpu_by_process())
         except BaseException:
             harness.log_cluster_state(cluster)
             raise
@@ -238,19 +283,23 @@ class Bench:
             harness.shutdown(cluster)
             t_shut = time.perf_counter() - t2
         return {"rows/s": self.opts.rows / t_train, "train s": t_train, "start s": t_start,
-                "shutdown s": t_shut, "_seen": self._read_counts(count_dir)}
+                "shutdown s": t_shut, **cpu, "_seen": self._read_counts(count_dir)}
 
     def b1_rdd_ceiling(self):
+        cpu0 = cpu_by_process()
         t0 = time.perf_counter()
         out = self.rdd.mapPartitions(_rdd_ceiling_fn).collect()
         dt = time.perf_counter() - t0
-        return {"rows/s": self.opts.rows / dt, "train s": dt, "_seen": (sum(out), None)}
+        return {"rows/s": self.opts.rows / dt, "train s": dt, **cpu_spent(cpu0, cpu_by_process()),
+                "_seen": (sum(out), None)}
 
     def b1_ceiling(self):
+        cpu0 = cpu_by_process()
         t0 = time.perf_counter()
         out = self.df.mapInArrow(_ceiling_fn, "n long").collect()
         dt = time.perf_counter() - t0
-        return {"rows/s": self.opts.rows / dt, "train s": dt, "_seen": (sum(r.n for r in out), None)}
+        return {"rows/s": self.opts.rows / dt, "train s": dt, **cpu_spent(cpu0, cpu_by_process()),
+                "_seen": (sum(r.n for r in out), None)}
 
     def b4a(self, framework):
         import importlib
@@ -357,6 +406,24 @@ def build_table(rounds, selected):
     return "\n".join(harness.table(header, rows))
 
 
+def breakdown_table(rounds, selected):
+    """Where each B1 variant's time went: the medians of its runs' CPU-seconds by role, their sum over the
+    machine's cores beside the measured wall time (both CPU-bound on 2 cores: the sum over the cores is the floor)."""
+    cores = os.cpu_count() or 1
+    rows = []
+    for v in VARIANTS:
+        key, bname, label = v[0], v[1], v[2]
+        if key not in selected or bname != "B1" or not rounds.spread(key, "cpu nodes s"):
+            continue
+        cpu = [rounds.spread(key, "cpu %s s" % role).median for role in ROLES]
+        wall = rounds.spread(key, "train s").median
+        rows.append(harness.row(label, *("%.2f" % c for c in cpu), "%.2f" % sum(cpu), "%.2f s" % (sum(cpu) / cores),
+                                "%.2f s" % wall))
+    header = ["B1 variant", *("%s CPU s" % r for r in ROLES), "all CPU s", "all over %d cores" % cores,
+              "measured wall"]
+    return "\n".join(harness.table(header, rows))
+
+
 def target(bname, fw, metric, key):
     """tfos_nb's target for this row: (text, its checks), or None."""
     return (TARGETS.get((key, metric)) or TARGETS.get((bname, metric))) if fw == "tfos_nb" else None
@@ -438,6 +505,10 @@ def main(argv=None):
         lines += harness.machine_lines(("pyspark", "tensorflowonspark", "tfos_nb", "pyarrow", "numpy")) + [
             "- setting: " + setting]
         lines += ["- total wall: %.0f s" % (time.perf_counter() - t_all), "", table, ""]
+        if "B1" in opts.bench:
+            lines += ["Where B1's time goes (medians of the runs: each role's CPU-seconds while `train()` or the "
+                      "reference's `collect()` ran, read from every process of the application; a role's processes "
+                      "that ended within the run are not counted):", "", breakdown_table(rounds, selected), ""]
         lines += [
             "Ratios are median/median. B1 `rows/s` ratio > 1 means faster than the reference; for seconds "
             "(start, shutdown, start+shutdown) ratio < 1 means faster. `ratio vs ceiling` is the share of "

@@ -396,30 +396,3 @@ def test_empty_results_with_rows_pending_are_a_clear_error(node):
         feed.batch_results(np.empty(0))
     feed.batch_results(x)
     t.join(10)
-
-
-
-
-def test_a_feeding_worker_leaves_what_it_held_out_of_the_collectors_full_passes_once():
-    """B1's profile: a full garbage-collector pass over a Spark Python worker (pyspark's, pyarrow's and tfos_nb's
-    modules) every so many batches cost a third of the worker's CPU.  The first feeding task collects once and
-    freezes what the worker holds; later ones leave it; garbage made before is collected, not frozen."""
-    import subprocess
-    import sys
-
-    code = """
-import gc, weakref
-from tfos_nb.runtime.executor.feeding import feeder
-class Cycle: pass
-c = Cycle(); c.me = c; gone = weakref.ref(c); del c
-assert gc.get_freeze_count() == 0 and gone() is not None
-feeder._settle_gc()
-frozen = gc.get_freeze_count()
-assert frozen > 10000 and gone() is None, (frozen, gone())
-keep = [[i] for i in range(1000)]
-feeder._settle_gc()
-assert gc.get_freeze_count() == frozen
-print("ok")
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -42,6 +42,10 @@ LONG_BECAUSE: dict[str, str] = {
 #: split along what it tests, or listed here with the one subject it tests and why that does not cut along a noun
 TESTS = PACKAGE.parent / "tests"
 LONG_TESTS_BECAUSE: dict[str, str] = {
+    "tests/hub_fixture.py": "the whole real hub the multi-user tests drive, one harness: its Unix users, its Spark "
+                            "standalone cluster run by a service account, the hub and its proxy, an MLflow server, "
+                            "logins, and a kernel driven over the proxy's websocket with every wait bound; split it "
+                            "when a second hub test module needs only a part",
     "tests/conftest.py": "not one subject: every module's shared fixtures and helpers, where pytest finds them "
                          "(Spark and Spark Connect sessions that consecutive modules share, with the collection "
                          "hook that orders modules for it; kernels; waits; leak checks); its session machinery "

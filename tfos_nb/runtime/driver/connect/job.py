@@ -71,6 +71,10 @@ class RemoteController:
         return self.job.mirror.feed_errors if self.job is not None else []
 
     @property
+    def data_errors(self) -> list[str]:
+        return []  # not mirrored from the coordinator: a node's error may come first here
+
+    @property
     def lost_feeds(self) -> int:
         return self.job.mirror.lost_feeds if self.job is not None else 0
 

@@ -30,6 +30,11 @@ class ControlPlane(Protocol):
         ...
 
     @property
+    def data_errors(self) -> list[str]:
+        """Those of :attr:`feed_errors` that are the feeding tasks' own (a partition's rows), not their nodes'."""
+        ...
+
+    @property
     def lost_feeds(self) -> int:
         """Feeding tasks whose connection to their node broke (the node may be dying)."""
         ...

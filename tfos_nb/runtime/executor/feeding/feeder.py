@@ -19,7 +19,6 @@ served right away.
 
 from __future__ import annotations
 
-import gc
 import json
 import socket
 import threading
@@ -33,6 +32,7 @@ from ...protocol import dataplane, messages
 from ...protocol.channel import ControlClient
 from ..identity import executor_id
 from .batches import count_rows, rechunk, with_sample, without
+from .worker import settle_gc
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 
@@ -197,24 +197,13 @@ def changed_rows(partition: int, gen: int, counted: int, now: int, more: bool = 
             "unknown length")
 
 
-def _settle_gc() -> None:
-    """Once per Python worker, as its first feeding task starts: what the worker holds then (pyspark's, pyarrow's and
-    tfos_nb's modules, a few hundred thousand objects) leaves the garbage collector's full passes (``gc.freeze``,
-    after one last collection).  A feeding task allocates objects every batch; a full pass over the whole worker
-    every so many batches and after each task cost it a third of its CPU (``perf`` and the workers' CPU time,
-    benchmark B1).  Objects made later are collected as before; a worker someone already froze is left alone."""
-    if not gc.get_freeze_count():
-        gc.collect()
-        gc.freeze()
-
-
 def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Iterable[Any], timeout: float,
                feed: str = "input", skip: list[tuple[int, int]] | None = None) -> dict[str, Any]:
     """Send one partition's batches to the node the driver picks; wait until it took them (or skipped them).
     ``feed``: a named set's name (``gen`` its version: the node keeps the rows as a set), else the training stream.
     ``skip``: row ranges of the partition not sent (a resumed epoch's rows its backup had trained on); the node
     is told them, so its ledger names rows by their place in the partition."""
-    _settle_gc()
+    settle_gc()
     feeder = _Feeder(meta, partition, gen, "train", timeout, feed, skip)
     if skip:
         batches = without(batches, skip)
@@ -253,8 +242,7 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
         verdict, error = feeder.verdict(exc)
         if verdict != "done":
             raise feeder.fail(exc, sent, verdict, error) from None
-        # The node stopped reading: nothing of this partition is known to be taken.
-        skipped = sent + count_rows(batches)
+        skipped = sent + count_rows(batches)  # the node stopped reading: none of this partition is known taken
         feeder.release(0, skipped, None)
         return {"partition": partition, "rows": 0, "skipped": skipped}
     except Exception as exc:  # the partition's own rows failed (a UDF upstream raised): the driver hears the cause
@@ -280,7 +268,7 @@ def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
 def feed_infer(meta: messages.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
                convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
     """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
-    _settle_gc()
+    settle_gc()
     feeder = _Feeder(meta, partition, 0, "infer", timeout)
     try:
         feeder.assign()
