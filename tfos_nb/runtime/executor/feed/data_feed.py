@@ -22,6 +22,7 @@ import pyarrow as pa
 from ...batches import columns as arrow_columns
 from ...recovery import ledger
 from .. import compat
+from ..collector import settle_gc
 from ..keras_node import known_length
 from ..tracking import datasets as mlflow_datasets
 from .conn import Conn
@@ -219,6 +220,7 @@ class DataFeed:
         refuse_jax_processes()  # keras.distribution.initialize() came first, as Keras asks
         import tensorflow as tf
 
+        settle_gc()
         first = self._hub.peek()
         if first is None:
             msg = "as_dataset(): the feed ended before any data arrived"

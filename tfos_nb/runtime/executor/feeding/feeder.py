@@ -30,9 +30,9 @@ from ...batches import columns, results
 from ...batches.rowpack import rows_to_batches
 from ...protocol import dataplane, messages
 from ...protocol.channel import ControlClient
+from ..collector import settle_gc
 from ..identity import executor_id
 from .batches import count_rows, rechunk, with_sample, without
-from .worker import settle_gc
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 

@@ -1,4 +1,4 @@
-"""The Spark Python worker a feeding task runs in (``executor/feeding/worker.py``)."""
+"""The garbage collector settled where data passes (``executor/collector.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_a_feeding_worker_leaves_what_it_held_out_of_the_collectors_full_passes_
 
     code = """
 import gc, weakref
-from tfos_nb.runtime.executor.feeding import worker
+from tfos_nb.runtime.executor import collector as worker
 class Cycle: pass
 c = Cycle(); c.me = c; gone = weakref.ref(c); del c
 assert gc.get_freeze_count() == 0 and gone() is not None
