@@ -44,17 +44,16 @@ log = logging.getLogger("bench")
 # Functions shipped to executors (pickled by value by cloudpickle: keep them self-contained)
 
 def _settled(fn):
-    """``fn``'s task with its Python worker's garbage collector settled as tfos_nb's feeding tasks settle it (once
-    per worker, what it holds leaves the collector's full passes: ``gc.freeze``): the references are Spark at its
-    best, whatever another variant's task imported into the same reused worker before."""
+    """``fn``'s task with its Python worker's garbage collector settled as tfos_nb's feeding tasks settle it
+    (``settle_gc``: once per worker, what it holds leaves the collector's full passes): the references are Spark at
+    its best, whatever another variant's task imported into the same reused worker before."""
     import functools
 
     @functools.wraps(fn)
     def task(it):
-        import gc
-        if not gc.get_freeze_count():
-            gc.collect()
-            gc.freeze()
+        from tfos_nb.runtime.executor.collector import settle_gc  # stdlib only (tfos_nb's modules load lazily)
+
+        settle_gc()
         return fn(it)
     return task
 
@@ -173,7 +172,7 @@ def noop_fun(args, ctx):
 ROLES = ("driver JVM", "executor JVMs", "Spark Python workers", "nodes")
 
 
-def _role(cmdline, me):
+def _role(cmdline):
     if "CoarseGrainedExecutorBackend" in cmdline:
         return "executor JVMs"
     if "org.apache.spark.deploy.SparkSubmit" in cmdline or ("java" in cmdline and "pyspark-shell" in cmdline):
@@ -193,7 +192,7 @@ def cpu_by_process():
     out = {}
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            role = _role(" ".join(p.info["cmdline"] or []), me)
+            role = _role(" ".join(p.info["cmdline"] or []))
             if role is None or p.pid == me:
                 continue
             t = p.cpu_times()

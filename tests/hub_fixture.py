@@ -357,17 +357,18 @@ class Kernel:
         return msg_id
 
     def _recv(self, deadline: float, waiting_for: str) -> dict[str, Any] | None:
-        """The next JSON message of this kernel's channels, waiting at most until ``deadline`` (then fail, naming
-        the user, the kernel and what was waited for); None for a binary frame (a widget's buffers)."""
+        """The next JSON message of this kernel's channels, waiting at most until ``deadline`` (then TimeoutError,
+        naming the user, the kernel and what was waited for); None for a binary frame (a widget's buffers)."""
         import websocket
 
         left = deadline - time.monotonic()
-        assert left > 0, f"{self.user}'s kernel {self.kernel_id}: {waiting_for}"
-        self.ws.settimeout(left)
         try:
+            if left <= 0:
+                raise websocket.WebSocketTimeoutException
+            self.ws.settimeout(left)
             raw = self.ws.recv()
         except websocket.WebSocketTimeoutException:
-            raise AssertionError(f"{self.user}'s kernel {self.kernel_id}: {waiting_for}") from None
+            raise TimeoutError(f"{self.user}'s kernel {self.kernel_id}: {waiting_for}") from None
         if isinstance(raw, bytes):
             return None
         msg = json.loads(raw)
@@ -385,8 +386,8 @@ class Kernel:
             again = min(deadline, time.monotonic() + every)
             while time.monotonic() < again:
                 try:
-                    msg = self._recv(again, "")
-                except AssertionError:
+                    msg = self._recv(again, "no kernel_info_reply yet")
+                except TimeoutError:
                     break  # nothing within ``every`` seconds: ask again
                 if msg and msg.get("msg_type") == "kernel_info_reply" and msg["parent_header"].get("msg_id") == asked:
                     return

@@ -28,6 +28,8 @@ import struct
 import time
 from typing import Any
 
+import pyarrow as pa
+
 from ..net import recv_exact
 
 FRAME = struct.Struct(">cQ")
@@ -91,8 +93,6 @@ def recv_frame(sock: socket.socket, deadline: float | None = None) -> tuple[Kind
     if not n:
         return kind, bytearray()
     if kind in _ARROW_KINDS:
-        import pyarrow as pa
-
         return kind, recv_exact(sock, n, deadline, into=pa.allocate_buffer(n))
     return kind, recv_exact(sock, n, deadline)
 

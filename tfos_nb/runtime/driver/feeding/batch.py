@@ -268,20 +268,17 @@ class BatchFeed:
                 while view.state != cluster_state.C_FAILED and time.monotonic() < deadline:
                     looked = state.wait_a_change(0.2, looked)
                     view = state.snapshot()
-            if ctl.data_errors:  # the partition's own rows: a node that failed as its feed ended only followed
-                cause = ctl.data_errors[0]
-                self._job.close()
-                msg = f"{what} failed: {cause}"
-                raise RuntimeError(msg) from None
-            if view.state == cluster_state.C_FAILED:
+            own = ctl.data_errors  # the partition's own rows: a node that failed as its feed ended only followed
+            if view.state == cluster_state.C_FAILED and not own:
                 self._job.close()
                 raise error_for(view)
-            if job.error is not None or ctl.feed_errors:
-                errors = ctl.feed_errors
+            if own or job.error is not None or ctl.feed_errors:
+                errors = own or ctl.feed_errors
                 cause = errors[0] if errors else python_error_line(job.error)
                 self._job.close()
                 view = state.snapshot()
-                if view.state == cluster_state.C_FAILED and view.nodes and any(n.state == cluster_state.FAILED for n in view.nodes):
+                if not own and view.state == cluster_state.C_FAILED and view.nodes and \
+                        any(n.state == cluster_state.FAILED for n in view.nodes):
                     raise error_for(view) from None
                 msg = f"{what} failed: {cause}"
                 raise RuntimeError(msg) from None

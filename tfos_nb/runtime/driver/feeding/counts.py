@@ -72,7 +72,12 @@ _kept_lock = threading.Lock()
 
 def _cache_key(data: Any) -> tuple[str, int] | None:
     """The identity of the data Spark caches for the DataFrame ``data`` (the cached columnar RDD of its cache entry:
-    the same for an equal plan, another once it is cached anew), or None (not cached, or not a classic session)."""
+    the same for an equal plan, another once it is cached anew), or None (an RDD, not cached, or not a classic
+    session: counted every call)."""
+    from pyspark.sql import DataFrame
+
+    if not isinstance(data, DataFrame) or not hasattr(data, "_jdf"):
+        return None
     try:
         session = data.sparkSession
         found = session._jsparkSession.sharedState().cacheManager().lookupCachedData(data._jdf)
@@ -86,9 +91,7 @@ def _cache_key(data: Any) -> tuple[str, int] | None:
 
 def forget(data: Any) -> None:
     """Drop ``data``'s kept counts (a ``train()`` on it failed: its rows may not be what was counted)."""
-    from pyspark.sql import DataFrame
-
-    key = _cache_key(data) if isinstance(data, DataFrame) and hasattr(data, "_jdf") else None
+    key = _cache_key(data)
     if key is not None:
         with _kept_lock:
             _kept.pop(key, None)
@@ -97,22 +100,18 @@ def forget(data: Any) -> None:
 def partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[int, int]:
     """Rows of each partition of ``data`` (a DataFrame or an RDD), by partition index; ``run(action)`` runs the
     Spark action as the feed's jobs run (watched with the nodes).  A cached DataFrame's are kept for the next call."""
-    from pyspark.sql import DataFrame
-
-    if isinstance(data, DataFrame) and hasattr(data, "_jdf") and _cached(data):
-        key = _cache_key(data)
+    key = _cache_key(data)
+    if key is None:
+        return _partition_rows(data, run)
+    with _kept_lock:
+        kept = _kept.get(key)
+    if kept is None:
+        kept = _partition_rows(data, run)
         with _kept_lock:
-            kept = _kept.get(key) if key is not None else None
-        if kept is not None:
-            return dict(kept)
-        rows = _partition_rows(data, run)
-        if key is not None:
-            with _kept_lock:
-                _kept[key] = dict(rows)
-                while len(_kept) > _KEPT:
-                    _kept.popitem(last=False)
-        return rows
-    return _partition_rows(data, run)
+            _kept[key] = kept
+            while len(_kept) > _KEPT:
+                _kept.popitem(last=False)
+    return dict(kept)
 
 
 def _partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[int, int]:
