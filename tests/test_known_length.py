@@ -309,10 +309,11 @@ def test_spark_waits_for_no_executor_while_train_feeds_and_the_users_setting_com
 
 
 @pytest.mark.slow
-def test_a_cached_dataframe_is_counted_once_until_it_is_cached_anew_or_a_call_on_it_failed(spark, monkeypatch):
-    """A count is a Spark job (half a second or more here, a fifth of benchmark B1's feed): the next ``train()`` on
-    the same cached DataFrame uses the counts of the first; cached anew (its data may have changed) or after a
-    call on it failed, it is counted again; uncached data is never kept."""
+def test_cached_data_is_counted_once_until_it_is_cached_anew_or_a_call_on_it_failed(spark, monkeypatch):
+    """A count is a Spark job (half a second or more here, a fifth of benchmark B1's feed; an RDD's unpickles every
+    row): the next ``train()`` on the same cached DataFrame or RDD uses the counts of the first; a DataFrame cached
+    anew (its data may have changed) or after a call on it failed, it is counted again; uncached data is never
+    kept."""
     jobs = []
     real = counts._partition_rows
     monkeypatch.setattr(counts, "_partition_rows", lambda data, run: jobs.append(1) or real(data, run))
@@ -338,3 +339,13 @@ def test_a_cached_dataframe_is_counted_once_until_it_is_cached_anew_or_a_call_on
     counts.partition_rows(plain, run)
     counts.partition_rows(plain, run)
     assert len(jobs) == 5
+    rdd = spark.sparkContext.parallelize(range(100), 4)  # an RDD: counted in Python, every row unpickled
+    assert counts.partition_rows(rdd, run) == {0: 25, 1: 25, 2: 25, 3: 25} and len(jobs) == 6
+    rdd.cache()
+    try:
+        assert counts.partition_rows(rdd, run) == {0: 25, 1: 25, 2: 25, 3: 25} and len(jobs) == 7
+        assert counts.partition_rows(rdd, run) == {0: 25, 1: 25, 2: 25, 3: 25} and len(jobs) == 7  # kept
+        counts.forget(rdd)
+        assert counts.partition_rows(rdd, run) == {0: 25, 1: 25, 2: 25, 3: 25} and len(jobs) == 8
+    finally:
+        rdd.unpersist()

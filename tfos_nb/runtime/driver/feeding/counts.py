@@ -14,10 +14,12 @@ every Python UDF and ``mapPartitions`` function again — with their side effect
 node waits for it).  ``TFOS_KNOWN_LENGTH=always`` counts uncached data too (a DataFrame through the same
 ``mapInArrow`` plan its feed runs, so that it is split into the same partitions); ``0`` counts nothing.
 
-A cached DataFrame is counted once, not once per call: its counts are kept, by the identity of the data Spark caches
-for it (a new one once it is unpersisted and cached again), for the next ``train()`` on it (a Spark job on this
-machine's 2 cores costs half a second or more, a fifth of benchmark B1's feed).  They are forgotten as soon as a
-``train()`` on it fails.
+Cached data is counted once, not once per call: its counts are kept for the next ``train()`` on it (a Spark job on
+this machine's 2 cores costs half a second or more, a fifth of benchmark B1's feed; a cached RDD's count unpickles
+every row in Python, as dear as an epoch's read).  A DataFrame's are kept by the identity of the data Spark caches
+for it (a new one once it is unpersisted and cached again), an RDD's by the RDD (cached again after an
+``unpersist()``, it keeps them: rows its lineage recomputes to another count are named by the feed, as in any epoch).
+They are forgotten as soon as a ``train()`` on the data fails.
 """
 
 from __future__ import annotations
@@ -65,26 +67,30 @@ def _cached(data: Any) -> bool:
     return bool(level.useMemory or level.useDisk)
 
 
-_KEPT = 8  # cached DataFrames whose counts are kept
-_kept: collections.OrderedDict[tuple[str, int], dict[int, int]] = collections.OrderedDict()
+_KEPT = 8  # cached DataFrames and RDDs whose counts are kept
+_kept: collections.OrderedDict[tuple[str, str, int], dict[int, int]] = collections.OrderedDict()
 _kept_lock = threading.Lock()
 
 
-def _cache_key(data: Any) -> tuple[str, int] | None:
-    """The identity of the data Spark caches for the DataFrame ``data`` (the cached columnar RDD of its cache entry:
-    the same for an equal plan, another once it is cached anew), or None (an RDD, not cached, or not a classic
-    session: counted every call)."""
+def _cache_key(data: Any) -> tuple[str, str, int] | None:
+    """The identity of the data Spark caches for ``data``, or None (not cached, or not a classic session: counted
+    every call).  A DataFrame's is its cache entry's columnar RDD (the same for an equal plan, another once it is
+    cached anew); an RDD's is its own id (the rows it caches are its own: a cached RDD is counted in Python, every
+    row unpickled, as dear as an epoch's read)."""
+    from pyspark import RDD
     from pyspark.sql import DataFrame
 
-    if not isinstance(data, DataFrame) or not hasattr(data, "_jdf"):
-        return None
     try:
+        if isinstance(data, RDD):
+            return (str(data.context.applicationId), "rdd", int(data.id())) if _cached(data) else None
+        if not isinstance(data, DataFrame) or not hasattr(data, "_jdf"):
+            return None
         session = data.sparkSession
         found = session._jsparkSession.sharedState().cacheManager().lookupCachedData(data._jdf)
         if not found.isDefined():
             return None
         buffers = found.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers()
-        return str(session.sparkContext.applicationId), int(buffers.id())
+        return str(session.sparkContext.applicationId), "df", int(buffers.id())
     except Exception:  # noqa: BLE001 - another Spark's internals: counted every call, as before
         return None
 
@@ -99,7 +105,8 @@ def forget(data: Any) -> None:
 
 def partition_rows(data: Any, run: Callable[[Callable[[], Any]], Any]) -> dict[int, int]:
     """Rows of each partition of ``data`` (a DataFrame or an RDD), by partition index; ``run(action)`` runs the
-    Spark action as the feed's jobs run (watched with the nodes).  A cached DataFrame's are kept for the next call."""
+    Spark action as the feed's jobs run (watched with the nodes).  A cached DataFrame's or RDD's are kept for the
+    next call."""
     key = _cache_key(data)
     if key is None:
         return _partition_rows(data, run)
