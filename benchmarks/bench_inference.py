@@ -57,21 +57,32 @@ def score_tfos_nb(df, export):
     m.setBatchSize(BATCH).transform(df).select("pred").write.format("noop").mode("overwrite").save()
 
 
+_PBU_UDFS = {}  # export -> the predict_batch_udf: made once, as a user scoring with it again would keep it
+
+
 def score_pbu(df, export):
+    """``predict_batch_udf`` at its best: the UDF made once (its model cache is keyed by the UDF: a new one loads
+    the model again in every worker), and each worker's garbage collector settled after the load, as tfos_nb's
+    scorer settles its own (``settle_gc``: TensorFlow's objects out of the collector's full passes)."""
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql.types import ArrayType, FloatType
 
     def make_predict_fn(path=export):
         import tensorflow as tf
 
+        from tfos_nb.runtime.executor.collector import settle_gc
+
         sig = tf.saved_model.load(path).signatures["serving_default"]
+        settle_gc(again=True)
 
         def predict(x):
             return sig(features=tf.constant(x))["logits"].numpy()
         return predict
 
-    udf = predict_batch_udf(make_predict_fn, return_type=ArrayType(FloatType()), batch_size=BATCH,
-                            input_tensor_shapes=[[FEATURES]])
+    udf = _PBU_UDFS.get(export)
+    if udf is None:
+        udf = _PBU_UDFS[export] = predict_batch_udf(make_predict_fn, return_type=ArrayType(FloatType()),
+                                                    batch_size=BATCH, input_tensor_shapes=[[FEATURES]])
     df.select(udf("features").alias("pred")).write.format("noop").mode("overwrite").save()
 
 

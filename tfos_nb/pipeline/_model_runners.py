@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.executor.collector import settle_gc
+
 SIGNATURE = "signature"
 TENSORS = "tensors"
 CHECKPOINT = "checkpoint"
@@ -311,5 +313,6 @@ def runner(ref: ModelRef, inputs: list[str], outputs: list[str]) -> Callable[[di
             if len(_CACHE) >= _CACHE_MAX:
                 _CACHE.pop(next(iter(_CACHE)))
             _CACHE[key] = hit
+            settle_gc(again=True)  # the loaded model (TensorFlow's objects) out of the collector's full passes
     loaded: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] = hit
     return loaded
