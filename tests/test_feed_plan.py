@@ -220,3 +220,27 @@ def test_a_training_partition_cut_short_is_told_once_its_rows_are_in_and_one_tha
         hub.close()
         server.stop()
     assert told == [(1, 7, 100)]  # neither the ended partition, the inference one, nor the node's own close
+
+
+def test_the_plan_from_the_heartbeat_thread_imports_nothing_the_users_function_may_be_importing():
+    """The supervisor's heartbeat thread hands the node its plan while the user's function imports on the main
+    thread (tf_keras imports pandas): building the sample row there (pyarrow's first ``pa.array`` imports pandas)
+    raced that import ("partially initialized module 'pandas'", seen in a recovery run). The plan keeps the
+    sample as it came; the reader builds the row when it needs it."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from tfos_nb.runtime.executor.feed.hub import FeedHub\n"
+        "schema = pa.schema([('x', pa.list_(pa.float32(), 2))])\n"
+        "sample = {'schema': bytes(schema.serialize()).hex(), 'shapes': [[2]]}  # as a feeding task tells it\n"
+        "assert 'pandas' not in sys.modules, 'pandas imported before the plan'\n"
+        "hub = FeedHub(label='chief:0')\n"
+        "hub.set_plan(1, 1, sample)\n"
+        "print('pandas' in sys.modules)\n"
+        "hub.epoch_assigned(1, 0)\n"
+        "print(hub.peek().num_rows)\n"
+        "hub.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "1"], out.stderr

@@ -70,7 +70,8 @@ class FeedHub:
         self.epoch_done = 0
         self.plan: tuple[int, int] | None = None  # (first, last) epoch the running train() feeds
         self.out_of_step: str | None = None  # the FeedOutOfStep error, once raised
-        self.sample: pa.RecordBatch | None = None  # a row of zeros shaped as the fed data's (from the driver)
+        self._sample: dict[str, Any] | None = None  # the fed data's shape, as the driver relayed it (see sample)
+        self._sample_row: tuple[dict[str, Any], pa.RecordBatch | None] | None = None  # (that shape, its row)
         self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
         # counted epochs (driver/feeding/counts.py): generation -> (rows sent here, the most rows any node got)
         self._planned: dict[int, tuple[int, int]] = {}
@@ -291,14 +292,26 @@ class FeedHub:
     def set_plan(self, first: int, last: int, sample: dict[str, Any] | None = None) -> None:
         """The running ``train()`` feeds epochs ``first``..``last`` (0, 0: no train() call announced); ``sample``:
         its data's shape (``{"schema", "shapes"}``), once a feeding task told the driver."""
-        row = sample_row(sample) if sample else None
         with self._cond:
             if last and (self.plan is None or self.plan[0] != first):  # a new call: the last one's shape is not its
-                self.sample = None
+                self._sample = None
             self.plan = (first, last) if last else None
-            if row is not None:
-                self.sample = row
+            if sample:
+                self._sample = dict(sample)
             self._cond.notify_all()
+
+    @property
+    def sample(self) -> pa.RecordBatch | None:
+        """A row of zeros shaped as the running call's data (:func:`sample_row`), None when not known or not
+        buildable.  Built when a read first needs it, not in :meth:`set_plan`: the plan comes on the supervisor's
+        heartbeat thread while the user's function may be importing pandas on the main thread, and pyarrow's
+        first ``pa.array`` imports pandas too (two threads importing one module: "partially initialized")."""
+        spec = self._sample
+        if spec is None:
+            return None
+        if self._sample_row is None or self._sample_row[0] is not spec:
+            self._sample_row = (spec, sample_row(spec))
+        return self._sample_row[1]
 
     def _ahead(self, gen: int) -> bool:
         """Whether a bounded read of ``gen`` is past the running train()'s epochs, the last not all read; lock held."""
