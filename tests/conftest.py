@@ -523,7 +523,7 @@ def end_notebook_kernel(client: Any, km: Any) -> None:
     if getattr(client, "kc", None) is not None:
         client.kc.stop_channels()
     if km.has_kernel:
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel()  # asked to shut down, as Jupyter does: killed, its Spark JVM logs executors it lost
 
 
 @pytest.fixture

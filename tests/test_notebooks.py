@@ -231,7 +231,7 @@ def test_interrupt_stops_the_cluster_and_the_kernel_lives(kernel_specs):
         assert "[chief:0] step 3" in "".join(out)
     finally:
         kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel()
 
 
 def _greetings_on(ports: list[int], seconds: float) -> dict[int, bytes]:
