@@ -171,8 +171,8 @@ class FeedHub:
                 self._waits_past(gen)  # told even when the stop ends it at once: its peers may still step
                 if self.stopped or self.closed:
                     return None
-                if self.sample is not None and self.plan is not None and self.plan[0] <= gen <= self.plan[1] \
-                        and self._share_in(gen):  # an empty share of this call's epoch (no row is queued: above)
+                if self.plan is not None and self.plan[0] <= gen <= self.plan[1] and self._share_in(gen) \
+                        and self.sample is not None:  # an empty share of this call's epoch (no row is queued: above)
                     return self.sample
                 if ahead.still(self._ahead(gen)):  # a new dataset while the call's last epoch is still read elsewhere
                     raise self._out_of_step(gen)
@@ -309,7 +309,7 @@ class FeedHub:
         spec = self._sample
         if spec is None:
             return None
-        if self._sample_row is None or self._sample_row[0] is not spec:
+        if self._sample_row is None or self._sample_row[0] != spec:  # built once per shape, failed or not
             self._sample_row = (spec, sample_row(spec))
         return self._sample_row[1]
 
