@@ -379,20 +379,26 @@ class Kernel:
     def _ready(self, timeout: float = 180, every: float = 5) -> None:
         """Wait until the kernel answers on its shell channel, as a front-end does before it runs a cell: a request
         sent before the server has connected the kernel's channels can be lost (the cell then never runs), so a
-        kernel_info request is sent again every ``every`` seconds until one is answered (the server's own nudge)."""
+        kernel_info request is sent again every ``every`` seconds until one is answered (the server's own nudge).
+        A reply to any of them proves the channel: on a loaded machine a reply can come after the next request
+        was sent."""
         deadline = time.monotonic() + timeout
+        asked: set[str] = set()
         while True:
-            asked = self._send("kernel_info_request", {})
+            asked.add(self._send("kernel_info_request", {}))
             again = min(deadline, time.monotonic() + every)
             while time.monotonic() < again:
                 try:
                     msg = self._recv(again, "no kernel_info_reply yet")
                 except TimeoutError:
                     break  # nothing within ``every`` seconds: ask again
-                if msg and msg.get("msg_type") == "kernel_info_reply" and msg["parent_header"].get("msg_id") == asked:
+                if msg and msg.get("msg_type") == "kernel_info_reply" and msg["parent_header"].get("msg_id") in asked:
                     return
-            assert time.monotonic() < deadline, (
-                f"{self.user}'s kernel {self.kernel_id}: no kernel_info_reply in {timeout} s through the hub's proxy")
+            if time.monotonic() >= deadline:
+                told = [line for line in self.hub.log("hub").splitlines() if self.kernel_id in line]
+                raise AssertionError(
+                    f"{self.user}'s kernel {self.kernel_id}: no kernel_info_reply in {timeout} s through the hub's "
+                    f"proxy ({len(asked)} asked); the server's log on this kernel:\n" + "\n".join(told[-20:]))
 
     def execute(self, code: str, timeout: float = 900) -> dict[str, Any]:
         """Run ``code``; its stdout, the plain text and HTML of what it displayed; an error fails."""

@@ -281,7 +281,7 @@ def test_frontend_without_widgets_sees_quiet_output_and_the_final_table(kernel_s
         assert wait_until(lambda: not node_procs(), 20), [p.pid for p in node_procs()]
     finally:
         kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel()  # a shutdown request, as Jupyter sends: its Spark stops with it
 
 
 def test_a_node_error_shows_its_traceback_without_native_noise():

@@ -151,7 +151,7 @@ def test_embedded_spark_and_cluster_listen_on_loopback_only(kernel_specs, tmp_pa
         if not stop.exists():
             stop.write_text("stop")
         kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel()  # a shutdown request, as Jupyter sends: its Spark stops with it
 
 
 def _assert_spark_refuses_a_client_without_the_secret(execute, procs: dict[int, str], listeners: list) -> None:

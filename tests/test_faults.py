@@ -785,4 +785,4 @@ def test_soak_through_the_magic_in_one_kernel(kernel_specs):
         assert "2 finished {'attempt': 2}" in out, out
     finally:
         kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel()  # a shutdown request, as Jupyter sends: its Spark stops with it

@@ -83,7 +83,7 @@ def test_a_notebook_kernel_keeps_its_own_display(kernel_specs):
         assert kernel_execute(kc, code, 60).strip() == "True"
     finally:
         kc.stop_channels()
-        km.shutdown_kernel(now=True)
+        km.shutdown_kernel()  # a shutdown request, as Jupyter sends
 
 
 # -- a real spark-submit -----------------------------------------------------------------------

@@ -267,7 +267,7 @@ class Kernel:
 
     def close(self) -> None:
         self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        self.km.shutdown_kernel()  # a shutdown request, as Jupyter sends: its Spark stops with it
 
 
 def _text(msgs: list[dict]) -> str:
