@@ -119,7 +119,7 @@ def breakdown(runs, names):
     """Where the warm time goes: each variant's medians of its runs' CPU-seconds by role (no nodes here: both score
     in Spark's Python workers), their sum over the machine's cores beside the measured wall."""
     cores = os.cpu_count() or 1
-    roles = [r for r in ROLES if r != "nodes"]
+    roles = [r for r in ROLES if r not in ("nodes", "node supervisors")]
     lines = ["| variant | " + " | ".join(f"{r} CPU s" for r in roles) + f" | all CPU s | all over {cores} cores | "
              "measured wall |", "|---" * (len(roles) + 4) + "|"]
     for name in names:

@@ -31,6 +31,7 @@ import uuid
 
 import data
 import harness
+import memory
 
 NUM_FEATURES = 784
 BATCH = 128
@@ -169,7 +170,8 @@ def noop_fun(args, ctx):
 
 # Where a B1 run's CPU goes: every process of the Spark application and the nodes, by role
 
-ROLES = ("driver JVM", "executor JVMs", "Spark Python workers", "nodes")
+JVM_KINDS = ("tasks", "JIT", "GC", "other")  # the driver's and executors' JVM threads (memory.JVM_THREADS)
+ROLES = ("driver JVM", "executor JVMs", "Spark Python workers", "node supervisors", "nodes")
 
 
 def _role(cmdline):
@@ -179,13 +181,16 @@ def _role(cmdline):
         return "driver JVM"
     if "pyspark.daemon" in cmdline or "pyspark.worker" in cmdline:
         return "Spark Python workers"
-    if "tfos_nb" in cmdline or "tensorflowonspark" in cmdline:
+    if "tfos_nb.runtime supervisor" in cmdline:  # a node's supervisor: its heartbeats and the child's output
+        return "node supervisors"
+    if "tfos_nb" in cmdline or "tensorflowonspark" in cmdline:  # the node's own process (TFoS: in the worker)
         return "nodes"
     return None
 
 
 def cpu_by_process():
-    """CPU-seconds so far of each process of the benchmark's Spark application and its nodes: pid -> (role, s)."""
+    """CPU-seconds so far of each process of the benchmark's Spark application and its nodes: ``{"procs": pid ->
+    (role, s), "jvm": the Spark JVMs' threads by kind}`` (:func:`memory.jvm_threads`: tasks, JIT, GC, other)."""
     import psutil
 
     me = os.getpid()
@@ -199,15 +204,16 @@ def cpu_by_process():
             out[p.pid] = (role, t.user + t.system)
         except psutil.Error:
             continue
-    return out
+    return {"procs": out, "jvm": memory.jvm_threads()}
 
 
 def cpu_spent(before, after):
-    """Each role's CPU-seconds between two ``cpu_by_process()`` (a process that ended meanwhile is not counted)."""
+    """Each role's CPU-seconds between two ``cpu_by_process()`` (a process that ended meanwhile is not counted), and
+    the JVMs' threads' by kind (``cpu JVM tasks s``…)."""
     spent = dict.fromkeys(ROLES, 0.0)
-    for pid, (role, s) in after.items():
-        spent[role] += s - before.get(pid, (role, 0.0))[1]
-    return {"cpu %s s" % role: spent[role] for role in ROLES}
+    for pid, (role, s) in after["procs"].items():
+        spent[role] += s - before["procs"].get(pid, (role, 0.0))[1]
+    return {**{"cpu %s s" % role: spent[role] for role in ROLES}, **memory.jvm_threads_used(before["jvm"], after["jvm"])}
 
 
 # The variants
@@ -416,10 +422,12 @@ def breakdown_table(rounds, selected):
             continue
         cpu = [rounds.spread(key, "cpu %s s" % role).median for role in ROLES]
         wall = rounds.spread(key, "train s").median
+        jvm = [rounds.spread(key, "cpu JVM %s s" % k) for k in JVM_KINDS]
+        jvm_text = " / ".join("%.2f" % s.median if s else "–" for s in jvm)
         rows.append(harness.row(label, *("%.2f" % c for c in cpu), "%.2f" % sum(cpu), "%.2f s" % (sum(cpu) / cores),
-                                "%.2f s" % wall))
+                                "%.2f s" % wall, jvm_text))
     header = ["B1 variant", *("%s CPU s" % r for r in ROLES), "all CPU s", "all over %d cores" % cores,
-              "measured wall"]
+              "measured wall", "JVMs' threads: %s CPU s" % " / ".join(JVM_KINDS)]
     return "\n".join(harness.table(header, rows))
 
 
@@ -507,7 +515,9 @@ def main(argv=None):
         if "B1" in opts.bench:
             lines += ["Where B1's time goes (medians of the runs: each role's CPU-seconds while `train()` or the "
                       "reference's `collect()` ran, read from every process of the application; a role's processes "
-                      "that ended within the run are not counted):", "", breakdown_table(rounds, selected), ""]
+                      "that ended within the run are not counted; the last column splits the JVMs' CPU — the driver's and the "
+                      "executors' — by their threads' names: Spark's task threads reading the cache and writing Arrow, "
+                      "the JIT compilers, the garbage collectors, the rest):", "", breakdown_table(rounds, selected), ""]
         lines += [
             "Ratios are median/median. B1 `rows/s` ratio > 1 means faster than the reference; for seconds "
             "(start, shutdown, start+shutdown) ratio < 1 means faster. `ratio vs ceiling` is the share of "
