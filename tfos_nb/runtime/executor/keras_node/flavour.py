@@ -17,7 +17,7 @@ from importlib import metadata
 def _version(*dists: str) -> str | None:
     """The first of ``dists`` installed: its version, read from the folders on ``sys.path`` only.  Spark puts
     ``pyspark.zip`` and py4j's zip on every worker's path, and ``metadata.version`` lists every archive on it for
-    each name asked (tens of milliseconds of each node's start); pip installs into no zip."""
+    each name asked (about 10 ms of each node's start on a quiet machine, more under load); pip installs into no zip."""
     path = [p for p in sys.path if not p.endswith(".zip")]
     for dist in dists:
         found = next(iter(metadata.distributions(name=dist, path=path)), None)
