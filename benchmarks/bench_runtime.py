@@ -170,7 +170,7 @@ def noop_fun(args, ctx):
 
 # Where a B1 run's CPU goes: every process of the Spark application and the nodes, by role
 
-JVM_KINDS = ("tasks", "JIT", "GC", "other")  # the driver's and executors' JVM threads (memory.JVM_THREADS)
+JVM_KINDS = (*(kind for kind, _ in memory.JVM_THREADS), "other")  # what memory.jvm_threads() sums
 ROLES = ("driver JVM", "executor JVMs", "Spark Python workers", "node supervisors", "nodes")
 
 

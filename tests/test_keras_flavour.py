@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import cloudpickle
@@ -30,14 +31,16 @@ def dist(root: Path, name: str, version: str) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
-def problem(tmp_path: Path, dists: dict[str, str], legacy: bool = True) -> str:
+def problem(tmp_path: Path, dists: dict[str, str], legacy: bool = True, first: tuple[Path, ...] = (),
+            code: str = "print(keras_flavour.problem())") -> str:
+    """What a fresh process with ``dists`` installed (after ``first`` on its path) prints running ``code``."""
     root = tmp_path / "site"
     for name, version in dists.items():
         dist(root, name, version)
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{root}{os.pathsep}{REPO}"}
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(map(str, (*first, root, REPO)))}
     if legacy:
         env["TF_USE_LEGACY_KERAS"] = "1"
-    code = "from tfos_nb.runtime.executor.keras_node import flavour as keras_flavour; print(keras_flavour.problem())"
+    code = "from tfos_nb.runtime.executor.keras_node import flavour as keras_flavour\n" + code
     out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60,
                          check=True)
     return out.stdout.strip()
@@ -68,28 +71,19 @@ def test_nothing_to_say(tmp_path, dists, legacy):
 def test_the_check_reads_no_zip_archive_on_the_path(tmp_path):
     """Spark puts ``pyspark.zip`` and py4j's zip on every worker's path, so on each node's start: the versions are
     read from the folders on the path alone (no package installs into a zip), not by listing every archive."""
-    import zipfile
-
-    root = tmp_path / "site"
-    dist(root, "tensorflow", "2.17.1")
-    dist(root, "tf_keras", "2.17.0")
     archive = tmp_path / "pyspark.zip"
     with zipfile.ZipFile(archive, "w") as z:
         for i in range(50):
             z.writestr(f"pyspark/m{i}.py", "")
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join((str(archive), str(root), str(REPO))),
-           "TF_USE_LEGACY_KERAS": "1"}
-    code = ("import zipfile\n"
-            "opened = []\n"
-            "real = zipfile.ZipFile.__init__\n"
-            "def watched(self, file, *a, **kw):\n"
-            "    opened.append(str(file)); real(self, file, *a, **kw)\n"
-            "zipfile.ZipFile.__init__ = watched\n"
-            "from tfos_nb.runtime.executor.keras_node import flavour\n"
-            "print(flavour.problem(), [f for f in opened if f.endswith('pyspark.zip')])")
-    out = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60,
-                         check=True)
-    assert out.stdout.strip() == "None []", out.stdout
+    watch = ("import zipfile\n"
+             "opened = []\n"
+             "real = zipfile.ZipFile.__init__\n"
+             "def watched(self, file, *a, **kw):\n"
+             "    opened.append(str(file)); real(self, file, *a, **kw)\n"
+             "zipfile.ZipFile.__init__ = watched\n"
+             "print(keras_flavour.problem(), [f for f in opened if f.endswith('pyspark.zip')])")
+    out = problem(tmp_path, {"tensorflow": "2.17.1", "tf_keras": "2.17.0"}, first=(archive,), code=watch)
+    assert out == "None []", out
 
 
 spark = spark_fixture(2)
