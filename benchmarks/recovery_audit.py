@@ -30,6 +30,11 @@ from tests.test_recovery import EPOCHS, run_trial
 OUT = Path(__file__).resolve().parent / "results"
 
 
+def seconds(s: float | None) -> str:
+    """Kill to attempt 2's first step; none when it resumed after the last step (nothing left to train)."""
+    return "no step left" if s is None else f"{s:.1f} s"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
@@ -50,11 +55,11 @@ def main() -> int:
                     continue
             trials.append(t)
             print(f"trial {i + 1}: epoch {t['epoch']} {t['node']} skew={t['skew']} -> resumed {t['resumed']}; "
-                  f"duplicates {t['duplicates']}, missing {t['missing']}, kill->step {t['kill_to_step_s']:.1f} s",
+                  f"duplicates {t['duplicates']}, missing {t['missing']}, kill->step {seconds(t['kill_to_step_s'])}",
                   flush=True)
     finally:
         spark.stop()
-    kill = [t["kill_to_step_s"] for t in trials]
+    kill = [t["kill_to_step_s"] for t in trials if t["kill_to_step_s"] is not None]  # None: no step left to take
     lines = [
         f"# Recovery audit: {len(trials)} of {opts.trials} trials ended as they must (seed {opts.seed}, "
         f"{time.monotonic() - started:.0f} s)",
@@ -69,11 +74,11 @@ def main() -> int:
         f"{statistics.median(kill) if kill else 0:.1f} s, max {max(kill, default=0):.1f} s",
         "",
         "| trial seed | killed in epoch | node | skewed | resumed | steps computed again | duplicates | missing "
-        "| kill → step (s) |",
+        "| kill → step |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [f"| {t['seed']} | {t['epoch']} | {t['node']} | {t['skew']} | {t['resumed']} | {t['steps_repeated']} | "
-              f"{t['duplicates']} | {t['missing']} | {t['kill_to_step_s']:.1f} |" for t in trials]
+              f"{t['duplicates']} | {t['missing']} | {seconds(t['kill_to_step_s'])} |" for t in trials]
     lines += [f"| {f['seed']} | failed: {f['error']} | | | | | | | |" for f in failed]
     OUT.mkdir(exist_ok=True)
     (OUT / "recovery-audit.md").write_text("\n".join(lines) + "\n")

@@ -82,6 +82,28 @@ def test_a_backup_at_an_epoch_end_is_restored_and_training_starts_at_the_next_ep
     assert again["iterations"] == 8  # the optimizer's state came back with the weights
 
 
+@pytest.mark.parametrize("flavour", ["keras3", "tf_keras"])
+def test_a_node_starts_at_the_epoch_the_driver_planned_from_a_backup_after_an_epochs_last_step(tmp_path, flavour):
+    """The chief backed up after epoch 1's last step and was lost before its end: the driver plans the retry at
+    epoch 2 (``ledger.plan``: all of epoch 1 was trained) and feeds that; a node restoring the backup starts there
+    too, not at epoch 1 again — which it would train a second time on the next epoch's rows."""
+    folder = tmp_path / "backups"
+    folder.mkdir(mode=0o700)
+    first = run(tmp_path, "first", str(folder), flavour, EPOCHS="1")
+    end = ledger.backups(str(folder))[0]
+    assert (end.epoch, end.epoch_end, end.global_step) == (0, True, 4)
+    # the same values as a backup at the epoch's last step, not at its end
+    with ledger.open_weights(str(folder), end.seq) as f:
+        saved = f.read()
+    seq = end.seq + 1
+    ledger.save_weights(str(folder), seq, lambda f: f.write(saved))
+    ledger.commit(str(folder), ledger.Backup(seq, 1, 0, 4, 4, False, 1, 0.01))
+    ledger.Start(2, 1, {}, seq=seq).save(str(folder))  # what the driver planned for attempt 2
+    again = run(tmp_path, "again", str(folder), flavour, EPOCHS="2", TFOS_ATTEMPT="2", **{ledger.ENV_SEQ: str(seq)})
+    assert again["epochs"] == [1], again
+    assert again["first"] == pytest.approx(first["last"], rel=1e-6), (again, first)
+
+
 def test_a_users_own_backup_and_restore_makes_it_stand_down(tmp_path):
     folder = tmp_path / "backups"
     folder.mkdir(mode=0o700)

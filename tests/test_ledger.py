@@ -93,6 +93,32 @@ def test_a_node_past_its_share_counts_its_whole_share_and_an_odd_step_does_not_c
     assert ledger.plan(folder).backup.seq == 1
 
 
+def test_a_backup_after_every_nodes_whole_share_resumes_at_the_next_epoch(tmp_path):
+    """A node lost between an epoch's last step and its end (the chief backed up after the last step, never at the
+    end): every row of that epoch was trained, so the retry starts the next epoch — an epoch fed with no row would
+    leave the nodes no data to build their datasets from.  The same backup one element earlier feeds the rest."""
+    folder = str(tmp_path)
+    ledger.Start(1, 0, {}).save(folder)
+    chief, worker = ledger.ElementLog(folder, 1, "chief:0"), ledger.ElementLog(folder, 1, "worker:0")
+    for i in range(3):
+        chief.element(1, i, [(0, 2 * i, 2 * i + 2)])
+    worker.element(1, 0, [(1, 0, 2)])
+    worker.end(1, 1)  # the smaller share: empty batches after its one element
+    _backup(folder, 1, 1, 0, 4)  # 2 elements each: the chief's third is not trained
+    plan = ledger.plan(folder)
+    assert (plan.epoch, plan.skip, plan.whole_epoch) == (0, {0: [(0, 4)], 1: [(0, 2)]}, False)
+    chief.end(1, 3)  # the chief's generator found its share's end (prefetching): not yet trained
+    assert ledger.plan(folder).epoch == 0
+    _backup(folder, 2, 1, 0, 6)  # after the epoch's last step: every node's whole share trained
+    plan = ledger.plan(folder)
+    assert (plan.backup.seq, plan.epoch, plan.skip, plan.rows_skipped, plan.whole_epoch) == (2, 1, {}, 0, True)
+    assert plan.epochs_to_feed(2) == 1 and plan.epochs_to_feed(1) == 1
+    folder_plan = JobBackups(folder)
+    folder_plan.resume = plan
+    assert folder_plan.describe() == ("from the backup after the last step of epoch 1 (global step 20): all of that "
+                                      "epoch was trained, training resumes at epoch 2")
+
+
 def test_a_node_the_ledger_cannot_follow_leaves_only_epoch_ends(tmp_path):
     folder = str(tmp_path)
     log = ledger.ElementLog(folder, 1, "chief:0")

@@ -193,13 +193,26 @@ def audit(out, ids: list[int], killer: Killer, epochs: int) -> dict:
     """The audit of one job's end: each row's count from the chief's final weights; where attempt 2 began."""
     seen = counts(np.load(out / "weights.npy"), ids, epochs)
     steps = [tuple(line.split()) for line in open(out / "steps-chief0.log")]
-    first = min(int(s) for a, s, _ in steps if a == "2")
+    # None: attempt 2 took no step — it resumed from a backup after the last epoch's last step (the worker's node
+    # outlived its JVM to the end of training, its end lost with it: a slow machine's case)
+    first = min((int(s) for a, s, _ in steps if a == "2"), default=None)
     return {"backup": killer.backup, "first_step": first,
             # steps the chief took after the backup it resumed from: computed again, their rows fed again
-            "steps_repeated": max(int(s) for a, s, _ in steps if a == "1") - (first - 1),
-            "kill_to_step_s": min(float(w) for a, _, w in steps if a == "2") - killer.killed_at,
+            "steps_repeated": max(int(s) for a, s, _ in steps if a == "1") - (first - 1) if first else 0,
+            "kill_to_step_s": min(float(w) for a, _, w in steps if a == "2") - killer.killed_at if first else None,
             "duplicates": sum(1 for n in seen.values() if n > epochs),
             "missing": sum(1 for n in seen.values() if n < epochs), "rows": len(ids)}
+
+
+# where a retry of a job killed inside epoch 2 of 2 resumes: inside it, or after its last step when the lost node
+# lived on to it (ledger.plan: the next epoch, with no step left to take)
+RESUMED_IN_EPOCH_2 = ("from the backup at epoch 2, step ", "from the backup after the last step of epoch 2 ")
+
+
+def resumed_past(trial: dict, killer: Killer) -> bool:
+    """Attempt 2 began after the backup the killer waited for (one inside epoch 2, past the first step), or took no
+    step: it resumed after the last."""
+    return trial["first_step"] is None or trial["first_step"] >= killer.backup["global_step"] + 1 > 1
 
 
 def draw(seed: int, epochs: int) -> tuple[int, str, int, bool]:
@@ -253,9 +266,9 @@ def test_a_retried_cell_resumes_from_the_last_backup_with_no_code_of_its_own(ip,
     handle = ip.user_ns["audited"]
     assert handle.result["state"] == "finished" and handle.result["attempts"] == 2, handle.result
     said = [line for line in handle.output if "attempt 2 resumes" in line]
-    assert len(said) == 1 and "resumes from the backup at epoch 2, step " in said[0], handle.output[-30:]
+    assert len(said) == 1 and any(f"resumes {w}" in said[0] for w in RESUMED_IN_EPOCH_2), handle.output[-30:]
     trial = audit(out, ids, killer, CI_EPOCHS)
-    assert trial["first_step"] >= killer.backup["global_step"] + 1 > 1, trial
+    assert resumed_past(trial, killer), trial
     assert (trial["duplicates"], trial["missing"]) == (0, 0), trial
     assert os.listdir(root) == []
     # the panel's step went on from the backup's: the backup's global step plus the steps attempt 2 took
@@ -318,7 +331,7 @@ def test_deterministic_mode_ends_a_job_that_lost_an_executor_with_a_clean_runs_w
         if killer is not None:
             killer.join()
             assert killer.error is None, killer.error
-            assert outcome.attempts == 2 and outcome.resumed[0].startswith("from the backup at epoch 2, step "), outcome
+            assert outcome.attempts == 2 and outcome.resumed[0].startswith(RESUMED_IN_EPOCH_2), outcome
         else:
             assert outcome.attempts == 1, outcome
         with np.load(out / "weights.npz") as saved:
@@ -363,8 +376,8 @@ def test_a_retry_shrinks_to_the_nodes_left_when_a_slot_does_not_come_back(spark,
     assert killer.error is None, killer.error
     assert outcome.attempts == 2, outcome
     assert [n.label for n in outcome.status.nodes] == ["chief:0"], outcome.status.nodes
-    assert outcome.resumed[0].startswith("from the backup at epoch 2, step "), outcome.resumed
+    assert outcome.resumed[0].startswith(RESUMED_IN_EPOCH_2), outcome.resumed
     assert outcome.resumed[0].endswith(", on 1 of 2 training nodes (1 task slot(s) did not come back within 5 s)")
     trial = audit(out, ids, killer, CI_EPOCHS)
-    assert trial["first_step"] >= killer.backup["global_step"] + 1 > 1, trial
+    assert resumed_past(trial, killer), trial
     assert (trial["duplicates"], trial["missing"]) == (0, 0), trial

@@ -92,6 +92,9 @@ class JobBackups:
         b = self.resume.backup
         if b is None:
             return "from the first step (no backup yet)"
+        if self.resume.whole_epoch:
+            return (f"from the backup after the last step of epoch {b.epoch + 1} (global step {b.global_step}): all "
+                    f"of that epoch was trained, training resumes at epoch {self.resume.epoch + 1}")
         skipped = self.resume.rows_skipped
         rows = f"; {skipped} row(s) of that epoch already trained are not fed again" if skipped else ""
         return f"from the backup at {b.where}{rows}"

@@ -121,7 +121,7 @@ class KerasBackup:
         _RESTORED.append(seq)
         b = ledger.backup(self.folder, seq)
         self._restore(model, b)
-        model._initial_epoch = b.epoch + 1 if b.epoch_end else b.epoch  # Keras 3's fit starts there
+        model._initial_epoch = ledger.resume_epoch(self.folder, self.attempt, b)  # Keras 3's fit starts there
         training_state = _InitialEpoch(model._initial_epoch)
         if hasattr(model, "_training_state"):  # tf_keras' fit asks its worker-training state after on_train_begin
             model._training_state = training_state

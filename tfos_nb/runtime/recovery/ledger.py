@@ -318,9 +318,20 @@ class Start:
             raise files.refused(folder, f"holds {name}, which is not an attempt's start ({why})") from None
 
 
-def trained(folder: str, b: Backup) -> dict[int, list[Range]] | None:
-    """The rows of epoch ``b.epoch`` the model of backup ``b`` had trained on (partition -> ranges), or None when
-    the ledger cannot say (a node read in a way it cannot follow, a log short of the backup's step)."""
+def resume_epoch(folder: str, attempt: int, b: Backup) -> int:
+    """The Keras epoch a node of attempt ``attempt`` restoring backup ``b`` starts at: the one the driver planned
+    and feeds (:func:`plan`, in the attempt's :class:`Start`), else the one after ``b`` if ``b`` is an epoch's end."""
+    start = Start.load(folder, attempt)
+    if start.seq == b.seq:
+        return start.epoch
+    return b.epoch + 1 if b.epoch_end else b.epoch
+
+
+def trained(folder: str, b: Backup) -> tuple[dict[int, list[Range]], bool] | None:
+    """The rows of epoch ``b.epoch`` the model of backup ``b`` had trained on (partition -> ranges), and whether
+    they are the whole epoch (every node's log ended its share, each share all trained: the backup came after the
+    epoch's last step); None when the ledger cannot say (a node read in a way it cannot follow, a log short of the
+    backup's step)."""
     if not b.steps_per_element or b.steps % b.steps_per_element:
         return None
     start = Start.load(folder, b.attempt)
@@ -332,14 +343,17 @@ def trained(folder: str, b: Backup) -> dict[int, list[Range]] | None:
     logs = _read_logs(folder, b.attempt)
     if not logs or any(log.inexact for log in logs.values()):
         return None
+    whole = True
     for log in logs.values():
         elements = log.elements.get(gen, [])
         if len(elements) < k and log.ends.get(gen) != len(elements):
             return None  # the node trained elements its log does not have
+        # under a synchronous strategy every node steps every step: each fed node has a log once one was taken
+        whole = whole and log.ends.get(gen) == len(elements) <= k
         for spans in elements[:k]:
             for p, a, e in spans:
                 rows.setdefault(int(p), []).append((int(a), int(e)))
-    return {p: merge(rs) for p, rs in rows.items()}
+    return {p: merge(rs) for p, rs in rows.items()}, whole
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,6 +364,12 @@ class Resume:
     backup: Backup | None
     epoch: int
     skip: Mapping[int, Sequence[Range]]
+
+    @property
+    def whole_epoch(self) -> bool:
+        """Whether the backup came inside an epoch but after its last step (a node lost before the epoch's end):
+        training resumes at the next epoch, as from that epoch's end."""
+        return self.backup is not None and not self.backup.epoch_end and self.epoch > self.backup.epoch
 
     def epochs_to_feed(self, num_epochs: int) -> int:
         """Of a job that feeds ``num_epochs`` epochs, how many this attempt feeds: those from :attr:`epoch` on —
@@ -363,11 +383,13 @@ class Resume:
 
 def plan(folder: str) -> Resume:
     """The newest backup in ``folder`` that training can resume from exactly: one taken at an epoch's end, or inside
-    an epoch where the ledger says which rows it had trained on."""
+    an epoch where the ledger says which rows it had trained on — all of them (taken after the epoch's last step,
+    its end lost with a node): the next epoch, as from its end, not that epoch fed with no row."""
     for b in backups(folder):
         if b.epoch_end:
             return Resume(b, b.epoch + 1, {})
-        rows = trained(folder, b)
-        if rows is not None:
-            return Resume(b, b.epoch, rows)
+        known = trained(folder, b)
+        if known is not None:
+            rows, whole = known
+            return Resume(b, b.epoch + 1, {}) if whole else Resume(b, b.epoch, rows)
     return Resume(None, 0, {})
