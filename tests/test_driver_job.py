@@ -322,7 +322,7 @@ def test_a_training_partition_fed_again_by_sparks_retry_stops_the_cluster_naming
     feed from the partition's first row, training what the node already took twice (25,000 rows trained of 20,000
     in a real run, with 20,000 reported).  It is refused after REFED_GRACE_S (a lost executor's node failure, the
     truer error, comes first), and the cluster fails saying why; a partition asked for once is served."""
-    from tfos_nb.runtime.driver.control.controller import REFED_GRACE_S
+    from tfos_nb.runtime.driver.control.feed_desk import REFED_GRACE_S
 
     st, ctl, clock = make()
     register_all(ctl, st)
@@ -353,7 +353,7 @@ def test_a_training_partition_cut_short_stops_the_cluster_after_the_grace_a_stre
     REFED_GRACE_S after the driver hears of it (time for a lost executor's node failure to come first), naming the
     partition, the node and the rows that reached it.  A stream's micro-batch (no train() plan) is left to Spark's
     at-least-once foreachBatch, as before."""
-    from tfos_nb.runtime.driver.control.controller import REFED_GRACE_S
+    from tfos_nb.runtime.driver.control.feed_desk import REFED_GRACE_S
 
     st, ctl, clock = make()
     register_all(ctl, st)

@@ -194,7 +194,7 @@ class ConnectDriverJob(DriverJob):
         return messages.CoordinatorMeta(name=self.name, input_mode_spark=bool(local.input_mode_spark),
                                  tensorboard=bool(local.tensorboard), log_dir=local.log_dir, num_gpus=int(local.num_gpus),
                                  heartbeat_timeout=float(local.heartbeat_timeout), kernel_timeout=float(kernel_timeout),
-                                 bind=bind_hint(self.sc), kind=kind, ordered_feed=bool(local.ordered_feed))
+                                 bind=bind_hint(self.sc), kind=kind, ordered_feed=bool(local.feed.ordered))
 
     def wait_for_slots(self, needed: int, timeout: float) -> None:
         """Refuse at once when the session's configuration says ``needed`` tasks cannot run together.

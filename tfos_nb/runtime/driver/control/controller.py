@@ -2,8 +2,8 @@
 
 Its message handlers run on the control server's thread: they keep the state
 current, form the cluster once every node registered, hand feeding tasks to
-nodes (balanced, local first on ties), and notice dead nodes by their missing
-heartbeats (:meth:`Controller.tick`).  The job's owner (start, feeding,
+nodes through its feeding desk (:class:`~.feed_desk.FeedDesk`), and notice dead
+nodes by their missing heartbeats (:meth:`Controller.tick`).  The job's owner (start, feeding,
 shutdown, streaming, parallel runs) never writes the state itself: it asks
 the controller (:meth:`~Controller.set_running`, :meth:`~Controller.request_stop`,
 :meth:`~Controller.request_kill`, :meth:`~Controller.cancel`,
@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...determinism import order
 from ...executor.feed.plan import AHEAD_S, out_of_step_message
 from ...executor.process import phases
 from ...gpus import assign as assign_gpus
@@ -31,19 +30,15 @@ from ...net import hostport
 from ...protocol import messages
 from ...tensorboard.news import tensorboard_news
 from ..errors import peer_caused
-from ..feeding.set_records import FeedSets
-from ..feeding.shares import EpochShares
 from . import stalls, states
 from . import state as cluster_state
+from .feed_desk import FeedDesk
 from .roles import FEEDABLE
 
 if TYPE_CHECKING:
     from ..options import JobOptions
 
 log = logging.getLogger(__name__)
-# A training partition's feeding task started again by Spark is refused this long after it first asks: a lost
-# executor's node fails meanwhile (its supervisor sees the JVM gone within a heartbeat), and that error comes first.
-REFED_GRACE_S = 2.0
 # A node whose function raised because a peer stopped answering its collective (errors.peer_caused) fails the job
 # this long after it said so, unless its cause is named first: a node stopped (SIGSTOP) is named by its supervisor
 # STOPPED_S after it stopped, and its peer's collective may give up before that.
@@ -54,7 +49,7 @@ STEPPING = (phases.FIRST_STEP, phases.TRAINING)  # a node in a step: under a syn
 def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions, *, input_mode_spark: bool,
                 tensorboard: bool, log_dir: str | None) -> Controller:
     """A new cluster's state (id, name, job group) and its controller; ``options.num_gpus`` defaults to
-    ``tf_args.num_gpus`` or 1; ``options.deterministic``: the fixed feed (:meth:`Controller._ordered_assign`)."""
+    ``tf_args.num_gpus`` or 1; ``options.deterministic``: the fixed feed (:meth:`.feed_desk.FeedDesk._ordered_assign`)."""
     cluster_id = uuid.uuid4().hex[:12]
     state = cluster_state.ClusterState(cluster_id, options.name or f"tfos-{cluster_id}", roles)
     state.job_group, state.stall_after = f"tfos-{cluster_id}", options.stall_after
@@ -64,26 +59,12 @@ def new_cluster(roles: list[tuple[str, int]], tf_args: Any, options: JobOptions,
     return Controller(state, options, input_mode_spark=input_mode_spark, tensorboard=tensorboard, log_dir=log_dir)
 
 
-def refed_partition(partition: int, node: cluster_state.NodeRecord | None, rows: int | None = None) -> str:
-    """The cluster's error when a training partition's feeding task died after it began to feed (its Python
-    worker killed, its task lost; ``rows``: what reached the node, as the node saw its connection break) or Spark
-    starts it again (``rows`` None): a second feed of the partition would train rows twice."""
-    who = node.label if node is not None else "a node"
-    what = (f"the feeding task of partition {partition} died after {rows} of its rows reached {who}" if rows is not None
-            else f"Spark started the feeding task of partition {partition} again after an attempt that was feeding it "
-                 f"to {who} died")
-    return (f"{what} (its Python worker or task was killed): Spark's retry feeds a partition from its first row, "
-            f"so rows {who} already took would be trained twice; the cluster stops. train() again on a new cluster, "
-            "or give the job retries (run_job(retries=N), %%tfos_cluster --retries N)")
-
-
 class Controller:
     def __init__(self, state: cluster_state.ClusterState, options: JobOptions, *, input_mode_spark: bool,
                  tensorboard: bool, log_dir: str | None) -> None:
         """``options``: the job's, its ``num_gpus`` resolved (GPUs per node), its ``heartbeat_timeout`` and its
         ``deterministic`` (the fixed feed); on Spark Connect the coordinator's, from its launch settings."""
         self.state = state
-        self.ordered_feed = options.deterministic
         self.clock = state.clock
         self.input_mode_spark = input_mode_spark
         self.tensorboard = tensorboard
@@ -92,25 +73,13 @@ class Controller:
         self.heartbeat_timeout = options.heartbeat_timeout
         self.address: tuple[str, int] | None = None  # where the nodes reach its control server (DriverJob.open_control)
         self._specs: dict[int, messages.NodeSpec] | None = None
-        self._active: dict[int, int] = {}  # node -> feeding tasks now
-        self._assigned: dict[int, int] = {}  # node -> partitions handed out
-        self._gens_feeding: set[int] = set()  # feeding generations (epochs) a partition has asked a node for
-        self._shares = EpochShares()  # who got each epoch's partitions (nodes end their reads at their share)
-        state.pending_from(lambda: self._shares.pending(state.epoch_done))
-        self._sets = FeedSets()  # named sets: sets fed once (a validation set), kept by the nodes
-        # (epoch, partition) cut short or asked for again -> (its node, rows that reached it if known, when heard of)
-        self._cut: dict[tuple[int, int], tuple[int, int | None, float]] = {}
+        self.feed = FeedDesk(state, ordered=options.deterministic, fail=self._fail)  # which node reads what
         # node -> (epoch, rows, when heard): a read of the node waits past the running train()'s epochs (_ran_out)
         self._past: dict[int, tuple[int, int, float]] = {}
         self._peer_failed: dict[int, float] = {}  # node -> when it failed on a peer's account (PEER_GRACE_S)
-        self.feed_errors: list[str] = []
-        # the feeding tasks' own causes (a partition's rows: changed since counted, a UDF upstream raised), which a
-        # node's failure that follows them (its feed ended) must not hide
-        self.data_errors: list[str] = []
-        self.lost_feeds = 0  # feeding tasks whose connection to a node broke (the node may be dying)
         self._handlers: dict[type, Callable[[Any], messages.Reply]] = {
-            messages.Heartbeat: self._heartbeat, messages.FeedAssign: self._feed_assign, messages.FeedRelease: self._feed_release,
-            messages.FeedCheck: self._feed_check, messages.Register: self._register, messages.AwaitSpec: self._await_spec}
+            messages.Heartbeat: self._heartbeat, messages.FeedAssign: self.feed.assign, messages.FeedRelease: self.feed.release,
+            messages.FeedCheck: self.feed.check, messages.Register: self._register, messages.AwaitSpec: self._await_spec}
 
     # -- dispatch -------------------------------------------------------------
     def handle(self, msg: messages.Message) -> messages.Reply:
@@ -121,6 +90,18 @@ class Controller:
         if 0 <= index < len(self.state.nodes):
             return self.state.nodes[index]
         return None
+
+    @property
+    def feed_errors(self) -> list[str]:
+        return self.feed.feed_errors
+
+    @property
+    def data_errors(self) -> list[str]:
+        return self.feed.data_errors
+
+    @property
+    def lost_feeds(self) -> int:
+        return self.feed.lost_feeds
 
     # -- reservation ------------------------------------------------------------
     def _register(self, msg: messages.Register) -> messages.Reply:
@@ -222,11 +203,10 @@ class Controller:
                 node.data_port = msg.data_port
             if msg.feed.closed:
                 node.feed_closed = True
-            self._feeds_dropped(node, msg.feed.dropped)
+            self.feed.heard(node, msg.feed)
             past = msg.feed.past
             if len(past) == 2 and self._past.get(node.index, (0,))[0] != past[0]:
                 self._past[node.index] = (past[0], past[1], self.clock())
-            self._sets.read_by(node.index, msg.feed.sets_read)
             stalls.apply_news(node, msg.phase, msg.stacks, self.clock())
             spec = (self._specs or {}).get(node.index)
             tb_lines = tensorboard_news(node, spec is not None and spec.tensorboard, msg)
@@ -262,9 +242,8 @@ class Controller:
                             self._fail(f"{node.label} failed")
             cmd = messages.BeatCommand(epoch_done=st.epoch_done, stop=st.stop_requested,
                                 kill=st.kill_requested or st.state == cluster_state.C_FAILED, grace=2.0,
-                                epochs_assigned=self._shares.for_node(node.index), stacks=node.stacks_asked,
-                                feed_plan=list(st.feed_plan or ()), feed_sample=self._sample_for(node, msg),
-                                feed_sets=self._sets.for_node(node.index))
+                                stacks=node.stacks_asked, feed_plan=list(st.feed_plan or ()),
+                                **self.feed.told(node, msg.feed))
             if st.state == cluster_state.C_RESERVING and all(n.state == cluster_state.RUNNING for n in st.nodes):
                 states.transition(st, cluster_state.C_RUNNING, why="every node runs")
         if new_logs:
@@ -333,58 +312,42 @@ class Controller:
 
     def open_set(self, name: str, passes: int = 1) -> int:
         """A named set (a set fed once, see :mod:`tfos_nb.runtime.driver.feeding.set_records`) is about to be fed; returns its version."""
-        with self.state.lock:
-            version = self._sets.open(name, passes)
-        self.state.notify()
-        return version
+        return self.feed.open_set(name, passes)
 
     def end_set(self, name: str, version: int) -> None:
         """Every partition of the named set's ``version`` is on its node: nodes may read it."""
-        with self.state.lock:
-            self._sets.end(name, version)
-        self.state.notify()
+        self.feed.end_set(name, version)
 
     def set_rows(self, name: str) -> dict[int, int]:
         """Rows of the named set each node holds (by node index)."""
-        with self.state.lock:
-            return self._sets.rows(name)
+        return self.feed.set_rows(name)
 
     def unread_sets(self) -> dict[str, int]:
         """Named sets fed with rows that no node's function read (name -> rows)."""
-        with self.state.lock:
-            return self._sets.unread()
+        return self.feed.unread_sets()
 
     def end_epoch(self, epoch: int) -> None:
         """Every row of ``epoch`` was taken: nodes reading with as_dataset() see its end."""
         with self.state.lock:
             self.state.epoch_done = max(self.state.epoch_done, epoch)
-            self._shares.forget_through(self.state.epoch_done)
+            self.feed.shares.forget_through(self.state.epoch_done)
         self.state.notify()
 
     def count_epoch(self, epoch: int, rows: dict[int, int]) -> None:
         """Epoch ``epoch``'s partitions hold ``rows`` (partition -> rows; ``driver/feeding/counts.py``): feeding tasks
         carry their partition's count, and each node hears of its share's rows and the largest share's."""
-        with self.state.lock:
-            nodes = [n.index for n in self.state.nodes if n.job_name in FEEDABLE]
-            self._shares.count(epoch, rows, nodes)
-        self.state.notify()
+        self.feed.count_epoch(epoch, rows)
 
     def set_feed_tasks(self, epoch: int, tasks: int) -> None:
         """The number of tasks of ``epoch``'s feeding stage (Spark's status tracker, once the stage runs)."""
-        with self.state.lock:
-            if epoch > self.state.epoch_done:
-                self._shares.set_tasks(epoch, tasks)
+        self.feed.set_feed_tasks(epoch, tasks)
 
     def feeding_started(self, epoch: int) -> bool:
         """Whether a feeding task of ``epoch`` has asked for a node: its job's feeding stage runs (not a stage before it)."""
-        with self.state.lock:
-            return epoch in self._gens_feeding
+        return self.feed.feeding_started(epoch)
 
     def reset_feed_errors(self) -> None:
-        with self.state.lock:
-            self.feed_errors.clear()
-            self.data_errors.clear()
-            self.lost_feeds = 0
+        self.feed.reset_feed_errors()
 
     def finish(self, finished: Callable[[list[cluster_state.NodeRecord]], bool]) -> str:
         """Teardown is over: nodes still live are STOPPED; the job ends FINISHED when ``finished(nodes)``, else STOPPED.
@@ -475,7 +438,7 @@ class Controller:
         st, plan = self.state, self.state.feed_plan
         if plan is None or st.ended or st.epoch_done < plan[1]:
             return False
-        fed = [n for n in self._fed_nodes() if n.state in (cluster_state.RUNNING, cluster_state.FINISHED)]
+        fed = [n for n in self.feed.fed_nodes() if n.state in (cluster_state.RUNNING, cluster_state.FINISHED)]
         past = [n for n in fed if self._past.get(n.index, (0,))[0] > plan[1]]
         behind = [n for n in fed if n not in past and n.state == cluster_state.RUNNING]
         if not past or not behind:
@@ -495,185 +458,3 @@ class Controller:
         first.tail = list(first.logs)[-20:]
         self._fail(f"{first.label} failed")
         return True
-
-    # -- feeding ------------------------------------------------------------------
-    def _sample_for(self, node: cluster_state.NodeRecord, msg: messages.Heartbeat) -> dict[str, Any]:
-        """The running train()'s data shape for a node that has not confirmed it (a node given no row builds its
-        dataset from it); lock held."""
-        st = self.state
-        node.sample_seen = max(node.sample_seen, msg.feed.sample)
-        if st.feed_plan is None or not st.feed_sample or node.sample_seen >= st.feed_sample_id:
-            return {}
-        return {**st.feed_sample, "id": st.feed_sample_id}
-
-    def _batch_epoch(self, gen: int) -> bool:
-        """Whether ``gen`` is an open epoch of the running ``train()`` call (lock held).  A stream's micro-batches
-        are not: Spark's ``foreachBatch`` is at-least-once by its own contract (a failed batch is replayed)."""
-        plan = self.state.feed_plan
-        return gen > self.state.epoch_done and plan is not None and plan[0] <= gen <= plan[1]
-
-    def _feeds_dropped(self, node: cluster_state.NodeRecord, dropped: list[list[int]]) -> None:
-        """A node's training partitions whose connection broke mid-partition (a heartbeat's news, each
-        ``[epoch, partition, rows]``; lock held)."""
-        for gen, partition, rows in dropped:
-            if self._batch_epoch(gen):
-                self._cut.setdefault((gen, partition), (node.index, rows, self.clock()))
-        self._fail_cut()
-
-    def _fail_cut(self) -> None:
-        """Fail the cluster REFED_GRACE_S after a training partition was first heard of as cut short or asked for
-        again (lock held), unless it ended or is being stopped meanwhile: a lost executor's node failing, the
-        truer error, takes its feeding tasks with it and comes first."""
-        st = self.state
-        if st.ended or st.stop_requested or st.kill_requested:
-            return
-        for (_, partition), (index, rows, at) in sorted(self._cut.items()):
-            if self.clock() - at >= REFED_GRACE_S:
-                self._fail(refed_partition(partition, self._node(index), rows))
-                return
-
-    def _feed_assign(self, msg: messages.FeedAssign) -> messages.Reply:
-        st = self.state
-        if msg.feed != "input":
-            return self._set_assign(msg)
-        with st.lock:
-            if msg.sample and not st.feed_sample and st.feed_plan is not None and msg.gen >= st.feed_plan[0]:
-                st.feed_sample = dict(msg.sample)
-            if st.state == cluster_state.C_FAILED:
-                return messages.Reply(ok=False, error=st.error or "cluster failed")
-            if st.state == cluster_state.C_STOPPED or st.kill_requested:
-                return messages.Reply(ok=False, error="cluster stopped")
-            if msg.mode == "train" and self._batch_epoch(msg.gen):
-                earlier = self._shares.fed_to(msg.gen, msg.partition)
-                if earlier is not None:  # Spark retried a feeding task that died after it began to feed
-                    self._cut.setdefault((msg.gen, msg.partition), (earlier, None, self.clock()))
-                    self._fail_cut()
-                    if st.state == cluster_state.C_FAILED:
-                        return messages.Reply(ok=False, error=st.error)
-                    return messages.Reply(ok=False, body=messages.Retry(0.2).to_dict())
-            self._gens_feeding.add(msg.gen)
-            if self.ordered_feed and msg.mode == "train":
-                return self._ordered_assign(msg)
-            feedable = self._fed_nodes()
-            live = [n for n in feedable if n.state == cluster_state.RUNNING and not n.feed_closed]
-            if not live:
-                if feedable and all(n.state in cluster_state.TERMINAL or n.feed_closed for n in feedable):
-                    if msg.mode == "train" and msg.gen > st.epoch_done:
-                        return self._skipped(msg)
-                    return messages.Reply(ok=False, error="no node is reading data any more (all finished)")
-                return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
-            # The least busy node takes the partition (a node serves several inference feeders at once, each
-            # one's results routed back in order), so that a feeder that never released its node (its Python
-            # worker was killed) cannot make a re-run of the partition wait.
-            def key(n: cluster_state.NodeRecord) -> tuple[int, int, bool, int]:
-                local = n.executor_id == msg.executor_id if msg.executor_id else False
-                return (self._active.get(n.index, 0), self._assigned.get(n.index, 0), not local, n.index)
-
-            return self._hand_to(msg, min(live, key=key))
-
-    def _ordered_assign(self, msg: messages.FeedAssign) -> messages.Reply:
-        """Deterministic mode's feed (lock held): the partition's reader and the one it reads before it are fixed
-        (:func:`~tfos_nb.runtime.determinism.order.reader`); a waiting feeding task never holds a Spark slot its node's next
-        partition needs, as the node keeps an early partition aside (:mod:`~tfos_nb.runtime.determinism.turns`)."""
-        nodes = sorted((n for n in self.state.nodes if n.job_name in FEEDABLE), key=lambda n: n.index)
-        if not nodes or not all(n.data_port for n in nodes):
-            return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
-        node, after = order.reader(msg.partition, nodes)
-        if node.state in cluster_state.TERMINAL or node.feed_closed:  # the node reads no more, as in any mode: skipped
-            return self._skipped(msg)
-        if node.state != cluster_state.RUNNING:
-            return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
-        return self._hand_to(msg, node, after=after)
-
-    def _skipped(self, msg: messages.FeedAssign) -> messages.Reply:
-        """A training partition no node will read (lock held): its feeder skips it (a node that ended reads no more:
-        its peers' collectives ended with it)."""
-        self._shares.handed_out(msg.gen, msg.partition, None)
-        return messages.Reply(ok=True, body=messages.FeedAssignment(skip=True).to_dict())
-
-    def _hand_to(self, msg: messages.FeedAssign, node: cluster_state.NodeRecord, after: int = -1) -> messages.Reply:
-        """``msg``'s partition goes to ``node`` (``after``: deterministic mode's partition before it); lock held."""
-        st = self.state
-        self._active[node.index] = self._active.get(node.index, 0) + 1
-        self._assigned[node.index] = self._assigned.get(node.index, 0) + 1
-        rows = -1
-        if msg.mode == "train" and msg.gen > st.epoch_done:
-            self._shares.handed_out(msg.gen, msg.partition, node.index)
-            rows = self._shares.expected(msg.gen, msg.partition)
-        st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
-        log.debug("%s partition %d of epoch %d (executor %s) goes to %s%s", msg.mode, msg.partition, msg.gen,
-                  msg.executor_id or "?", node.label, f", after partition {after}" if after >= 0 else "")
-        return self._assigned_to(node, after, rows)
-
-    def _fed_nodes(self) -> list[cluster_state.NodeRecord]:
-        """The nodes that read data (chief/worker of an InputMode.SPARK cluster) and said where (lock held)."""
-        return [n for n in self.state.nodes if n.job_name in FEEDABLE and n.data_port]
-
-    @staticmethod
-    def _assigned_to(node: cluster_state.NodeRecord, after: int = -1, rows: int = -1) -> messages.Reply:
-        target = messages.FeedAssignment(node=node.index, label=node.label, host=node.host, port=int(node.data_port or 0),
-                                  after=max(after, -1), rows=rows)  # after - n < 0: the node's first partition
-        return messages.Reply(ok=True, body=target.to_dict())
-
-    def _set_assign(self, msg: messages.FeedAssign) -> messages.Reply:
-        """A named set's partition goes to the node that had it (Spark's retry) or the one holding fewest."""
-        st = self.state
-        with st.lock:
-            if st.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED) or st.kill_requested:
-                return messages.Reply(ok=False, error=st.error or f"cluster {st.state}")
-            fed = self._fed_nodes()
-            live = [n for n in fed if n.state == cluster_state.RUNNING]
-            if not live:
-                if fed and all(n.state in cluster_state.TERMINAL for n in fed):
-                    return messages.Reply(ok=False, error=f"no node runs to take the feed {msg.feed!r} (all ended)")
-                return messages.Reply(ok=False, body=messages.Retry(0.1).to_dict())
-            node = self._sets.assign(msg.feed, msg.gen, msg.partition, msg.sample, live, msg.executor_id)
-            if isinstance(node, str):
-                return messages.Reply(ok=False, error=node)
-            st.feeding[(msg.feed, msg.gen, msg.partition)] = (node.index, msg.executor_id, self.clock())
-            return self._assigned_to(node)
-
-    def _feed_check(self, msg: messages.FeedCheck) -> messages.Reply:
-        """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""
-        st = self.state
-        with st.lock:
-            node = self._node(msg.node)
-            if node is None:
-                return messages.Reply(ok=False, error=f"no node {msg.node}")
-            if node.state == cluster_state.FAILED or st.state == cluster_state.C_FAILED:
-                verdict = messages.FeedVerdict("failed", st.error or f"{node.label} failed")
-            elif node.state == cluster_state.FINISHED or node.feed_closed:
-                verdict = messages.FeedVerdict("done")
-            elif node.state == cluster_state.STOPPED or st.kill_requested or st.state == cluster_state.C_STOPPED:
-                verdict = messages.FeedVerdict("stopped")
-            else:
-                verdict = messages.FeedVerdict("reading")
-            return messages.Reply(ok=True, body=verdict.to_dict())
-
-    def _feed_release(self, msg: messages.FeedRelease) -> messages.Reply:
-        st = self.state
-        with st.lock:
-            node = self._node(msg.node)
-            st.feeding.pop((msg.feed, msg.gen, msg.partition), None)
-            log.debug("partition %d of %s %d done at %s: %d rows%s", msg.partition,
-                      "epoch" if msg.feed == "input" else f"set {msg.feed!r} version", msg.gen,
-                      node.label if node is not None else f"node {msg.node}", msg.rows,
-                      f", error: {msg.error}" if msg.error else "")
-            if msg.feed != "input":  # a named set's partition: held by its node once every row is in
-                if node is not None and not msg.error and msg.rows > 0:
-                    self._sets.held(msg.feed, msg.gen, msg.partition, node.index, msg.rows)
-            elif node is not None:
-                self._active[node.index] = max(0, self._active.get(node.index, 0) - 1)
-                node.rows_fed += msg.rows
-            if msg.error:
-                to = f" (to {node.label} at {node.host})" if node is not None else ""
-                self.feed_errors.append(f"partition {msg.partition}{to}: {msg.error}")
-                if msg.error_kind is None:  # the feeding task's own (its node's trouble always comes with a kind)
-                    self.data_errors.append(self.feed_errors[-1])
-                if node is not None and msg.error_kind == messages.ERROR_LOST_CONNECTION:
-                    self.lost_feeds += 1
-            cluster_error = None
-            if st.state == cluster_state.C_FAILED:
-                cluster_error = st.error
-        st.notify()
-        return messages.Reply(ok=True, body=messages.FeedReleased(cluster_error).to_dict())
