@@ -33,6 +33,7 @@ class _Scorer:
     def __init__(self, ref: model_runners.ModelRef, feeds: list[tuple[str, model_runners.TensorInfo]],
                  fetches: list[tuple[str, model_runners.TensorInfo]], batch_size: int) -> None:
         self.ref, self.feeds, self.fetches, self.batch_size = ref, feeds, fetches, batch_size
+        self.single = len(fetches) == 1
 
     def __call__(self, *cols: Any) -> Any:
         import numpy as np
@@ -50,6 +51,8 @@ class _Scorer:
             for _, t in self.fetches:
                 vals = parts[0][t.name] if len(parts) == 1 else np.concatenate([p[t.name] for p in parts])
                 outs.append(to_arrow(vals, n))
+        if self.single:  # one output: its own column, no struct to take apart on the JVM's side
+            return outs[0]
         return pa.StructArray.from_arrays(outs, names=[f"o{i}" for i in range(len(outs))])
 
 
@@ -242,7 +245,8 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
             feeds.append((col, info))
             args.append(c)
         fetches = [(col, outs[tensor]) for tensor, col in out_map.items()]
-        rtype = T.StructType([T.StructField(f"o{i}", spark_type(info), True) for i, (_, info) in enumerate(fetches)])
+        rtype = spark_type(fetches[0][1]) if len(fetches) == 1 else \
+            T.StructType([T.StructField(f"o{i}", spark_type(info), True) for i, (_, info) in enumerate(fetches)])
         scorer = _Scorer(ref, feeds, fetches, self.getBatchSize())
         return args, scorer, rtype, fetches
 
@@ -254,6 +258,8 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         tmp = "__tfos_nb_out"
         # One UDF call per row; Spark does not inline a Python UDF into each field it is read from.
         scored = dataset.withColumn(tmp, udf(*args))
+        if len(fetches) == 1:
+            return scored.select(*[F.col(f"`{c}`") for c in dataset.columns], F.col(tmp).alias(fetches[0][0]))
         return scored.select(*[F.col(f"`{c}`") for c in dataset.columns],
                              *[F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)])
 
@@ -288,6 +294,8 @@ def _scalar_udf(scorer: _Scorer, rtype: Any) -> Any:
             import pyarrow as pa
 
             out = scorer(*[pa.array(s, from_pandas=True) for s in series])
+            if not pa.types.is_struct(out.type):  # one output: a Series
+                return out.to_pandas()
             names = [out.type.field(i).name for i in range(out.type.num_fields)]
             return pd.DataFrame({name: out.field(i).to_pandas() for i, name in enumerate(names)})
 
