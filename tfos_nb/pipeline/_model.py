@@ -33,7 +33,6 @@ class _Scorer:
     def __init__(self, ref: model_runners.ModelRef, feeds: list[tuple[str, model_runners.TensorInfo]],
                  fetches: list[tuple[str, model_runners.TensorInfo]], batch_size: int) -> None:
         self.ref, self.feeds, self.fetches, self.batch_size = ref, feeds, fetches, batch_size
-        self.single = len(fetches) == 1
 
     def __call__(self, *cols: Any) -> Any:
         import numpy as np
@@ -51,7 +50,7 @@ class _Scorer:
             for _, t in self.fetches:
                 vals = parts[0][t.name] if len(parts) == 1 else np.concatenate([p[t.name] for p in parts])
                 outs.append(to_arrow(vals, n))
-        if self.single:  # one output: its own column, no struct to take apart on the JVM's side
+        if len(outs) == 1:  # one output: its own column, no struct to take apart on the JVM's side
             return outs[0]
         return pa.StructArray.from_arrays(outs, names=[f"o{i}" for i in range(len(outs))])
 
@@ -258,10 +257,9 @@ class TFModel(Model, TFParams, HasInputMapping, HasOutputMapping, HasBatchSize, 
         tmp = "__tfos_nb_out"
         # One UDF call per row; Spark does not inline a Python UDF into each field it is read from.
         scored = dataset.withColumn(tmp, udf(*args))
-        if len(fetches) == 1:
-            return scored.select(*[F.col(f"`{c}`") for c in dataset.columns], F.col(tmp).alias(fetches[0][0]))
-        return scored.select(*[F.col(f"`{c}`") for c in dataset.columns],
-                             *[F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)])
+        outputs = [F.col(tmp).alias(fetches[0][0])] if len(fetches) == 1 else \
+            [F.col(f"{tmp}.o{i}").alias(col) for i, (col, _) in enumerate(fetches)]
+        return scored.select(*[F.col(f"`{c}`") for c in dataset.columns], *outputs)
 
 def _describe_in_a_worker(spark: Any, ref: model_runners.ModelRef) -> Any:
     """:func:`model_runners.describe` run in a Python worker by a one-task Spark job (classic or Connect)."""

@@ -86,11 +86,6 @@ class Controller:
         handler = self._handlers.get(type(msg))
         return handler(msg) if handler else messages.Reply(ok=False, error=f"unexpected message {msg.TYPE}")
 
-    def _node(self, index: int) -> cluster_state.NodeRecord | None:
-        if 0 <= index < len(self.state.nodes):
-            return self.state.nodes[index]
-        return None
-
     @property
     def feed_errors(self) -> list[str]:
         return self.feed.feed_errors
@@ -107,7 +102,7 @@ class Controller:
     def _register(self, msg: messages.Register) -> messages.Reply:
         st = self.state
         with st.lock:
-            node = self._node(msg.node)
+            node = self.state.node(msg.node)
             if node is None:
                 return messages.Reply(ok=False, error=f"no node {msg.node} in this cluster")
             if st.state != cluster_state.C_RESERVING:
@@ -178,7 +173,7 @@ class Controller:
         with st.lock:
             if st.state in (cluster_state.C_FAILED, cluster_state.C_STOPPED):
                 return messages.Reply(ok=False, error=f"cluster {st.state}: {st.error or 'stopped'}")
-            node = self._node(msg.node)
+            node = self.state.node(msg.node)
             if node is not None:
                 # asking is a sign of life: slower nodes may take longer than the heartbeat timeout to register
                 node.last_heartbeat = self.clock()
@@ -194,7 +189,7 @@ class Controller:
         st = self.state
         new_logs: list[str] = []
         with st.lock:
-            node = self._node(msg.node)
+            node = self.state.node(msg.node)
             if node is None:
                 return messages.Reply(ok=False, error=f"no node {msg.node}")
             node.last_heartbeat = self.clock()

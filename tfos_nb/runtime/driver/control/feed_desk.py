@@ -72,9 +72,6 @@ class FeedDesk:
     def clock(self) -> float:
         return self.state.clock()  # read at each use: a test's clock replaces the state's
 
-    def _node(self, index: int) -> cluster_state.NodeRecord | None:
-        return self.state.nodes[index] if 0 <= index < len(self.state.nodes) else None
-
     # -- a heartbeat's feeding news, and what its answer tells the node (lock held) ----------
     def heard(self, node: cluster_state.NodeRecord, feed: messages.BeatFeed) -> None:
         """The node's training partitions cut short and the named sets its function read."""
@@ -160,7 +157,7 @@ class FeedDesk:
             return
         for (_, partition), (index, rows, at) in sorted(self._cut.items()):
             if self.clock() - at >= REFED_GRACE_S:
-                self._fail(refed_partition(partition, self._node(index), rows))
+                self._fail(refed_partition(partition, self.state.node(index), rows))
                 return
 
     def assign(self, msg: messages.FeedAssign) -> messages.Reply:
@@ -268,7 +265,7 @@ class FeedDesk:
         """What became of a node a feeding task lost its connection to (see :class:`messages.FeedCheck`)."""
         st = self.state
         with st.lock:
-            node = self._node(msg.node)
+            node = self.state.node(msg.node)
             if node is None:
                 return messages.Reply(ok=False, error=f"no node {msg.node}")
             if node.state == cluster_state.FAILED or st.state == cluster_state.C_FAILED:
@@ -284,7 +281,7 @@ class FeedDesk:
     def release(self, msg: messages.FeedRelease) -> messages.Reply:
         st = self.state
         with st.lock:
-            node = self._node(msg.node)
+            node = self.state.node(msg.node)
             st.feeding.pop((msg.feed, msg.gen, msg.partition), None)
             log.debug("partition %d of %s %d done at %s: %d rows%s", msg.partition,
                       "epoch" if msg.feed == "input" else f"set {msg.feed!r} version", msg.gen,

@@ -435,6 +435,10 @@ class ClusterState:
                 pass
 
     # -- queries -----------------------------------------------------------
+    def node(self, index: int) -> NodeRecord | None:
+        """Node ``index`` (a message's ``node`` field), None when the cluster has no such node."""
+        return self.nodes[index] if 0 <= index < len(self.nodes) else None
+
     @property
     def ended(self) -> bool:
         return self.state in (C_FAILED, C_STOPPED, C_FINISHED)

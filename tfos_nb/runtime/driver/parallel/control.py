@@ -24,7 +24,7 @@ class RunController(Controller):
         st = self.state
         reply = messages.Reply(ok=True)
         with st.lock:
-            node = self._node(msg.node)
+            node = self.state.node(msg.node)
             if node is None:
                 return messages.Reply(ok=False, error=f"no run {msg.node}")
             if st.kill_requested or st.ended:
