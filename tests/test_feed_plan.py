@@ -60,11 +60,11 @@ def test_a_read_within_the_fed_epochs_or_after_all_were_read_waits_as_before(chi
     assert sum(b.num_rows for _, b in hub.take(5, True, epoch)) == 5  # epoch 2 is fed: no question asked
     t.join(10)
     hub.end_epoch(2)  # every row of the call was read: a read past it waits (for the next train() or the stop)
-    assert not hub._ahead(3)
+    assert not hub.epochs.ahead(3)
     hub.stop()
     assert hub.take(64, True, [3]) == [] and hub.out_of_step is None
     hub.set_plan(0, 0)  # a stream's epoch: no plan, nothing is ahead
-    assert hub.plan is None and not hub._ahead(9)
+    assert hub.plan is None and not hub.epochs.ahead(9)
 
 
 def test_a_node_given_no_row_builds_its_dataset_from_the_feeders_sample(chief):
@@ -103,7 +103,7 @@ def test_a_node_whose_partitions_were_all_empty_builds_from_the_sample_of_this_c
     rows = pa.RecordBatch.from_pylist([{"x": [1.0] * 8, "y": 1.0}], schema=schema)
     _, first = with_sample([rows])
     hub.set_plan(1, 1, first)
-    hub.epoch_done = 1  # the first call's epoch, read and ended
+    hub.epochs.done = 1  # the first call's epoch, read and ended
     wide = pa.RecordBatch.from_pylist([{"x": [1.0] * 3, "y": 1.0}], schema=schema)
     _, second = with_sample([wide])
     hub.set_plan(2, 2, {})  # a new call; its sample is not known yet
@@ -113,7 +113,7 @@ def test_a_node_whose_partitions_were_all_empty_builds_from_the_sample_of_this_c
     for t in threads:
         t.join(10)
     hub.epoch_assigned(2, 2)
-    assert hub._share_in(2) and hub.queued_rows() == {2: 0}  # both ended, no row queued (their ends are)
+    assert hub.epochs.share_in(2) and hub.queued_rows() == {2: 0}  # both ended, no row queued (their ends are)
     got = hub.peek()
     assert got is hub.sample and got.to_pylist() == [{"x": [0.0] * 3, "y": 0.0}]
 
@@ -177,7 +177,7 @@ def test_a_node_starting_after_its_empty_epoch_ended_reads_that_epoch_not_the_ne
     feeding 2-5, the last with the next call's rows)."""
     hub, server = chief
     hub.set_plan(2, 5)
-    hub.epoch_done = 1
+    hub.epochs.done = 1
     hub.epoch_assigned(2, 0)
     hub.end_epoch(2)  # epoch 2 read in full elsewhere before this node's first read of the call
     first = [0]

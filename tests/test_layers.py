@@ -34,8 +34,8 @@ LONG_BECAUSE: dict[str, str] = {
                                             "and every transition the driver asks for, each a few lines",
     "tfos_nb/runtime/executor/feed/hub.py": "one queue under one condition: the feeders' puts, deterministic mode's "
                                             "read-back of spilled partitions, the reader's take/peek and the "
-                                            "end-of-data rules all wait on it (what needs no lock is in feed_plan "
-                                            "and feed_turns)",
+                                            "end-of-data rules all wait on it (the epochs' bookkeeping it consults "
+                                            "is feed/epochs.py; what needs no lock is in feed_plan and feed_turns)",
 }
 
 #: the same threshold for the tests (``tests/``, helper modules and conftest files included): a module past it is

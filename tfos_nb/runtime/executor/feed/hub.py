@@ -19,7 +19,7 @@ Deterministic mode: a node reads its partitions whole, in the driver's order (:m
 
 Out of step: the driver tells the nodes which epochs the running ``train()`` feeds (``plan``); a bounded read
 past them while the last is not all read elsewhere (a dataset iterated once more than the job's epochs) would
-deadlock a synchronous strategy, so after :data:`.plan.AHEAD_S` it raises :class:`FeedOutOfStep`, naming
+deadlock a synchronous strategy, so after :data:`.plan.AHEAD_S` it raises :class:`.plan.FeedOutOfStep`, naming
 the node.  Once the fed epochs are all read, a read past them waits for the next ``train()`` or the stop.
 """
 
@@ -41,7 +41,7 @@ from ...determinism import turns as feed_turns
 from ...protocol import dataplane
 from . import plan as feed_plan
 from .conn import Conn
-from .plan import FeedOutOfStep, out_of_step_message, sample_row
+from .epochs import Epochs
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,10 @@ class FeedHub:
     def __init__(self, max_batches: int = _QUEUE_BATCHES, on_close: Callable[[], None] | None = None,
                  label: str = "this node", on_drop: Callable[[Conn], None] | None = None,
                  hold_bytes: int | None = None, on_past: Callable[[int, int], None] | None = None) -> None:
-        self.label = label  # role:index, for the out-of-step error
         self._cond = threading.Condition()
         self._on_close, self._on_drop = on_close, on_drop  # to the driver: "reads no more", "a partition cut short"
         # to the driver: a read waits past the running train()'s epochs (the epoch asked, rows read of the last one)
         self._on_past = on_past
-        self._past_told = 0  # the last epoch past the plan told through ``on_past``
         self._conns: set[Conn] = set()  # connections not yet answered
         self.error: str | None = None  # why the node's function failed, once it did
         self.named: Any = None  # the node's named sets (named_feeds.NamedFeeds), read by DataFeed(qname_in=name)
@@ -67,20 +65,8 @@ class FeedHub:
         self._max = max_batches
         self.stopped = False  # the driver asked the cluster to stop
         self.closed = False  # terminate() or the user's function returned: discard new data
-        self.epoch_done = 0
-        self.plan: tuple[int, int] | None = None  # (first, last) epoch the running train() feeds
-        self.out_of_step: str | None = None  # the FeedOutOfStep error, once raised
-        self._sample: dict[str, Any] | None = None  # the fed data's shape, as the driver relayed it (see sample)
-        self._sample_row: tuple[dict[str, Any], pa.RecordBatch | None] | None = None  # (that shape, its row)
-        self._expected: dict[int, int] = {}  # generation -> partitions the driver sent here, once it sent them all
-        # counted epochs (driver/feeding/counts.py): generation -> (rows sent here, the most rows any node got)
-        self._planned: dict[int, tuple[int, int]] = {}
-        self._counted: set[int] = set()  # generations whose feeding tasks carried their partitions' counts
-        self._ended: dict[int, int] = {}  # generation -> connections that ended (E) or dropped
-        self._read: set[int] = set()  # generations a bounded read ended at its share's end (the next read skips)
-        self._begun = 0  # the last generation a bounded read began here (see _next_epoch)
+        self.epochs = Epochs(label)  # which epochs are fed, how much of each came here, which a read takes next
         self.rows = 0
-        self._taken: dict[int, int] = {}  # rows read here, by generation (the last fed epoch's: the out-of-step error)
         self.skipped = 0
         self._pending: collections.deque[tuple[Conn, int]] = collections.deque()
         self._last_take = 0
@@ -140,8 +126,8 @@ class FeedHub:
     def put(self, conn: Conn, gen: int, batch: pa.RecordBatch) -> None:
         with self._cond:
             self._conns.add(conn)
-            if conn.counted and gen not in self._counted:
-                self._counted.add(gen)
+            if conn.counted:
+                self.epochs.counted.add(gen)
             held = self._turns.held(conn)
             if held is None:
                 self._wait_for_room(gen)
@@ -158,8 +144,9 @@ class FeedHub:
     def peek(self) -> pa.RecordBatch | None:
         """The oldest queued batch, left in place (``as_dataset`` builds its signature from it); blocks until one
         arrives, None once the feed ended without one.  A node whose share of the next epoch it reads is all in and
-        empty (it got no partition, or empty ones) gets a row of zeros shaped as the fed data's (:func:`sample_row`,
-        never read as data): waiting for a row would wait for an epoch its peers can only end by stepping with it."""
+        empty (it got no partition, or empty ones) gets a row of zeros shaped as the fed data's
+        (:attr:`.epochs.Epochs.sample`, never read as data): waiting for a row would wait for an epoch its peers can
+        only end by stepping with it."""
         ahead = feed_plan.Ahead()
         with self._cond:
             while True:
@@ -167,31 +154,15 @@ class FeedHub:
                     for kind, _, batch in self._queues[g]:
                         if kind == "data":
                             return batch
-                gen = self._next_epoch()
+                gen = self.epochs.next(self._has_rows)
                 self._waits_past(gen)  # told even when the stop ends it at once: its peers may still step
                 if self.stopped or self.closed:
                     return None
-                if self.plan is not None and self.plan[0] <= gen <= self.plan[1] and self._share_in(gen) \
-                        and self.sample is not None:  # an empty share of this call's epoch (no row is queued: above)
-                    return self.sample
-                if ahead.still(self._ahead(gen)):  # a new dataset while the call's last epoch is still read elsewhere
-                    raise self._out_of_step(gen)
+                if self.epochs.in_call(gen) and self.epochs.share_in(gen) and self.epochs.sample is not None:
+                    return self.epochs.sample  # an empty share of this call's epoch (no row is queued: above)
+                if ahead.still(self.epochs.ahead(gen)):  # a new dataset while the call's last epoch is read elsewhere
+                    raise self.epochs.out_of_step_error(gen)
                 self._cond.wait(0.5)
-
-    def _next_epoch(self) -> int:
-        """The epoch a new bounded read takes (lock held): in a ``train()`` call, the one after the last begun here,
-        ended or not (an empty share read late is read, not skipped), or the call's first; a read cut short with
-        rows left (``ds.take(k)``) is continued.  In a stream: the oldest not ended and not read here."""
-        if self.plan is not None:
-            last = self._begun
-            if last and last not in self._read and last > self.epoch_done and (
-                    not self._share_in(last) or self._has_rows(last)):
-                return last
-            return max(last + 1, self.plan[0])
-        gen = self.epoch_done + 1
-        while gen in self._read:
-            gen += 1
-        return gen
 
     def _has_rows(self, gen: int) -> bool:
         """Whether rows of ``gen`` are queued here; lock held."""
@@ -209,7 +180,7 @@ class FeedHub:
     def end_conn(self, conn: Conn) -> None:
         with self._cond:
             conn.ended = True
-            self._ended[conn.gen] = self._ended.get(conn.gen, 0) + 1
+            self.epochs.conn_ended(conn.gen)
             if self.closed:
                 self._finish_closed(conn)
                 return
@@ -240,7 +211,7 @@ class FeedHub:
             self._conns.discard(conn)
             cut_short = not conn.ended and conn.mode == "train" and not (self.closed or self.stopped)
             if not conn.ended:
-                self._ended[conn.gen] = self._ended.get(conn.gen, 0) + 1
+                self.epochs.conn_ended(conn.gen)
                 self._cond.notify_all()
             self._turns.drop(conn)  # held rows go with it (a training partition cut short: the cluster fails)
             self._partition_taken(conn)
@@ -251,14 +222,7 @@ class FeedHub:
     def end_epoch(self, epoch: int) -> None:
         """The driver saw every partition of generations up to ``epoch`` fed: readers of them end once they are read."""
         with self._cond:
-            if epoch > self.epoch_done:
-                self.epoch_done = epoch
-                for table in (self._expected, self._ended):  # ended epochs need no share any more
-                    for g in [g for g in table if g <= epoch]:
-                        del table[g]
-                for g in [g for g in self._taken if g < epoch]:  # the last ended epoch's count is kept
-                    del self._taken[g]
-                self._read = {g for g in self._read if g > epoch}
+            if self.epochs.end(epoch):
                 self._turns.forget_through(epoch)
                 self._cond.notify_all()
 
@@ -266,82 +230,66 @@ class FeedHub:
         """Every partition of ``epoch`` went to a node, ``partitions`` of them to this one; in a counted epoch,
         ``rows`` of its rows and ``most``, the largest share of any node."""
         with self._cond:
-            if epoch > self.epoch_done:
-                self._expected[epoch] = partitions
-            if rows >= 0:
-                self._planned[epoch] = (rows, most)
-                self._counted.add(epoch)
-                for g in [g for g in self._planned if g < epoch - 8]:
-                    del self._planned[g]
+            self.epochs.assigned(epoch, partitions, rows, most)
             self._cond.notify_all()
 
     def counted(self) -> bool:
         """Whether the epoch the next bounded read takes was counted: its length known to the node before it ends."""
         with self._cond:
-            return self._next_epoch() in self._counted
+            return self.epochs.next(self._has_rows) in self.epochs.counted
 
     def planned(self, gen: int, timeout: float) -> tuple[int, int] | None:
         """(rows sent here, the most any node got) of counted epoch ``gen``, waiting up to ``timeout`` s for the
         driver's word (it comes with the heartbeat's answer once every partition went out); None without it."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while gen not in self._planned and not self.closed and time.monotonic() < deadline:
+            while self.epochs.planned(gen) is None and not self.closed and time.monotonic() < deadline:
                 self._cond.wait(min(0.5, max(0.0, deadline - time.monotonic())))
-            return self._planned.get(gen)
+            return self.epochs.planned(gen)
 
     def set_plan(self, first: int, last: int, sample: dict[str, Any] | None = None) -> None:
         """The running ``train()`` feeds epochs ``first``..``last`` (0, 0: no train() call announced); ``sample``:
         its data's shape (``{"schema", "shapes"}``), once a feeding task told the driver."""
         with self._cond:
-            if last and (self.plan is None or self.plan[0] != first):  # a new call: the last one's shape is not its
-                self._sample = None
-            self.plan = (first, last) if last else None
-            if sample:
-                self._sample = dict(sample)
+            self.epochs.set_plan(first, last, sample)
             self._cond.notify_all()
 
     @property
     def sample(self) -> pa.RecordBatch | None:
-        """A row of zeros shaped as the running call's data (:func:`sample_row`), None when not known or not
-        buildable.  Built when a read first needs it, not in :meth:`set_plan`: the plan comes on the supervisor's
-        heartbeat thread while the user's function may be importing pandas on the main thread, and pyarrow's
-        first ``pa.array`` imports pandas too (two threads importing one module: "partially initialized")."""
-        spec = self._sample
-        if spec is None:
-            return None
-        if self._sample_row is None or self._sample_row[0] != spec:  # built once per shape, failed or not
-            self._sample_row = (spec, sample_row(spec))
-        return self._sample_row[1]
+        """A row of zeros shaped as the running call's data (:attr:`.epochs.Epochs.sample`)."""
+        with self._cond:
+            return self.epochs.sample
 
-    def _ahead(self, gen: int) -> bool:
-        """Whether a bounded read of ``gen`` is past the running train()'s epochs, the last not all read; lock held."""
-        return self.plan is not None and self.epoch_done < self.plan[1] < gen
+    @property
+    def plan(self) -> tuple[int, int] | None:
+        """(first, last) epoch the running ``train()`` feeds, None outside a call."""
+        return self.epochs.plan
 
-    def _out_of_step(self, gen: int) -> FeedOutOfStep:
-        assert self.plan is not None
-        self.out_of_step = out_of_step_message(self.label, gen, *self.plan, rows=self._taken.get(self.plan[1], 0))
-        return FeedOutOfStep(self.out_of_step)
+    @property
+    def epoch_done(self) -> int:
+        """The last epoch the driver ended."""
+        return self.epochs.done
+
+    @property
+    def out_of_step(self) -> str | None:
+        """The :class:`.plan.FeedOutOfStep` error, once a read raised it."""
+        return self.epochs.out_of_step
+
+    @property
+    def label(self) -> str:
+        return self.epochs.label
 
     def _waits_past(self, gen: int) -> None:
-        """A bounded read of ``gen`` finds nothing queued: past the running train()'s epochs, the driver hears of it
-        once, with the rows of the last epoch read here, whether it waits or the stop ends it (lock held).  Its own
-        check (:meth:`_ahead`) sees peers that still read the last epoch; the driver sees the peers that took all
-        of it but still step it, waiting for this node (``controller.Controller._ran_out``)."""
-        if self.plan is not None and gen > self.plan[1] and gen > self._past_told and self._on_past is not None \
-                and not self.closed:
-            self._past_told = gen
-            self._on_past(gen, self._taken.get(self.plan[1], 0))
-
-    def _share_in(self, gen: int) -> bool:
-        """Whether every partition of this node's share of ``gen`` ended (or the driver ended ``gen``); lock held."""
-        if self.epoch_done >= gen:
-            return True
-        expected = self._expected.get(gen)
-        return expected is not None and self._ended.get(gen, 0) >= expected
+        """A bounded read of ``gen`` finds nothing queued: past the running train()'s epochs the driver hears of it
+        once (:meth:`.epochs.Epochs.past`), whether it waits or the stop ends it; lock held."""
+        if self._on_past is not None and not self.closed:
+            rows = self.epochs.past(gen)
+            if rows is not None:
+                self._on_past(gen, rows)
 
     def _share_read(self, gen: int) -> bool:
         """Whether this node's share of ``gen`` is all read (or the driver ended ``gen``); lock held."""
-        return self.epoch_done >= gen or (self._share_in(gen) and not self._queues.get(gen)
+        return self.epochs.done >= gen or (self.epochs.share_in(gen) and not self._queues.get(gen)
                                           and not self._turns.in_gen(gen))
 
     def stop(self) -> None:
@@ -438,7 +386,7 @@ class FeedHub:
         Blocks until ``n`` rows are there, or the data ends: the cluster stops, in
         inference mode a partition ends, or with ``epoch=[g]`` this node's share of
         generation ``g`` ends (``_share_read``).  A bounded read given ``[0]`` picks
-        its epoch first (:meth:`_next_epoch`) — a node that gets the next epoch's data
+        its epoch first (:meth:`.epochs.Epochs.next`) — a node that gets the next epoch's data
         first waits for this epoch's, and one whose share of an epoch is nothing reads nothing.
         """
         pieces: list[tuple[Conn, pa.RecordBatch]] = []
@@ -446,8 +394,8 @@ class FeedHub:
         ahead = feed_plan.Ahead()
         with self._cond:
             if epoch is not None and not epoch[0]:
-                epoch[0] = self._next_epoch()
-                self._begun = max(self._begun, epoch[0])
+                epoch[0] = self.epochs.next(self._has_rows)
+                self.epochs.begin(epoch[0])
             while got < n:
                 gen = self._next_gen(epoch)
                 if gen is None:
@@ -456,10 +404,10 @@ class FeedHub:
                     if self.stopped or self.closed:
                         break
                     if epoch is not None and self._share_read(epoch[0]):
-                        self._read.add(epoch[0])
+                        self.epochs.read(epoch[0])
                         break  # this node's share of the epoch is all taken
-                    if ahead.still(epoch is not None and self._ahead(epoch[0])):
-                        raise self._out_of_step(epoch[0] if epoch else 0)
+                    if ahead.still(epoch is not None and self.epochs.ahead(epoch[0])):
+                        raise self.epochs.out_of_step_error(epoch[0] if epoch else 0)
                     since = time.perf_counter()
                     self._cond.wait(0.5)
                     step_time.CLOCK.waited(since)  # a step waiting for Spark's rows: the panel's "input" share
@@ -485,7 +433,7 @@ class FeedHub:
                     spans.append((conn, conn.consumed, conn.consumed + k))
                 conn.consumed += k
                 got += k
-                self._taken[gen] = self._taken.get(gen, 0) + k
+                self.epochs.took(gen, k)
                 self._maybe_finish(conn)
             self.rows += got
             for conn, piece in pieces:
