@@ -67,7 +67,7 @@ def test_spark_mode_train_and_inference(spark):
     df = spark.range(0, 1000, 1, 4).selectExpr("cast(id as float) as x", "id % 10 as y")
     cluster.train(df, 2, validation=spark.range(5000, 5300, 1, 3).selectExpr("cast(id as float) as x", "id as y"))
     assert cluster.last_feed["rows"] == 2000
-    assert cluster.last_sets == {"validation": {"rows": 300, "skipped": 0, "partitions": 3}}
+    assert cluster.last_sets == {"validation": {"rows": 300, "skipped": 0, "partitions": 3, "shared": 300}}
     out = cluster.inference(spark.range(0, 100, 1, 2).selectExpr("cast(id as double) as x"), schema="y double")
     assert sorted(r.y for r in out.collect()) == [2.0 * i for i in range(100)]
     cluster.shutdown(timeout=120)

@@ -81,7 +81,7 @@ def test_batches_are_exact_and_feeder_is_acked_after_consumption(node):
     assert sizes == [64, 64, 64, 58]
     assert labels == list(range(250))
     kind, payload = out["frames"][-1]
-    assert kind is dataplane.Kind.DONE and dataplane.parse_json(payload) == {"rows": 250, "skipped": 0}
+    assert kind is dataplane.Kind.DONE and dataplane.parse_json(payload) == {"rows": 250, "skipped": 0, "shared": 0}
 
 
 def test_next_batch_returns_tensorflowonspark_rows(node):
@@ -301,7 +301,7 @@ def test_terminate_with_the_next_epoch_queued_skips_each_row_once(node):
     feed.terminate()
     t1.join(10), t2.join(10)
     a1, a2 = (dataplane.parse_json(out["frames"][-1][1]) for out in (out1, out2))
-    assert a1 == {"rows": 70, "skipped": 230} and a2 == {"rows": 0, "skipped": 200}
+    assert a1 == {"rows": 70, "skipped": 230, "shared": 0} and a2 == {"rows": 0, "skipped": 200, "shared": 0}
     assert hub.rows == 70 and hub.skipped == 430
 
 

@@ -38,13 +38,14 @@ def test_deterministic_mode_reads_partitions_in_order_and_answers_early_ones_at_
     hub, server = node
     hub.epoch_assigned(1, 3)
     answers = {p: send_after(server.port, [(float(p), i) for i in range(40)], p, p - 2) for p in (4, 2)}
-    assert answers == {4: (dataplane.Kind.DONE, {"rows": 40, "skipped": 0}), 2: (dataplane.Kind.DONE, {"rows": 40, "skipped": 0})}
+    done = (dataplane.Kind.DONE, {"rows": 40, "skipped": 0, "shared": 0})
+    assert answers == {4: done, 2: done}
     assert hub.queued_rows() == {1: 80}  # kept, not read: partition 0 has not come
     epoch = [0]
     reader, got = take_in_thread(hub, 1000, epoch)
     first = send_after(server.port, [(0.0, i) for i in range(40)], 0, -1)
     reader.join(10)
-    assert not reader.is_alive() and first == (dataplane.Kind.DONE, {"rows": 40, "skipped": 0})
+    assert not reader.is_alive() and first == (dataplane.Kind.DONE, {"rows": 40, "skipped": 0, "shared": 0})
     order = [(p, i) for _, b in got["pieces"] for p, i in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
                                                               strict=True)]
     assert order == [(float(p), i) for p in (0, 2, 4) for i in range(40)]
@@ -77,7 +78,7 @@ def test_early_partitions_past_the_memory_budget_are_kept_on_disk_and_read_back_
     hub.epoch_assigned(1, 3)
     for p in (4, 2):
         assert send_after(server.port, [(float(p), i) for i in range(300)], p, p - 2) == (
-            dataplane.Kind.DONE, {"rows": 300, "skipped": 0})
+            dataplane.Kind.DONE, {"rows": 300, "skipped": 0, "shared": 0})
     turns = hub._turns
     assert turns.spilled == 2 and turns.held_bytes <= 2048 and hub.queued_rows() == {1: 600}
     folder = turns._folder

@@ -226,7 +226,8 @@ def test_keras3_trains_across_nodes_and_its_numbers_are_keras_own(sc, train_df, 
     assert all(v["history"] == chief["history"] for v in values.values())  # one model, the same history on all
     assert all(v["evaluate"] == chief["evaluate"] and v["predicted"] == 256 for v in values.values())
     if fed:
-        assert cluster.last_feed == {"rows": EPOCHS * ROWS, "skipped": 0, "partitions": EPOCHS * 6}
+        assert cluster.last_feed == {"rows": EPOCHS * ROWS, "skipped": 0, "partitions": EPOCHS * 6,
+                                    "shared": EPOCHS * ROWS}
     # what the panel shows is Keras' own: each epoch's last step, as reported, equals the epoch's History value
     last: dict[int, dict] = {}
     seen: set[int] = set()

@@ -40,7 +40,7 @@ from tests.netns_cluster import TAG_ENV, NetnsCluster, kill_group, netns_fixture
 from tfos_nb import TFCluster, tensorboard
 from tfos_nb.examples import digits
 from tfos_nb.runtime import net
-from tfos_nb.runtime.protocol import messages
+from tfos_nb.runtime.protocol import messages, shared
 from tfos_nb.runtime.protocol.channel import ControlServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.multihost]
@@ -247,6 +247,11 @@ def trained(netns: NetnsCluster, spark: object, tmp_path_factory: pytest.TempPat
 def test_quickstart_nodes_on_namespace_addresses(trained: dict, netns: NetnsCluster) -> None:
     cluster, sc = trained["cluster"], trained["sc"]
     assert cluster.last_feed["rows"] == EPOCHS * trained["rows"] and cluster.last_feed["skipped"] == 0, cluster.last_feed
+    # Shared memory only to a node of a feeding task's own host: each namespace finds its own address local, the
+    # other's not (a feeder's rows to the other's node went through the socket; every row arrived once, above).
+    ips, is_local = list(netns.worker_ips), shared.is_local
+    views = sc.parallelize(range(8), 8).map(lambda _: tuple(ip for ip in ips if is_local(ip))).distinct().collect()
+    assert sorted(views) == [(ip,) for ip in sorted(ips)] and cluster.last_feed["shared"] <= cluster.last_feed["rows"]
     # Spark's executors registered from the namespaces' addresses.
     executor_hosts = {e.host for e in sc.statusTracker().getExecutorInfos()} - {netns.host_ip}
     assert executor_hosts == set(netns.worker_ips), executor_hosts

@@ -79,7 +79,8 @@ def test_one_epoch_more_than_fed_reads_nothing_and_trains_every_row_once(sc, tra
                             input_mode=TFCluster.InputMode.SPARK, master_node="chief")
     cluster.train(train_df, num_epochs=EPOCHS, feed_timeout=150)
     cluster.shutdown(timeout=120)
-    assert cluster.last_feed == {"rows": EPOCHS * ROWS, "skipped": 0, "partitions": EPOCHS * 4}
+    assert cluster.last_feed == {"rows": EPOCHS * ROWS, "skipped": 0, "partitions": EPOCHS * 4,
+                                 "shared": EPOCHS * ROWS}
     assert cluster.status().state == "finished"
     logs = cluster.logs(tail=None)
     assert all(any("fit done:" in line for line in lines) for lines in logs.values()), logs
@@ -96,7 +97,7 @@ def test_a_node_given_no_rows_trains_in_step_with_its_peer(sc, train_df, no_leak
         cluster.train(one, num_epochs=2, feed_timeout=150)
     finally:
         cluster.shutdown(timeout=120)
-    assert cluster.last_feed == {"rows": 2 * ROWS, "skipped": 0, "partitions": 2}
+    assert cluster.last_feed == {"rows": 2 * ROWS, "skipped": 0, "partitions": 2, "shared": 2 * ROWS}
     assert cluster.status().state == "finished"
     logs = cluster.logs(tail=None)
     assert all(any("fit done: 2 epochs" in line for line in lines) for lines in logs.values()), logs

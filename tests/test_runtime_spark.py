@@ -140,7 +140,7 @@ def test_pipelined_epochs_each_iteration_reads_its_own_epoch(spark, sc, tmp_path
         spark.conf.unset("spark.sql.adaptive.coalescePartitions.enabled")
     assert both, "epoch 2's job was not submitted while epoch 1's ran"
     assert not trainer.is_alive()
-    assert cluster.last_feed == {"rows": 3 * n, "skipped": 0, "partitions": 12}
+    assert cluster.last_feed == {"rows": 3 * n, "skipped": 0, "partitions": 12, "shared": 3 * n}
     per_node = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in range(2)]
     for epoch in range(3):
         ids = sorted(i for node in per_node for i in node[epoch])
@@ -191,7 +191,7 @@ def test_mwms_trains_on_partitions_of_unequal_size(sc, digits_data, tmp_path, no
     args = {"epochs": 3, "batch_size": 32, "export_dir": str(tmp_path / "model")}
     with run(sc, digits.train_fun, args, 2, input_mode=TFCluster.InputMode.SPARK) as cluster:
         cluster.train(rdd, num_epochs=3, feed_timeout=90)
-    assert cluster.last_feed == {"rows": 3 * len(rows), "skipped": 0, "partitions": 6}
+    assert cluster.last_feed == {"rows": 3 * len(rows), "skipped": 0, "partitions": 6, "shared": 3 * len(rows)}
     assert cluster.status().state == "finished"
     steps = {n.label: n.step for n in cluster.nodes}
     assert len(set(steps.values())) == 1 and steps["worker:0"] >= 3 * 1200 // 32, steps  # in step, the longer share
@@ -417,7 +417,7 @@ def test_train_twice_on_a_running_cluster(spark, sc, no_leaks, caplog):
         cluster.inference(df.rdd, batch_rows=0)
     # TensorFlowOnSpark's second queue (issue 50): fed as a named set the nodes keep, never into the training feed
     cluster.train(df, 1, qname="validation")
-    assert cluster.last_sets == {"validation": {"rows": 1000, "skipped": 0, "partitions": 4}}
+    assert cluster.last_sets == {"validation": {"rows": 1000, "skipped": 0, "partitions": 4, "shared": 1000}}
     with pytest.raises(ValueError, match=r"inference\(qname='q2'\): inference feeds the nodes' 'input' feed"):
         cluster.inference(df.rdd, qname="q2")
     cluster.train(df.rdd.map(tuple), 2, qname="input", batch_rows=7)  # odd sizes are fine: batches of 7 rows

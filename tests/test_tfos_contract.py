@@ -342,7 +342,7 @@ def test_df_rdd_rows_arrive_as_rows_and_train_feeds_ten_times_by_default(spark, 
         with pytest.raises(TypeError, match=r"train_stream\(\)"):  # DStreams: refused up front
             cluster.train(dstream, feed_timeout=60)
         cluster.train(df.rdd)  # TensorFlowOnSpark's default: 10 epochs
-        assert cluster.last_feed == {"rows": 500, "skipped": 0, "partitions": 20}
+        assert cluster.last_feed == {"rows": 500, "skipped": 0, "partitions": 20, "shared": 500}
     finally:
         cluster.shutdown(ssc)  # a StreamingContext is accepted (and stopped)
     assert wait_until(lambda: "rows seen 500" in cluster.logs("worker:0")["worker:0"], 5)

@@ -85,7 +85,8 @@ def test_fit_validates_on_the_whole_validation_set_every_epoch(sc, spark, nodes,
     assert len(history["loss"]) == epochs and len(history["val_loss"]) == len(validated), history
     assert all(v["history"] == history for v in values.values())  # one model: the same values on every node
     # every validation row once, on some node; fed once, not once per epoch
-    assert cluster.last_sets["validation"] == {"rows": len(val_rows), "skipped": 0, "partitions": val_partitions}
+    assert cluster.last_sets["validation"] == {"rows": len(val_rows), "skipped": 0,
+                                                 "partitions": val_partitions, "shared": len(val_rows)}
     assert cluster.last_sets["test"]["rows"] == len(test_rows)
     assert sum(held.values()) == len(val_rows) and len(held) <= min(nodes, val_partitions), held
     ref = _reference(chief["weights"], val_rows)
@@ -136,7 +137,7 @@ def test_a_tensorflowonspark_program_feeds_and_reads_two_queues(sc, no_leaks):
     assert val_ids == sorted(list(range(90)) * 2)  # each node its own share, twice (num_epochs=2), nothing more
     assert all(sum(v["again"]) == len(v["val"]) for v in values)  # a new DataFeed reads the set again
     assert sorted(i for v in values for i in v["train"]) == list(range(1000, 1200))  # none in the training feed
-    assert cluster.last_sets == {"validation": {"rows": 90, "skipped": 0, "partitions": 4}}
+    assert cluster.last_sets == {"validation": {"rows": 90, "skipped": 0, "partitions": 4, "shared": 90}}
 
 
 def reads_an_unfed_set(args, ctx):

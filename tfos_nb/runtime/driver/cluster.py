@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..executor.feeding.feeder import make_arrow_inferer, make_rdd_inferer
+from ..executor.feeding.infer import make_arrow_inferer, make_rdd_inferer
 from .control import stacks, state
 from .control.plane import ControlPlane
 from .control.roles import awaited, awaited_nodes

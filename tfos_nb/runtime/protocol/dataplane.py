@@ -9,11 +9,14 @@ the type one of :class:`Kind`:
  D     ``DATA``     feeder -> node      one Arrow IPC stream holding one record batch
  E     ``END``      feeder -> node      end of this partition
  R     ``RESULTS``  node -> feeder      results for the oldest unanswered rows (Arrow)
+ M     ``REGION``   node -> feeder      JSON: the shared-memory region offered (:mod:`.shared`), or ``{}``
+ S     ``SLOT``     feeder -> node      a batch in a slot of that region: slot (4), length (8)
+ F     ``FREE``     node -> feeder      that slot is free again: slot (4)
  A     ``DONE``     node -> feeder      JSON: done (rows taken, rows skipped)
  X     ``ERROR``    node -> feeder      JSON: error, one line
 =====  ===========  ==================  ==============================================
 
-Payloads are parsed by Arrow or JSON only; nothing is unpickled.
+Payloads are parsed by Arrow, JSON or a fixed ``struct`` only; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class Kind(bytes, enum.Enum):
     RESULTS = b"R"
     DONE = b"A"
     ERROR = b"X"
+    REGION = b"M"
+    SLOT = b"S"
+    FREE = b"F"
 
 
 _ARROW_KINDS = (Kind.DATA, Kind.RESULTS)  # may carry up to MAX_DATA_FRAME bytes; the others JSON or nothing

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ...executor.feeding.feeder import feed_totals, make_arrow_feeder, make_rdd_feeder
+from ...executor.feeding.feeder import STATS_SCHEMA, feed_totals, make_arrow_feeder, make_rdd_feeder
 from ..control import state as cluster_state
 from ..errors import error_for, interrupted, python_error_line
 from ..job import DriverJob
@@ -139,7 +139,7 @@ class BatchFeed:
             rdd_fn = make_rdd_feeder(self.meta, version, feed_timeout, batch_rows, name, skip)
             return lambda: [json.loads(s) for s in data.mapPartitionsWithIndex(rdd_fn).collect()]
         fn = make_arrow_feeder(self.meta, version, feed_timeout, batch_rows, name, skip)
-        return lambda: [r.asDict() for r in data.mapInArrow(fn, "partition int, rows long, skipped long").collect()]
+        return lambda: [r.asDict() for r in data.mapInArrow(fn, STATS_SCHEMA).collect()]
 
     def watch(self, suffix: str, description: str, action: Callable[[], Any], what: str) -> Any:
         """Run ``action`` as a Spark job while watching the nodes; tear down on any failure."""
@@ -183,7 +183,7 @@ class BatchFeed:
         if not is_df:
             self.refuse_rdd_on_connect("train")
         ctl = self.controller
-        total = {"rows": 0, "skipped": 0, "partitions": 0}
+        total = {"rows": 0, "skipped": 0, "partitions": 0, "shared": 0}
         # Two epochs' jobs in flight: the next one is submitted once this one's feeding stage runs and all its
         # tasks started (so the next one's tasks cannot take a slot this one still needs); its rows wait in their
         # own queue on the nodes. Not on Spark Connect, where end_epoch is itself a Spark job that would queue

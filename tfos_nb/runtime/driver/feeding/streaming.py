@@ -136,7 +136,8 @@ class StreamingFeed:
         with self._lock:
             self._counts["batches"] += 1
             for key, n in feed_totals(stats).items():
-                self._counts[key] += n
+                if key in self._counts:  # not "shared": a stream's counts are the coordinator's on Spark Connect too
+                    self._counts[key] += n
 
     # -- information ---------------------------------------------------------------
     @property

@@ -26,6 +26,7 @@ class Conn:
         self.skip: list[tuple[int, int]] = [(int(a), int(b)) for a, b in header.get("skip") or ()]
         self.counted = int(header.get("rows", -1)) >= 0  # the train() call counted its partitions' rows
         self.received = self.consumed = self.answered = self.skipped = 0
+        self.shared = 0  # rows received through shared memory (protocol/shared.py)
         self.ended = False  # the feeder sent E
         self.closed = False
         self._send_lock = threading.Lock()
@@ -49,7 +50,7 @@ class Conn:
                     dataplane.send_json(self.sock, dataplane.Kind.ERROR, {"error": error, "node_failed": node_failed})
                 else:
                     dataplane.send_json(self.sock, dataplane.Kind.DONE, {"rows": self.consumed if rows is None else rows,
-                                                           "skipped": self.skipped})
+                                                           "skipped": self.skipped, "shared": self.shared})
             except OSError:
                 pass
             self.closed = True

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ... import net
 from ...batches import columns
-from ...protocol import dataplane
+from ...protocol import dataplane, shared
 from .conn import Conn
 from .hub import FeedHub
 from .named_sets import NAME, NamedFeeds
@@ -128,19 +128,12 @@ class DataServer:
             if sink is None:  # answered, never dropped: no partition of anything was cut
                 conn.finish(f"no feed {conn.feed!r} here")
                 return
-            while True:
-                kind, payload = dataplane.recv_frame(sock)
-                if kind is dataplane.Kind.DATA:
-                    try:
-                        batch = columns.decode_ipc(payload)
-                    except (pa.ArrowInvalid, OSError) as exc:
-                        raise dataplane.DataPlaneError(f"bad Arrow batch: {exc}") from None
-                    sink.put(conn, conn.gen, batch)
-                elif kind is dataplane.Kind.END:
-                    sink.end_conn(conn)
-                    return
-                else:
-                    raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
+            region = self._region(conn, header)
+            try:
+                self._read(conn, sink, region)
+            finally:
+                if region is not None:
+                    region.close()
         except (OSError, dataplane.DataPlaneError, pa.ArrowException) as exc:  # Arrow: a set's batch its file refuses
             if conn is None or sink is None:
                 if isinstance(exc, dataplane.HandshakeTimeout):
@@ -150,6 +143,48 @@ class DataServer:
             else:
                 log.warning("tfos_nb data connection dropped: %s", exc)
                 sink.drop(conn, str(exc))
+
+    @staticmethod
+    def _region(conn: Conn, header: dict[str, object]) -> shared.NodeRegion | None:
+        """A training connection's feeder on this host offered its shared memory (``shared`` in its header): the
+        region mapped, or None; the feeder hears which (an ``M`` frame) before it sends a batch."""
+        offer = header.get("shared")
+        if offer is None:
+            return None
+        region = None
+        if conn.mode == "train":
+            try:
+                region = shared.NodeRegion(offer)
+            except OSError as exc:  # another host or pid namespace after all: the socket carries the batches
+                log.debug("partition %d: the feeder's shared memory is not for this node (%s)", conn.partition, exc)
+        conn.send(dataplane.Kind.REGION, {"mapped": region is not None})
+        return region
+
+    @staticmethod
+    def _read(conn: Conn, sink: FeedHub | NamedFeeds, region: shared.NodeRegion | None) -> None:
+        """``conn``'s frames until its end: each batch, through the socket or a slot of ``region``, to ``sink``."""
+        while True:
+            kind, payload = dataplane.recv_frame(conn.sock)
+            if kind is dataplane.Kind.DATA:
+                data = payload
+            elif kind is dataplane.Kind.SLOT and region is not None:
+                try:
+                    slot, data = region.take(payload)
+                except ValueError as exc:
+                    raise dataplane.DataPlaneError(str(exc)) from None
+                conn.send(dataplane.Kind.FREE, shared.FREE_FRAME.pack(slot))  # the copy is the node's own
+            elif kind is dataplane.Kind.END:
+                sink.end_conn(conn)
+                return
+            else:
+                raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
+            try:
+                batch = columns.decode_ipc(data)
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise dataplane.DataPlaneError(f"bad Arrow batch: {exc}") from None
+            if kind is dataplane.Kind.SLOT:
+                conn.shared += batch.num_rows
+            sink.put(conn, conn.gen, batch)
 
     def _sink(self, conn: Conn) -> FeedHub | NamedFeeds | None:
         """Where ``conn``'s batches go: the training stream's hub, a named set's files, or nowhere (refused)."""

@@ -11,58 +11,42 @@ A training partition ends in one of three ways:
   waits for its verdict, which the node's supervisor gives within a heartbeat;
 * the node failed: the feeder fails, and the driver reports that node's error.
 
-Inference partitions need answers, so a node that stopped reading is an error
-there, raised at once.  A feeding task that stops early (``rdd.take(n)``, a
-failed downstream stage) releases its node, so a re-run of the partition is
-served right away.
+A node on this host gets the batches through shared memory (:mod:`.slots`), any other through the socket.
+Inference partitions, whose results come back, are :mod:`.infer`'s.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ...batches import columns, results
+from ...batches import columns
 from ...batches.rowpack import rows_to_batches
 from ...protocol import dataplane, messages
 from ...protocol.channel import ControlClient
 from ..collector import settle_gc
 from ..identity import executor_id
 from .batches import count_rows, rechunk, with_sample, without
+from .slots import NodeAnswer, Slots, recv_answer
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 
 
-class _NodeAnswer(dataplane.DataPlaneError):
-    """The node answered a partition with an error (``X``)."""
-
-    def __init__(self, error: str, node_failed: bool) -> None:
-        super().__init__(error)
-        self.node_failed = node_failed
+STATS_SCHEMA = "partition int, rows long, skipped long, shared long"  # a feeding task's one row
 
 
 def feed_totals(stats: Iterable[Any]) -> dict[str, int]:
-    """Rows taken, rows skipped and partitions fed, from a feeding job's per-partition stats (dicts or Rows)."""
+    """Rows taken, rows skipped, partitions fed and batches handed over shared memory, from a feeding job's
+    per-partition stats (dicts or Rows)."""
     stats = list(stats)
     return {"rows": sum(int(s["rows"]) for s in stats), "skipped": sum(int(s["skipped"]) for s in stats),
-            "partitions": len(stats)}
+            "partitions": len(stats), "shared": sum(int(s["shared"]) for s in stats)}
 
 
-def _recv_answer(sock: socket.socket) -> dict[str, Any]:
-    kind, payload = dataplane.recv_frame(sock)
-    if kind is dataplane.Kind.ERROR:
-        body = dataplane.parse_json(payload)
-        raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
-    if kind is not dataplane.Kind.DONE:
-        raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
-    return dataplane.parse_json(payload)
-
-
-class _Feeder:
+class Feeder:
     def __init__(self, meta: messages.LaunchMeta, partition: int, gen: int, mode: str, timeout: float,
                  feed: str = "input", skip: list[tuple[int, int]] | None = None) -> None:
         self.meta = meta
@@ -77,6 +61,7 @@ class _Feeder:
         self.timeout = timeout
         self.node = messages.FeedAssignment()  # until the driver assigns one
         self.released = False
+        self.slots: Slots | None = None  # a training connection's shared memory, when its node is on this host
 
     @property
     def where(self) -> str:
@@ -139,7 +124,34 @@ class _Feeder:
             header["skip"] = [list(r) for r in self.skip]
         if self.node.rows >= 0:  # counted: the node knows its share's length
             header["rows"] = self.node.rows
-        return dataplane.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
+        slots = Slots.offer(self.node.host, header, self.timeout) if self.mode == "train" else None
+        try:
+            sock = dataplane.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
+        except BaseException:
+            if slots is not None:
+                slots.close(answered=False)
+            raise
+        self.slots = slots
+        if slots is not None:
+            try:
+                slots.accepted(sock)
+            except BaseException:
+                sock.close()
+                self.close_slots(answered=False)
+                raise
+        return sock
+
+    def send(self, sock: socket.socket, batch: Any) -> None:
+        """One training batch to the node: through shared memory or the socket (:class:`.slots.Slots`)."""
+        if self.slots is not None:
+            self.slots.send(sock, batch)
+        else:
+            dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+
+    def close_slots(self, answered: bool) -> None:
+        if self.slots is not None:
+            self.slots.close(answered)
+            self.slots = None
 
     def verdict(self, exc: BaseException) -> tuple[str, str | None]:
         """What became of the node after the connection to it failed with ``exc``: (verdict, error).
@@ -149,8 +161,8 @@ class _Feeder:
         heartbeats), so the question is repeated until the driver knows.  A timeout
         or an error the node answered is asked about once.
         """
-        node_failed = isinstance(exc, _NodeAnswer) and exc.node_failed
-        if isinstance(exc, _NodeAnswer) and not node_failed:
+        node_failed = isinstance(exc, NodeAnswer) and exc.node_failed
+        if isinstance(exc, NodeAnswer) and not node_failed:
             return "error", None
         patient = node_failed or not (isinstance(exc, TimeoutError) or "timed out" in str(exc))
         deadline = time.monotonic() + self.meta.driver_timeout + _CHECK_GRACE_S
@@ -169,7 +181,7 @@ class _Feeder:
     def fail(self, exc: BaseException, rows: int, verdict: str = "error", cluster_error: str | None = None) -> RuntimeError:
         released_error = self.release(rows, 0, f"{type(exc).__name__}: {exc}", messages.error_kind(exc))
         cluster_error = cluster_error or released_error
-        if isinstance(exc, _NodeAnswer) and exc.node_failed:
+        if isinstance(exc, NodeAnswer) and exc.node_failed:
             msg = f"feeding partition {self.partition} to {self.where} failed: {exc}"  # the node's own error
         elif verdict == "failed":
             msg = f"feeding partition {self.partition} to {self.where} failed: {self.node.label or 'the node'} failed"
@@ -204,7 +216,7 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
     ``skip``: row ranges of the partition not sent (a resumed epoch's rows its backup had trained on); the node
     is told them, so its ledger names rows by their place in the partition."""
     settle_gc()
-    feeder = _Feeder(meta, partition, gen, "train", timeout, feed, skip)
+    feeder = Feeder(meta, partition, gen, "train", timeout, feed, skip)
     if skip:
         batches = without(batches, skip)
     batches, sample = with_sample(batches)
@@ -216,7 +228,7 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
     if node.skip:  # no node reads data any more
         skipped = count_rows(batches)
         feeder.release(0, skipped, None)
-        return {"partition": partition, "rows": 0, "skipped": skipped}
+        return {"partition": partition, "rows": 0, "skipped": skipped, "shared": 0}
     sent = 0
     expected = node.rows  # -1: not counted
     try:
@@ -228,13 +240,15 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
                         raise columns.FeedDataError(changed_rows(partition, gen, expected, sent + batch.num_rows,
                                                                  more=True))
                     sent += batch.num_rows  # counted before it goes: a batch lost in a broken send is skipped too
-                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+                    feeder.send(sock, batch)
             if 0 <= expected != sent:
                 raise columns.FeedDataError(changed_rows(partition, gen, expected, sent))
             dataplane.send_frame(sock, dataplane.Kind.END)
-            done = _recv_answer(sock)
+            done = recv_answer(sock)
+            feeder.close_slots(answered=True)
         finally:
             sock.close()
+            feeder.close_slots(answered=False)
     except columns.FeedDataError as exc:
         feeder.release(sent, 0, str(exc))
         raise
@@ -244,91 +258,13 @@ def feed_train(meta: messages.LaunchMeta, partition: int, gen: int, batches: Ite
             raise feeder.fail(exc, sent, verdict, error) from None
         skipped = sent + count_rows(batches)  # the node stopped reading: none of this partition is known taken
         feeder.release(0, skipped, None)
-        return {"partition": partition, "rows": 0, "skipped": skipped}
+        return {"partition": partition, "rows": 0, "skipped": skipped, "shared": 0}
     except Exception as exc:  # the partition's own rows failed (a UDF upstream raised): the driver hears the cause
         feeder.release(sent, 0, f"{type(exc).__name__}: {exc}")  # first, not the node's report of the cut
         raise
     rows, skipped = int(done.get("rows", sent)), int(done.get("skipped", 0))
     feeder.release(rows, skipped, None)
-    return {"partition": partition, "rows": rows, "skipped": skipped}
-
-
-def _infer_lost(feeder: _Feeder, exc: BaseException, sent: int) -> RuntimeError:
-    verdict, error = feeder.verdict(exc)
-    if verdict == "done":
-        msg = (
-            f"partition {feeder.partition}: {feeder.where} stopped reading (its function returned or called "
-            "terminate()) before answering every row; inference needs nodes that answer until the feed ends"
-        )
-        feeder.release(sent, 0, None)
-        return RuntimeError(msg)
-    return feeder.fail(exc, sent, verdict, error)
-
-
-def feed_infer(meta: messages.LaunchMeta, partition: int, batches: Iterable[Any], timeout: float,
-               convert: Callable[[Any, str], Any] | None = None) -> Iterator[Any]:
-    """Send one partition to a node and yield its results, in order: Arrow batches, or ``convert(batch, node)``."""
-    settle_gc()
-    feeder = _Feeder(meta, partition, 0, "infer", timeout)
-    try:
-        feeder.assign()
-    except BaseException:
-        feeder.client.close()
-        raise
-    try:
-        sock = feeder.connect()
-    except (OSError, dataplane.DataPlaneError) as exc:
-        raise _infer_lost(feeder, exc, 0) from None
-    errors: list[BaseException] = []
-    sent = [0]
-
-    def write() -> None:
-        try:
-            for batch in batches:
-                if batch.num_rows:
-                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
-                    sent[0] += batch.num_rows
-            dataplane.send_frame(sock, dataplane.Kind.END)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side
-            errors.append(exc)
-
-    writer = threading.Thread(target=write, name="tfos-feed-writer", daemon=True)
-    writer.start()
-    received = 0
-    try:
-        while True:
-            kind, payload = dataplane.recv_frame(sock)
-            if kind is dataplane.Kind.RESULTS:
-                batch = columns.decode_ipc(payload)
-                received += batch.num_rows
-                yield batch if convert is None else convert(batch, feeder.node.label or "?")
-            elif kind is dataplane.Kind.DONE:
-                break
-            elif kind is dataplane.Kind.ERROR:
-                body = dataplane.parse_json(payload)
-                raise _NodeAnswer(str(body.get("error", "node error")), bool(body.get("node_failed")))
-            else:
-                raise dataplane.DataPlaneError(f"unexpected frame {kind.value!r}")
-        writer.join()
-        if errors:
-            raise errors[0]
-    except columns.FeedDataError as exc:
-        feeder.release(sent[0], 0, str(exc))
-        raise
-    except (OSError, dataplane.DataPlaneError) as exc:
-        cause = errors[0] if errors and not isinstance(exc, dataplane.DataPlaneError) else exc
-        if isinstance(cause, columns.FeedDataError):
-            feeder.release(sent[0], 0, str(cause))
-            raise cause from None
-        raise _infer_lost(feeder, cause, sent[0]) from None
-    finally:
-        sock.close()
-        writer.join(timeout=5)
-        # Also when the consumer stopped early (rdd.take(n), a failed downstream task): free the node.
-        feeder.release(sent[0], 0, None)
-    if received != sent[0]:
-        msg = f"partition {partition}: fed {sent[0]} rows but got {received} results back"
-        raise RuntimeError(msg)
+    return {"partition": partition, "rows": rows, "skipped": skipped, "shared": int(done.get("shared", 0))}
 
 
 def make_rdd_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, timeout: float,
@@ -344,7 +280,7 @@ def make_rdd_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, tim
     return feed
 
 
-def _partition_id() -> int:
+def partition_id() -> int:
     """The partition of the Spark task this runs in."""
     from pyspark import TaskContext
 
@@ -361,40 +297,14 @@ def make_arrow_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, gen: int, t
 
     def feed(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        partition = _partition_id()
+        partition = partition_id()
         stats = feed_train(launch_meta, partition, gen, rechunk(batches, batch_rows), timeout, name,
                            skip.get(partition))
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]]},
-            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64())]),
+            {"partition": [partition], "rows": [stats["rows"]], "skipped": [stats["skipped"]],
+             "shared": [stats["shared"]]},
+            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("skipped", pa.int64()),
+                              ("shared", pa.int64())]),
         )
 
     return feed
-
-
-def make_rdd_inferer(meta: Mapping[str, Any] | messages.LaunchMeta, timeout: float,
-                     batch_rows: int) -> Callable[[int, Iterable[Any]], Iterator[Any]]:
-    launch_meta = messages.LaunchMeta.parse(meta)
-
-    def infer(partition: int, rows: Iterable[Any]) -> Iterator[Any]:
-        for rows_out in feed_infer(launch_meta, partition, rows_to_batches(rows, batch_rows), timeout,
-                                   lambda batch, _: results.result_rows(batch)):
-            yield from rows_out
-
-    return infer
-
-
-def make_arrow_inferer(meta: Mapping[str, Any] | messages.LaunchMeta, timeout: float, batch_rows: int,
-                       schema: Any) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """``mapInArrow`` body: the nodes' results mapped onto ``schema`` (a StructType)."""
-    launch_meta = messages.LaunchMeta.parse(meta)
-
-    def infer(batches: Iterable[Any]) -> Iterator[Any]:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        target = to_arrow_schema(schema)
-        partition = _partition_id()
-        yield from feed_infer(launch_meta, partition, rechunk(batches, batch_rows), timeout,
-                              lambda batch, node: results.to_schema(batch, target, node))
-
-    return infer

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...protocol import messages, remote
 from ...protocol.channel import ControlClient
-from .feeder import feed_totals, make_arrow_feeder
+from .feeder import STATS_SCHEMA, feed_totals, make_arrow_feeder
 
 ERROR_CHARS = 16000  # the start of a failed micro-batch's Spark error: the failed task's Python traceback
 
@@ -44,7 +44,7 @@ def make_batch_feeder(meta: Mapping[str, Any] | messages.LaunchMeta, epoch: int,
 
     def on_batch(batch_df: Any, batch_id: int) -> None:
         try:
-            stats = batch_df.mapInArrow(feeder, "partition int, rows long, skipped long").collect()
+            stats = batch_df.mapInArrow(feeder, STATS_SCHEMA).collect()
         except Exception as exc:
             try:
                 report_batch(launch_meta, remote.StreamBatch(epoch=epoch, batch=int(batch_id),
