@@ -71,10 +71,10 @@ UNKNOWN_LENGTH = ("native MultiWorkerMirroredStrategy handed the same global bat
 ROWS: tuple[Row, ...] = (
     Row("B1 feeding a DataFrame to 2 nodes", "latest.json", "b1_nb_df", "rows/s", "b1_tfos", "TensorFlowOnSpark 2.2.5",
         "≥ 10×", readme="feeding a DataFrame (B1)"),
-    Row("B1 feeding a DataFrame to 2 nodes", "b1-settled.json", "b1_nb_df", "rows/s", "b1_ceiling",
+    Row("B1 feeding a DataFrame to 2 nodes", "b1-shared.json", "b1_nb_df", "rows/s", "b1_ceiling",
         "Spark alone: `df.mapInArrow` → numpy", "≥ 0.95×", readme="feeding a DataFrame (B1), against Spark's own read"),
     Row("B1 feeding an RDD to 2 nodes", "latest.json", "b1_nb_rdd", "rows/s", "b1_tfos", "TensorFlowOnSpark 2.2.5"),
-    Row("B1 feeding an RDD to 2 nodes", "b1-settled.json", "b1_nb_rdd", "rows/s", "b1_rdd_ceiling",
+    Row("B1 feeding an RDD to 2 nodes", "b1-shared.json", "b1_nb_rdd", "rows/s", "b1_rdd_ceiling",
         "Spark alone: `rdd.mapPartitions` → numpy batches", "≥ 0.95×",
         readme="feeding an RDD (B1), against Spark's own read"),
     Row("B4a cluster start + shutdown, 2 nodes", "latest.json", "b4a_nb", "start+shutdown s", "b4a_tfos",
