@@ -39,7 +39,7 @@ STATS_SCHEMA = "partition int, rows long, skipped long, shared long"  # a feedin
 
 
 def feed_totals(stats: Iterable[Any]) -> dict[str, int]:
-    """Rows taken, rows skipped, partitions fed and batches handed over shared memory, from a feeding job's
+    """Rows taken, rows skipped, partitions fed and rows that came through shared memory, from a feeding job's
     per-partition stats (dicts or Rows)."""
     stats = list(stats)
     return {"rows": sum(int(s["rows"]) for s in stats), "skipped": sum(int(s["skipped"]) for s in stats),
