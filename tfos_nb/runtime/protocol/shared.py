@@ -80,11 +80,16 @@ def _offset(slot: int) -> int:
     return _HEAD + slot * SLOT_BYTES
 
 
+def _size() -> int:
+    """A region's bytes: the token's page and the slots."""
+    return _offset(SLOTS)
+
+
 class FeederRegion:
     """The feeder's end: a region of its process, mapped, and which of its slots are free."""
 
     def __init__(self) -> None:
-        self.size = _HEAD + SLOTS * SLOT_BYTES
+        self.size = _size()
         self._fd = os.memfd_create("tfos_nb-feed", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self._fd, self.size)
@@ -160,7 +165,7 @@ class NodeRegion:
             layout = (int(offer["slots"]), int(offer["slot_bytes"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise OSError(errno.EINVAL, f"not a region's offer: {exc}") from None
-        if layout != (SLOTS, SLOT_BYTES) or size != _HEAD + SLOTS * SLOT_BYTES or len(token) != TOKEN \
+        if layout != (SLOTS, SLOT_BYTES) or size != _size() or len(token) != TOKEN \
                 or pid <= 0 or fd < 0:
             raise OSError(errno.EINVAL, "a region of another layout")
         path = f"/proc/{pid}/fd/{fd}"

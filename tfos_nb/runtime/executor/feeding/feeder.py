@@ -30,7 +30,7 @@ from ...protocol.channel import ControlClient
 from ..collector import settle_gc
 from ..identity import executor_id
 from .batches import count_rows, rechunk, with_sample, without
-from .slots import NodeAnswer, Slots, recv_answer
+from .slots import NodeAnswer, Slots, recv_answer, send_batch
 
 _CHECK_GRACE_S = 5.0  # beyond the driver's heartbeat timeout, for the verdict on a lost node
 
@@ -124,17 +124,15 @@ class Feeder:
             header["skip"] = [list(r) for r in self.skip]
         if self.node.rows >= 0:  # counted: the node knows its share's length
             header["rows"] = self.node.rows
-        slots = Slots.offer(self.node.host, header, self.timeout) if self.mode == "train" else None
+        self.slots = Slots.offer(self.node.host, header, self.timeout) if self.mode == "train" else None
         try:
             sock = dataplane.client_connect(self.node.host, self.node.port, self.secret, header, self.timeout)
         except BaseException:
-            if slots is not None:
-                slots.close(answered=False)
+            self.close_slots(answered=False)
             raise
-        self.slots = slots
-        if slots is not None:
+        if self.slots is not None:
             try:
-                slots.accepted(sock)
+                self.slots.accepted(sock)
             except BaseException:
                 sock.close()
                 self.close_slots(answered=False)
@@ -146,7 +144,7 @@ class Feeder:
         if self.slots is not None:
             self.slots.send(sock, batch)
         else:
-            dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+            send_batch(sock, batch)
 
     def close_slots(self, answered: bool) -> None:
         if self.slots is not None:

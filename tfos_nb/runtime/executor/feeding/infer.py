@@ -18,7 +18,7 @@ from ...protocol import dataplane, messages
 from ..collector import settle_gc
 from .batches import rechunk
 from .feeder import Feeder, partition_id
-from .slots import node_error
+from .slots import node_error, send_batch
 
 
 def _infer_lost(feeder: Feeder, exc: BaseException, sent: int) -> RuntimeError:
@@ -54,7 +54,7 @@ def feed_infer(meta: messages.LaunchMeta, partition: int, batches: Iterable[Any]
         try:
             for batch in batches:
                 if batch.num_rows:
-                    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+                    send_batch(sock, batch)
                     sent[0] += batch.num_rows
             dataplane.send_frame(sock, dataplane.Kind.END)
         except BaseException as exc:  # noqa: BLE001 - re-raised by the reading side

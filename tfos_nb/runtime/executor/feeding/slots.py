@@ -36,6 +36,11 @@ def recv_answer(sock: socket.socket) -> dict[str, Any]:
     return dataplane.parse_json(payload)
 
 
+def send_batch(sock: socket.socket, batch: Any) -> None:
+    """One batch through the socket (a ``D`` frame)."""
+    dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+
+
 class Slots:
     """One training connection's use of this process's shared-memory region: offered in the header, accepted or
     not by the node, a batch written into a free slot, the region back to the pool at the end."""
@@ -79,7 +84,7 @@ class Slots:
                 dataplane.send_frame(sock, dataplane.Kind.SLOT, shared.SLOT_FRAME.pack(slot, n))
                 return
             region.free.append(slot)
-        dataplane.send_frame(sock, dataplane.Kind.DATA, columns.encode_ipc(batch))
+        send_batch(sock, batch)
 
     def _wait_free(self, sock: socket.socket, region: shared.FeederRegion) -> None:
         """Back-pressure: wait (up to the feed's timeout, as a blocked send would) until the node gives a slot back."""
