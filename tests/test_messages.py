@@ -248,11 +248,16 @@ class _Relay:
             conn.sendall(reply)
 
     def close(self) -> None:
-        self.listener.close()
-        for s in self._socks:
+        # shutdown() wakes a thread blocked in accept() or recv() on the socket; close() alone leaves it blocked
+        for s in (self.listener, *self._socks):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:  # not connected (any more)
+                pass
             s.close()
         for t in self._threads:
             t.join(5)
+            assert not t.is_alive(), f"the relay's {t.name} did not end"
 
 
 def _whole_frame(sock: socket.socket) -> bytes:
