@@ -174,13 +174,15 @@ def keras3_fun(args, ctx):
         rng = np.random.default_rng(ctx.task_index + (10 if ctx.job_name == "chief" else 0))
         x = rng.normal(size=(600, 16)).astype("float32")
         ds = tf.data.Dataset.from_tensor_slices((x, (x[:, :4].sum(axis=1) > 0).astype("float32"))).batch(64)
+    import shutil
     import tempfile
 
     chief = ctx.job_name == "chief"
     mine = args["root"] if chief else tempfile.mkdtemp()  # every worker writes: only the chief's copy is kept
+    backup = tempfile.mkdtemp()  # a folder of each worker's own
     callbacks = [ctx.progress_callback(),
                  keras.callbacks.ModelCheckpoint(os.path.join(mine, "ckpt.weights.h5"), save_weights_only=True),
-                 keras.callbacks.BackupAndRestore(tempfile.mkdtemp()),  # a folder of each worker's own
+                 keras.callbacks.BackupAndRestore(backup),
                  keras.callbacks.TensorBoard(os.path.join(mine, "logs"))]
     hist = model.fit(ds, epochs=args["epochs"], callbacks=callbacks, verbose=0)
     x_eval = np.random.default_rng(1).normal(size=(256, 16)).astype("float32")
@@ -197,6 +199,9 @@ def keras3_fun(args, ctx):
         # the reloaded model is outside the strategy: it predicts here alone (the strategy's model would run
         # collectives its peers, done by now, never join)
         assert np.allclose(again.predict(x_eval, verbose=0), predicted, atol=1e-6)
+    shutil.rmtree(backup, ignore_errors=True)  # the temporary folders go, as TensorFlow's guide removes them
+    if not chief:
+        shutil.rmtree(mine)
     return {"history": {k: [float(v) for v in vs] for k, vs in hist.history.items()},
             "evaluate": {k: float(v) for k, v in evaluated.items()}, "predicted": int(predicted.shape[0])}
 

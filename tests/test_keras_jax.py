@@ -84,7 +84,11 @@ def jax_fun(args, ctx):
     # saving gathers the variables across the processes (a collective): every process saves, the chief's copy kept
     import tempfile
 
-    model.save(args["path"] if ctx.job_name == "chief" else os.path.join(tempfile.mkdtemp(), "model.keras"))
+    if ctx.job_name == "chief":
+        model.save(args["path"])
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            model.save(os.path.join(scratch, "model.keras"))
     return {"backend": keras.backend.backend(), "processes": jax.process_count(), "process": jax.process_index(),
             "history": {k: [float(v) for v in vs] for k, vs in hist.history.items()},
             "evaluate": {k: float(v) for k, v in evaluated.items()},

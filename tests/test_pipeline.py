@@ -54,6 +54,8 @@ def train_fn(args, ctx):
     # Under MultiWorkerMirroredStrategy every worker saves; only the chief's copy is kept.
     target = args.model_dir if ctx.is_chief else tempfile.mkdtemp()
     tf.train.Checkpoint(model=model).save(os.path.join(target, "ckpt"))
+    if not ctx.is_chief:  # and a worker's copy is removed, as TensorFlow's guide does
+        tf.io.gfile.rmtree(target)
 
 
 def frame(spark, x, y, partitions, ids=False):

@@ -338,7 +338,9 @@ def _check_cluster_run(kernel: Kernel, client: Any, server: str, name: str, msgs
 
     mlflow = import_or_skip("mlflow")
     mlflow.set_tracking_uri(server)
-    model = mlflow.tensorflow.load_model(f"runs:/{run_id}/model")
+    downloaded = export.parent / f"downloaded-{name}"  # (MLflow's own default: a temporary folder it leaves behind)
+    downloaded.mkdir()
+    model = mlflow.tensorflow.load_model(f"runs:/{run_id}/model", dst_path=str(downloaded))
     assert model(tf.constant([1.5, 2.0])).numpy().tolist() == [3.0, 4.0]
     # the panel links to the run's page in the tracking UI
     expected = f"{server}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
@@ -603,7 +605,8 @@ def _artifacts(client: Any, run_id: str) -> dict[str, bytes]:
             if a.is_dir:
                 folders.append(a.path)
             else:
-                out[a.path] = Path(client.download_artifacts(run_id, a.path, tempfile.mkdtemp())).read_bytes()
+                with tempfile.TemporaryDirectory() as scratch:
+                    out[a.path] = Path(client.download_artifacts(run_id, a.path, scratch)).read_bytes()
     return out
 
 
