@@ -406,7 +406,7 @@ def table(rounds, opts, phases=None):
     ref = "native_untuned" if med("native_untuned", "fit s") is not None else "native"
     lines = harness.table(["variant", "wall (median)", "range", "`model.fit` (chief)", "range", "steps", "accuracy",
                            "wall vs %s" % ref, "fit vs %s" % ref], [])
-    native_wall, native_fit = med(ref, "wall s"), med(ref, "fit s")
+    ref_wall, ref_fit = med(ref, "wall s"), med(ref, "fit s")
     for key in opts.only:
         if key in rounds.failures:
             lines.append("| %s | FAILED: %s | | | | | | | |" % (VARIANTS[key][0], rounds.failures[key]))
@@ -421,8 +421,8 @@ def table(rounds, opts, phases=None):
             VARIANTS[key][0], w, rng(key, "wall s"), "%.1f s" % f if f is not None else "",
             rng(key, "fit s") + " s" if f is not None else "", "%d" % st if st else "",
             "%.3f" % acc if acc is not None else "",
-            "%.2f×" % (w / native_wall) if native_wall and key != ref else "",
-            "%.2f×" % (f / native_fit) if native_fit and f is not None and key != ref else ""))
+            "%.2f×" % (w / ref_wall) if ref_wall and key != ref else "",
+            "%.2f×" % (f / ref_fit) if ref_fit and f is not None and key != ref else ""))
     cpu_lines = []
     for key in rounds.results:
         st = med(key, "steps")
