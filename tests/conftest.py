@@ -14,6 +14,7 @@ kernel or a server (``-m "not slow"`` is the fast tier); ``browser``, ``multihos
 
 from __future__ import annotations
 
+import collections
 import importlib
 import os
 import subprocess
@@ -255,11 +256,21 @@ def share_with_next_module(key: tuple, module: str) -> None:
 
 
 def next_module_key(request: pytest.FixtureRequest) -> tuple | None:
-    """The key the module run right after this one gave :func:`share_with_next_module` (None: none)."""
+    """The key the module run right after this one, in this process, gave :func:`share_with_next_module` (None:
+    none)."""
+    rest = items_after(request)
+    return _SHARED_MODULES.get(rest[0].module.__name__) if rest else None
+
+
+def items_after(request: pytest.FixtureRequest) -> list[pytest.Item]:
+    """The tests this process runs after the last of ``request``'s module, as far as it knows them: the rest of
+    the run; under pytest-xdist, the rest of the module's group (:func:`xdist_groups`: after it, this worker runs
+    another group, whose modules share nothing with this one)."""
     items, here = request.session.items, request.module.__name__
     later = [i for i, item in enumerate(items) if item.module.__name__ == here]
     rest = items[(later[-1] + 1 if later else len(items)):]
-    return _SHARED_MODULES.get(rest[0].module.__name__) if rest else None
+    group = _XDIST_GROUP.get(here)
+    return rest if group is None else [item for item in rest if _XDIST_GROUP.get(item.module.__name__) == group]
 
 
 def group_modules(names: list[str], keys: dict[str, tuple]) -> list[str]:
@@ -274,13 +285,44 @@ def group_modules(names: list[str], keys: dict[str, tuple]) -> list[str]:
     return order
 
 
+_XDIST_GROUP: dict[str, str] = {}  # test module -> its pytest-xdist group, under --dist loadgroup (test.sh)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the modules that share a resource (:func:`share_with_next_module`: a classic Spark session, ~15 s of
-    JVMs to start; the network-namespace cluster) one after another, tests inside a module in their own order."""
+    JVMs to start; the network-namespace cluster) one after another, tests inside a module in their own order.
+
+    Under pytest-xdist's ``--dist loadgroup`` (test.sh: two worker processes) each module is an ``xdist_group``
+    run whole by one worker, the modules that share a resource (or a Spark Connect server) one group.  The
+    groups that start Spark, TensorFlow or a kernel go first, those of several modules before them, so that the
+    fast tier's modules fill in at the end."""
     by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_module.setdefault(getattr(item.module, "__name__", ""), []).append(item)
-    items[:] = [item for name in group_modules(list(by_module), _SHARED_MODULES) for item in by_module[name]]
+    order = group_modules(list(by_module), _SHARED_MODULES)
+    if config.getoption("dist", "no") == "loadgroup":
+        _XDIST_GROUP.update(xdist_groups(order, _SHARED_MODULES))
+        slow = {_XDIST_GROUP[name] for name in order if any(i.get_closest_marker("slow") for i in by_module[name])}
+        size = collections.Counter(_XDIST_GROUP.values())
+        # stable: each group's modules stay together; the groups of several modules are the longest (minutes each)
+        order.sort(key=lambda name: (_XDIST_GROUP[name] not in slow, -size[_XDIST_GROUP[name]]))
+        for name in order:
+            for item in by_module[name]:
+                item.add_marker(pytest.mark.xdist_group(_XDIST_GROUP[name]))
+    items[:] = [item for name in order for item in by_module[name]]
+
+
+def xdist_groups(names: list[str], keys: dict[str, tuple]) -> dict[str, str]:
+    """Each test module's pytest-xdist group: one for the modules of one :func:`share_with_next_module` key, one
+    for the Spark Connect modules (``test_connect*``: consecutive ones share a server), the module's own else."""
+    shared = list(dict.fromkeys(keys[name] for name in names if name in keys))
+    groups = {}
+    for name in names:
+        short = name.rsplit(".", 1)[-1]
+        groups[name] = (f"shared-{shared.index(keys[name])}" if name in keys else
+                        "connect" if short.startswith("test_connect") else short)
+    return groups
 
 
 class StreamSource:
@@ -399,9 +441,7 @@ def _stop_shared_connect() -> None:
 
 def _next_connect_module(request: pytest.FixtureRequest) -> tuple | None:
     """The Connect settings the next module to run wants (None: it is no Connect module)."""
-    items, here = request.session.items, request.module.__name__
-    later = [i for i, item in enumerate(items) if item.module.__name__ == here]
-    for item in items[(later[-1] + 1 if later else len(items)):]:
+    for item in items_after(request):
         name = item.module.__name__
         if name in _CONNECT_MODULES:
             return _CONNECT_MODULES[name]

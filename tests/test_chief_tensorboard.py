@@ -189,6 +189,8 @@ while time.monotonic() < deadline:
         seen.add(pid)
         host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
         logdir = argv[argv.index("--logdir") + 1]
+        if not logdir.startswith(sys.argv[2]):  # another test's TensorBoard (test.sh runs two test processes)
+            continue
         print("saw", host, port, flush=True)
         if not port:
             continue
@@ -228,7 +230,7 @@ def _python_for_nobody() -> str:
 @pytest.mark.slow
 def test_a_local_user_squatting_tensorboards_port_is_never_registered(sc, tmp_path, no_leaks):
     exe = _python_for_nobody()
-    squatter = subprocess.Popen([exe, "-c", SQUATTER, "300"], user="nobody", extra_groups=[], cwd="/",
+    squatter = subprocess.Popen([exe, "-c", SQUATTER, "300", str(tmp_path)], user="nobody", extra_groups=[], cwd="/",
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         cluster = _start(sc, tmp_path)
