@@ -9,4 +9,4 @@ TFOS_NB_TEST_DEPS=1 bash scripts/setup_env.sh
 .venv/bin/python -m mypy
 # two worker processes (pytest-xdist): one runs a test module, or the modules sharing a Spark, while the other waits
 # on what it asserts (tests/conftest.py::pytest_collection_modifyitems); TFOS_NB_TEST_WORKERS=0 runs them in this one
-exec .venv/bin/python -m pytest -n "${TFOS_NB_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "${TFOS_NB_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"

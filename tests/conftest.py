@@ -301,7 +301,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         by_module.setdefault(getattr(item.module, "__name__", ""), []).append(item)
     order = group_modules(list(by_module), _SHARED_MODULES)
-    if config.getoption("dist", "no") == "loadgroup":
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker's, from --dist loadgroup
         _XDIST_GROUP.update(xdist_groups(order, _SHARED_MODULES))
         slow = {_XDIST_GROUP[name] for name in order if any(i.get_closest_marker("slow") for i in by_module[name])}
         size = collections.Counter(_XDIST_GROUP.values())

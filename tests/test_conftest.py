@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.conftest import REQUIRE_ALL_TIERS, free_port, group_modules, import_or_skip, skip_environment
+from tests.conftest import REQUIRE_ALL_TIERS, free_port, group_modules, import_or_skip, skip_environment, xdist_groups
 
 
 @pytest.mark.parametrize("value", [None, "", "0"])
@@ -53,6 +53,14 @@ def test_modules_that_share_a_spark_session_run_one_after_another():
     keys = {"b2": (2,), "e2": (2,), "h2": (2,), "d3": (3,), "g3": (3,)}
     assert group_modules(names, keys) == ["a", "b2", "e2", "h2", "c", "d3", "g3", "f"]
     assert group_modules(names, {}) == names
+
+
+def test_modules_sharing_a_resource_are_one_test_worker_s_group():
+    names = ["tests.a", "tests.b2", "tests.e2", "tests.test_connect", "tests.test_connect_jobs", "tests.d3"]
+    keys = {"tests.b2": ("spark", 2), "tests.e2": ("spark", 2), "tests.d3": ("spark", 3)}
+    assert xdist_groups(names, keys) == {"tests.a": "a", "tests.b2": "shared-0", "tests.e2": "shared-0",
+                                         "tests.test_connect": "connect", "tests.test_connect_jobs": "connect",
+                                         "tests.d3": "shared-1"}
 
 
 def test_the_suite_runs_each_shared_session_s_modules_together(request):
