@@ -244,3 +244,56 @@ def test_the_plan_from_the_heartbeat_thread_imports_nothing_the_users_function_m
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "1"], out.stderr
+
+
+def test_an_epochs_share_complete_after_the_next_epochs_still_reaches_the_node(chief):
+    """Two epochs in flight: the next epoch's partitions can all go out before this one's last (a feeding task
+    of this epoch waited for a slot), so the driver's heartbeat answer says the next epoch's shares first.  Each
+    epoch's share must still reach the node: the supervisor relayed only epochs past the last it relayed, so
+    epoch 2's never did, and a node given none of epoch 2 waited for it while its peer waited in a collective
+    for it, until the feed timed out (seen under load in ``test_mwms_trains_on_partitions_of_unequal_size``:
+    both partitions of epoch 2 went to worker:1 and both of epoch 3 to worker:0)."""
+    import dataclasses
+    import io
+    import types
+
+    from tfos_nb.runtime.driver.feeding.shares import EpochShares
+    from tfos_nb.runtime.executor.process.supervisor import Supervisor
+    from tfos_nb.runtime.protocol import messages, pipes
+
+    meta = messages.LaunchMeta(cluster_id="c1", secret="ab" * 16, control=["127.0.0.1", 9], hb_interval=0.5,
+                               driver_timeout=12.0, env={}, keras="tf_keras", default_fs="file:///", driver_pid=1,
+                               roles=[["worker", 0], ["worker", 1]], node=0, watch_jvm=False)
+    sup = Supervisor(meta.to_dict(), b"")
+    pipe = io.BytesIO()
+    sup.child = types.SimpleNamespace(stdin=pipe)  # what the supervisor writes to its node process
+    shares = EpochShares()
+    try:
+        shares.set_tasks(2, 2)
+        shares.set_tasks(3, 2)
+        shares.handed_out(2, 0, 1)  # epoch 2's first partition to worker:1; its second waits for a slot
+        shares.handed_out(3, 0, 0)
+        shares.handed_out(3, 1, 0)  # all of epoch 3 went out, both partitions to worker:0
+        sup.on_reply(messages.BeatCommand(epochs_assigned=shares.for_node(0)))
+        shares.handed_out(2, 1, 1)  # epoch 2's second partition, to worker:1 too: worker:0 gets none of epoch 2
+        sup.on_reply(messages.BeatCommand(epochs_assigned=shares.for_node(0)))
+        sup.on_reply(messages.BeatCommand(epochs_assigned=shares.for_node(0)))  # said again: relayed once
+    finally:
+        sup.client.close()
+        if sup.port_socket is not None:
+            sup.port_socket.close()
+    pipe.seek(0)
+    frames = []
+    while pipe.tell() < len(pipe.getvalue()):
+        frames.append(pipes.read(pipe))
+    assigned = [dataclasses.asdict(f) for f in frames if isinstance(f, pipes.EpochAssigned)]
+    assert [(a["epoch"], a["partitions"]) for a in assigned] == [(3, 2), (2, 0)]
+
+    hub, _ = chief  # the node: its read of epoch 2 ends at once (nothing of it came here), not waiting for rows
+    hub.set_plan(1, 3)
+    hub.end_epoch(1)
+    for a in assigned:
+        hub.epoch_assigned(a["epoch"], a["partitions"], a["rows"], a["most"])
+    first, second = [0], [0]
+    assert hub.take(32, True, first) == [] and first == [1]  # epoch 1, read here before (ended)
+    assert hub.take(32, True, second) == [] and second == [2]

@@ -86,7 +86,7 @@ class Supervisor(ChildOwner):
         self.tensorboard: ChiefTensorBoard | None = None
         self.gpus: list[dict[str, Any]] = []
         self._sent_epoch = 0
-        self._sent_assigned = 0
+        self._sent_assigned: set[int] = set()  # the epochs whose share was relayed (see on_reply)
         self._sent_plan = (0, 0)
         self.sample_seen = 0  # the feed sample relayed to the node (confirmed to the driver with each heartbeat)
         self._sent_stop = False
@@ -228,12 +228,17 @@ class Supervisor(ChildOwner):
             self._sent_plan = (first, last)
             self.sample_seen = max(self.sample_seen, sample_id)
             self.send(pipes.FeedPlan(first=first, last=last, sample=dict(cmd.feed_sample)))
+        # Each epoch's share once, in whatever order the epochs' partitions all went out: with two epochs in flight
+        # the next one's can be complete first (this one's last feeding task waited for a slot), and a node that
+        # never hears of this epoch's share waits for it while its peers wait for it in a collective.  The answer
+        # lists the epochs the driver keeps (those in flight, the last ended): what it no longer lists is forgotten.
+        listed = {int(share[0]) for share in cmd.epochs_assigned}
         for share in cmd.epochs_assigned:
             epoch, partitions = int(share[0]), int(share[1])
-            if epoch > self._sent_assigned:
-                self._sent_assigned = epoch
+            if epoch not in self._sent_assigned:
                 rows, most = (int(share[2]), int(share[3])) if len(share) >= 4 else (-1, -1)
                 self.send(pipes.EpochAssigned(epoch=epoch, partitions=partitions, rows=rows, most=most))
+        self._sent_assigned = listed
         if cmd.epoch_done > self._sent_epoch:
             self._sent_epoch = cmd.epoch_done
             self.send(pipes.EpochDone(epoch=cmd.epoch_done))
