@@ -12,8 +12,12 @@ over sharded TFRecords).  The API details that need no Spark are in test_tfos_ap
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import re
 import sys
+import tempfile
 import time
 
 import cloudpickle
@@ -313,6 +317,11 @@ def tfrecords_train(args, ctx):
 
 
 def test_tfestimator_tfrecord_dir_and_driver_ps_nodes(spark, tmp_path, no_leaks):
+    def driver_log_folders():  # a ps node on the driver: its supervisor's private log folder, tfos_nb-<cluster>-*
+        return {p for p in glob.glob(os.path.join(tempfile.gettempdir(), "tfos_nb-*"))
+                if re.fullmatch(r"tfos_nb-[0-9a-f]{12}-\w+", os.path.basename(p))}
+
+    before = driver_log_folders()
     (tmp_path / "facts").mkdir()
     df = spark.createDataFrame([([float(i)] * 3, i, "unused") for i in range(40)], "x array<float>, y long, z string")
     tfr = str(tmp_path / "tfr")
@@ -324,6 +333,7 @@ def test_tfestimator_tfrecord_dir_and_driver_ps_nodes(spark, tmp_path, no_leaks)
     assert facts["chief"]["records"] == 40 and facts["chief"]["spark_executor_id"] in ("0", "1")
     assert facts["ps"]["spark_executor_id"] == "driver" and facts["ps"]["driver_ps_nodes"] is True
     assert sorted(dfutil.loadTFRecords(spark.sparkContext, tfr).columns) == ["x", "y"]  # the mapped columns only
+    assert driver_log_folders() - before == set()  # removed with the ps node (left in /tmp before)
 
 
 def test_tfmodel_reshapes_flat_rows_to_a_conv_input(spark, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -168,17 +169,22 @@ def _start(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, shape: Clu
 def _start_driver_ps_nodes(job: DriverJob, meta: dict[str, Any], blob: bytes, num_ps: int) -> None:
     """TensorFlowOnSpark's ``driver_ps_nodes``: the ps nodes run on the driver; the job's teardown ends them."""
     local_nodes: list[Any] = []
+    log_folders: list[str] = []
 
     def kill_local_nodes() -> None:
         for proc in local_nodes:
             kill_tree(proc, grace=1)
+        for folder in log_folders:  # the supervisors' own output (their nodes' reached the driver's state): ended
+            shutil.rmtree(folder, ignore_errors=True)
 
     job.on_teardown = kill_local_nodes
     for i in range(num_ps):
         job.check_cancelled()
         local = dataclasses.replace(messages.LaunchMeta.parse(meta), node=i, executor_id="driver", working_dir=os.getcwd(),
                                     watch_jvm=False)
-        status, proc = start_supervisor(local, blob, driver_log_path(job.cluster_id, i))
+        log_path = driver_log_path(job.cluster_id, i)
+        log_folders.append(os.path.dirname(log_path))
+        status, proc = start_supervisor(local, blob, log_path)
         local_nodes.append(proc)
         if not status.get("ok"):
             raise RuntimeError(f"ps:{i} on the driver did not start: {status.get('error')}")
