@@ -30,7 +30,7 @@ find_python() {  # Python 3.10, the lowest supported (setup.py python_requires)
 
 tools() {  # the test tools, at the versions requirements-test.txt pins
   local name
-  for name in pytest pytest-timeout psutil hypothesis; do
+  for name in pytest pytest-timeout pytest-xdist psutil hypothesis; do
     grep -E "^$name==" requirements-test.txt | cut -d' ' -f1
   done
   grep -E "^(nbclient|nbformat)==" requirements-quickstart.txt | cut -d' ' -f1
@@ -50,13 +50,15 @@ setup() {  # setup VENV CONSTRAINTS EXTRAS
   echo "$files" > "$stamp"
 }
 
-run() {  # run VENV PYTEST-ARGS...: pytest in VENV, its JVMs' late lines in VENV/pytest.log
-  local venv=$1
-  shift
+run() {  # run VENV WORKERS PYTEST-ARGS...: pytest in VENV (WORKERS processes), its JVMs' late lines in VENV/pytest.log
+  local venv=$1 workers=$2
+  shift 2
   "$venv/bin/python" -c "import sys, pyspark, tensorflow as tf, pandas, pyarrow, numpy
 print(f'tfos_nb floor tier: Python {sys.version.split()[0]}, pyspark {pyspark.__version__}, TensorFlow {tf.__version__},'
       f' pandas {pandas.__version__}, pyarrow {pyarrow.__version__}, numpy {numpy.__version__}')" 2>/dev/null || true
-  if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning "$@" 2>"$venv/pytest.log"; then
+  # worker processes as test.sh runs the suite: each test module (or the modules sharing a session) whole in one
+  if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
+      -n "$workers" --dist loadgroup --no-loadscope-reorder "$@" 2>"$venv/pytest.log"; then
     echo "--- $venv/pytest.log" >&2
     cat "$venv/pytest.log" >&2
     return 1
@@ -68,9 +70,10 @@ setup .venv-floor requirements-floor.txt spark,notebook,examples,mlflow
 setup .venv-floor-connect requirements-floor-connect.txt notebook,examples,connect
 if [ "${1:-}" = --setup ]; then exit 0; fi
 # the fast tier: all of it but the docs build (the suite's tools) and a test that needs the Connect client
-run .venv-floor -m "not slow" --ignore=tests/test_docs.py \
+workers=${TFOS_NB_TEST_WORKERS:-2}
+run .venv-floor "$workers" -m "not slow" --ignore=tests/test_docs.py \
   --deselect tests/test_connect_snapshot.py::test_is_connect_tells_connect_sessions_from_classic_ones "$@"
-run .venv-floor \
+run .venv-floor "$workers" \
   tests/test_runtime_spark.py::test_mwms_chief_and_two_workers_from_dataframe \
   tests/test_runtime_spark.py::test_mwms_from_rdd_and_inference_in_order \
   tests/test_runtime_spark.py::test_wrongly_shaped_rows_name_the_column \
@@ -80,7 +83,8 @@ run .venv-floor \
   tests/test_magics.py::test_the_installed_pyspark_runs_the_embedded_connect_server_from_4_0_and_refuses_it_before \
   tests/test_install.py::test_installing_the_wheel_leaves_the_installed_tensorflow_and_spark_alone \
   "$@"
-run .venv-floor-connect \
+# one process: the Connect modules share one server, so all but one test are one group
+run .venv-floor-connect 0 \
   tests/test_connect.py::test_spark_mode_train_and_inference \
   tests/test_connect.py::test_tensorflowonspark_program \
   tests/test_connect_pipeline.py::test_estimator_saves_and_loads_params_and_functions \
