@@ -257,14 +257,12 @@ def test_an_epochs_share_complete_after_the_next_epochs_still_reaches_the_node(c
     import io
     import types
 
+    from tests.test_launch_meta import _meta
     from tfos_nb.runtime.driver.feeding.shares import EpochShares
     from tfos_nb.runtime.executor.process.supervisor import Supervisor
     from tfos_nb.runtime.protocol import messages, pipes
 
-    meta = messages.LaunchMeta(cluster_id="c1", secret="ab" * 16, control=["127.0.0.1", 9], hb_interval=0.5,
-                               driver_timeout=12.0, env={}, keras="tf_keras", default_fs="file:///", driver_pid=1,
-                               roles=[["worker", 0], ["worker", 1]], node=0, watch_jvm=False)
-    sup = Supervisor(meta.to_dict(), b"")
+    sup = Supervisor(_meta(node=0, watch_jvm=False, roles=[["worker", 0], ["worker", 1]]).to_dict(), b"")
     pipe = io.BytesIO()
     sup.child = types.SimpleNamespace(stdin=pipe)  # what the supervisor writes to its node process
     shares = EpochShares()
